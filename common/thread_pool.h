@@ -1,0 +1,46 @@
+// A fixed pool of worker threads for data-parallel kernels.
+//
+// ParallelFor splits [0, n) into contiguous ranges, one per thread, and blocks until all are
+// done. The split depends only on n and the thread count, never on timing, and kernels split
+// over *output* elements only, so every result is independent of the thread count
+// (DESIGN §5 batch invariance). One ParallelFor at a time per pool: callers serialize
+// (the engine's compute stream owns the pool).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dd {
+
+class ThreadPool {
+ public:
+  // n_threads <= 0 means std::thread::hardware_concurrency().
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // fn(begin, end) over a partition of [0, n). The calling thread takes part.
+  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace dd

@@ -1,0 +1,156 @@
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "ddctl/commands.h"
+#include "ddctl/npy.h"
+#include "nlohmann/json.hpp"
+
+namespace dd::ddctl {
+namespace {
+
+absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg) {
+  auto m = model::LoadModel(cfg.model_path);
+  if (!m.ok() && m.status().code() == absl::StatusCode::kNotFound && cfg.model_path_defaulted) {
+    return absl::NotFoundError(absl::StrCat(m.status().message(),
+                                            "\n  the default model is not fetched yet: run scripts/fetch-model"
+                                            " (or pass --model PATH)"));
+  }
+  return m;
+}
+
+absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg) {
+  if (!cfg.prompt.empty() && !cfg.prompt_file.empty()) {
+    return absl::InvalidArgumentError("give either --prompt or --prompt_file, not both");
+  }
+  if (!cfg.prompt_file.empty()) {
+    std::ifstream in(cfg.prompt_file, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read prompt file ", cfg.prompt_file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  if (cfg.prompt.empty()) return absl::InvalidArgumentError("no prompt: pass --prompt TEXT or --prompt_file PATH");
+  return cfg.prompt;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> ParseList(const std::string& s, absl::string_view flag) {
+  std::vector<T> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    T v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not an integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status RunGenerate(const CliConfig& cfg) {
+  RETURN_IF_ERROR(cfg.generate.sampling.Validate());
+  if (cfg.generate.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_new_tokens must be > 0, got ", cfg.generate.max_new_tokens));
+  }
+  ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
+  ASSIGN_OR_RETURN(auto model, Load(cfg));
+  engine::Engine engine(*model, cfg.engine);
+  const auto& tok = engine.tokenizer();
+  std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
+  if (!cfg.json) {
+    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode full, cpu\n",
+                 model->config.name.c_str(), model->config.arch_name.c_str(),
+                 static_cast<long long>(model->config.n_layer), ids.size());
+  }
+  auto on_text = [&](absl::string_view piece) {
+    if (!cfg.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
+  ASSIGN_OR_RETURN(engine::GenerateResult r, engine.Generate(ids, cfg.generate, on_text));
+  const double n = static_cast<double>(r.tokens.size());
+  const double decode_tps = (r.tokens.size() > 1 && r.decode_s > 0) ? (n - 1) / r.decode_s : 0.0;
+  const double prefill_tps = r.ttft_s > 0 ? r.prompt_tokens / r.ttft_s : 0.0;
+  if (cfg.json) {
+    nlohmann::json j;
+    j["model"] = model->config.name;
+    j["mode"] = "full";
+    j["text"] = r.text;
+    j["tokens"] = r.tokens;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["generated_tokens"] = r.tokens.size();
+    j["stop_reason"] = r.stop_reason;
+    j["ttft_s"] = r.ttft_s;
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["decode_tokens_per_s"] = decode_tps;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "[ddctl] prompt %lld tokens, generated %zu tokens (stop: %s)\n"
+                 "[ddctl] TTFT %.3f s (prefill %.1f tokens/s), decode %.2f tokens/s\n",
+                 static_cast<long long>(r.prompt_tokens), r.tokens.size(), r.stop_reason.c_str(), r.ttft_s,
+                 prefill_tps, decode_tps);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunLogits(const CliConfig& cfg) {
+  if (cfg.out.empty()) return absl::InvalidArgumentError("--out is required");
+  ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseList<int32_t>(cfg.tokens, "tokens"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> positions, ParseList<int64_t>(cfg.positions, "positions"));
+  ASSIGN_OR_RETURN(auto model, Load(cfg));
+  engine::Engine engine(*model, cfg.engine);
+  ASSIGN_OR_RETURN(std::vector<float> logits, engine.PromptLogits(0, tokens, positions));
+  const int64_t rows = positions.empty() ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(positions.size());
+  return WriteNpyF32(cfg.out, {rows, model->config.n_vocab}, logits.data());
+}
+
+absl::Status RunTokenize(const CliConfig& cfg) {
+  ASSIGN_OR_RETURN(auto model, Load(cfg));
+  std::string text = cfg.text;
+  if (!cfg.prompt_file.empty()) {
+    ASSIGN_OR_RETURN(text, ReadPrompt(cfg));
+  }
+  const auto& tok = *model->tokenizer;
+  std::vector<int32_t> ids = tok.Encode(text, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
+  std::printf("%s\n", absl::StrJoin(ids, ",").c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunInfo(const CliConfig& cfg) {
+  ASSIGN_OR_RETURN(auto model, Load(cfg));
+  const auto& c = model->config;
+  nlohmann::json j;
+  j["path"] = model->source_path;
+  j["format"] = model->format;
+  j["name"] = c.name;
+  j["arch"] = c.arch_name;
+  j["n_layer"] = c.n_layer;
+  j["n_embd"] = c.n_embd;
+  j["n_head"] = c.n_head;
+  j["n_head_kv"] = c.n_head_kv;
+  j["head_dim"] = c.head_dim;
+  j["n_ff"] = c.n_ff;
+  j["n_vocab"] = c.n_vocab;
+  j["context_length"] = c.n_ctx_train;
+  j["sliding_window"] = c.sliding_window;
+  std::vector<int64_t> global;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    if (!c.layer_is_swa[l]) global.push_back(l);
+  }
+  j["global_layers"] = global;
+  std::cout << j.dump(2) << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace dd::ddctl

@@ -1,0 +1,98 @@
+// ddctl: the DualDecoder command-line client. `ddctl generate` runs the embedded default
+// (in-process engine, CPU) on a prompt; the other commands inspect models.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "ddctl/commands.h"
+
+ABSL_FLAG(std::string, model, "", "Model: a .gguf file or a Hugging Face safetensors directory "
+          "(default: $DD_MODEL, else ~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf)");
+ABSL_FLAG(std::string, prompt, "", "Prompt text");
+ABSL_FLAG(std::string, prompt_file, "", "Read the prompt from this file");
+ABSL_FLAG(int64_t, max_new_tokens, 64, "Maximum tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling (0 = off)");
+ABSL_FLAG(double, top_p, 1.0, "Top-p (nucleus) sampling, in (0, 1]");
+ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings (comma-separated)");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation tokens");
+ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
+ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
+ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
+ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
+ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
+ABSL_FLAG(std::string, positions, "", "logits: comma-separated positions (default all)");
+ABSL_FLAG(std::string, out, "", "logits: output .npy path");
+ABSL_FLAG(std::string, text, "", "tokenize: text to tokenize");
+
+namespace {
+
+constexpr char kUsage[] =
+    "ddctl COMMAND [flags]\n"
+    "  generate   run the embedded default engine on --prompt / --prompt-file, streaming text\n"
+    "  logits     write logits of --tokens at --positions to --out (.npy)\n"
+    "  tokenize   print the token ids of --text\n"
+    "  info       print the model's configuration\n";
+
+std::string DefaultModelPath(bool* defaulted) {
+  *defaulted = false;
+  std::string flag = absl::GetFlag(FLAGS_model);
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("DD_MODEL"); env != nullptr && *env != '\0') return env;
+  *defaulted = true;
+  const char* dir = std::getenv("DD_MODEL_DIR");
+  if (dir != nullptr && *dir != '\0') return std::string(dir) + "/gemma-3-270m-q4_k_m.gguf";
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << kUsage << "(expected exactly one command)\n";
+    return 2;
+  }
+  const std::string cmd = args[1];
+  dd::ddctl::CliConfig cfg;
+  cfg.model_path = DefaultModelPath(&cfg.model_path_defaulted);
+  cfg.prompt = absl::GetFlag(FLAGS_prompt);
+  cfg.prompt_file = absl::GetFlag(FLAGS_prompt_file);
+  cfg.generate.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  cfg.generate.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  cfg.generate.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  cfg.generate.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  cfg.generate.sampling.seed = absl::GetFlag(FLAGS_seed);
+  cfg.generate.stop_strings = absl::GetFlag(FLAGS_stop);
+  cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
+  cfg.engine.threads = absl::GetFlag(FLAGS_threads);
+  cfg.engine.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  cfg.json = absl::GetFlag(FLAGS_json);
+  cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
+  cfg.tokens = absl::GetFlag(FLAGS_tokens);
+  cfg.positions = absl::GetFlag(FLAGS_positions);
+  cfg.out = absl::GetFlag(FLAGS_out);
+  cfg.text = absl::GetFlag(FLAGS_text);
+
+  absl::Status st;
+  if (cmd == "generate") st = dd::ddctl::RunGenerate(cfg);
+  else if (cmd == "logits") st = dd::ddctl::RunLogits(cfg);
+  else if (cmd == "tokenize") st = dd::ddctl::RunTokenize(cfg);
+  else if (cmd == "info") st = dd::ddctl::RunInfo(cfg);
+  else {
+    std::cerr << "ddctl: unknown command '" << cmd << "'\n" << kUsage;
+    return 2;
+  }
+  if (!st.ok()) {
+    std::cerr << "ddctl " << cmd << ": error: " << st.message() << "\n";
+    return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,156 @@
+#include "decode-worker/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dd::engine {
+
+using model::BatchRow;
+
+Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
+    : model_(model),
+      options_(options),
+      pool_(options.threads),
+      transformer_(model, pool_),
+      kv_(model.config, pool_) {
+  if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
+}
+
+absl::Status Engine::ValidatePrompt(absl::Span<const int32_t> prompt) const {
+  const auto& c = model_.config;
+  if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  if (static_cast<int64_t>(prompt.size()) >= c.n_ctx_train) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt.size(), " tokens but the model's context is ",
+                                                   c.n_ctx_train, " tokens (at least one must be left to generate)"));
+  }
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= c.n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " outside the vocabulary [0, ", c.n_vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Engine::Prefill(int32_t seq, absl::Span<const int32_t> prompt) {
+  int64_t last = static_cast<int64_t>(prompt.size()) - 1;
+  return PromptLogits(seq, prompt, absl::MakeConstSpan(&last, 1));
+}
+
+absl::StatusOr<std::vector<float>> Engine::PromptLogits(int32_t seq, absl::Span<const int32_t> tokens,
+                                                        absl::Span<const int64_t> positions) {
+  RETURN_IF_ERROR(ValidatePrompt(tokens));
+  if (kv_.Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<bool> want(n, positions.empty());
+  for (int64_t p : positions) {
+    if (p < 0 || p >= n) return absl::InvalidArgumentError(absl::StrCat("position ", p, " outside the prompt [0, ", n, ")"));
+    want[p] = true;
+  }
+  std::vector<float> out, chunk_logits;
+  std::vector<BatchRow> rows;
+  for (int64_t b = 0; b < n; b += options_.prefill_chunk) {
+    const int64_t e = std::min(n, b + options_.prefill_chunk);
+    rows.clear();
+    for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
+    absl::Status st = transformer_.Forward(rows, kv_, &chunk_logits);
+    if (!st.ok()) {
+      kv_.Reset(seq);
+      return st;
+    }
+    out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
+  }
+  // Positions may be given in any order; return rows in the order asked.
+  if (!positions.empty()) {
+    std::vector<int64_t> sorted(positions.begin(), positions.end());
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    const int64_t V = model_.config.n_vocab;
+    std::vector<float> ordered(positions.size() * V);
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const int64_t idx = std::lower_bound(sorted.begin(), sorted.end(), positions[i]) - sorted.begin();
+      std::copy(out.begin() + idx * V, out.begin() + (idx + 1) * V, ordered.begin() + i * V);
+    }
+    return ordered;
+  }
+  return out;
+}
+
+absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
+                                std::vector<float>* logits) {
+  if (seqs.size() != tokens.size()) return absl::InvalidArgumentError("seqs and tokens differ in length");
+  std::vector<BatchRow> rows;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t pos = kv_.Length(seqs[i]);
+    if (pos >= model_.config.n_ctx_train) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the model context of ",
+                                                model_.config.n_ctx_train, " tokens"));
+    }
+    rows.push_back({seqs[i], pos, tokens[i], true});
+  }
+  return transformer_.Forward(rows, kv_, logits);
+}
+
+absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
+                                                const std::function<void(absl::string_view)>& on_text) {
+  RETURN_IF_ERROR(options.sampling.Validate());
+  if (options.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be > 0, got ", options.max_new_tokens));
+  }
+  RETURN_IF_ERROR(ValidatePrompt(prompt));
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  constexpr int32_t kSeq = 0;
+  kv_.Reset(kSeq);
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int64_t>(prompt.size());
+  ASSIGN_OR_RETURN(std::vector<float> logits, Prefill(kSeq, prompt));
+  Sampler sampler(options.sampling);
+  const model::Tokenizer& tok = *model_.tokenizer;
+  model::Utf8StreamBuffer utf8;
+  Clock::time_point t_first;
+  res.stop_reason = "max_tokens";
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    const int32_t next = sampler.Sample(logits.data(), model_.config.n_vocab);
+    if (i == 0) t_first = Clock::now();
+    if (options.stop_at_eos && tok.IsEndOfGeneration(next)) {
+      res.stop_reason = "eos";
+      break;
+    }
+    res.tokens.push_back(next);
+    const std::string piece = utf8.Push(tok.TokenBytes(next));
+    res.text += piece;
+    if (!piece.empty() && on_text) on_text(piece);
+    bool stopped = false;
+    for (const std::string& s : options.stop_strings) {
+      // Only the tail can hold a match that this token completed.
+      const size_t tail = piece.size() + s.size();
+      const size_t from = res.text.size() > tail ? res.text.size() - tail : 0;
+      if (!s.empty() && res.text.find(s, from) != std::string::npos) stopped = true;
+    }
+    if (stopped) {
+      res.stop_reason = "stop_string";
+      break;
+    }
+    if (i + 1 == options.max_new_tokens) break;
+    if (kv_.Length(kSeq) >= model_.config.n_ctx_train) {
+      res.stop_reason = "context_full";
+      break;
+    }
+    RETURN_IF_ERROR(DecodeStep(absl::MakeConstSpan(&kSeq, 1), absl::MakeConstSpan(&next, 1), &logits));
+  }
+  const std::string rest = utf8.Flush();
+  if (!rest.empty()) {
+    res.text += rest;
+    if (on_text) on_text(rest);
+  }
+  const auto t_end = Clock::now();
+  res.ttft_s = std::chrono::duration<double>(t_first - t0).count();
+  res.decode_s = std::chrono::duration<double>(t_end - t_first).count();
+  kv_.Reset(kSeq);
+  return res;
+}
+
+}  // namespace dd::engine

@@ -1,0 +1,82 @@
+// The CPU decode engine in `full` mode: sequences in slots, chunked prefill, batched decode.
+//
+// Prefill runs a prompt in chunks of `prefill_chunk` tokens; DecodeStep advances several
+// sequences by one token in one batched forward (continuous batching builds on this).
+// Not thread-safe: one caller drives the engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/thread_pool.h"
+#include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/sampler.h"
+#include "decode-worker/model/transformer.h"
+#include "decode-worker/model/weights.h"
+
+namespace dd::engine {
+
+struct EngineOptions {
+  int threads = 0;            // 0 = all cores
+  int64_t prefill_chunk = 512;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingParams sampling;
+  bool stop_at_eos = true;
+  std::vector<std::string> stop_strings;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids (without the prompt)
+  std::string text;
+  std::string stop_reason;      // "eos", "stop_string", "max_tokens", "context_full"
+  int64_t prompt_tokens = 0;
+  double ttft_s = 0;            // prompt in → first token out
+  double decode_s = 0;          // time for the tokens after the first
+};
+
+class Engine {
+ public:
+  // `model` must outlive the engine.
+  Engine(const model::LoadedModel& model, const EngineOptions& options);
+
+  const model::ModelConfig& config() const { return model_.config; }
+  const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
+
+  // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the
+  // model's context. The error names the limit.
+  absl::Status ValidatePrompt(absl::Span<const int32_t> prompt) const;
+
+  // Prefills `prompt` into slot `seq` (which must be empty) and returns the last row's logits.
+  absl::StatusOr<std::vector<float>> Prefill(int32_t seq, absl::Span<const int32_t> prompt);
+  // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
+  absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
+                          std::vector<float>* logits);
+  void Release(int32_t seq) { kv_.Reset(seq); }
+  int64_t Length(int32_t seq) const { return kv_.Length(seq); }
+  int64_t kv_bytes() const { return kv_.bytes_reserved(); }
+
+  // Logits at `positions` (all if empty) of a causal prefill of `tokens` in slot `seq`.
+  absl::StatusOr<std::vector<float>> PromptLogits(int32_t seq, absl::Span<const int32_t> tokens,
+                                                  absl::Span<const int64_t> positions);
+
+  // Single-request generation; on_text receives UTF-8-complete text as it is produced.
+  absl::StatusOr<GenerateResult> Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
+                                          const std::function<void(absl::string_view)>& on_text);
+
+ private:
+  const model::LoadedModel& model_;
+  EngineOptions options_;
+  ThreadPool pool_;
+  model::Transformer transformer_;
+  DenseKvCache kv_;
+};
+
+}  // namespace dd::engine

@@ -1,0 +1,165 @@
+// Engine tests on the real Gemma 3 270M (fetched by scripts/fetch-model). They skip when the
+// model is absent unless DD_REQUIRE_MODEL=1 (as in CI), where absence is a failure.
+#include "decode-worker/engine/engine.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace dd::engine {
+namespace {
+
+std::string GemmaPath() {
+  if (const char* p = std::getenv("DD_MODEL"); p && *p) return p;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+class GemmaEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(GemmaPath())) return;
+    auto m = model::LoadModel(GemmaPath());
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) {
+      const char* req = std::getenv("DD_REQUIRE_MODEL");
+      if (req && std::string(req) == "1") FAIL() << "model missing at " << GemmaPath() << "; run scripts/fetch-model";
+      GTEST_SKIP() << "model not fetched: " << GemmaPath();
+    }
+  }
+  std::vector<int32_t> Encode(const std::string& s) { return model_->tokenizer->Encode(s, true, true); }
+  static model::LoadedModel* model_;
+};
+model::LoadedModel* GemmaEngineTest::model_ = nullptr;
+
+TEST_F(GemmaEngineTest, ConfigFromMetadata) {
+  const auto& c = model_->config;
+  EXPECT_EQ(c.arch_name, "gemma3");
+  EXPECT_EQ(c.n_layer, 18);
+  EXPECT_EQ(c.sliding_window, 512);
+  std::vector<int64_t> global;
+  for (int64_t l = 0; l < c.n_layer; ++l)
+    if (!c.layer_is_swa[l]) global.push_back(l);
+  EXPECT_EQ(global, (std::vector<int64_t>{5, 11, 17}));
+}
+
+TEST_F(GemmaEngineTest, GreedyFactualContinuations) {
+  Engine engine(*model_, {});
+  GenerateOptions opt;
+  opt.max_new_tokens = 6;
+  const std::pair<const char*, const char*> cases[] = {
+      {"Question: What is the capital of France?\nAnswer:", "Paris"},
+      {"The capital of Japan is", "Tokyo"},
+      {"Paris is the capital of", "France"},
+      {"The chemical symbol for gold is", "Au"},
+      {"The capital city of France is Paris. The capital city of Germany is", "Berlin"},
+  };
+  for (const auto& [prompt, want] : cases) {
+    auto r = engine.Generate(Encode(prompt), opt, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->text.find(want), std::string::npos) << prompt << " -> '" << r->text << "'";
+  }
+}
+
+// Chunked prefill must give bit-identical logits to a single chunk (batch invariance).
+TEST_F(GemmaEngineTest, ChunkedPrefillIsBitIdentical) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Counting sheep number " + std::to_string(i) + " jumps over the fence. ";
+  const auto ids = Encode(text);
+  ASSERT_GT(ids.size(), 300u);
+  const std::vector<int64_t> pos = {0, 37, static_cast<int64_t>(ids.size()) - 1};
+  Engine whole(*model_, {.threads = 2, .prefill_chunk = 4096});
+  Engine chunked(*model_, {.threads = 1, .prefill_chunk = 61});
+  auto a = whole.PromptLogits(0, ids, pos);
+  auto b = chunked.PromptLogits(0, ids, pos);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * 4));
+}
+
+// DESIGN §5: a request alone and the same request in a batch of 8 give identical logits.
+TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
+  const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,",
+                                            "def main():", "Water boils at", "The quick brown fox",
+                                            "In 1969, the first", "Roses are red,"};
+  Engine batched(*model_, {});
+  std::vector<int32_t> seqs, tokens;
+  for (int s = 0; s < 8; ++s) {
+    auto l = batched.Prefill(s, Encode(prompts[s]));
+    ASSERT_TRUE(l.ok());
+    seqs.push_back(s);
+    tokens.push_back(Argmax(l->data(), model_->config.n_vocab));
+  }
+  std::vector<float> batch_logits;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
+    for (int s = 0; s < 8; ++s) tokens[s] = Argmax(&batch_logits[s * model_->config.n_vocab], model_->config.n_vocab);
+  }
+  // Replay request 5 alone, with a different thread count.
+  Engine alone(*model_, {.threads = 1});
+  auto l = alone.Prefill(0, Encode(prompts[5]));
+  ASSERT_TRUE(l.ok());
+  int32_t t = Argmax(l->data(), model_->config.n_vocab);
+  std::vector<float> one;
+  for (int step = 0; step < 3; ++step) {
+    const int32_t seq0 = 0;
+    ASSERT_TRUE(alone.DecodeStep({&seq0, 1}, {&t, 1}, &one).ok());
+    t = Argmax(one.data(), model_->config.n_vocab);
+  }
+  EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[5 * model_->config.n_vocab], one.size() * 4));
+}
+
+TEST_F(GemmaEngineTest, BadInputsGiveClearErrors) {
+  Engine engine(*model_, {});
+  GenerateOptions opt;
+  std::vector<int32_t> too_long(model_->config.n_ctx_train + 5, 100);
+  auto r = engine.Generate(too_long, opt, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("context"), std::string::npos);
+  EXPECT_EQ(engine.Generate({}, opt, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> bad_id = {2, static_cast<int32_t>(model_->config.n_vocab)};
+  EXPECT_EQ(engine.Generate(bad_id, opt, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateOptions neg = opt;
+  neg.sampling.temperature = -1;
+  auto s = engine.Generate(Encode("hi"), neg, nullptr);
+  EXPECT_NE(std::string(s.status().message()).find("temperature"), std::string::npos);
+  GenerateOptions zero = opt;
+  zero.max_new_tokens = 0;
+  EXPECT_EQ(engine.Generate(Encode("hi"), zero, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SamplerTest, ValidatesParameters) {
+  EXPECT_FALSE((SamplingParams{.temperature = -0.1f}).Validate().ok());
+  EXPECT_FALSE((SamplingParams{.top_k = -1}).Validate().ok());
+  EXPECT_FALSE((SamplingParams{.top_p = 0.0f}).Validate().ok());
+  EXPECT_FALSE((SamplingParams{.top_p = 1.5f}).Validate().ok());
+  EXPECT_TRUE((SamplingParams{.temperature = 0.7f, .top_k = 40, .top_p = 0.9f}).Validate().ok());
+}
+
+TEST(SamplerTest, TopKOneIsGreedyAndSeedsReproduce) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f};
+  Sampler k1({.temperature = 1.0f, .top_k = 1, .seed = 5});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(k1.Sample(logits.data(), 4), 1);
+  Sampler a({.temperature = 1.0f, .seed = 42}), b({.temperature = 1.0f, .seed = 42});
+  std::vector<int32_t> sa, sb;
+  for (int i = 0; i < 50; ++i) {
+    sa.push_back(a.Sample(logits.data(), 4));
+    sb.push_back(b.Sample(logits.data(), 4));
+  }
+  EXPECT_EQ(sa, sb);
+  // Small top_p keeps only the best token.
+  Sampler p({.temperature = 1.0f, .top_p = 0.3f, .seed = 1});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(p.Sample(logits.data(), 4), 1);
+}
+
+}  // namespace
+}  // namespace dd::engine

@@ -1,0 +1,129 @@
+#include "decode-worker/model/transformer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dd::model {
+
+using kernels::MatMul;
+
+Transformer::Transformer(const LoadedModel& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+
+void Transformer::RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y) {
+  const int64_t d = model_.config.n_embd;
+  const float eps = model_.config.norm_eps;
+  pool_.ParallelFor(n_rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) kernels::RmsNorm(x + r * d, w.data(), eps, d, y + r * d);
+  });
+}
+
+absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
+                                  std::vector<float>* logits) {
+  const ModelConfig& c = model_.config;
+  const ModelWeights& w = model_.weights;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t d = c.n_embd, hd = c.head_dim;
+  const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  for (const BatchRow& r : rows) {
+    if (r.token < 0 || r.token >= c.n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", r.token, " outside the vocabulary [0, ", c.n_vocab, ")"));
+    }
+    if (r.pos < 0 || r.pos >= c.n_ctx_train) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", r.pos, " outside the model context [0, ", c.n_ctx_train, ")"));
+    }
+  }
+  x_.resize(n * d);
+  xn_.resize(n * d);
+  q_.resize(n * q_dim);
+  k_.resize(n * kv_dim);
+  v_.resize(n * kv_dim);
+  attn_.resize(n * q_dim);
+  o_.resize(n * d);
+  gate_.resize(n * c.n_ff);
+  up_.resize(n * c.n_ff);
+  const int64_t half = c.rope_dim / 2;
+  rope_cos_.resize(2 * n * half);
+  rope_sin_.resize(2 * n * half);
+
+  pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float* xi = &x_[i * d];
+      kernels::DequantizeRow(w.token_embd.type, w.token_embd.data + rows[i].token * w.token_embd.row_bytes, xi, d);
+      if (c.embed_scale != 1.0f) {
+        for (int64_t j = 0; j < d; ++j) xi[j] *= c.embed_scale;
+      }
+      // Angles for global layers [0, n*half) and sliding layers [n*half, 2n*half).
+      kernels::RopeAngles(c.inv_freq.data(), half, rows[i].pos, &rope_cos_[i * half], &rope_sin_[i * half]);
+      if (!c.inv_freq_swa.empty()) {
+        kernels::RopeAngles(c.inv_freq_swa.data(), half, rows[i].pos, &rope_cos_[(n + i) * half],
+                            &rope_sin_[(n + i) * half]);
+      }
+    }
+  });
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const bool swa = c.layer_is_swa[l];
+    RmsNormRows(x_.data(), L.attn_norm, n, xn_.data());
+    MatMul(L.wq, xn_.data(), n, d, L.bq.empty() ? nullptr : L.bq.data(), q_.data(), q_dim, pool_);
+    MatMul(L.wk, xn_.data(), n, d, L.bk.empty() ? nullptr : L.bk.data(), k_.data(), kv_dim, pool_);
+    MatMul(L.wv, xn_.data(), n, d, L.bv.empty() ? nullptr : L.bv.data(), v_.data(), kv_dim, pool_);
+    const int64_t angle_base = (swa && !c.inv_freq_swa.empty()) ? n : 0;
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float* cs = &rope_cos_[(angle_base + i) * half];
+        const float* sn = &rope_sin_[(angle_base + i) * half];
+        for (int64_t h = 0; h < c.n_head; ++h) {
+          float* qh = &q_[i * q_dim + h * hd];
+          if (c.qk_norm) kernels::RmsNorm(qh, L.q_norm.data(), c.norm_eps, hd, qh);
+          kernels::ApplyRope(qh, half, cs, sn, c.rope_neox);
+        }
+        for (int64_t h = 0; h < c.n_head_kv; ++h) {
+          float* kh = &k_[i * kv_dim + h * hd];
+          if (c.qk_norm) kernels::RmsNorm(kh, L.k_norm.data(), c.norm_eps, hd, kh);
+          kernels::ApplyRope(kh, half, cs, sn, c.rope_neox);
+        }
+      }
+    });
+    AttentionCall call;
+    call.layer = l;
+    call.sliding = swa;
+    call.window = c.sliding_window;
+    call.scale = c.attn_scale;
+    call.rows = rows;
+    call.q = q_.data();
+    call.k = k_.data();
+    call.v = v_.data();
+    call.out = attn_.data();
+    RETURN_IF_ERROR(attention.Attend(call));
+    MatMul(L.wo, attn_.data(), n, q_dim, nullptr, o_.data(), d, pool_);
+    if (c.post_norms) RmsNormRows(o_.data(), L.post_attn_norm, n, o_.data());
+    for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
+
+    RmsNormRows(x_.data(), L.ffn_norm, n, xn_.data());
+    MatMul(L.w_gate, xn_.data(), n, d, nullptr, gate_.data(), c.n_ff, pool_);
+    MatMul(L.w_up, xn_.data(), n, d, nullptr, up_.data(), c.n_ff, pool_);
+    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b * c.n_ff; i < e * c.n_ff; ++i) {
+        gate_[i] = (c.gelu ? kernels::GeluTanh(gate_[i]) : kernels::Silu(gate_[i])) * up_[i];
+      }
+    });
+    MatMul(L.w_down, gate_.data(), n, c.n_ff, nullptr, o_.data(), d, pool_);
+    if (c.post_norms) RmsNormRows(o_.data(), L.post_ffn_norm, n, o_.data());
+    for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
+  }
+
+  std::vector<int64_t> out_rows;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i].want_logits) out_rows.push_back(i);
+  }
+  const int64_t m = static_cast<int64_t>(out_rows.size());
+  for (int64_t j = 0; j < m; ++j) {
+    kernels::RmsNorm(&x_[out_rows[j] * d], w.output_norm.data(), c.norm_eps, d, &xn_[j * d]);
+  }
+  logits->resize(m * c.n_vocab);
+  if (m > 0) MatMul(w.output, xn_.data(), m, d, nullptr, logits->data(), c.n_vocab, pool_);
+  return absl::OkStatus();
+}
+
+}  // namespace dd::model

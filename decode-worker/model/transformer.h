@@ -1,0 +1,40 @@
+// The decoder forward pass for llama / qwen2 / gemma3 on the CPU backend.
+//
+// Forward() runs a batch of token rows from any number of sequences (prefill chunks and
+// decode rows mixed) through all layers. Attention is delegated to an AttentionBackend, so
+// the KV strategy (dense, sparse, dual-token) is the caller's choice. Every kernel is
+// batch-invariant: a row's logits are bit-identical whatever else shares its batch.
+// Not thread-safe: one Forward at a time (scratch buffers are members).
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/thread_pool.h"
+#include "decode-worker/model/attention.h"
+#include "decode-worker/model/weights.h"
+
+namespace dd::model {
+
+class Transformer {
+ public:
+  // `model` and `pool` must outlive the Transformer.
+  Transformer(const LoadedModel& model, ThreadPool& pool);
+
+  // logits (resized) receives n_vocab floats per row with want_logits, in row order.
+  // InvalidArgument for a token id outside the vocabulary or a position past the context.
+  absl::Status Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
+                       std::vector<float>* logits);
+
+  const ModelConfig& config() const { return model_.config; }
+
+ private:
+  void RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y);
+
+  const LoadedModel& model_;
+  ThreadPool& pool_;
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, o_, gate_, up_, rope_cos_, rope_sin_;
+};
+
+}  // namespace dd::model

@@ -1,0 +1,206 @@
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dd/kernels/cpu_ops.h"
+#include "gtest/gtest.h"
+
+namespace dd::kernels {
+namespace {
+
+void PutF16(uint8_t* p, float f) {
+  const uint16_t h = F32ToF16(f);
+  std::memcpy(p, &h, 2);
+}
+
+TEST(DTypeTest, F16RoundTripAndSpecials) {
+  for (float f : {0.0f, 1.0f, -2.5f, 0.000061035156f, 65504.0f, 0.33325195f}) {
+    EXPECT_EQ(F16ToF32(F32ToF16(f)), f) << f;
+  }
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(F16ToF32(0x7c00)));
+  EXPECT_EQ(BF16ToF32(0x3f80), 1.0f);
+}
+
+TEST(DTypeTest, RowBytesValidatesBlockMultiple) {
+  EXPECT_EQ(*RowBytes(DType::kQ8_0, 64), 68);
+  EXPECT_EQ(*RowBytes(DType::kQ4_K, 512), 288);
+  EXPECT_EQ(*RowBytes(DType::kQ6_K, 256), 210);
+  EXPECT_FALSE(RowBytes(DType::kQ4_K, 100).ok());
+  EXPECT_FALSE(GetDTypeInfo(2).ok());  // Q4_0 is not supported: error, not garbage
+}
+
+TEST(DequantTest, Q8_0ByHand) {
+  uint8_t blk[34];
+  PutF16(blk, 0.5f);
+  for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(i - 16));
+  float out[32];
+  DequantizeRow(DType::kQ8_0, blk, out, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(out[i], 0.5f * (i - 16));
+}
+
+TEST(DequantTest, Q5_0ByHand) {
+  uint8_t blk[22] = {};
+  PutF16(blk, 2.0f);
+  const uint32_t qh = 0x00100002u;  // bit 1 -> element 1 high bit; bit 20 -> element 20 high bit
+  std::memcpy(blk + 2, &qh, 4);
+  blk[6 + 1] = 0x03;  // element 1 low nibble 3, element 17 low nibble 0
+  blk[6 + 4] = 0x50;  // element 20 low nibble 5
+  float out[32];
+  DequantizeRow(DType::kQ5_0, blk, out, 32);
+  EXPECT_EQ(out[0], 2.0f * (0 - 16));
+  EXPECT_EQ(out[1], 2.0f * ((3 | 16) - 16));
+  EXPECT_EQ(out[17], 2.0f * (0 - 16));
+  EXPECT_EQ(out[20], 2.0f * ((5 | 16) - 16));
+}
+
+TEST(DequantTest, Q4_KByHand) {
+  uint8_t blk[144] = {};
+  PutF16(blk, 1.0f);       // d
+  PutF16(blk + 2, 0.25f);  // dmin
+  uint8_t* scales = blk + 4;
+  scales[0] = 3;   // sub-block 0 scale
+  scales[4] = 2;   // sub-block 0 min
+  scales[1] = 5;   // sub-block 1 scale
+  scales[5] = 4;   // sub-block 1 min
+  // sub-block 4: scale = (scales[8] & 15) | (scales[0] >> 6) << 4 ; min = scales[8] >> 4 | ...
+  scales[8] = 0x71;  // scale 1, min 7
+  uint8_t* q = blk + 16;
+  q[0] = 0x9a;  // element 0: 10 (low nibble), element 32: 9 (high nibble)
+  q[64] = 0x0c;  // element 128 (sub-block 4): 12
+  float out[256];
+  DequantizeRow(DType::kQ4_K, blk, out, 256);
+  EXPECT_EQ(out[0], 3.0f * 10 - 0.25f * 2);
+  EXPECT_EQ(out[32], 5.0f * 9 - 0.25f * 4);
+  EXPECT_EQ(out[1], 3.0f * 0 - 0.25f * 2);
+  EXPECT_EQ(out[128], 1.0f * 12 - 0.25f * 7);
+}
+
+TEST(DequantTest, Q6_KByHand) {
+  uint8_t blk[210] = {};
+  uint8_t* ql = blk;
+  uint8_t* qh = blk + 128;
+  int8_t* sc = reinterpret_cast<int8_t*>(blk + 192);
+  PutF16(blk + 208, 0.5f);
+  sc[0] = 2;
+  sc[2] = -3;
+  ql[0] = 0x05;        // element 0 low 4 bits = 5; element 64 low = 0
+  qh[0] = 0x01 | 0x08; // element 0 high bits 1 -> q = 5 | 16 = 21; element 32 high bits = 2
+  ql[32] = 0x07;       // element 32 low 4 bits = 7 -> q = 7 | 32 = 39
+  float out[256];
+  DequantizeRow(DType::kQ6_K, blk, out, 256);
+  EXPECT_EQ(out[0], 0.5f * 2 * (21 - 32));
+  EXPECT_EQ(out[32], 0.5f * -3 * (39 - 32));
+  EXPECT_EQ(out[64], 0.5f * sc[4] * (0 - 32));
+}
+
+TEST(DequantTest, Q5_KHighBits) {
+  uint8_t blk[176] = {};
+  PutF16(blk, 1.0f);
+  PutF16(blk + 2, 0.0f);
+  blk[4] = 1;   // sub-block 0 scale 1
+  blk[5] = 1;   // sub-block 1 scale 1
+  uint8_t* qh = blk + 16;
+  uint8_t* ql = blk + 48;
+  qh[0] = 0x01 | 0x02;  // element 0 and element 32 get +16
+  ql[0] = 0x21;         // element 0 low 1, element 32 low 2
+  float out[256];
+  DequantizeRow(DType::kQ5_K, blk, out, 256);
+  EXPECT_EQ(out[0], 17.0f);
+  EXPECT_EQ(out[32], 18.0f);
+}
+
+std::vector<uint8_t> RandomQ8Rows(int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> data(rows * cols / 32 * 34);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (size_t b = 0; b < data.size(); b += 34) {
+    PutF16(&data[b], scale(rng));
+    for (int i = 0; i < 32; ++i) data[b + 2 + i] = static_cast<uint8_t>(byte(rng));
+  }
+  return data;
+}
+
+TEST(MatMulTest, MatchesDoubleReference) {
+  std::mt19937 rng(7);
+  const int64_t rows = 37, cols = 96, m = 9;
+  auto w = RandomQ8Rows(rows, cols, rng);
+  std::vector<float> x(m * cols), bias(rows);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : bias) v = nd(rng);
+  WeightView view{DType::kQ8_0, w.data(), rows, cols, *RowBytes(DType::kQ8_0, cols)};
+  std::vector<float> y(m * rows);
+  ThreadPool pool(2);
+  MatMul(view, x.data(), m, cols, bias.data(), y.data(), rows, pool);
+  std::vector<float> wr(cols);
+  for (int64_t n = 0; n < rows; ++n) {
+    DequantizeRow(DType::kQ8_0, w.data() + n * view.row_bytes, wr.data(), cols);
+    for (int64_t i = 0; i < m; ++i) {
+      double ref = bias[n];
+      for (int64_t k = 0; k < cols; ++k) ref += static_cast<double>(wr[k]) * x[i * cols + k];
+      EXPECT_NEAR(y[i * rows + n], ref, 1e-4 * (1 + std::abs(ref))) << n << "," << i;
+    }
+  }
+}
+
+// DESIGN §5: a row's result must not depend on batch size or thread count, bit for bit.
+TEST(MatMulTest, BatchAndThreadInvariant) {
+  std::mt19937 rng(11);
+  const int64_t rows = 45, cols = 256 + 64;
+  auto w = RandomQ8Rows(rows, cols, rng);
+  WeightView view{DType::kQ8_0, w.data(), rows, cols, *RowBytes(DType::kQ8_0, cols)};
+  const int64_t m = 11;
+  std::vector<float> x(m * cols);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  ThreadPool pool1(1), pool3(3);
+  std::vector<float> batched(m * rows);
+  MatMul(view, x.data(), m, cols, nullptr, batched.data(), rows, pool3);
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<float> alone(rows);
+    MatMul(view, x.data() + i * cols, 1, cols, nullptr, alone.data(), rows, pool1);
+    ASSERT_EQ(0, std::memcmp(alone.data(), &batched[i * rows], rows * 4)) << "row " << i;
+  }
+}
+
+TEST(MatMulTest, F32WeightsWithTail) {
+  const int64_t rows = 3, cols = 21;  // not a multiple of the vector width
+  std::vector<float> w(rows * cols), x(2 * cols);
+  for (int64_t i = 0; i < rows * cols; ++i) w[i] = 0.01f * i;
+  for (int64_t i = 0; i < 2 * cols; ++i) x[i] = 1.0f - 0.03f * i;
+  WeightView view{DType::kF32, reinterpret_cast<const uint8_t*>(w.data()), rows, cols, cols * 4};
+  std::vector<float> y(2 * rows);
+  ThreadPool pool(2);
+  MatMul(view, x.data(), 2, cols, nullptr, y.data(), rows, pool);
+  for (int i = 0; i < 2; ++i)
+    for (int n = 0; n < rows; ++n) {
+      double ref = 0;
+      for (int k = 0; k < cols; ++k) ref += double(w[n * cols + k]) * x[i * cols + k];
+      EXPECT_NEAR(y[i * rows + n], ref, 1e-5);
+    }
+}
+
+TEST(OpsTest, RmsNormAndRope) {
+  const float x[4] = {1, 2, 3, 4};
+  const float w[4] = {1, 1, 2, 2};
+  float y[4];
+  RmsNorm(x, w, 0.0f, 4, y);
+  const float rms = std::sqrt((1 + 4 + 9 + 16) / 4.0f);
+  EXPECT_NEAR(y[0], 1 / rms, 1e-6);
+  EXPECT_NEAR(y[3], 8 / rms, 1e-6);
+  // Rotating (1, 0) by pos*freq = pi/2 gives (0, 1) in both pairings.
+  const float inv_freq[1] = {static_cast<float>(M_PI / 2)};
+  float c[1], s[1];
+  RopeAngles(inv_freq, 1, 1, c, s);
+  float h1[2] = {1, 0};
+  ApplyRope(h1, 1, c, s, /*neox=*/false);
+  EXPECT_NEAR(h1[0], 0, 1e-6);
+  EXPECT_NEAR(h1[1], 1, 1e-6);
+  EXPECT_NEAR(GeluTanh(1.0f), 0.8411920f, 1e-6);
+  EXPECT_NEAR(Silu(1.0f), 0.7310586f, 1e-6);
+}
+
+}  // namespace
+}  // namespace dd::kernels

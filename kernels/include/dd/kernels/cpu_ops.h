@@ -1,0 +1,49 @@
+// CPU reference kernels (always built). Plain C++ types only; the readable reference that
+// the CUDA kernels are tested against.
+//
+// Batch invariance (DESIGN §5): every output element is reduced in a fixed order that does
+// not depend on the batch size (m) or the thread count — work is split over output rows and
+// columns, never over the reduction dimension.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/thread_pool.h"
+#include "dd/kernels/dtype.h"
+
+namespace dd::kernels {
+
+// Dequantizes `n` elements (a multiple of the block size) starting at `src` into `dst`.
+void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
+
+// A weight matrix of `rows` × `cols` elements in type `type`, row-major, rows of RowBytes().
+struct WeightView {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features (reduction dimension)
+  int64_t row_bytes = 0;
+};
+
+// y[m][n] = sum_k x[m][k] * W[n][k] (+ bias[n] if bias != nullptr), for m in [0, m_rows).
+// x is m_rows × w.cols f32 (row stride x_stride), y is m_rows × w.rows (row stride y_stride).
+void MatMul(const WeightView& w, const float* x, int64_t m_rows, int64_t x_stride,
+            const float* bias, float* y, int64_t y_stride, ThreadPool& pool);
+
+// Dot product of two f32 vectors with the fixed 16-lane reduction order used everywhere.
+float Dot(const float* a, const float* b, int64_t n);
+
+// y = x / rms(x) * w over n elements (w may be nullptr for no scale).
+void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y);
+
+// Rotary embedding. RopeAngles fills cos/sin of pos * inv_freq[i] for the rot_dim/2 pairs
+// (computed once per position and shared by all heads); ApplyRope rotates one head in place.
+// neox: pairs are (i, i + rot_dim/2) (rotate-half); otherwise adjacent (2i, 2i+1).
+void RopeAngles(const float* inv_freq, int64_t half, int64_t pos, float* cos_out, float* sin_out);
+void ApplyRope(float* head, int64_t half, const float* cos, const float* sin, bool neox);
+
+float GeluTanh(float x);
+float Silu(float x);
+
+}  // namespace dd::kernels

@@ -1,0 +1,50 @@
+// Tensor element types, numbered as in GGUF / ggml so file values map 1:1.
+//
+// Quantized types store rows as consecutive blocks of `BlockElems` elements, `BlockBytes`
+// bytes each; a row's element count must be a multiple of the block size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dd::kernels {
+
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ5_0 = 6,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+struct DTypeInfo {
+  DType type;
+  absl::string_view name;
+  int64_t block_elems;
+  int64_t block_bytes;
+};
+
+// Returns the layout of a supported type; Unimplemented names the ggml type id otherwise.
+absl::StatusOr<DTypeInfo> GetDTypeInfo(uint32_t ggml_type);
+absl::string_view DTypeName(DType t);
+
+// Bytes of one row of `n` elements; InvalidArgument if n is not a multiple of the block.
+absl::StatusOr<int64_t> RowBytes(DType t, int64_t n);
+
+float F16ToF32(uint16_t h);
+uint16_t F32ToF16(float f);
+inline float BF16ToF32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace dd::kernels
