@@ -25,6 +25,13 @@ void DenseKvCache::Reset(int32_t seq) {
   if (seq < static_cast<int32_t>(slots_.size())) slots_[seq] = Slot();
 }
 
+void DenseKvCache::Copy(int32_t src, int32_t dst) {
+  if (src == dst) return;
+  GetSlot(src);
+  GetSlot(dst);
+  slots_[dst] = slots_[src];
+}
+
 int64_t DenseKvCache::Length(int32_t seq) const {
   return seq < static_cast<int32_t>(slots_.size()) ? slots_[seq].length : 0;
 }

@@ -21,6 +21,8 @@ class DenseKvCache : public model::AttentionBackend {
 
   // Slots are created on demand; Reset empties one (its memory is released).
   void Reset(int32_t seq);
+  // Makes slot `dst` a copy of slot `src` (a shared prefix; both continue independently).
+  void Copy(int32_t src, int32_t dst);
   int64_t Length(int32_t seq) const;
   int64_t bytes_reserved() const;
 

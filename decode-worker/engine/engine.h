@@ -60,6 +60,8 @@ class Engine {
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);
   void Release(int32_t seq) { kv_.Reset(seq); }
+  // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation).
+  void Fork(int32_t src, int32_t dst) { kv_.Copy(src, dst); }
   int64_t Length(int32_t seq) const { return kv_.Length(seq); }
   int64_t kv_bytes() const { return kv_.bytes_reserved(); }
 

@@ -19,7 +19,10 @@ class GgufBuilder {
   void U32(uint32_t v) { Raw(&v, 4); }
   void U64(uint64_t v) { Raw(&v, 8); }
   void Str(const std::string& s) { U64(s.size()); Raw(s.data(), s.size()); }
-  void Raw(const void* p, size_t n) { bytes.insert(bytes.end(), (const uint8_t*)p, (const uint8_t*)p + n); }
+  void Raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  }
   void Align(size_t a) { while (bytes.size() % a) bytes.push_back(0); }
   std::vector<uint8_t> bytes;
 };

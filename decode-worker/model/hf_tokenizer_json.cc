@@ -25,18 +25,13 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::string_view kLlama3Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kGpt2Regex =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// Strings that end a text or a turn in the supported model families. Without
-// tokenizer_config.json the first one present becomes eos_id, so end-of-text names come first.
-constexpr std::string_view kEndOfGenerationNames[] = {
-    "<|end_of_text|>", "<|endoftext|>", "<eos>",       "</s>",
-    "<|eot_id|>",      "<|eom_id|>",    "<|im_end|>",  "<end_of_turn>",
-};
 
 class HfParser {
  public:
@@ -179,7 +174,8 @@ absl::Status HfParser::ReadAddedTokens(const Json& root) {
       return Error(field + ".content", "is missing or not a string");
     }
     auto special_it = t.find("special");
-    const bool special = special_it != t.end() && special_it->is_boolean() && special_it->get<bool>();
+    const bool special =
+        special_it != t.end() && special_it->is_boolean() && special_it->get<bool>();
     const auto id = static_cast<int32_t>(id_it->get<int64_t>());
     const std::string content = content_it->get<std::string>();
     if (static_cast<size_t>(id) >= spec_.tokens.size()) {
@@ -187,8 +183,8 @@ absl::Status HfParser::ReadAddedTokens(const Json& root) {
       present_.resize(id + 1, false);
     }
     if (present_[id] && spec_.tokens[id] != content) {
-      return Error(field, absl::StrCat("gives id ", id, " to '", content,
-                                       "' but model.vocab has '", spec_.tokens[id], "' there"));
+      return Error(field, absl::StrCat("gives id ", id, " to '", content, "' but model.vocab has '",
+                                       spec_.tokens[id], "' there"));
     }
     spec_.tokens[id] = content;
     present_[id] = true;
@@ -228,14 +224,17 @@ absl::Status HfParser::ReadPreTokenizer(const Json& root) {
     }
   }
   if (!byte_level) {
-    return Error("pre_tokenizer", "has no ByteLevel step and model.byte_fallback is not set: "
-                                  "not a supported BPE tokenizer");
+    return Error("pre_tokenizer",
+                 "has no ByteLevel step and model.byte_fallback is not set: "
+                 "not a supported BPE tokenizer");
   }
   if (!regex.empty() && byte_level_regex) {
     return Error("pre_tokenizer", "has both a Split regex and ByteLevel.use_regex");
   }
   if (regex.empty()) {
-    if (!byte_level_regex) return Error("pre_tokenizer", "ByteLevel has use_regex false and no Split");
+    if (!byte_level_regex) {
+      return Error("pre_tokenizer", "ByteLevel has use_regex false and no Split");
+    }
     spec_.pre = "gpt2";
   } else if (regex == kLlama3Regex) {
     spec_.pre = "llama3";
@@ -275,9 +274,8 @@ absl::Status HfParser::ReadSpecialIds(const Json& root, const Json& model) {
     auto single = node->find("single");
     if (single == node->end() || !single->is_array() || single->empty()) continue;
     const Json& first = (*single)[0];
-    if (first.is_object() && first.contains("SpecialToken") &&
-        first["SpecialToken"].is_object() && first["SpecialToken"].contains("id") &&
-        first["SpecialToken"]["id"].is_string()) {
+    if (first.is_object() && first.contains("SpecialToken") && first["SpecialToken"].is_object() &&
+        first["SpecialToken"].contains("id") && first["SpecialToken"]["id"].is_string()) {
       const std::string name = first["SpecialToken"]["id"].get<std::string>();
       spec_.bos_id = IdOf(name);
       if (spec_.bos_id < 0) {
@@ -313,12 +311,13 @@ absl::Status HfParser::ReadSpecialIds(const Json& root, const Json& model) {
       spec_.add_bos = it->get<bool>() && spec_.bos_id >= 0;
     }
   }
-  for (std::string_view name : kEndOfGenerationNames) {
+  // No eos named anywhere: take the first well-known end-of-text/turn token. Only added
+  // (control/user-defined) tokens count: "</s>" may be plain text in a byte-level vocab.
+  // Create() marks all of them as end-of-generation.
+  for (std::string_view name : internal::kEndOfGenerationNames) {
+    if (spec_.eos_id >= 0) break;
     const int32_t id = IdOf(std::string(name));
-    // Only added (control/user-defined) tokens: "</s>" may be plain text in a byte-level vocab.
-    if (id < 0 || spec_.types[id] == TokenType::kNormal) continue;
-    if (spec_.eos_id < 0) spec_.eos_id = id;
-    spec_.eog_ids.push_back(id);
+    if (id >= 0 && spec_.types[id] != TokenType::kNormal) spec_.eos_id = id;
   }
   return absl::OkStatus();
 }
@@ -376,8 +375,8 @@ absl::StatusOr<TokenizerSpec> HfParser::Parse() {
   if (fallback_it != model.end() && !fallback_it->is_boolean() && !fallback_it->is_null()) {
     return Error("model.byte_fallback", "is not a boolean");
   }
-  const bool byte_fallback = fallback_it != model.end() && fallback_it->is_boolean() &&
-                             fallback_it->get<bool>();
+  const bool byte_fallback =
+      fallback_it != model.end() && fallback_it->is_boolean() && fallback_it->get<bool>();
   RETURN_IF_ERROR(ReadSpecialIds(root, model));
   if (byte_fallback) {
     spec_.kind = TokenizerSpec::Kind::kSentencePieceBpe;

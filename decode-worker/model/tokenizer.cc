@@ -73,8 +73,8 @@ absl::Status Tokenizer::Init() {
   }
   if (spec_.types.empty()) spec_.types.assign(n, TokenType::kNormal);
   if (spec_.types.size() != n) {
-    return SpecError(absl::StrCat("'types' has ", spec_.types.size(), " entries but 'tokens' has ",
-                                  n));
+    return SpecError(
+        absl::StrCat("'types' has ", spec_.types.size(), " entries but 'tokens' has ", n));
   }
   for (size_t i = 0; i < n; ++i) {
     const auto t = static_cast<int32_t>(spec_.types[i]);
@@ -111,9 +111,18 @@ absl::Status Tokenizer::Init() {
     }
     is_eog_[id] = true;
   }
-  if (spec_.eos_id >= 0 && !is_eog_[spec_.eos_id]) {
-    spec_.eog_ids.push_back(spec_.eos_id);
-    is_eog_[spec_.eos_id] = true;
+  auto add_eog = [&](int32_t id) {
+    if (is_eog_[id]) return;
+    spec_.eog_ids.push_back(id);
+    is_eog_[id] = true;
+  };
+  if (spec_.eos_id >= 0) add_eog(spec_.eos_id);
+  for (size_t i = 0; i < n; ++i) {
+    const TokenType type = spec_.types[i];
+    if (type != TokenType::kControl && type != TokenType::kUserDefined) continue;
+    for (std::string_view name : internal::kEndOfGenerationNames) {
+      if (spec_.tokens[i] == name) add_eog(static_cast<int32_t>(i));
+    }
   }
   absl::Status status = spm ? InitSpm() : InitByteLevel();
   if (!status.ok()) return status;
@@ -218,11 +227,11 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool render_special
       continue;
     }
     const std::string& bytes = rendered_[id];
-    const bool strip = i == first_text && spec_.add_space_prefix &&
-                       spec_.kind == TokenizerSpec::Kind::kSentencePieceBpe &&
-                       (type == TokenType::kNormal || type == TokenType::kUndefined ||
-                        type == TokenType::kByte) &&
-                       !bytes.empty() && bytes[0] == ' ';
+    const bool strip =
+        i == first_text && spec_.add_space_prefix &&
+        spec_.kind == TokenizerSpec::Kind::kSentencePieceBpe &&
+        (type == TokenType::kNormal || type == TokenType::kUndefined || type == TokenType::kByte) &&
+        !bytes.empty() && bytes[0] == ' ';
     out.append(bytes, strip ? 1 : 0, std::string::npos);
   }
   return out;

@@ -10,9 +10,10 @@
 //    and merged by merge rank.
 // Control and user-defined tokens are split out of the text before either algorithm runs.
 //
-// decode(encode(s)) == s for any byte string s, valid UTF-8 or not (see Tokenizer::Decode for
-// the one exception with add_space_prefix). To keep that promise a literal U+2581 in SPM input is
-// encoded with byte tokens rather than with a '▁' piece (which decodes as a space).
+// Decode(Encode(s)) == s for any byte string s, valid UTF-8 or not. To keep that promise a
+// literal U+2581 in SPM input is encoded with byte tokens rather than with a '▁' piece (which
+// decodes as a space), and the add_space_prefix space goes only before text at the very start
+// of the input (as SentencePiece does; llama.cpp also adds one after every special token).
 //
 // A Tokenizer is immutable after Create(): all const methods are thread-safe. It owns its spec.
 #pragma once
@@ -49,12 +50,16 @@ struct TokenizerSpec {
   // id -> piece. SPM: '▁' for space, "<0xAB>" byte tokens; byte-level: GPT-2 bytes->unicode
   // mapped text. Control and user-defined tokens hold their literal text.
   std::vector<std::string> tokens;
-  std::vector<float> scores;     // SPM merge priority (higher merges first); may be empty for byte-level
-  std::vector<TokenType> types;  // same length as tokens; empty means all kNormal
+  // SPM merge priority (higher merges first), one per token; may be empty for byte-level.
+  std::vector<float> scores;
+  std::vector<TokenType> types;     // same length as tokens; empty means all kNormal
   std::vector<std::string> merges;  // byte-level BPE merges "left right", rank = index
   std::string pre = "default";      // byte-level pre-tokenizer (GGUF tokenizer.ggml.pre)
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
-  std::vector<int32_t> eog_ids;  // end-of-generation ids; eos_id is added by Create if missing
+  // End-of-generation ids. Create adds eos_id and every control/user-defined token named in
+  // internal::kEndOfGenerationNames (<end_of_turn>, <|eot_id|>, <|im_end|>, ...), as llama.cpp
+  // does, so a spec read from a file that lists only eos still stops at the end of a turn.
+  std::vector<int32_t> eog_ids;
   bool add_bos = false;
   bool add_space_prefix = false;  // SPM only
 };
@@ -72,6 +77,10 @@ class Tokenizer {
   // next to the file. Errors name the file and the field. Implemented in hf_tokenizer_json.cc.
   static absl::StatusOr<TokenizerSpec> SpecFromHfTokenizerJson(const std::string& path);
 
+  // Not copyable or movable: the lookup tables hold views into the owned spec.
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
   // Tokenizes `text`; prepends bos_id when `add_bos` and the vocabulary has one.
   // User-defined tokens are always matched in the text (as llama.cpp does); control tokens only
   // when `parse_special`, otherwise their text is tokenized like any other. Matching is
@@ -80,7 +89,8 @@ class Tokenizer {
 
   // Concatenated token bytes. Control (and unknown) tokens render as nothing unless
   // `render_special`, then as their text. With add_space_prefix, one leading space is removed
-  // from the first token after an optional BOS if it is a normal piece, undoing Encode's prefix.
+  // from the first token after an optional BOS if it is a BPE piece (normal or byte token),
+  // undoing Encode's prefix.
   // Out-of-range ids render as nothing.
   std::string Decode(absl::Span<const int32_t> ids, bool render_special = false) const;
 
@@ -120,7 +130,6 @@ class Tokenizer {
   absl::flat_hash_map<std::string_view, int32_t> piece_to_id_;
   // SPM: id of <0xXX> (-1 if absent). Byte-level: id of the byte's mapped code point.
   std::array<int32_t, 256> byte_token_{};
-  bool has_byte_fallback_ = false;  // SPM: all 256 byte tokens exist
   absl::flat_hash_map<uint64_t, Merge> merges_;  // byte-level: (left << 32 | right) -> merge
   int pre_ = 0;                                  // internal::PreTokenizer, byte-level only
   bool ignore_merges_ = false;  // byte-level: a whole pre-token in the vocab is emitted as is
@@ -145,6 +154,13 @@ class Utf8StreamBuffer {
 };
 
 namespace internal {
+// Tokens that end a text or a turn in the supported model families, end-of-text first (a
+// tokenizer.json without an eos takes the first one present).
+inline constexpr std::string_view kEndOfGenerationNames[] = {
+    "<|end_of_text|>", "<|endoftext|>", "<eos>",      "</s>",
+    "<|eot_id|>",      "<|eom_id|>",    "<|im_end|>", "<end_of_turn>",
+};
+
 // Exposed for tests and for tokenizer_bpe.cc.
 enum class PreTokenizer { kGpt2 = 0, kLlama3 = 1, kQwen2 = 2 };
 // GGUF tokenizer.ggml.pre name -> pre-tokenizer; nullopt when unknown.

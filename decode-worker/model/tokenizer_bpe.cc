@@ -196,10 +196,10 @@ std::string MapBytes(std::string_view bytes) {
 absl::Status Tokenizer::InitByteLevel() {
   const auto pre = internal::PreTokenizerFromName(spec_.pre);
   if (!pre) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer spec: 'pre' = '", spec_.pre,
-        "' is not a supported pre-tokenizer (default, gpt2, gpt-2, llama3, llama-bpe, "
-        "llama-v3, qwen2)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer spec: 'pre' = '", spec_.pre,
+                     "' is not a supported pre-tokenizer (default, gpt2, gpt-2, llama3, llama-bpe, "
+                     "llama-v3, qwen2)"));
   }
   pre_ = static_cast<int>(*pre);
   ignore_merges_ = *pre == internal::PreTokenizer::kLlama3;  // as in Llama-3's tokenizer.json
@@ -236,9 +236,9 @@ absl::Status Tokenizer::InitByteLevel() {
     if (it == piece_to_id_.end()) {
       char name[8];
       std::snprintf(name, sizeof(name), "0x%02X", b);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer spec: byte-level vocabulary has no normal token for byte ", name, " ('",
-          piece, "')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer spec: byte-level vocabulary has no normal token for byte ", name,
+                       " ('", piece, "')"));
     }
     byte_token_[b] = it->second;
   }
@@ -269,7 +269,8 @@ absl::Status Tokenizer::InitByteLevel() {
       const size_t first = merge.find(' ');
       const std::string_view l = std::string_view(merge).substr(0, first);
       const std::string_view r = std::string_view(merge).substr(first + 1);
-      return error(absl::StrCat("unknown token '", std::string(piece_to_id_.contains(l) ? r : l), "'"));
+      return error(
+          absl::StrCat("unknown token '", std::string(piece_to_id_.contains(l) ? r : l), "'"));
     }
     const std::string merged = spec_.tokens[left] + spec_.tokens[right];
     auto it = piece_to_id_.find(merged);

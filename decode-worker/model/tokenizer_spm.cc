@@ -72,9 +72,9 @@ absl::Status Tokenizer::InitSpm() {
     if (type == TokenType::kByte) {
       const int byte = ParseByteToken(text);
       if (byte < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer spec: 'tokens[", i, "]' = '", text,
-            "' has type BYTE but is not of the form <0xXX>"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer spec: 'tokens[", i, "]' = '", text,
+                         "' has type BYTE but is not of the form <0xXX>"));
       }
       if (byte_token_[byte] < 0) byte_token_[byte] = id;
       rendered_[i] = std::string(1, static_cast<char>(byte));
@@ -97,17 +97,14 @@ absl::Status Tokenizer::InitSpm() {
       }
     }
   }
-  has_byte_fallback_ = true;
-  for (int b = 0; b < 256; ++b) {
+  // Byte fallback needs all 256 byte tokens; without them, unknown characters become unk_id.
+  for (int b = 0; b < 256 && spec_.unk_id < 0; ++b) {
     if (byte_token_[b] >= 0) continue;
-    has_byte_fallback_ = false;
-    if (spec_.unk_id < 0) {
-      char name[8];
-      std::snprintf(name, sizeof(name), "<0x%02X>", b);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer spec: SentencePiece vocabulary has no byte-fallback token ", name,
-          " (type BYTE) and no 'unk_id' to use instead"));
-    }
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer spec: SentencePiece vocabulary has no byte-fallback token ", name,
+                     " (type BYTE) and no 'unk_id' to use instead"));
   }
   return absl::OkStatus();
 }

@@ -40,6 +40,9 @@ absl::StatusOr<int64_t> RowBytes(DType t, int64_t n) {
 }
 
 float F16ToF32(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#endif
   const uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
   uint32_t mant = h & 0x3ffu;

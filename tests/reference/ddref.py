@@ -134,10 +134,20 @@ class GGUFTensors:
             yield start, self._dequant(data[start:start + block], name)
 
     def field(self, key: str, default=None):
+        """Metadata value: int/float/bool/str, or a list of them for arrays."""
         f = self.reader.fields.get(key)
         if f is None:
             return default
-        return f.contents()
+        vtype = gguf.GGUFValueType
+
+        def scalar(part, kind):
+            if kind == vtype.STRING:
+                return bytes(part).decode("utf-8")
+            return part.tolist()[0]
+
+        if f.types[0] == vtype.ARRAY:
+            return [scalar(f.parts[i], f.types[-1]) for i in f.data]
+        return scalar(f.parts[f.data[0]], f.types[0])
 
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bf16"}

@@ -5,7 +5,7 @@
 - Synthetic llama / qwen2 models (GGUF and safetensors, written by make_synthetic.py into a
   temporary directory) at every position of a 40-token sequence.
 - GGUF and safetensors copies of one model give the same logits in the engine.
-- Chunked prefill (--prefill-chunk) gives the logits of an unchunked prefill.
+- Chunked prefill (--prefill_chunk) gives the logits of an unchunked prefill.
 - The real Gemma 3 270M at positions 0, 1, mid-sequence, around the 512-token sliding window
   and past it, on 700 tokens of natural English text.
 
@@ -95,7 +95,7 @@ def engine_logits(model: Path, tokens: list[int], out_dir: Path, positions=None,
     if positions is not None:
         cmd += ["--positions", ",".join(str(int(p)) for p in positions)]
     if chunk is not None:
-        cmd += ["--prefill-chunk", str(chunk)]
+        cmd += ["--prefill_chunk", str(chunk)]
     _run(cmd, timeout)
     if not out.is_file():
         pytest.fail(f"ddctl logits wrote no file {out}", pytrace=False)
@@ -222,9 +222,9 @@ def test_synthetic_chunked_prefill(name, synthetic_dir, tmp_path):
     path = synthetic_dir / name
     whole = engine_logits(path, tokens, tmp_path, timeout=120)
     chunked = engine_logits(path, tokens, tmp_path, chunk=7, timeout=120)
-    assert_logits_close(chunked, whole.astype(np.float64), f"{name}: --prefill-chunk 7 vs whole")
+    assert_logits_close(chunked, whole.astype(np.float64), f"{name}: --prefill_chunk 7 vs whole")
     assert_logits_close(chunked, reference_logits(str(path), tuple(tokens)),
-                        f"{name}: --prefill-chunk 7 vs reference")
+                        f"{name}: --prefill_chunk 7 vs reference")
 
 
 def test_synthetic_positions_subset(synthetic_dir, tmp_path):
@@ -288,9 +288,9 @@ def test_gemma_chunked_prefill(gemma_long, tmp_path):
     # 100-token chunks: one chunk straddles the 512-token window edge.
     path, tokens, whole, ref = gemma_long
     chunked = engine_logits(path, tokens, tmp_path, positions=GEMMA_POSITIONS, chunk=100)
-    assert_logits_close(chunked, whole.astype(np.float64), "gemma --prefill-chunk 100 vs whole",
+    assert_logits_close(chunked, whole.astype(np.float64), "gemma --prefill_chunk 100 vs whole",
                         GEMMA_POSITIONS)
-    assert_logits_close(chunked, ref, "gemma --prefill-chunk 100 vs reference", GEMMA_POSITIONS)
+    assert_logits_close(chunked, ref, "gemma --prefill_chunk 100 vs reference", GEMMA_POSITIONS)
 
 
 def test_gemma_tokenizes_simple_prompt():

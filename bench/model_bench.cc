@@ -1,0 +1,132 @@
+// CPU model benchmark: prefill tokens/s at several prompt lengths, decode tokens/s at several
+// batch sizes and context lengths, peak RSS. Writes one JSON object (bench/run model).
+//
+// Decode at batch B and context C: one sequence is prefilled to C tokens and forked into B
+// slots (identical KV, independent continuation), so the figure is the decode cost at that
+// context, not B more prefills.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "decode-worker/engine/engine.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "Model path (.gguf or HF directory)");
+ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
+ABSL_FLAG(std::vector<std::string>, prefill, std::vector<std::string>({"1024", "8192"}), "Prompt lengths to prefill");
+ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"1024", "8192"}), "Contexts for decode");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}), "Decode batch sizes");
+ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per measurement");
+ABSL_FLAG(int32_t, threads, 0, "Threads (0 = all cores)");
+ABSL_FLAG(std::string, out, "", "Write JSON here (default stdout)");
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+std::vector<int64_t> Ints(const std::vector<std::string>& v) {
+  std::vector<int64_t> out;
+  for (const auto& s : v) out.push_back(std::stoll(s));
+  return out;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto loaded = dd::model::LoadModel(absl::GetFlag(FLAGS_model));
+  if (!loaded.ok()) {
+    std::cerr << "model_bench: " << loaded.status().message() << "\n";
+    return 1;
+  }
+  const auto& model = **loaded;
+  std::ifstream in(absl::GetFlag(FLAGS_text_file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::vector<int32_t> text = model.tokenizer->Encode(ss.str(), false, false);
+  if (text.empty()) {
+    std::cerr << "model_bench: no text in " << absl::GetFlag(FLAGS_text_file) << "\n";
+    return 1;
+  }
+  auto prompt_of = [&](int64_t n) {
+    std::vector<int32_t> p = {model.tokenizer->bos_id()};
+    while (static_cast<int64_t>(p.size()) < n) p.push_back(text[(p.size() - 1) % text.size()]);
+    return p;
+  };
+  dd::engine::EngineOptions eo;
+  eo.threads = absl::GetFlag(FLAGS_threads);
+  dd::engine::Engine engine(model, eo);
+  nlohmann::json result;
+  result["model"] = model.config.name;
+  result["model_path"] = model.source_path;
+  result["threads"] = eo.threads > 0 ? eo.threads : static_cast<int>(std::thread::hardware_concurrency());
+  result["prefill_chunk"] = eo.prefill_chunk;
+  for (int64_t n : Ints(absl::GetFlag(FLAGS_prefill))) {
+    auto p = prompt_of(n);
+    const auto t0 = Clock::now();
+    auto r = engine.Prefill(0, p);
+    const auto t1 = Clock::now();
+    if (!r.ok()) {
+      std::cerr << "prefill " << n << ": " << r.status().message() << "\n";
+      return 1;
+    }
+    engine.Release(0);
+    const double tps = n / Seconds(t0, t1);
+    result["prefill"].push_back({{"prompt_tokens", n}, {"seconds", Seconds(t0, t1)}, {"tokens_per_s", tps}});
+    std::fprintf(stderr, "prefill %6lld tokens: %8.1f tokens/s\n", static_cast<long long>(n), tps);
+  }
+  const int steps = absl::GetFlag(FLAGS_decode_steps);
+  for (int64_t ctx : Ints(absl::GetFlag(FLAGS_contexts))) {
+    auto p = prompt_of(ctx);
+    auto r = engine.Prefill(0, p);
+    if (!r.ok()) {
+      std::cerr << "prefill " << ctx << ": " << r.status().message() << "\n";
+      return 1;
+    }
+    const int32_t first = dd::engine::Argmax(r->data(), model.config.n_vocab);
+    for (int64_t b : Ints(absl::GetFlag(FLAGS_batches))) {
+      std::vector<int32_t> seqs, tokens;
+      for (int64_t s = 0; s < b; ++s) {
+        engine.Fork(0, static_cast<int32_t>(s + 1));
+        seqs.push_back(static_cast<int32_t>(s + 1));
+        tokens.push_back(first);
+      }
+      std::vector<float> logits;
+      // One warm-up step, then the timed steps.
+      auto st = engine.DecodeStep(seqs, tokens, &logits);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < steps && st.ok(); ++i) {
+        for (int64_t s = 0; s < b; ++s) tokens[s] = dd::engine::Argmax(&logits[s * model.config.n_vocab], model.config.n_vocab);
+        st = engine.DecodeStep(seqs, tokens, &logits);
+      }
+      const auto t1 = Clock::now();
+      if (!st.ok()) {
+        std::cerr << "decode: " << st.message() << "\n";
+        return 1;
+      }
+      const double tps = b * steps / Seconds(t0, t1);
+      result["decode"].push_back({{"context", ctx}, {"batch", b}, {"steps", steps},
+                                  {"step_ms", 1000 * Seconds(t0, t1) / steps}, {"tokens_per_s", tps}});
+      std::fprintf(stderr, "decode ctx %6lld batch %2lld: %8.2f tokens/s (%.1f ms/step)\n",
+                   static_cast<long long>(ctx), static_cast<long long>(b), tps, 1000 * Seconds(t0, t1) / steps);
+      for (int32_t s : seqs) engine.Release(s);
+    }
+    engine.Release(0);
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  result["peak_rss_mib"] = ru.ru_maxrss / 1024.0;
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cout << result.dump(2) << "\n";
+  } else {
+    std::ofstream(out) << result.dump(2) << "\n";
+  }
+  return 0;
+}
