@@ -17,6 +17,7 @@ DenseKvCache::Slot& DenseKvCache::GetSlot(int32_t seq) {
   if (s.k.empty()) {
     s.k.resize(config_.n_layer);
     s.v.resize(config_.n_layer);
+    s.ring.assign(config_.n_layer, 0);
   }
   return s;
 }
@@ -69,23 +70,53 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
   return absl::OkStatus();
 }
 
+void DenseKvCache::Reserve(Slot& slot, int64_t layer, bool sliding, int64_t window, int64_t p0, int64_t p1) {
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  std::vector<float>& K = slot.k[layer];
+  std::vector<float>& V = slot.v[layer];
+  const int64_t ring = slot.ring[layer];
+  if (!sliding) {
+    const size_t need = static_cast<size_t>((p1 + 1) * kv_dim);
+    if (K.capacity() < need) {
+      const size_t cap = std::max(need, K.capacity() * 2);
+      K.reserve(cap);
+      V.reserve(cap);
+    }
+    K.resize(std::max(K.size(), need));
+    V.resize(std::max(V.size(), need));
+    return;
+  }
+  // A ring of R rows holds the last R positions. Writing [p0, p1] must not overwrite a
+  // position some row still sees (the oldest is p0 - window + 1): R >= window - 1 + rows.
+  const int64_t need_rows = window - 1 + (p1 - p0 + 1);
+  if (ring >= need_rows) return;
+  const int64_t new_ring = std::max<int64_t>(need_rows, ring * 2);
+  std::vector<float> nk(new_ring * kv_dim), nv(new_ring * kv_dim);
+  const int64_t first = ring > 0 ? std::max<int64_t>(0, p0 - ring) : p0;
+  for (int64_t pos = first; pos < p0; ++pos) {  // re-home the positions still stored
+    const int64_t from = ring > 0 ? pos % ring : pos;
+    std::memcpy(&nk[(pos % new_ring) * kv_dim], &K[from * kv_dim], kv_dim * sizeof(float));
+    std::memcpy(&nv[(pos % new_ring) * kv_dim], &V[from * kv_dim], kv_dim * sizeof(float));
+  }
+  K.swap(nk);
+  V.swap(nv);
+  slot.ring[layer] = new_ring;
+}
+
 void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
   const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd;
   const int64_t nr = r1 - r0;
   const int64_t p0 = call.rows[r0].pos, p1 = call.rows[r1 - 1].pos;
-  std::vector<float>& K = slot.k[call.layer];
-  std::vector<float>& V = slot.v[call.layer];
-  const size_t need = static_cast<size_t>((p1 + 1) * kv_dim);
-  if (K.capacity() < need) {
-    const size_t cap = std::max(need, K.capacity() * 2);
-    K.reserve(cap);
-    V.reserve(cap);
+  const int64_t layer = call.layer;
+  Reserve(slot, layer, call.sliding, call.window, p0, p1);
+  std::vector<float>& K = slot.k[layer];
+  std::vector<float>& V = slot.v[layer];
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t row = RowOf(slot, layer, p0 + r);
+    std::memcpy(&K[row * kv_dim], call.k + (r0 + r) * kv_dim, kv_dim * sizeof(float));
+    std::memcpy(&V[row * kv_dim], call.v + (r0 + r) * kv_dim, kv_dim * sizeof(float));
   }
-  K.resize(need);
-  V.resize(need);
-  std::memcpy(&K[p0 * kv_dim], call.k + r0 * kv_dim, nr * kv_dim * sizeof(float));
-  std::memcpy(&V[p0 * kv_dim], call.v + r0 * kv_dim, nr * kv_dim * sizeof(float));
 
   // Keys any row of the group may see: [lo, p1].
   const int64_t lo = call.sliding ? std::max<int64_t>(0, p0 - call.window + 1) : 0;
@@ -97,9 +128,19 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
     for (int64_t r = 0; r < nr; ++r) {
       std::memcpy(&qbuf_[r * gs * hd], call.q + (r0 + r) * q_dim + g * gs * hd, gs * hd * sizeof(float));
     }
-    kernels::WeightView keys{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(&K[lo * kv_dim + g * hd]),
-                             n_keys, hd, kv_dim * static_cast<int64_t>(sizeof(float))};
-    kernels::MatMul(keys, qbuf_.data(), nq, hd, nullptr, scores_.data(), n_keys, pool_);
+    // Keys [lo, p1] are at most two contiguous runs of storage rows (the ring may wrap).
+    const int64_t a0 = RowOf(slot, layer, lo);
+    const int64_t ring = slot.ring[layer];
+    const int64_t len_a = ring > 0 ? std::min(n_keys, ring - a0) : n_keys;
+    const std::pair<int64_t, int64_t> runs[2] = {{a0, len_a}, {0, n_keys - len_a}};
+    int64_t col = 0;
+    for (const auto& [start, len] : runs) {
+      if (len == 0) continue;
+      kernels::WeightView keys{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(&K[start * kv_dim + g * hd]),
+                               len, hd, kv_dim * static_cast<int64_t>(sizeof(float))};
+      kernels::MatMul(keys, qbuf_.data(), nq, hd, nullptr, scores_.data() + col, n_keys, pool_);
+      col += len;
+    }
     pool_.ParallelFor(nq, [&](int64_t b, int64_t e) {
       for (int64_t qi = b; qi < e; ++qi) {
         const int64_t r = qi / gs, h = g * gs + qi % gs;
@@ -122,7 +163,7 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
         std::fill(out, out + hd, 0.0f);
         for (int64_t j = j0; j < j1; ++j) {
           const float p = s[j] * inv;
-          const float* vj = &V[(lo + j) * kv_dim + g * hd];
+          const float* vj = &V[RowOf(slot, layer, lo + j) * kv_dim + g * hd];
           for (int64_t t = 0; t < hd; ++t) out[t] += p * vj[t];
         }
       }

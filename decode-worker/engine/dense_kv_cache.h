@@ -1,8 +1,10 @@
 // Dense KV cache: every position of every layer kept in (device) memory; attention over all
 // of them. The `full` decode mode, and the reference the sparse modes are checked against.
 //
-// Memory is f32, per sequence slot and layer, grown geometrically up to the slot's capacity
-// and counted in bytes_reserved(). Not thread-safe; used from the engine's compute thread.
+// Memory is f32, per sequence slot and layer, grown geometrically and counted in
+// bytes_reserved(). Sliding-window layers keep only a ring of the last window + step rows,
+// so their memory does not grow with the context. Not thread-safe; used from the engine's
+// compute thread.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,15 @@ class DenseKvCache : public model::AttentionBackend {
   struct Slot {
     int64_t length = 0;                   // positions stored (same for every layer after a forward)
     std::vector<std::vector<float>> k, v;  // per layer: positions × n_head_kv × head_dim
+    std::vector<int64_t> ring;             // per layer: ring size in positions (0 = linear)
   };
+  // Makes room for positions [p0, p1] of `layer`; returns the storage row of position p
+  // through RowOf().
+  void Reserve(Slot& slot, int64_t layer, bool sliding, int64_t window, int64_t p0, int64_t p1);
+  static int64_t RowOf(const Slot& slot, int64_t layer, int64_t pos) {
+    const int64_t r = slot.ring[layer];
+    return r > 0 ? pos % r : pos;
+  }
   Slot& GetSlot(int32_t seq);
   void AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
 

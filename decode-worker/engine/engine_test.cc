@@ -52,6 +52,19 @@ TEST_F(GemmaEngineTest, ConfigFromMetadata) {
   EXPECT_EQ(global, (std::vector<int64_t>{5, 11, 17}));
 }
 
+// Ids checked by hand against the GGUF vocabulary: <bos>, "The", "▁capital", "▁of",
+// "▁France", "▁is"; <start_of_turn> (105) is a control token, split out only when asked.
+TEST_F(GemmaEngineTest, TokenizerOnRealVocabulary) {
+  const auto& tok = *model_->tokenizer;
+  EXPECT_EQ(tok.Encode("The capital of France is", true, true),
+            (std::vector<int32_t>{2, 818, 5279, 529, 7001, 563}));
+  EXPECT_EQ(tok.Encode("<start_of_turn>user", false, true).front(), 105);
+  EXPECT_NE(tok.Encode("<start_of_turn>user", false, false).front(), 105);
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "Grüße, 世界! \t  naïve café 🙂 line " + std::to_string(i) + "\n";
+  EXPECT_EQ(tok.Decode(tok.Encode(text, false, false)), text);
+}
+
 TEST_F(GemmaEngineTest, GreedyFactualContinuations) {
   Engine engine(*model_, {});
   GenerateOptions opt;
@@ -73,10 +86,11 @@ TEST_F(GemmaEngineTest, GreedyFactualContinuations) {
 // Chunked prefill must give bit-identical logits to a single chunk (batch invariance).
 TEST_F(GemmaEngineTest, ChunkedPrefillIsBitIdentical) {
   std::string text;
-  for (int i = 0; i < 40; ++i) text += "Counting sheep number " + std::to_string(i) + " jumps over the fence. ";
+  // Long enough (> window + chunk) that the sliding-window ring wraps in the chunked run.
+  for (int i = 0; i < 90; ++i) text += "Counting sheep number " + std::to_string(i) + " jumps over the fence. ";
   const auto ids = Encode(text);
-  ASSERT_GT(ids.size(), 300u);
-  const std::vector<int64_t> pos = {0, 37, static_cast<int64_t>(ids.size()) - 1};
+  ASSERT_GT(ids.size(), 700u);
+  const std::vector<int64_t> pos = {0, 37, 600, static_cast<int64_t>(ids.size()) - 1};
   Engine whole(*model_, {.threads = 2, .prefill_chunk = 4096});
   Engine chunked(*model_, {.threads = 1, .prefill_chunk = 61});
   auto a = whole.PromptLogits(0, ids, pos);

@@ -1,0 +1,598 @@
+// Int8-activation × quantized-weight matrix multiply (the llama.cpp-style fast path).
+//
+// Each activation row is quantized once per call to int8 blocks of 32 with one f32 scale per
+// block. Each output element is then, over the weight's 32-element blocks in ascending order,
+//   acc = fma(float(integer dot of weight codes and int8 activations), scale product, acc)
+// (Q4_K/Q5_K add one fnmadd per block for the −dmin·m term). The integer dot is exact and the
+// float ops per element are one fixed sequence, so a row's result depends only on that row and
+// the weights: not on the batch size, the tiling or the thread count (DESIGN §5).
+//
+// AVX-512 layout. A tile is 16 consecutive weight rows. Each 32-element block of the tile is
+// transposed so that 32-bit lane c of eight registers holds four consecutive codes of row c.
+// Broadcasting an activation dword against them with VPDPBUSD (unsigned weight codes × signed
+// int8 activations) leaves the 16 rows' dots in the 16 lanes: no horizontal reduction, the
+// scales are per-lane vectors, and one decode serves every activation row of the call.
+// Zero points (Q8_0's sign via +128, Q5_0's 16, Q6_K's 32) are removed by starting the integer
+// accumulator at −zero_point·Σ(activation block), precomputed once per row.
+//
+// The portable fallback (no AVX-512 VNNI/BW/BITALG) performs the same integer and float
+// operations per element, so it gives the same bits, only slower.
+// GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics' own _mm512_undefined_*
+// pass-through operands (GCC bug 105593, fixed in 13); the pragma covers the header's lines.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dd/kernels/cpu_ops.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512BITALG__) && defined(__F16C__)
+#define DD_INT8_AVX512 1
+#else
+#define DD_INT8_AVX512 0
+#endif
+
+namespace dd::kernels {
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int kTile = 16;           // weight rows per tile: one 32-bit lane each
+constexpr int64_t kRowChunk = 64;   // activation rows whose accumulators stay in L1 per tile
+
+// Zero point subtracted from the unsigned weight codes the SIMD kernel feeds to VPDPBUSD.
+int32_t ZeroPoint(DType t) {
+  switch (t) {
+    case DType::kQ8_0: return 128;
+    case DType::kQ5_0: return 16;
+    case DType::kQ6_K: return 32;
+    default: return 0;
+  }
+}
+
+// Quantized activation rows. Per row (stride a multiple of 64 bytes):
+//   q[k] int8 | d[nb] f32 | xs[nb] f32 = d·Σq (Q4_K/Q5_K mins)
+//   | c32[nb] i32 = −zp·Σq over the block | c16[2nb] i32 = −zp·Σq over each 16-element half.
+struct QuantActs {
+  uint8_t* base = nullptr;
+  int64_t stride = 0, k = 0, nb = 0;
+
+  static int64_t Stride(int64_t k) { return (k + 4 * (k / kBlock) * 5 + 63) / 64 * 64; }
+  int8_t* q(int64_t r) const { return reinterpret_cast<int8_t*>(base + r * stride); }
+  float* d(int64_t r) const { return reinterpret_cast<float*>(base + r * stride + k); }
+  float* xs(int64_t r) const { return d(r) + nb; }
+  int32_t* c32(int64_t r) const { return reinterpret_cast<int32_t*>(xs(r) + nb); }
+  int32_t* c16(int64_t r) const { return c32(r) + nb; }
+};
+
+void QuantizeActRow(const float* x, DType t, const QuantActs& a, int64_t r) {
+  int8_t* q = a.q(r);
+  float* d = a.d(r);
+  QuantizeRowInt8Blocks(x, a.k, q, d);
+  const int32_t zp = ZeroPoint(t);
+  for (int64_t b = 0; b < a.nb; ++b) {
+    int32_t lo = 0, hi = 0;
+    for (int i = 0; i < 16; ++i) {
+      lo += q[b * kBlock + i];
+      hi += q[b * kBlock + 16 + i];
+    }
+    a.c16(r)[2 * b] = -zp * lo;
+    a.c16(r)[2 * b + 1] = -zp * hi;
+    a.c32(r)[b] = -zp * (lo + hi);
+    a.xs(r)[b] = d[b] * static_cast<float>(lo + hi);
+  }
+}
+
+#if DD_INT8_AVX512
+
+// The 16 (or fewer, at the end) weight rows of one tile. Rows past the matrix repeat its last
+// row so every load stays in bounds; their lanes are never stored.
+struct Tile {
+  const uint8_t* rows[kTile];
+  int32_t offsets[kTile];  // rows[c] − rows[0] in bytes
+  int valid = 0;
+  // The next tile's bytes, prefetched a slice per unit of work so that decode (m = 1), which
+  // touches 16 rows at once, streams from DRAM at close to the sequential-read rate.
+  const uint8_t* next = nullptr;
+  int64_t next_bytes = 0;
+
+  void Prefetch(int64_t unit, int64_t units) const {
+    const int64_t end = next_bytes * (unit + 1) / units;
+    for (int64_t off = next_bytes * unit / units / 64 * 64; off < end; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + off), PF_HINT);
+    }
+  }
+};
+
+Tile MakeTile(const WeightView& w, int64_t n0) {
+  Tile t;
+  t.valid = static_cast<int>(std::min<int64_t>(kTile, w.rows - n0));
+  for (int c = 0; c < kTile; ++c) {
+    const int rc = std::min(c, t.valid - 1);
+    t.rows[c] = w.data + (n0 + rc) * w.row_bytes;
+    t.offsets[c] = static_cast<int32_t>(rc * w.row_bytes);
+  }
+  const int64_t next_end = std::min(w.rows, n0 + (PF_AHEAD + 1) * kTile);
+  if (n0 + PF_AHEAD * kTile < next_end) {
+    t.next = w.data + (n0 + PF_AHEAD * kTile) * w.row_bytes;
+    t.next_bytes = (next_end - n0 - PF_AHEAD * kTile) * w.row_bytes;
+  }
+  return t;
+}
+
+inline __m512i Bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 8 (a 16×8 dword transpose).
+inline void Transpose16x32(const uint8_t* const* rows, int64_t off, __m512i out[8]) {
+  __m512i z[8], a[8], b[8];
+  for (int j = 0; j < 8; ++j) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + off));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j + 8] + off));
+    z[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+  }
+  for (int j = 0; j < 8; j += 2) {
+    a[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);
+    a[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {  // rows 0-3 (h = 0) and 4-7 (h = 4) of each 256-bit half
+    b[h + 0] = _mm512_unpacklo_epi64(a[h + 0], a[h + 2]);
+    b[h + 1] = _mm512_unpackhi_epi64(a[h + 0], a[h + 2]);
+    b[h + 2] = _mm512_unpacklo_epi64(a[h + 1], a[h + 3]);
+    b[h + 3] = _mm512_unpackhi_epi64(a[h + 1], a[h + 3]);
+  }
+  const __m512i idx_lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int i = 0; i < 4; ++i) {
+    out[i] = _mm512_permutex2var_epi64(b[i], idx_lo, b[i + 4]);
+    out[i + 4] = _mm512_permutex2var_epi64(b[i], idx_hi, b[i + 4]);
+  }
+}
+
+// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 4.
+inline void Transpose16x16(const uint8_t* const* rows, int64_t off, __m512i out[4]) {
+  __m512i z[4];
+  for (int j = 0; j < 4; ++j) {
+    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j + 4] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j + 8] + off)), 2);
+    z[j] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j + 12] + off)), 3);
+  }
+  const __m512i a0 = _mm512_unpacklo_epi32(z[0], z[1]), a1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i a2 = _mm512_unpacklo_epi32(z[2], z[3]), a3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  out[0] = _mm512_unpacklo_epi64(a0, a2);
+  out[1] = _mm512_unpackhi_epi64(a0, a2);
+  out[2] = _mm512_unpacklo_epi64(a1, a3);
+  out[3] = _mm512_unpackhi_epi64(a1, a3);
+}
+
+// Lane c = the 4 bytes at rows[c] + off.
+inline __m512i GatherDword(const Tile& t, int64_t off) {
+  const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(t.offsets), _mm512_set1_epi32(static_cast<int32_t>(off)));
+  return _mm512_i32gather_epi32(idx, t.rows[0], 1);
+}
+inline __m512 F16Lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+inline __m512 F16Hi(__m512i v) { return F16Lo(_mm512_srli_epi32(v, 16)); }
+
+// Integer dot of one 32-element block per lane, starting from `init` (two chains for latency).
+inline __m512i Dot32(__m512i init, const __m512i w[8], const int8_t* a) {
+  __m512i s0 = init, s1 = _mm512_setzero_si512();
+  for (int t = 0; t < 8; t += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, w[t], Bcast4(a + 4 * t));
+    s1 = _mm512_dpbusd_epi32(s1, w[t + 1], Bcast4(a + 4 * t + 4));
+  }
+  return _mm512_add_epi32(s0, s1);
+}
+inline __m512i Dot16(__m512i init, const __m512i w[4], const int8_t* a) {
+  for (int t = 0; t < 4; ++t) init = _mm512_dpbusd_epi32(init, w[t], Bcast4(a + 4 * t));
+  return init;
+}
+
+// acc = fma(float(dot), scale · dx, acc): the per-block float step shared by every type.
+inline __m512 Accumulate(__m512 acc, __m512i dot, __m512 scale, float dx) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(dx)), acc);
+}
+
+void KernelQ8_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m512i w[8];
+    t.Prefetch(b, a.nb);
+    Transpose16x32(t.rows, 34 * b + 2, w);
+    for (auto& v : w) v = _mm512_xor_si512(v, sign);  // q + 128: unsigned codes
+    const __m512 dw = F16Lo(GatherDword(t, 34 * b));
+    for (int64_t r = r0; r < r1; ++r) {
+      float* ar = acc + (r - r0) * kTile;
+      const __m512i dot = Dot32(_mm512_set1_epi32(a.c32(r)[b]), w, a.q(r) + b * kBlock);
+      _mm512_store_ps(ar, Accumulate(_mm512_load_ps(ar), dot, dw, a.d(r)[b]));
+    }
+  }
+}
+
+void KernelQ5_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+  // VPSHUFBITQMB selectors: byte i of dword d (one row) picks bit 4u + i of that row's qh.
+  __m512i select[8];
+  for (int u = 0; u < 8; ++u) {
+    uint64_t s = 0;
+    for (int i = 0; i < 4; ++i) s |= uint64_t(4 * u + i) << (8 * i) | uint64_t(32 + 4 * u + i) << (8 * (4 + i));
+    select[u] = _mm512_set1_epi64(static_cast<long long>(s));
+  }
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m512i nib[4], w[8];
+    t.Prefetch(b, a.nb);
+    Transpose16x16(t.rows, 22 * b + 6, nib);
+    const __m512i qh = GatherDword(t, 22 * b + 2);
+    const __m512 dw = F16Lo(GatherDword(t, 22 * b));
+    for (int u = 0; u < 4; ++u) {
+      w[u] = _mm512_and_si512(nib[u], low4);
+      w[u + 4] = _mm512_and_si512(_mm512_srli_epi16(nib[u], 4), low4);
+    }
+    for (int u = 0; u < 8; ++u) {
+      w[u] = _mm512_mask_add_epi8(w[u], _mm512_bitshuffle_epi64_mask(qh, select[u]), w[u], bit4);
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      float* ar = acc + (r - r0) * kTile;
+      const __m512i dot = Dot32(_mm512_set1_epi32(a.c32(r)[b]), w, a.q(r) + b * kBlock);
+      _mm512_store_ps(ar, Accumulate(_mm512_load_ps(ar), dot, dw, a.d(r)[b]));
+    }
+  }
+}
+
+// d·sc_j and dmin·m_j of the 8 sub-blocks of a Q4_K/Q5_K super-block at byte `off`.
+inline void KScales(const Tile& t, int64_t off, __m512 dsc[8], __m512 dmm[8]) {
+  const __m512i g = GatherDword(t, off);
+  const __m512 d = F16Lo(g), dmin = F16Hi(g);
+  const __m512i s0 = GatherDword(t, off + 4), s1 = GatherDword(t, off + 8), s2 = GatherDword(t, off + 12);
+  const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+  for (int j = 0; j < 8; ++j) {
+    __m512i sc, mn;
+    if (j < 4) {
+      sc = _mm512_and_si512(_mm512_srli_epi32(s0, 8 * j), m63);
+      mn = _mm512_and_si512(_mm512_srli_epi32(s1, 8 * j), m63);
+    } else {
+      const int s = 8 * (j - 4);
+      sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, s), m15),
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s0, s + 6), m3), 4));
+      mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, s + 4), m15),
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s1, s + 6), m3), 4));
+    }
+    dsc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    dmm[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn));
+  }
+}
+
+// Q4_K and Q5_K: super-blocks of 256 = 4 chunks of 32 bytes of nibbles (low nibbles: sub-block
+// 2g, high: 2g+1), Q5_K adding a fifth bit from 32 bytes of qh (bit 2g / 2g+1 of byte l).
+template <bool kFiveBit>
+void KernelQK(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+  constexpr int64_t kSuperBytes = kFiveBit ? 176 : 144;
+  constexpr int64_t kQlOffset = kFiveBit ? 48 : 16;
+  const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const int64_t so = sb * kSuperBytes;
+    __m512 dsc[8], dmm[8];
+    KScales(t, so, dsc, dmm);
+    __m512i qh[8];
+    if (kFiveBit) Transpose16x32(t.rows, so + 16, qh);
+    for (int g = 0; g < 4; ++g) {
+      t.Prefetch(sb * 4 + g, a.nb / 2);
+      __m512i nib[8], wl[8], wh[8];
+      Transpose16x32(t.rows, so + kQlOffset + 32 * g, nib);
+      for (int u = 0; u < 8; ++u) {
+        wl[u] = _mm512_and_si512(nib[u], low4);
+        wh[u] = _mm512_and_si512(_mm512_srli_epi16(nib[u], 4), low4);
+        if (kFiveBit) {
+          const __mmask64 hl = _mm512_test_epi8_mask(qh[u], _mm512_set1_epi8(static_cast<char>(1 << (2 * g))));
+          const __mmask64 hh = _mm512_test_epi8_mask(qh[u], _mm512_set1_epi8(static_cast<char>(2 << (2 * g))));
+          wl[u] = _mm512_mask_add_epi8(wl[u], hl, wl[u], bit4);
+          wh[u] = _mm512_mask_add_epi8(wh[u], hh, wh[u], bit4);
+        }
+      }
+      const int64_t j0 = sb * 8 + 2 * g;  // activation block of the low-nibble sub-block
+      for (int64_t r = r0; r < r1; ++r) {
+        float* ar = acc + (r - r0) * kTile;
+        const int8_t* q = a.q(r) + j0 * kBlock;
+        const float* dx = a.d(r) + j0;
+        const float* xs = a.xs(r) + j0;
+        __m512 f = _mm512_load_ps(ar);
+        f = Accumulate(f, Dot32(_mm512_setzero_si512(), wl, q), dsc[2 * g], dx[0]);
+        f = _mm512_fnmadd_ps(dmm[2 * g], _mm512_set1_ps(xs[0]), f);
+        f = Accumulate(f, Dot32(_mm512_setzero_si512(), wh, q + kBlock), dsc[2 * g + 1], dx[1]);
+        f = _mm512_fnmadd_ps(dmm[2 * g + 1], _mm512_set1_ps(xs[1]), f);
+        _mm512_store_ps(ar, f);
+      }
+    }
+  }
+}
+
+// Q6_K: per half h, 64 bytes of low nibbles and 32 bytes of 2-bit highs make 4 sub-blocks of 32;
+// each 16-element half of a sub-block has its own int8 scale, applied in integer arithmetic
+// (|sc_lo·dot_lo + sc_hi·dot_hi| ≤ 2·16·32·127·128 < 2^24, so the float conversion is exact).
+void KernelQ6_K(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f), bits45 = _mm512_set1_epi8(0x30);
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const int64_t so = sb * 210;
+    const __m512 d = F16Hi(GatherDword(t, so + 206));
+    __m512i sc[16];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i g = GatherDword(t, so + 192 + 4 * i);
+      for (int j = 0; j < 4; ++j) sc[4 * i + j] = _mm512_srai_epi32(_mm512_slli_epi32(g, 24 - 8 * j), 24);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m512i lo[8], hi[8], qh[8];
+      Transpose16x32(t.rows, so + 64 * h, lo);
+      Transpose16x32(t.rows, so + 64 * h + 32, hi);
+      Transpose16x32(t.rows, so + 128 + 32 * h, qh);
+      for (int s = 0; s < 4; ++s) {
+        t.Prefetch(sb * 8 + 4 * h + s, a.nb);
+        __m512i w[8];
+        for (int u = 0; u < 8; ++u) {
+          const __m512i src = (s & 1) ? hi[u] : lo[u];
+          const __m512i nib = (s < 2) ? src : _mm512_srli_epi16(src, 4);
+          __m512i top;
+          switch (s) {
+            case 0: top = _mm512_slli_epi16(qh[u], 4); break;
+            case 1: top = _mm512_slli_epi16(qh[u], 2); break;
+            case 2: top = qh[u]; break;
+            default: top = _mm512_srli_epi16(qh[u], 2); break;
+          }
+          w[u] = _mm512_or_si512(_mm512_and_si512(nib, low4), _mm512_and_si512(top, bits45));
+        }
+        const int64_t j = sb * 8 + 4 * h + s;
+        const __m512i sc_lo = sc[8 * h + 2 * s], sc_hi = sc[8 * h + 2 * s + 1];
+        for (int64_t r = r0; r < r1; ++r) {
+          float* ar = acc + (r - r0) * kTile;
+          const int8_t* q = a.q(r) + j * kBlock;
+          const int32_t* c16 = a.c16(r) + 2 * j;
+          const __m512i dlo = Dot16(_mm512_set1_epi32(c16[0]), w, q);
+          const __m512i dhi = Dot16(_mm512_set1_epi32(c16[1]), w + 4, q + 16);
+          const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(dlo, sc_lo), _mm512_mullo_epi32(dhi, sc_hi));
+          _mm512_store_ps(ar, Accumulate(_mm512_load_ps(ar), dot, d, a.d(r)[j]));
+        }
+      }
+    }
+  }
+}
+
+using Kernel = void (*)(const Tile&, const QuantActs&, int64_t, int64_t, float*);
+
+Kernel KernelFor(DType t) {
+  switch (t) {
+    case DType::kQ8_0: return KernelQ8_0;
+    case DType::kQ5_0: return KernelQ5_0;
+    case DType::kQ4_K: return KernelQK<false>;
+    case DType::kQ5_K: return KernelQK<true>;
+    case DType::kQ6_K: return KernelQ6_K;
+    default: return nullptr;
+  }
+}
+
+void RunTile(Kernel kernel, const WeightView& w, int64_t n0, const QuantActs& a, int64_t m_rows,
+             const float* bias, float* y, int64_t y_stride) {
+  const Tile t = MakeTile(w, n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << t.valid) - 1);
+  const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  alignas(64) float acc[kRowChunk * kTile];
+  for (int64_t r0 = 0; r0 < m_rows; r0 += kRowChunk) {
+    const int64_t r1 = std::min(m_rows, r0 + kRowChunk);
+    for (int64_t r = r0; r < r1; ++r) _mm512_store_ps(acc + (r - r0) * kTile, _mm512_setzero_ps());
+    kernel(t, a, r0, r1, acc);
+    for (int64_t r = r0; r < r1; ++r) {
+      __m512 v = _mm512_load_ps(acc + (r - r0) * kTile);
+      if (bias != nullptr) v = _mm512_add_ps(v, bv);
+      _mm512_mask_storeu_ps(y + r * y_stride + n0, mask, v);
+    }
+  }
+}
+
+#else  // portable fallback: same arithmetic per element, one weight row at a time
+
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// One weight row as signed integer codes plus per-32-block float factors:
+//   scale[b]: d (Q8_0, Q5_0, Q6_K) or d·sc_j (Q4_K, Q5_K); minscale[b]: dmin·m_j (Q4_K, Q5_K);
+//   sc16[2b], sc16[2b+1]: Q6_K's int8 scales of the two halves.
+struct DecodedRow {
+  std::vector<int32_t> code, sc16;
+  std::vector<float> scale, minscale;
+};
+
+void ScaleMinK(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void DecodeRow(DType t, const uint8_t* src, int64_t k, DecodedRow* out) {
+  const int64_t nb = k / kBlock;
+  out->code.resize(k);
+  out->scale.resize(nb);
+  out->minscale.assign(nb, 0.0f);
+  out->sc16.assign(2 * nb, 0);
+  int32_t* c = out->code.data();
+  switch (t) {
+    case DType::kQ8_0:
+      for (int64_t b = 0; b < nb; ++b, src += 34) {
+        out->scale[b] = F16ToF32(LoadU16(src));
+        for (int i = 0; i < 32; ++i) c[b * 32 + i] = static_cast<int8_t>(src[2 + i]);
+      }
+      return;
+    case DType::kQ5_0:
+      for (int64_t b = 0; b < nb; ++b, src += 22) {
+        out->scale[b] = F16ToF32(LoadU16(src));
+        uint32_t qh;
+        std::memcpy(&qh, src + 2, 4);
+        for (int j = 0; j < 16; ++j) {
+          c[b * 32 + j] = ((src[6 + j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16;
+          c[b * 32 + 16 + j] = ((src[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+        }
+      }
+      return;
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool five = t == DType::kQ5_K;
+      const int64_t bytes = five ? 176 : 144;
+      for (int64_t sb = 0; sb < nb / 8; ++sb, src += bytes) {
+        const float d = F16ToF32(LoadU16(src)), dmin = F16ToF32(LoadU16(src + 2));
+        const uint8_t* qh = src + 16;
+        const uint8_t* ql = src + (five ? 48 : 16);
+        for (int j = 0; j < 8; ++j) {
+          int sc, m;
+          ScaleMinK(j, src + 4, &sc, &m);
+          out->scale[sb * 8 + j] = d * static_cast<float>(sc);
+          out->minscale[sb * 8 + j] = dmin * static_cast<float>(m);
+          const int g = j / 2;
+          for (int l = 0; l < 32; ++l) {
+            int v = (j % 2 == 0) ? (ql[32 * g + l] & 0x0f) : (ql[32 * g + l] >> 4);
+            if (five && ((qh[l] >> j) & 1)) v += 16;
+            c[sb * 256 + j * 32 + l] = v;
+          }
+        }
+      }
+      return;
+    }
+    case DType::kQ6_K:
+      for (int64_t sb = 0; sb < nb / 8; ++sb, src += 210) {
+        const float d = F16ToF32(LoadU16(src + 208));
+        for (int i = 0; i < 16; ++i) out->sc16[sb * 16 + i] = static_cast<int8_t>(src[192 + i]);
+        for (int j = 0; j < 8; ++j) out->scale[sb * 8 + j] = d;
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* ql = src + 64 * h;
+          const uint8_t* qh = src + 128 + 32 * h;
+          int32_t* e = c + sb * 256 + 128 * h;
+          for (int l = 0; l < 32; ++l) {
+            e[l] = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
+            e[l + 32] = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            e[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            e[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          }
+        }
+      }
+      return;
+    default: return;
+  }
+}
+
+float RowDot(DType t, const DecodedRow& w, const QuantActs& a, int64_t r) {
+  const int8_t* q = a.q(r);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const int32_t* c = w.code.data() + b * kBlock;
+    const int8_t* x = q + b * kBlock;
+    int32_t lo = 0, hi = 0;
+    for (int i = 0; i < 16; ++i) {
+      lo += c[i] * x[i];
+      hi += c[16 + i] * x[16 + i];
+    }
+    const int32_t dot = t == DType::kQ6_K ? w.sc16[2 * b] * lo + w.sc16[2 * b + 1] * hi : lo + hi;
+    acc = std::fma(static_cast<float>(dot), w.scale[b] * a.d(r)[b], acc);
+    if (t == DType::kQ4_K || t == DType::kQ5_K) acc = std::fma(-w.minscale[b], a.xs(r)[b], acc);
+  }
+  return acc;
+}
+
+#endif  // DD_INT8_AVX512
+
+}  // namespace
+
+void QuantizeRowInt8Blocks(const float* x, int64_t k, int8_t* q, float* d) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    int8_t* qb = q + b * kBlock;
+#if DD_INT8_AVX512
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+#endif
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+#if DD_INT8_AVX512
+    // VCVTPS2DQ rounds half to even under the default MXCSR, like nearbyint below.
+    const __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, vid))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vid))));
+#else
+    for (int i = 0; i < kBlock; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+#endif
+  }
+}
+
+bool MatMulInt8Supports(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+    case DType::kQ5_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
+void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_stride, const float* bias,
+                float* y, int64_t y_stride, ThreadPool& pool) {
+  if (!MatMulInt8Supports(w.type)) {
+    MatMul(w, x, m_rows, x_stride, bias, y, y_stride, pool);
+    return;
+  }
+  if (m_rows <= 0 || w.rows <= 0) return;
+
+  // Quantize the activations once per call. The buffer belongs to the calling thread; workers
+  // only read it through `acts` while this call blocks in ParallelFor.
+  thread_local std::vector<uint8_t> act_buf;
+  QuantActs acts;
+  acts.k = w.cols;
+  acts.nb = w.cols / kBlock;
+  acts.stride = QuantActs::Stride(w.cols);
+  if (act_buf.size() < static_cast<size_t>(m_rows * acts.stride + 64)) act_buf.resize(m_rows * acts.stride + 64);
+  acts.base = act_buf.data() + (-reinterpret_cast<uintptr_t>(act_buf.data()) & 63);
+  const DType type = w.type;
+  auto quantize = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) QuantizeActRow(x + r * x_stride, type, acts, r);
+  };
+  if (m_rows >= 8 && pool.size() > 1) {
+    pool.ParallelFor(m_rows, quantize);
+  } else {
+    quantize(0, m_rows);
+  }
+
+  const int64_t n_tiles = (w.rows + kTile - 1) / kTile;
+#if DD_INT8_AVX512
+  const Kernel kernel = KernelFor(type);
+  pool.ParallelFor(n_tiles, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) RunTile(kernel, w, t * kTile, acts, m_rows, bias, y, y_stride);
+  });
+#else
+  pool.ParallelFor(n_tiles, [&](int64_t t0, int64_t t1) {
+    thread_local DecodedRow row;
+    for (int64_t n = t0 * kTile; n < std::min(w.rows, t1 * kTile); ++n) {
+      DecodeRow(type, w.data + n * w.row_bytes, w.cols, &row);
+      for (int64_t r = 0; r < m_rows; ++r) {
+        const float v = RowDot(type, row, acts, r);
+        y[r * y_stride + n] = bias != nullptr ? v + bias[n] : v;
+      }
+    }
+  });
+#endif
+}
+
+}  // namespace dd::kernels
