@@ -148,21 +148,11 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
         const int64_t first = call.sliding ? std::max<int64_t>(0, pos - call.window + 1) : 0;
         float* s = &scores_[qi * n_keys];
         const int64_t j0 = first - lo, j1 = pos - lo + 1;  // visible keys [j0, j1)
-        float mx = -INFINITY;
-        for (int64_t j = j0; j < j1; ++j) {
-          s[j] *= call.scale;
-          mx = std::max(mx, s[j]);
-        }
-        float sum = 0;
-        for (int64_t j = j0; j < j1; ++j) {
-          s[j] = std::exp(s[j] - mx);
-          sum += s[j];
-        }
-        const float inv = 1.0f / sum;
+        kernels::ScaledSoftmax(s + j0, j1 - j0, call.scale);
         float* out = call.out + (r0 + r) * q_dim + h * hd;
         std::fill(out, out + hd, 0.0f);
         for (int64_t j = j0; j < j1; ++j) {
-          const float p = s[j] * inv;
+          const float p = s[j];
           const float* vj = &V[RowOf(slot, layer, lo + j) * kv_dim + g * hd];
           for (int64_t t = 0; t < hd; ++t) out[t] += p * vj[t];
         }

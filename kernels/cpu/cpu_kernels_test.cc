@@ -202,5 +202,29 @@ TEST(OpsTest, RmsNormAndRope) {
   EXPECT_NEAR(Silu(1.0f), 0.7310586f, 1e-6);
 }
 
+TEST(OpsTest, ScaledSoftmaxMatchesDouble) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 30.0f);
+  for (int64_t n : {1, 7, 16, 33, 1000}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = nd(rng);
+    x[0] = -1e30f;  // a huge negative score must give exactly 0, not NaN
+    std::vector<float> y = x;
+    ScaledSoftmax(y.data(), n, 0.125f);
+    double mx = -1e300, sum = 0;
+    for (float v : x) mx = std::max(mx, 0.125 * v);
+    for (float v : x) sum += std::exp(0.125 * v - mx);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ref = std::exp(0.125 * x[i] - mx) / sum;
+      // Bound: the float argument scale*x - max (|.| < 2^7 here) is rounded to ~2^-17, so exp
+      // carries up to ~8e-6 relative error before the polynomial's own 2e-8.
+      ASSERT_NEAR(y[i], ref, 1e-5 * ref + 1e-30) << "n=" << n << " i=" << i;
+    }
+    if (n > 1) {
+      EXPECT_EQ(y[0], 0.0f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dd::kernels

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "dd/kernels/cpu_ops.h"
@@ -31,6 +32,65 @@ void ApplyRope(float* head, int64_t half, const float* cos, const float* sin, bo
     head[a] = x0 * cos[i] - x1 * sin[i];
     head[b] = x0 * sin[i] + x1 * cos[i];
   }
+}
+
+namespace {
+typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t I16 __attribute__((vector_size(64), aligned(4), may_alias));
+
+// exp(x) for x <= 0 (softmax inputs after subtracting the max): x = k ln2 + r with
+// |r| <= ln2/2, e^r by a degree-7 Taylor polynomial (error < 2e-8 relative), times 2^k built
+// in the exponent bits. Inputs below -87 (and -inf) give 0.
+inline V16 ExpNonPositive(V16 x) {
+  const I16 tiny = x < -87.0f;
+  x = tiny ? V16{} - 87.0f : x;
+  const V16 t = x * 1.44269504088896341f - 0.5f;
+  const I16 k = __builtin_convertvector(t, I16);  // truncation toward zero = round(x log2 e)
+  const V16 kf = __builtin_convertvector(k, V16);
+  V16 r = x - kf * 0.693145751953125f;
+  r = r - kf * 1.428606765330187045e-06f;
+  V16 p = V16{} + (1.0f / 5040);
+  p = p * r + (1.0f / 720);
+  p = p * r + (1.0f / 120);
+  p = p * r + (1.0f / 24);
+  p = p * r + (1.0f / 6);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const I16 bits = (k + 127) << 23;
+  V16 scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
+  const V16 out = p * scale;
+  return tiny ? V16{} : out;
+}
+}  // namespace
+
+void ScaledSoftmax(float* x, int64_t n, float scale) {
+  if (n <= 0) return;
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i] * scale);
+  const int64_t nv = n / 16 * 16;
+  V16 acc = {};
+  for (int64_t i = 0; i < nv; i += 16) {
+    V16 v;
+    __builtin_memcpy(&v, x + i, sizeof(v));
+    v = ExpNonPositive(v * scale - mx);
+    __builtin_memcpy(x + i, &v, sizeof(v));
+    acc += v;
+  }
+  if (nv < n) {  // the tail through the same vector code, padded with -inf (exp = 0)
+    V16 v = V16{} - INFINITY;
+    __builtin_memcpy(&v, x + nv, (n - nv) * sizeof(float));
+    v = ExpNonPositive(v * scale - mx);
+    __builtin_memcpy(x + nv, &v, (n - nv) * sizeof(float));
+    acc += v;
+  }
+  float lanes[16];
+  __builtin_memcpy(lanes, &acc, sizeof(lanes));
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+  const float inv = 1.0f / lanes[0];
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
 float GeluTanh(float x) {

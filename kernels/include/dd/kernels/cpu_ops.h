@@ -43,6 +43,10 @@ void RmsNorm(const float* x, const float* w, float eps, int64_t n, float* y);
 void RopeAngles(const float* inv_freq, int64_t half, int64_t pos, float* cos_out, float* sin_out);
 void ApplyRope(float* head, int64_t half, const float* cos, const float* sin, bool neox);
 
+// Softmax of x[0..n) scaled by `scale`, in place: x[i] = exp(scale*x[i] - max) / sum.
+// Vectorized exp (max error ~2 ulp); the result depends only on x, never on threads.
+void ScaledSoftmax(float* x, int64_t n, float scale);
+
 float GeluTanh(float x);
 float Silu(float x);
 
