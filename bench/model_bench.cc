@@ -26,6 +26,7 @@ ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"1024", 
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}), "Decode batch sizes");
 ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per measurement");
 ABSL_FLAG(int32_t, threads, 0, "Threads (0 = all cores)");
+ABSL_FLAG(std::string, matmul, "int8", "Weight matmul kernels: int8 or f32");
 ABSL_FLAG(std::string, out, "", "Write JSON here (default stdout)");
 
 namespace {
@@ -61,12 +62,15 @@ int main(int argc, char** argv) {
   };
   dd::engine::EngineOptions eo;
   eo.threads = absl::GetFlag(FLAGS_threads);
+  eo.matmul = absl::GetFlag(FLAGS_matmul) == "f32" ? dd::model::Transformer::MatMulKind::kF32
+                                                  : dd::model::Transformer::MatMulKind::kInt8;
   dd::engine::Engine engine(model, eo);
   nlohmann::json result;
   result["model"] = model.config.name;
   result["model_path"] = model.source_path;
   result["threads"] = eo.threads > 0 ? eo.threads : static_cast<int>(std::thread::hardware_concurrency());
   result["prefill_chunk"] = eo.prefill_chunk;
+  result["matmul"] = absl::GetFlag(FLAGS_matmul);
   for (int64_t n : Ints(absl::GetFlag(FLAGS_prefill))) {
     auto p = prompt_of(n);
     const auto t0 = Clock::now();

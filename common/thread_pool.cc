@@ -2,7 +2,17 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DD_CPU_RELAX() _mm_pause()
+#else
+#define DD_CPU_RELAX() std::this_thread::yield()
+#endif
+
 namespace dd {
+namespace {
+constexpr int kSpinIterations = 20000;  // ~50 µs of pause instructions
+}
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
@@ -12,7 +22,7 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -32,31 +42,46 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // orders the job fields before the counter
     job_ = &fn;
     job_n_ = n;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  work_cv_.notify_all();
+  if (sleepers_.load(std::memory_order_acquire) > 0) work_cv_.notify_all();
   int64_t b, e;
   RangeFor(n, parts, 0, &b, &e);
   fn(b, e);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinIterations) {
+      DD_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    // Spin briefly for the next job, then sleep.
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spins = 0; gen == seen && spins < kSpinIterations && !stop_.load(std::memory_order_relaxed); ++spins) {
+      DD_CPU_RELAX();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      sleepers_.fetch_add(1, std::memory_order_acq_rel);
+      work_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    if (stop_.load()) return;
     const std::function<void(int64_t, int64_t)>* job;
     int64_t n;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      std::lock_guard<std::mutex> lock(mu_);
+      seen = generation_.load(std::memory_order_acquire);
       job = job_;
       n = job_n_;
     }
@@ -66,10 +91,7 @@ void ThreadPool::WorkerLoop(int index) {
       RangeFor(n, parts, index, &b, &e);
       (*job)(b, e);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_all();
-    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

@@ -23,6 +23,8 @@ ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings (comma-separated)");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation tokens");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
+ABSL_FLAG(std::string, matmul, "int8",
+          "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -74,6 +76,15 @@ int main(int argc, char** argv) {
   cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
   cfg.engine.threads = absl::GetFlag(FLAGS_threads);
   cfg.engine.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  const std::string matmul = absl::GetFlag(FLAGS_matmul);
+  if (matmul == "int8") {
+    cfg.engine.matmul = dd::model::Transformer::MatMulKind::kInt8;
+  } else if (matmul == "f32") {
+    cfg.engine.matmul = dd::model::Transformer::MatMulKind::kF32;
+  } else {
+    std::cerr << "ddctl: --matmul must be int8 or f32, got '" << matmul << "'\n";
+    return 2;
+  }
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
   cfg.tokens = absl::GetFlag(FLAGS_tokens);

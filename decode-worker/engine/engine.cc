@@ -14,7 +14,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     : model_(model),
       options_(options),
       pool_(options.threads),
-      transformer_(model, pool_),
+      transformer_(model, pool_, options.matmul),
       kv_(model.config, pool_) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
 }

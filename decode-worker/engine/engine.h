@@ -24,6 +24,7 @@ namespace dd::engine {
 struct EngineOptions {
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
+  model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
 };
 
 struct GenerateOptions {

@@ -7,7 +7,18 @@ namespace dd::model {
 
 using kernels::MatMul;
 
-Transformer::Transformer(const LoadedModel& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+Transformer::Transformer(const LoadedModel& model, ThreadPool& pool, MatMulKind kind)
+    : model_(model), pool_(pool), kind_(kind) {}
+
+void Transformer::Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
+                         const std::vector<float>& bias, float* y, int64_t y_stride) {
+  const float* b = bias.empty() ? nullptr : bias.data();
+  if (kind_ == MatMulKind::kInt8) {
+    kernels::MatMulInt8(w, x, n_rows, x_stride, b, y, y_stride, pool_);
+  } else {
+    MatMul(w, x, n_rows, x_stride, b, y, y_stride, pool_);
+  }
+}
 
 void Transformer::RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y) {
   const int64_t d = model_.config.n_embd;
@@ -65,9 +76,9 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     const LayerWeights& L = w.layers[l];
     const bool swa = c.layer_is_swa[l];
     RmsNormRows(x_.data(), L.attn_norm, n, xn_.data());
-    MatMul(L.wq, xn_.data(), n, d, L.bq.empty() ? nullptr : L.bq.data(), q_.data(), q_dim, pool_);
-    MatMul(L.wk, xn_.data(), n, d, L.bk.empty() ? nullptr : L.bk.data(), k_.data(), kv_dim, pool_);
-    MatMul(L.wv, xn_.data(), n, d, L.bv.empty() ? nullptr : L.bv.data(), v_.data(), kv_dim, pool_);
+    Linear(L.wq, xn_.data(), n, d, L.bq, q_.data(), q_dim);
+    Linear(L.wk, xn_.data(), n, d, L.bk, k_.data(), kv_dim);
+    Linear(L.wv, xn_.data(), n, d, L.bv, v_.data(), kv_dim);
     const int64_t angle_base = (swa && !c.inv_freq_swa.empty()) ? n : 0;
     pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -96,19 +107,19 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     call.v = v_.data();
     call.out = attn_.data();
     RETURN_IF_ERROR(attention.Attend(call));
-    MatMul(L.wo, attn_.data(), n, q_dim, nullptr, o_.data(), d, pool_);
+    Linear(L.wo, attn_.data(), n, q_dim, {}, o_.data(), d);
     if (c.post_norms) RmsNormRows(o_.data(), L.post_attn_norm, n, o_.data());
     for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
 
     RmsNormRows(x_.data(), L.ffn_norm, n, xn_.data());
-    MatMul(L.w_gate, xn_.data(), n, d, nullptr, gate_.data(), c.n_ff, pool_);
-    MatMul(L.w_up, xn_.data(), n, d, nullptr, up_.data(), c.n_ff, pool_);
+    Linear(L.w_gate, xn_.data(), n, d, {}, gate_.data(), c.n_ff);
+    Linear(L.w_up, xn_.data(), n, d, {}, up_.data(), c.n_ff);
     pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
       for (int64_t i = b * c.n_ff; i < e * c.n_ff; ++i) {
         gate_[i] = (c.gelu ? kernels::GeluTanh(gate_[i]) : kernels::Silu(gate_[i])) * up_[i];
       }
     });
-    MatMul(L.w_down, gate_.data(), n, c.n_ff, nullptr, o_.data(), d, pool_);
+    Linear(L.w_down, gate_.data(), n, c.n_ff, {}, o_.data(), d);
     if (c.post_norms) RmsNormRows(o_.data(), L.post_ffn_norm, n, o_.data());
     for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
   }
@@ -122,7 +133,7 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     kernels::RmsNorm(&x_[out_rows[j] * d], w.output_norm.data(), c.norm_eps, d, &xn_[j * d]);
   }
   logits->resize(m * c.n_vocab);
-  if (m > 0) MatMul(w.output, xn_.data(), m, d, nullptr, logits->data(), c.n_vocab, pool_);
+  if (m > 0) Linear(w.output, xn_.data(), m, d, {}, logits->data(), c.n_vocab);
   return absl::OkStatus();
 }
 

@@ -19,8 +19,16 @@ namespace dd::model {
 
 class Transformer {
  public:
+  // How weight matrices multiply activations:
+  //   kInt8: activations quantized to int8 blocks of 32, integer dot products (the fast path,
+  //          like llama.cpp; logits differ from kF32 by activation rounding, ~0.5% relative);
+  //   kF32:  weights dequantized to f32, f32 dot products (exact w.r.t. the file's weights;
+  //          what the reference tests compare at tight tolerance).
+  // Both are batch-invariant.
+  enum class MatMulKind { kInt8, kF32 };
+
   // `model` and `pool` must outlive the Transformer.
-  Transformer(const LoadedModel& model, ThreadPool& pool);
+  Transformer(const LoadedModel& model, ThreadPool& pool, MatMulKind kind = MatMulKind::kInt8);
 
   // logits (resized) receives n_vocab floats per row with want_logits, in row order.
   // InvalidArgument for a token id outside the vocabulary or a position past the context.
@@ -30,10 +38,13 @@ class Transformer {
   const ModelConfig& config() const { return model_.config; }
 
  private:
+  void Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
+              const std::vector<float>& bias, float* y, int64_t y_stride);
   void RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y);
 
   const LoadedModel& model_;
   ThreadPool& pool_;
+  MatMulKind kind_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, o_, gate_, up_, rope_cos_, rope_sin_;
 };
 

@@ -15,8 +15,9 @@
 // Zero points (Q8_0's sign via +128, Q5_0's 16, Q6_K's 32) are removed by starting the integer
 // accumulator at −zero_point·Σ(activation block), precomputed once per row.
 //
-// The portable fallback (no AVX-512 VNNI/BW/BITALG) performs the same integer and float
+// The portable fallback (without AVX-512 F/BW/VL/VNNI/BITALG/VBMI2 and F16C) performs the same integer and float
 // operations per element, so it gives the same bits, only slower.
+
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics' own _mm512_undefined_*
 // pass-through operands (GCC bug 105593, fixed in 13); the pragma covers the header's lines.
 #pragma GCC diagnostic push
@@ -31,8 +32,8 @@
 
 #include "dd/kernels/cpu_ops.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
-    defined(__AVX512BITALG__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512BITALG__) && defined(__AVX512VBMI2__) && defined(__F16C__)
 #define DD_INT8_AVX512 1
 #else
 #define DD_INT8_AVX512 0
@@ -44,6 +45,15 @@ namespace {
 constexpr int64_t kBlock = 32;
 constexpr int kTile = 16;           // weight rows per tile: one 32-bit lane each
 constexpr int64_t kRowChunk = 64;   // activation rows whose accumulators stay in L1 per tile
+constexpr int64_t kScratchPerBlock = 32;  // a tile's 16 f16 scales per block (Q8_0) or super-block
+constexpr float kMinBlockMax = 1e-30f;
+// ThreadPool::ParallelFor costs 30+ µs per call on the 2-vCPU development VM (condition
+// variable wake-ups; more when the other vCPU is busy), so calls whose estimated single-thread
+// time is below this run on the calling thread: on that VM every Gemma-3-270M layer matmul at
+// m = 1..8 ran slower on 2 threads than on 1. Results are the same bits either way. Retune
+// with the pool.
+constexpr double kParallelMinNs = 200e3;
+constexpr int64_t kParallelQuantizeElems = 1 << 17;
 
 // Zero point subtracted from the unsigned weight codes the SIMD kernel feeds to VPDPBUSD.
 int32_t ZeroPoint(DType t) {
@@ -90,37 +100,47 @@ void QuantizeActRow(const float* x, DType t, const QuantActs& a, int64_t r) {
 
 #if DD_INT8_AVX512
 
+// Weight bytes are prefetched into L2 about this far ahead (a whole number of tiles, at least 1).
+constexpr int64_t kPrefetchBytesAhead = 32 << 10;  // 16..64 KiB measured alike at m = 1
+int64_t PrefetchTilesAhead(int64_t row_bytes) {
+  return std::max<int64_t>(1, (kPrefetchBytesAhead + kTile * row_bytes / 2) / (kTile * row_bytes));
+}
+
 // The 16 (or fewer, at the end) weight rows of one tile. Rows past the matrix repeat its last
 // row so every load stays in bounds; their lanes are never stored.
 struct Tile {
   const uint8_t* rows[kTile];
-  int32_t offsets[kTile];  // rows[c] − rows[0] in bytes
   int valid = 0;
-  // The next tile's bytes, prefetched a slice per unit of work so that decode (m = 1), which
-  // touches 16 rows at once, streams from DRAM at close to the sequential-read rate.
+  // A later tile's bytes, prefetched one slice per unit of work (a block or sub-block) so that
+  // decode (m = 1), which walks 16 rows at once, streams from DRAM near the sequential rate.
   const uint8_t* next = nullptr;
   int64_t next_bytes = 0;
+  int64_t slice_bytes = 0;     // a multiple of 64
+  uint8_t* scratch = nullptr;  // 64-byte aligned, kScratchPerBlock bytes per 32-element block
 
-  void Prefetch(int64_t unit, int64_t units) const {
-    const int64_t end = next_bytes * (unit + 1) / units;
-    for (int64_t off = next_bytes * unit / units / 64 * 64; off < end; off += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + off), PF_HINT);
+  void PlanPrefetch(int64_t units) {
+    slice_bytes = (next_bytes + units - 1) / units;
+    slice_bytes = (slice_bytes + 63) / 64 * 64;
+  }
+  void Prefetch(int64_t unit) const {
+    const int64_t end = std::min(next_bytes, (unit + 1) * slice_bytes);
+    for (int64_t off = unit * slice_bytes; off < end; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
     }
   }
 };
 
-Tile MakeTile(const WeightView& w, int64_t n0) {
+Tile MakeTile(const WeightView& w, int64_t n0, int64_t ahead) {
   Tile t;
   t.valid = static_cast<int>(std::min<int64_t>(kTile, w.rows - n0));
   for (int c = 0; c < kTile; ++c) {
     const int rc = std::min(c, t.valid - 1);
     t.rows[c] = w.data + (n0 + rc) * w.row_bytes;
-    t.offsets[c] = static_cast<int32_t>(rc * w.row_bytes);
   }
-  const int64_t next_end = std::min(w.rows, n0 + (PF_AHEAD + 1) * kTile);
-  if (n0 + PF_AHEAD * kTile < next_end) {
-    t.next = w.data + (n0 + PF_AHEAD * kTile) * w.row_bytes;
-    t.next_bytes = (next_end - n0 - PF_AHEAD * kTile) * w.row_bytes;
+  const int64_t next_begin = n0 + ahead * kTile, next_end = std::min(w.rows, next_begin + kTile);
+  if (next_begin < next_end) {
+    t.next = w.data + next_begin * w.row_bytes;
+    t.next_bytes = (next_end - next_begin) * w.row_bytes;
   }
   return t;
 }
@@ -131,14 +151,11 @@ inline __m512i Bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 8 (a 16×8 dword transpose).
-inline void Transpose16x32(const uint8_t* const* rows, int64_t off, __m512i out[8]) {
-  __m512i z[8], a[8], b[8];
-  for (int j = 0; j < 8; ++j) {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + off));
-    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j + 8] + off));
-    z[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
-  }
+// z[j] = [row j | row j+8] as 8 dwords each → out[t] lane c = dword t of row c, for t < kOut
+// (a 16×8 dword transpose; outputs t ≥ kOut are not computed).
+template <int kOut>
+inline void TransposeRows(const __m512i z[8], __m512i* out) {
+  __m512i a[8], b[8];
   for (int j = 0; j < 8; j += 2) {
     a[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);
     a[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]);
@@ -153,8 +170,31 @@ inline void Transpose16x32(const uint8_t* const* rows, int64_t off, __m512i out[
   const __m512i idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
   for (int i = 0; i < 4; ++i) {
     out[i] = _mm512_permutex2var_epi64(b[i], idx_lo, b[i + 4]);
-    out[i + 4] = _mm512_permutex2var_epi64(b[i], idx_hi, b[i + 4]);
+    if (i + 4 < kOut) out[i + 4] = _mm512_permutex2var_epi64(b[i], idx_hi, b[i + 4]);
   }
+}
+
+// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 8.
+inline void Transpose16x32(const uint8_t* const* rows, int64_t off, __m512i out[8]) {
+  __m512i z[8];
+  for (int j = 0; j < 8; ++j) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + off));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j + 8] + off));
+    z[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+  }
+  TransposeRows<8>(z, out);
+}
+
+// A whole 22-byte Q5_0 block per row (masked loads: nothing past the block is read):
+// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 6, bytes 22 and 23 reading 0.
+inline void TransposeQ5_0Blocks(const uint8_t* const* rows, int64_t off, __m512i out[6]) {
+  __m512i z[8];
+  for (int j = 0; j < 8; ++j) {
+    const __m256i lo = _mm256_maskz_loadu_epi16(0x7ff, rows[j] + off);
+    const __m256i hi = _mm256_maskz_loadu_epi16(0x7ff, rows[j + 8] + off);
+    z[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+  }
+  TransposeRows<6>(z, out);
 }
 
 // out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 4.
@@ -174,11 +214,20 @@ inline void Transpose16x16(const uint8_t* const* rows, int64_t off, __m512i out[
   out[3] = _mm512_unpackhi_epi64(a1, a3);
 }
 
-// Lane c = the 4 bytes at rows[c] + off.
-inline __m512i GatherDword(const Tile& t, int64_t off) {
-  const __m512i idx = _mm512_add_epi32(_mm512_loadu_si512(t.offsets), _mm512_set1_epi32(static_cast<int32_t>(off)));
-  return _mm512_i32gather_epi32(idx, t.rows[0], 1);
+// Copies the kBytes-byte field at rows[c] + off + u·unit_bytes to dst[u·dst_stride + c·kBytes]
+// for every unit u < units and row c, for the f16 scales no transpose reaches. Scalar loads and
+// stores run beside the vector work; VPGATHERDD was slow here (two per Q5_0 block took as long
+// as the rest of the block's decode).
+template <int kBytes>
+void CollectField(const Tile& t, int64_t off, int64_t unit_bytes, int64_t units, uint8_t* dst,
+                  int64_t dst_stride) {
+  for (int c = 0; c < kTile; ++c) {
+    const uint8_t* src = t.rows[c] + off;
+    uint8_t* out = dst + c * kBytes;
+    for (int64_t u = 0; u < units; ++u) std::memcpy(out + u * dst_stride, src + u * unit_bytes, kBytes);
+  }
 }
+
 inline __m512 F16Lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 inline __m512 F16Hi(__m512i v) { return F16Lo(_mm512_srli_epi32(v, 16)); }
 
@@ -203,12 +252,13 @@ inline __m512 Accumulate(__m512 acc, __m512i dot, __m512 scale, float dx) {
 
 void KernelQ8_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  CollectField<2>(t, 0, 34, a.nb, t.scratch, 32);
   for (int64_t b = 0; b < a.nb; ++b) {
     __m512i w[8];
-    t.Prefetch(b, a.nb);
+    t.Prefetch(b);
     Transpose16x32(t.rows, 34 * b + 2, w);
     for (auto& v : w) v = _mm512_xor_si512(v, sign);  // q + 128: unsigned codes
-    const __m512 dw = F16Lo(GatherDword(t, 34 * b));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.scratch + 32 * b)));
     for (int64_t r = r0; r < r1; ++r) {
       float* ar = acc + (r - r0) * kTile;
       const __m512i dot = Dot32(_mm512_set1_epi32(a.c32(r)[b]), w, a.q(r) + b * kBlock);
@@ -227,11 +277,12 @@ void KernelQ5_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float
     select[u] = _mm512_set1_epi64(static_cast<long long>(s));
   }
   for (int64_t b = 0; b < a.nb; ++b) {
-    __m512i nib[4], w[8];
-    t.Prefetch(b, a.nb);
-    Transpose16x16(t.rows, 22 * b + 6, nib);
-    const __m512i qh = GatherDword(t, 22 * b + 2);
-    const __m512 dw = F16Lo(GatherDword(t, 22 * b));
+    __m512i blk[6], nib[4], w[8];
+    t.Prefetch(b);
+    TransposeQ5_0Blocks(t.rows, 22 * b, blk);  // d (2 bytes) | qh (4) | nibbles (16)
+    const __m512 dw = F16Lo(blk[0]);
+    const __m512i qh = _mm512_shrdi_epi32(blk[0], blk[1], 16);
+    for (int u = 0; u < 4; ++u) nib[u] = _mm512_shrdi_epi32(blk[u + 1], blk[u + 2], 16);
     for (int u = 0; u < 4; ++u) {
       w[u] = _mm512_and_si512(nib[u], low4);
       w[u + 4] = _mm512_and_si512(_mm512_srli_epi16(nib[u], 4), low4);
@@ -249,9 +300,10 @@ void KernelQ5_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float
 
 // d·sc_j and dmin·m_j of the 8 sub-blocks of a Q4_K/Q5_K super-block at byte `off`.
 inline void KScales(const Tile& t, int64_t off, __m512 dsc[8], __m512 dmm[8]) {
-  const __m512i g = GatherDword(t, off);
-  const __m512 d = F16Lo(g), dmin = F16Hi(g);
-  const __m512i s0 = GatherDword(t, off + 4), s1 = GatherDword(t, off + 8), s2 = GatherDword(t, off + 12);
+  __m512i head[4];  // d|dmin, then the 12 bytes of packed scales and mins
+  Transpose16x16(t.rows, off, head);
+  const __m512 d = F16Lo(head[0]), dmin = F16Hi(head[0]);
+  const __m512i s0 = head[1], s1 = head[2], s2 = head[3];
   const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
   for (int j = 0; j < 8; ++j) {
     __m512i sc, mn;
@@ -284,7 +336,7 @@ void KernelQK(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* 
     __m512i qh[8];
     if (kFiveBit) Transpose16x32(t.rows, so + 16, qh);
     for (int g = 0; g < 4; ++g) {
-      t.Prefetch(sb * 4 + g, a.nb / 2);
+      t.Prefetch(sb * 4 + g);
       __m512i nib[8], wl[8], wh[8];
       Transpose16x32(t.rows, so + kQlOffset + 32 * g, nib);
       for (int u = 0; u < 8; ++u) {
@@ -319,13 +371,14 @@ void KernelQK(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* 
 // (|sc_lo·dot_lo + sc_hi·dot_hi| ≤ 2·16·32·127·128 < 2^24, so the float conversion is exact).
 void KernelQ6_K(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
   const __m512i low4 = _mm512_set1_epi8(0x0f), bits45 = _mm512_set1_epi8(0x30);
+  CollectField<2>(t, 208, 210, a.nb / 8, t.scratch, 32);
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const int64_t so = sb * 210;
-    const __m512 d = F16Hi(GatherDword(t, so + 206));
-    __m512i sc[16];
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.scratch + 32 * sb)));
+    __m512i sc[16], sc_packed[4];
+    Transpose16x16(t.rows, so + 192, sc_packed);
     for (int i = 0; i < 4; ++i) {
-      const __m512i g = GatherDword(t, so + 192 + 4 * i);
-      for (int j = 0; j < 4; ++j) sc[4 * i + j] = _mm512_srai_epi32(_mm512_slli_epi32(g, 24 - 8 * j), 24);
+      for (int j = 0; j < 4; ++j) sc[4 * i + j] = _mm512_srai_epi32(_mm512_slli_epi32(sc_packed[i], 24 - 8 * j), 24);
     }
     for (int h = 0; h < 2; ++h) {
       __m512i lo[8], hi[8], qh[8];
@@ -333,7 +386,7 @@ void KernelQ6_K(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float
       Transpose16x32(t.rows, so + 64 * h + 32, hi);
       Transpose16x32(t.rows, so + 128 + 32 * h, qh);
       for (int s = 0; s < 4; ++s) {
-        t.Prefetch(sb * 8 + 4 * h + s, a.nb);
+        t.Prefetch(sb * 8 + 4 * h + s);
         __m512i w[8];
         for (int u = 0; u < 8; ++u) {
           const __m512i src = (s & 1) ? hi[u] : lo[u];
@@ -376,9 +429,14 @@ Kernel KernelFor(DType t) {
   }
 }
 
-void RunTile(Kernel kernel, const WeightView& w, int64_t n0, const QuantActs& a, int64_t m_rows,
-             const float* bias, float* y, int64_t y_stride) {
-  const Tile t = MakeTile(w, n0);
+void RunTile(Kernel kernel, int64_t prefetch_units, int64_t ahead, const WeightView& w, int64_t n0,
+             const QuantActs& a, int64_t m_rows, const float* bias, float* y, int64_t y_stride) {
+  Tile t = MakeTile(w, n0, ahead);
+  thread_local std::vector<uint8_t> scratch;
+  const size_t scratch_bytes = static_cast<size_t>(a.nb * kScratchPerBlock + 64);
+  if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+  t.scratch = scratch.data() + (-reinterpret_cast<uintptr_t>(scratch.data()) & 63);
+  t.PlanPrefetch(prefetch_units);
   const __mmask16 mask = static_cast<__mmask16>((1u << t.valid) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
   alignas(64) float acc[kRowChunk * kTile];
@@ -523,8 +581,10 @@ void QuantizeRowInt8Blocks(const float* x, int64_t k, int8_t* q, float* d) {
     float amax = 0.0f;
     for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
 #endif
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    d[b] = amax / 127.0f;
+    // Below kMinBlockMax, 127 / amax could overflow: such blocks quantize to zero.
+    const bool zero = !(amax >= kMinBlockMax);
+    const float id = zero ? 0.0f : 127.0f / amax;
+    d[b] = zero ? 0.0f : amax / 127.0f;
 #if DD_INT8_AVX512
     // VCVTPS2DQ rounds half to even under the default MXCSR, like nearbyint below.
     const __m512 vid = _mm512_set1_ps(id);
@@ -569,7 +629,7 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
   auto quantize = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActRow(x + r * x_stride, type, acts, r);
   };
-  if (m_rows >= 8 && pool.size() > 1) {
+  if (pool.size() > 1 && m_rows > 1 && m_rows * w.cols >= kParallelQuantizeElems) {
     pool.ParallelFor(m_rows, quantize);
   } else {
     quantize(0, m_rows);
@@ -578,11 +638,21 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
   const int64_t n_tiles = (w.rows + kTile - 1) / kTile;
 #if DD_INT8_AVX512
   const Kernel kernel = KernelFor(type);
-  pool.ParallelFor(n_tiles, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) RunTile(kernel, w, t * kTile, acts, m_rows, bias, y, y_stride);
-  });
+  // Prefetch calls per tile: one per block, Q4_K/Q5_K one per pair of blocks.
+  const int64_t prefetch_units = (type == DType::kQ4_K || type == DType::kQ5_K) ? acts.nb / 2 : acts.nb;
+  const int64_t ahead = PrefetchTilesAhead(w.row_bytes);
+  auto run_tiles = [&](int64_t t0, int64_t t1) {
+    // Each tile prefetches `ahead` tiles ahead; start the first ones of this range here.
+    const int64_t head_end = std::min(w.rows, (t0 + ahead) * kTile) * w.row_bytes;
+    for (int64_t off = t0 * kTile * w.row_bytes; off < head_end; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w.data + off), _MM_HINT_T1);
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      RunTile(kernel, prefetch_units, ahead, w, t * kTile, acts, m_rows, bias, y, y_stride);
+    }
+  };
 #else
-  pool.ParallelFor(n_tiles, [&](int64_t t0, int64_t t1) {
+  auto run_tiles = [&](int64_t t0, int64_t t1) {
     thread_local DecodedRow row;
     for (int64_t n = t0 * kTile; n < std::min(w.rows, t1 * kTile); ++n) {
       DecodeRow(type, w.data + n * w.row_bytes, w.cols, &row);
@@ -591,8 +661,16 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
         y[r * y_stride + n] = bias != nullptr ? v + bias[n] : v;
       }
     }
-  });
+  };
 #endif
+  // Rough single-thread time: streaming the weights at ~15 GB/s plus ~100 G int8 MAC/s.
+  const double single_thread_ns =
+      static_cast<double>(w.rows * w.row_bytes) / 15.0 + static_cast<double>(m_rows) * w.rows * w.cols / 100.0;
+  if (pool.size() > 1 && single_thread_ns >= kParallelMinNs) {
+    pool.ParallelFor(n_tiles, run_tiles);
+  } else {
+    run_tiles(0, n_tiles);
+  }
 }
 
 }  // namespace dd::kernels

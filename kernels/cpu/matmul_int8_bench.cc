@@ -1,6 +1,6 @@
 // MatMul (f32 dequantize path) vs MatMulInt8 on Gemma-3-270M's shapes.
 //
-//   matmul_int8_bench [--quick] [--checksum]
+//   matmul_int8_bench [--quick] [--decode] [--type=Q5_0] [--checksum]
 //
 // For each weight type × m × thread count, runs both kernels alternately and prints the median
 // GFLOP/s (2·m·n·k / time). "m=1 cold" cycles through enough weight copies (> 2× L3) that every
@@ -79,7 +79,7 @@ std::string Name(DType t) {
   return std::string(n.data(), n.size());
 }
 
-void Bench(const Shape& s, bool quick) {
+void Bench(const Shape& s, bool quick, bool decode_only) {
   const int64_t row_bytes = *RowBytes(s.type, s.k);
   const int64_t bytes = s.n * row_bytes;
   // Enough copies that cycling through them defeats the 32 MiB L3.
@@ -91,7 +91,8 @@ void Bench(const Shape& s, bool quick) {
     bool cold;
   };
   std::vector<Case> cases = {{1, false}, {1, true}, {8, false}};
-  if (!quick || s.n * s.k <= (4 << 20)) cases.push_back({512, false});
+  if (decode_only) cases.pop_back();
+  if (!decode_only && (!quick || s.n * s.k <= (4 << 20))) cases.push_back({512, false});
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     for (const Case& c : cases) {
@@ -172,21 +173,27 @@ void Checksum(const Shape& s) {
 
 int main(int argc, char** argv) {
   using namespace dd::kernels;
-  bool quick = false, checksum = false;
+  bool quick = false, checksum = false, decode_only = false;
+  const char* only = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--checksum") == 0) checksum = true;
+    if (std::strcmp(argv[i], "--decode") == 0) decode_only = true;
+    if (std::strncmp(argv[i], "--type=", 7) == 0) only = argv[i] + 7;
   }
   const Shape shapes[] = {
       {DType::kQ5_0, 2048, 640, "ffn_gate/up"},  {DType::kQ6_K, 640, 2048, "ffn_down"},
       {DType::kQ4_K, 640, 1024, "attn_output"},  {DType::kQ5_K, 640, 2048, "(not in the model)"},
-      {DType::kQ8_0, 262144, 640, "output"},
+      {DType::kQ8_0, 262144, 640, "output"},     {DType::kQ8_0, 2048, 640, "(cache-resident Q8_0)"},
   };
   if (checksum) {
     for (const Shape& s : shapes) Checksum(s);
     return 0;
   }
-  for (const Shape& s : shapes) Bench(s, quick);
+  for (const Shape& s : shapes) {
+    if (only == nullptr || Name(s.type) == only) Bench(s, quick, decode_only);
+  }
+  if (decode_only) return 0;
   std::printf("\naccuracy vs MatMul (f32 path), m=8:\n");
   for (const Shape& s : shapes) Accuracy(s);
   return 0;

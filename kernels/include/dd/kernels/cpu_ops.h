@@ -57,9 +57,9 @@ namespace dd::kernels {
 // ---- int8 fast path (kernels/cpu/matmul_int8.cc) ----
 //
 // Quantizes `k` (a multiple of 32) activations to int8 blocks of 32 with one f32 scale per
-// block: d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), and q = 0, d = 0 for an
-// all-zero block. Finite input only. Used by MatMulInt8; exposed so tests can build an exact
-// reference from the same quantized activations.
+// block: d = max|x| / 127, q = round-half-even(x * (127 / max|x|)), and q = 0, d = 0 for a
+// block whose max|x| is below 1e-30 (all-zero or negligible). Finite input only. Used by
+// MatMulInt8; exposed so tests can build an exact reference from the same quantized activations.
 void QuantizeRowInt8Blocks(const float* x, int64_t k, int8_t* q, float* d);
 
 // True for the weight types MatMulInt8 handles (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K); the f32/f16/bf16
@@ -71,8 +71,8 @@ bool MatMulInt8Supports(DType t);
 // integer dot product of int8 activations and integer weight codes), so results differ from
 // MatMul by the activation quantization error (at most sum_b d_b/2 * sum_{i in b} |w_i|).
 // Batch invariant: a row's output is bit-identical whatever m_rows and the pool size are.
-// Unsupported weight types are forwarded to MatMul. Thread-compatible like MatMul (one call at a
-// time per pool).
+// Calls too small to amortize a ParallelFor run on the calling thread alone. Unsupported weight
+// types are forwarded to MatMul. Thread-compatible like MatMul (one call at a time per pool).
 void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_stride,
                 const float* bias, float* y, int64_t y_stride, ThreadPool& pool);
 
