@@ -78,6 +78,48 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(int32_t seq, absl::Span<
   return out;
 }
 
+absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
+    absl::Span<const int32_t> seqs, absl::Span<const std::vector<int32_t>> prompts) {
+  if (seqs.size() != prompts.size()) return absl::InvalidArgumentError("seqs and prompts differ in length");
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    RETURN_IF_ERROR(Annotate(ValidatePrompt(prompts[i]), absl::StrCat("prompt ", i)));
+    if (kv_.Length(seqs[i]) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seqs[i], " is not empty"));
+    for (size_t j = 0; j < i; ++j) {
+      if (seqs[j] == seqs[i]) return absl::InvalidArgumentError(absl::StrCat("slot ", seqs[i], " given twice"));
+    }
+  }
+  const int64_t V = model_.config.n_vocab;
+  std::vector<std::vector<float>> out(seqs.size());
+  std::vector<int64_t> done(seqs.size(), 0);
+  std::vector<BatchRow> rows;
+  std::vector<size_t> owner;  // which prompt each logits row belongs to
+  std::vector<float> logits;
+  for (;;) {
+    rows.clear();
+    owner.clear();
+    int64_t budget = options_.prefill_chunk;
+    for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
+      const int64_t n = static_cast<int64_t>(prompts[i].size());
+      const int64_t take = std::min(budget, n - done[i]);
+      for (int64_t p = done[i]; p < done[i] + take; ++p) {
+        const bool last = p == n - 1;
+        rows.push_back({seqs[i], p, prompts[i][p], last});
+        if (last) owner.push_back(i);
+      }
+      done[i] += take;
+      budget -= take;
+    }
+    if (rows.empty()) break;
+    absl::Status st = transformer_.Forward(rows, kv_, &logits);
+    if (!st.ok()) {
+      for (int32_t s : seqs) kv_.Reset(s);
+      return st;
+    }
+    for (size_t j = 0; j < owner.size(); ++j) out[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
+  }
+  return out;
+}
+
 absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                                 std::vector<float>* logits) {
   if (seqs.size() != tokens.size()) return absl::InvalidArgumentError("seqs and tokens differ in length");

@@ -57,6 +57,11 @@ class Engine {
 
   // Prefills `prompt` into slot `seq` (which must be empty) and returns the last row's logits.
   absl::StatusOr<std::vector<float>> Prefill(int32_t seq, absl::Span<const int32_t> prompt);
+  // Prefills several prompts in shared forward passes (up to prefill_chunk tokens per pass,
+  // spread over the prompts in order) and returns each prompt's last-row logits. Results are
+  // bit-identical to prefilling each prompt alone (batch-invariant kernels).
+  absl::StatusOr<std::vector<std::vector<float>>> PrefillBatch(absl::Span<const int32_t> seqs,
+                                                              absl::Span<const std::vector<int32_t>> prompts);
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);

@@ -132,6 +132,23 @@ TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
   EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[5 * model_->config.n_vocab], one.size() * 4));
 }
 
+// Several prompts prefilled in shared forward passes give the logits of separate prefills.
+TEST_F(GemmaEngineTest, BatchedPrefillMatchesSeparate) {
+  const std::vector<std::vector<int32_t>> prompts = {Encode("The capital of France is"),
+                                                     Encode(std::string(300, 'a') + " once upon a time"),
+                                                     Encode("def fib(n):")};
+  Engine batched(*model_, {.prefill_chunk = 64});
+  auto all = batched.PrefillBatch(std::vector<int32_t>{0, 1, 2}, prompts);
+  ASSERT_TRUE(all.ok()) << all.status();
+  Engine alone(*model_, {});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto one = alone.Prefill(static_cast<int32_t>(i), prompts[i]);
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ(0, std::memcmp(one->data(), (*all)[i].data(), one->size() * 4)) << "prompt " << i;
+  }
+  EXPECT_FALSE(batched.PrefillBatch(std::vector<int32_t>{5, 5}, {prompts[0], prompts[1]}).ok());
+}
+
 TEST_F(GemmaEngineTest, BadInputsGiveClearErrors) {
   Engine engine(*model_, {});
   GenerateOptions opt;

@@ -1,0 +1,100 @@
+"""Bad input through the user's entry point (`ddctl`): each case must exit non-zero with a
+message that names the problem — never a crash, a hang or wrong output.
+
+Uses the tiny synthetic models of tests/reference (written into a temp dir), so no download.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "reference"))
+import make_synthetic  # noqa: E402
+
+BIN = Path(os.environ.get("DD_BIN_DIR", REPO / "build" / "bin"))
+
+
+def ddctl(*args, env=None, timeout=120):
+    exe = BIN / "ddctl"
+    if not exe.is_file():
+        pytest.fail(f"ddctl not built at {exe}", pytrace=False)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    make_synthetic.generate(str(out), 7)
+    return out / "tiny-llama.gguf"
+
+
+def test_generate_works_on_tiny_model(tiny):
+    r = ddctl("generate", "--model", str(tiny), "--prompt", "hello world", "--max_new_tokens", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"generated_tokens": 5' in r.stdout or '"stop_reason": "eos"' in r.stdout
+
+
+def test_missing_default_model_names_fetch_command(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DD_MODEL", "DD_MODEL_DIR")}
+    env["HOME"] = str(tmp_path)
+    r = ddctl("generate", "--prompt", "hi", env=env)
+    assert r.returncode != 0
+    assert "scripts/fetch-model" in r.stderr, r.stderr
+
+
+def test_missing_explicit_model_names_path(tmp_path):
+    r = ddctl("generate", "--model", str(tmp_path / "nope.gguf"), "--prompt", "hi")
+    assert r.returncode != 0 and "nope.gguf" in r.stderr, r.stderr
+
+
+def test_truncated_model_names_tensor(tiny, tmp_path):
+    data = tiny.read_bytes()
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(data[: len(data) - 1000])
+    r = ddctl("generate", "--model", str(bad), "--prompt", "hi")
+    assert r.returncode != 0
+    assert "truncated.gguf" in r.stderr and "tensor '" in r.stderr, r.stderr
+
+
+def test_corrupt_metadata_names_field(tiny, tmp_path):
+    data = bytearray(tiny.read_bytes())
+    key = b"llama.block_count"
+    at = data.index(key) + len(key)
+    data[at:at + 4] = (99).to_bytes(4, "little")  # the value's type id
+    bad = tmp_path / "badfield.gguf"
+    bad.write_bytes(bytes(data))
+    r = ddctl("generate", "--model", str(bad), "--prompt", "hi")
+    assert r.returncode != 0
+    assert "llama.block_count" in r.stderr, r.stderr
+
+
+def test_prompt_longer_than_context(tiny, tmp_path):
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("the quick brown fox jumps over the lazy dog; " * 800)
+    r = ddctl("generate", "--model", str(tiny), "--prompt_file", str(prompt), timeout=300)
+    assert r.returncode != 0
+    assert "context" in r.stderr and "tokens" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--temperature", "-1", "temperature"),
+    ("--top_p", "0", "top_p"),
+    ("--top_p", "1.5", "top_p"),
+    ("--top_k", "-3", "top_k"),
+    ("--max_new_tokens", "0", "max_new_tokens"),
+    ("--matmul", "fp8", "matmul"),
+])
+def test_invalid_sampling_parameters(tiny, flag, value, needle):
+    r = ddctl("generate", "--model", str(tiny), "--prompt", "hi", f"{flag}={value}")
+    assert r.returncode != 0
+    assert needle in r.stderr, r.stderr
+
+
+def test_empty_prompt_and_unknown_command(tiny):
+    r = ddctl("generate", "--model", str(tiny), "--prompt", "")
+    assert r.returncode != 0 and "prompt" in r.stderr
+    r = ddctl("frobnicate")
+    assert r.returncode != 0 and "unknown command" in r.stderr
