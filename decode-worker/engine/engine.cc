@@ -154,6 +154,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   model::Utf8StreamBuffer utf8;
   Clock::time_point t_first;
   res.stop_reason = "max_tokens";
+  size_t holdback = 0, emitted = 0;
+  for (const std::string& s : options.stop_strings) holdback = std::max(holdback, s.empty() ? 0 : s.size() - 1);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int32_t next = sampler.Sample(logits.data(), model_.config.n_vocab);
     if (i == 0) t_first = Clock::now();
@@ -164,18 +166,23 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
     res.tokens.push_back(next);
     const std::string piece = utf8.Push(tok.TokenBytes(next));
     res.text += piece;
-    if (!piece.empty() && on_text) on_text(piece);
-    bool stopped = false;
+    size_t stop_at = std::string::npos;
     for (const std::string& s : options.stop_strings) {
       // Only the tail can hold a match that this token completed.
       const size_t tail = piece.size() + s.size();
       const size_t from = res.text.size() > tail ? res.text.size() - tail : 0;
-      if (!s.empty() && res.text.find(s, from) != std::string::npos) stopped = true;
+      const size_t at = s.empty() ? std::string::npos : res.text.find(s, from);
+      if (at != std::string::npos) stop_at = std::min(stop_at, at);
     }
-    if (stopped) {
+    if (stop_at != std::string::npos) {
+      res.text.resize(stop_at);  // the stop string itself is not part of the output
       res.stop_reason = "stop_string";
       break;
     }
+    // Stream all but a tail that could still be the start of a stop string.
+    const size_t safe = res.text.size() > holdback ? res.text.size() - holdback : 0;
+    if (safe > emitted && on_text) on_text(absl::string_view(res.text).substr(emitted, safe - emitted));
+    emitted = std::max(emitted, safe);
     if (i + 1 == options.max_new_tokens) break;
     if (kv_.Length(kSeq) >= model_.config.n_ctx_train) {
       res.stop_reason = "context_full";
@@ -183,11 +190,8 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
     }
     RETURN_IF_ERROR(DecodeStep(absl::MakeConstSpan(&kSeq, 1), absl::MakeConstSpan(&next, 1), &logits));
   }
-  const std::string rest = utf8.Flush();
-  if (!rest.empty()) {
-    res.text += rest;
-    if (on_text) on_text(rest);
-  }
+  if (res.stop_reason != "stop_string") res.text += utf8.Flush();
+  if (res.text.size() > emitted && on_text) on_text(absl::string_view(res.text).substr(emitted));
   const auto t_end = Clock::now();
   res.ttft_s = std::chrono::duration<double>(t_first - t0).count();
   res.decode_s = std::chrono::duration<double>(t_end - t_first).count();

@@ -149,6 +149,23 @@ TEST_F(GemmaEngineTest, BatchedPrefillMatchesSeparate) {
   EXPECT_FALSE(batched.PrefillBatch(std::vector<int32_t>{5, 5}, {prompts[0], prompts[1]}).ok());
 }
 
+// A stop string ends generation and is cut from the output, streamed or not.
+TEST_F(GemmaEngineTest, StopStringsEndAndAreRemoved) {
+  Engine engine(*model_, {});
+  GenerateOptions opt;
+  opt.max_new_tokens = 20;
+  auto full = engine.Generate(Encode("Paris is the capital of"), opt, nullptr);
+  ASSERT_TRUE(full.ok());
+  ASSERT_NE(full->text.find("France"), std::string::npos) << full->text;
+  opt.stop_strings = {"France"};
+  std::string streamed;
+  auto r = engine.Generate(Encode("Paris is the capital of"), opt, [&](absl::string_view s) { streamed.append(s.data(), s.size()); });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stop_reason, "stop_string");
+  EXPECT_EQ(r->text, full->text.substr(0, full->text.find("France")));
+  EXPECT_EQ(streamed, r->text);
+}
+
 TEST_F(GemmaEngineTest, BadInputsGiveClearErrors) {
   Engine engine(*model_, {});
   GenerateOptions opt;
