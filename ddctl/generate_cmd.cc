@@ -1,3 +1,6 @@
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -70,13 +73,29 @@ absl::Status RunGenerate(const CliConfig& cfg) {
                  model->config.name.c_str(), model->config.arch_name.c_str(),
                  static_cast<long long>(model->config.n_layer), ids.size());
   }
+  // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
+  engine::GenerateOptions options = cfg.generate;
+  const bool tty = isatty(fileno(stderr));
+  auto last_report = std::chrono::steady_clock::now();
+  const auto prefill_start = last_report;
+  options.on_prefill_progress = [&](int64_t done, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (cfg.json || done == total || now - last_report < std::chrono::seconds(2)) {
+      if (done == total && tty && !cfg.json && now - prefill_start >= std::chrono::seconds(2)) std::fprintf(stderr, "\n");
+      return;
+    }
+    last_report = now;
+    const double s = std::chrono::duration<double>(now - prefill_start).count();
+    std::fprintf(stderr, "%s[ddctl] prefill %lld/%lld tokens (%.0f tokens/s)%s", tty ? "\r" : "",
+                 static_cast<long long>(done), static_cast<long long>(total), done / s, tty ? "" : "\n");
+  };
   auto on_text = [&](absl::string_view piece) {
     if (!cfg.json) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
   };
-  ASSIGN_OR_RETURN(engine::GenerateResult r, engine.Generate(ids, cfg.generate, on_text));
+  ASSIGN_OR_RETURN(engine::GenerateResult r, engine.Generate(ids, options, on_text));
   const double n = static_cast<double>(r.tokens.size());
   const double decode_tps = (r.tokens.size() > 1 && r.decode_s > 0) ? (n - 1) / r.decode_s : 0.0;
   const double prefill_tps = r.ttft_s > 0 ? r.prompt_tokens / r.ttft_s : 0.0;

@@ -39,8 +39,9 @@ absl::StatusOr<std::vector<float>> Engine::Prefill(int32_t seq, absl::Span<const
   return PromptLogits(seq, prompt, absl::MakeConstSpan(&last, 1));
 }
 
-absl::StatusOr<std::vector<float>> Engine::PromptLogits(int32_t seq, absl::Span<const int32_t> tokens,
-                                                        absl::Span<const int64_t> positions) {
+absl::StatusOr<std::vector<float>> Engine::PromptLogits(
+    int32_t seq, absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
+    const std::function<void(int64_t, int64_t)>& on_progress) {
   RETURN_IF_ERROR(ValidatePrompt(tokens));
   if (kv_.Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -61,6 +62,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(int32_t seq, absl::Span<
       return st;
     }
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
+    if (on_progress) on_progress(e, n);
   }
   // Positions may be given in any order; return rows in the order asked.
   if (!positions.empty()) {
@@ -148,7 +150,9 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   kv_.Reset(kSeq);
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
-  ASSIGN_OR_RETURN(std::vector<float> logits, Prefill(kSeq, prompt));
+  int64_t last = static_cast<int64_t>(prompt.size()) - 1;
+  ASSIGN_OR_RETURN(std::vector<float> logits,
+                   PromptLogits(kSeq, prompt, absl::MakeConstSpan(&last, 1), options.on_prefill_progress));
   Sampler sampler(options.sampling);
   const model::Tokenizer& tok = *model_.tokenizer;
   model::Utf8StreamBuffer utf8;

@@ -32,6 +32,8 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool stop_at_eos = true;
   std::vector<std::string> stop_strings;
+  // Called after each prefill chunk with (tokens done, prompt tokens); for progress output.
+  std::function<void(int64_t, int64_t)> on_prefill_progress;
 };
 
 struct GenerateResult {
@@ -72,8 +74,9 @@ class Engine {
   int64_t kv_bytes() const { return kv_.bytes_reserved(); }
 
   // Logits at `positions` (all if empty) of a causal prefill of `tokens` in slot `seq`.
-  absl::StatusOr<std::vector<float>> PromptLogits(int32_t seq, absl::Span<const int32_t> tokens,
-                                                  absl::Span<const int64_t> positions);
+  absl::StatusOr<std::vector<float>> PromptLogits(
+      int32_t seq, absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
+      const std::function<void(int64_t, int64_t)>& on_progress = nullptr);
 
   // Single-request generation; on_text receives UTF-8-complete text as it is produced.
   absl::StatusOr<GenerateResult> Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
