@@ -97,7 +97,10 @@ int main(int argc, char** argv) {
     for (int64_t b : Ints(absl::GetFlag(FLAGS_batches))) {
       std::vector<int32_t> seqs, tokens;
       for (int64_t s = 0; s < b; ++s) {
-        engine.Fork(0, static_cast<int32_t>(s + 1));
+        if (auto fs = engine.Fork(0, static_cast<int32_t>(s + 1)); !fs.ok()) {
+          std::cerr << "fork: " << fs.message() << "\n";
+          return 1;
+        }
         seqs.push_back(static_cast<int32_t>(s + 1));
         tokens.push_back(first);
       }

@@ -65,13 +65,15 @@ absl::Status RunGenerate(const CliConfig& cfg) {
   }
   ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
-  engine::Engine engine(*model, cfg.engine);
+  ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, cfg.engine));
+  engine::Engine& engine = *engine_ptr;
   const auto& tok = engine.tokenizer();
+  const char* mode_name = cfg.engine.mode == engine::DecodeMode::kSparse ? "sparse" : "full";
   std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
   if (!cfg.json) {
-    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode full, cpu\n",
+    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, cpu\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),
-                 static_cast<long long>(model->config.n_layer), ids.size());
+                 static_cast<long long>(model->config.n_layer), ids.size(), mode_name);
   }
   // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
   engine::GenerateOptions options = cfg.generate;
@@ -102,7 +104,11 @@ absl::Status RunGenerate(const CliConfig& cfg) {
   if (cfg.json) {
     nlohmann::json j;
     j["model"] = model->config.name;
-    j["mode"] = "full";
+    j["mode"] = mode_name;
+    if (cfg.engine.mode == engine::DecodeMode::kSparse) {
+      j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
+      j["fetched_chunks"] = engine.fetched_chunks();
+    }
     j["text"] = r.text;
     j["tokens"] = r.tokens;
     j["prompt_tokens"] = r.prompt_tokens;
@@ -129,8 +135,8 @@ absl::Status RunLogits(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseList<int32_t>(cfg.tokens, "tokens"));
   ASSIGN_OR_RETURN(std::vector<int64_t> positions, ParseList<int64_t>(cfg.positions, "positions"));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
-  engine::Engine engine(*model, cfg.engine);
-  ASSIGN_OR_RETURN(std::vector<float> logits, engine.PromptLogits(0, tokens, positions));
+  ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, cfg.engine));
+  ASSIGN_OR_RETURN(std::vector<float> logits, engine->PromptLogits(0, tokens, positions));
   const int64_t rows = positions.empty() ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(positions.size());
   return WriteNpyF32(cfg.out, {rows, model->config.n_vocab}, logits.data());
 }

@@ -25,6 +25,8 @@ ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
           "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
+ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended) or sparse (top-k chunks fetched on demand)");
+ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -85,6 +87,13 @@ int main(int argc, char** argv) {
     std::cerr << "ddctl: --matmul must be int8 or f32, got '" << matmul << "'\n";
     return 2;
   }
+  auto mode = dd::engine::ParseDecodeMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) {
+    std::cerr << "ddctl: --mode: " << mode.status().message() << "\n";
+    return 2;
+  }
+  cfg.engine.mode = *mode;
+  cfg.engine.sparse.budget_tokens = absl::GetFlag(FLAGS_budget);
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
   cfg.tokens = absl::GetFlag(FLAGS_tokens);

@@ -18,6 +18,7 @@ DenseKvCache::Slot& DenseKvCache::GetSlot(int32_t seq) {
     s.k.resize(config_.n_layer);
     s.v.resize(config_.n_layer);
     s.ring.assign(config_.n_layer, 0);
+    s.length.assign(config_.n_layer, 0);
   }
   return s;
 }
@@ -26,18 +27,22 @@ void DenseKvCache::Reset(int32_t seq) {
   if (seq < static_cast<int32_t>(slots_.size())) slots_[seq] = Slot();
 }
 
-void DenseKvCache::Copy(int32_t src, int32_t dst) {
-  if (src == dst) return;
+absl::Status DenseKvCache::Copy(int32_t src, int32_t dst) {
+  if (src == dst) return absl::OkStatus();
   GetSlot(src);
   GetSlot(dst);
   slots_[dst] = slots_[src];
+  return absl::OkStatus();
 }
 
 int64_t DenseKvCache::Length(int32_t seq) const {
-  return seq < static_cast<int32_t>(slots_.size()) ? slots_[seq].length : 0;
+  if (seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].length.empty()) return 0;
+  int64_t n = 0;
+  for (int64_t l : slots_[seq].length) n = std::max(n, l);
+  return n;
 }
 
-int64_t DenseKvCache::bytes_reserved() const {
+int64_t DenseKvCache::device_bytes() const {
   int64_t total = 0;
   for (const Slot& s : slots_) {
     for (const auto& k : s.k) total += k.capacity() * sizeof(float);
@@ -55,8 +60,8 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     const int32_t seq = call.rows[r0].seq;
     if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
     Slot& slot = GetSlot(seq);
-    // Rows must continue the sequence: positions length, length+1, ... (layer 0 sets length).
-    const int64_t base = call.layer == 0 ? slot.length : slot.length - (r1 - r0);
+    // Rows must continue the sequence in this layer: positions length, length+1, ...
+    const int64_t base = slot.length[call.layer];
     for (int64_t r = r0; r < r1; ++r) {
       if (call.rows[r].pos != base + (r - r0)) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": row position ", call.rows[r].pos,
@@ -64,7 +69,7 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
       }
     }
     AttendGroup(call, slot, r0, r1);
-    if (call.layer == 0) slot.length += r1 - r0;
+    slot.length[call.layer] += r1 - r0;
     r0 = r1;
   }
   return absl::OkStatus();
@@ -153,8 +158,7 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
         std::fill(out, out + hd, 0.0f);
         for (int64_t j = j0; j < j1; ++j) {
           const float p = s[j];
-          const float* vj = &V[RowOf(slot, layer, lo + j) * kv_dim + g * hd];
-          for (int64_t t = 0; t < hd; ++t) out[t] += p * vj[t];
+          kernels::Axpy(p, &V[RowOf(slot, layer, lo + j) * kv_dim + g * hd], out, hd);
         }
       }
     });

@@ -12,27 +12,27 @@
 
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
-#include "decode-worker/model/attention.h"
+#include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/model/model_config.h"
 
 namespace dd::engine {
 
-class DenseKvCache : public model::AttentionBackend {
+class DenseKvCache : public KvCache {
  public:
   DenseKvCache(const model::ModelConfig& config, ThreadPool& pool);
 
-  // Slots are created on demand; Reset empties one (its memory is released).
-  void Reset(int32_t seq);
-  // Makes slot `dst` a copy of slot `src` (a shared prefix; both continue independently).
-  void Copy(int32_t src, int32_t dst);
-  int64_t Length(int32_t seq) const;
-  int64_t bytes_reserved() const;
+  // Slots are created on demand.
+  void Reset(int32_t seq) override;
+  absl::Status Copy(int32_t src, int32_t dst) override;
+  // The longest of the layers' lengths (all equal after a complete forward).
+  int64_t Length(int32_t seq) const override;
+  int64_t device_bytes() const override;
 
   absl::Status Attend(const model::AttentionCall& call) override;
 
  private:
   struct Slot {
-    int64_t length = 0;                   // positions stored (same for every layer after a forward)
+    std::vector<int64_t> length;           // per layer: positions stored
     std::vector<std::vector<float>> k, v;  // per layer: positions × n_head_kv × head_dim
     std::vector<int64_t> ring;             // per layer: ring size in positions (0 = linear)
   };

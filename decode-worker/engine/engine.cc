@@ -15,11 +15,37 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       options_(options),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
-      kv_(model.config, pool_) {
+      kv_(std::make_unique<DenseKvCache>(model.config, pool_)) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
+  if (options_.mode == DecodeMode::kSparse) {
+    store_ = kvpool::NewInProcessKvStore();
+    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
+    if (sparse.ok()) {
+      sparse_ = sparse->get();
+      kv_ = std::move(*sparse);
+    } else {
+      init_status_ = sparse.status();
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel& model, const EngineOptions& options) {
+  auto engine = std::make_unique<Engine>(model, options);
+  RETURN_IF_ERROR(engine->status());
+  return engine;
+}
+
+absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name) {
+  if (name == "full") return DecodeMode::kFull;
+  if (name == "sparse") return DecodeMode::kSparse;
+  if (name == "dualdecoder") {
+    return absl::UnimplementedError("decode mode 'dualdecoder' is not implemented yet (available: full, sparse)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown decode mode '", name, "' (full, sparse)"));
 }
 
 absl::Status Engine::ValidatePrompt(absl::Span<const int32_t> prompt) const {
+  RETURN_IF_ERROR(init_status_);
   const auto& c = model_.config;
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (static_cast<int64_t>(prompt.size()) >= c.n_ctx_train) {
@@ -43,7 +69,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     int32_t seq, absl::Span<const int32_t> tokens, absl::Span<const int64_t> positions,
     const std::function<void(int64_t, int64_t)>& on_progress) {
   RETURN_IF_ERROR(ValidatePrompt(tokens));
-  if (kv_.Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   const int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<bool> want(n, positions.empty());
   for (int64_t p : positions) {
@@ -56,9 +82,9 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     const int64_t e = std::min(n, b + options_.prefill_chunk);
     rows.clear();
     for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
-    absl::Status st = transformer_.Forward(rows, kv_, &chunk_logits);
+    absl::Status st = transformer_.Forward(rows, *kv_, &chunk_logits);
     if (!st.ok()) {
-      kv_.Reset(seq);
+      kv_->Reset(seq);
       return st;
     }
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
@@ -85,7 +111,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
   if (seqs.size() != prompts.size()) return absl::InvalidArgumentError("seqs and prompts differ in length");
   for (size_t i = 0; i < seqs.size(); ++i) {
     RETURN_IF_ERROR(Annotate(ValidatePrompt(prompts[i]), absl::StrCat("prompt ", i)));
-    if (kv_.Length(seqs[i]) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seqs[i], " is not empty"));
+    if (kv_->Length(seqs[i]) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seqs[i], " is not empty"));
     for (size_t j = 0; j < i; ++j) {
       if (seqs[j] == seqs[i]) return absl::InvalidArgumentError(absl::StrCat("slot ", seqs[i], " given twice"));
     }
@@ -112,9 +138,9 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
       budget -= take;
     }
     if (rows.empty()) break;
-    absl::Status st = transformer_.Forward(rows, kv_, &logits);
+    absl::Status st = transformer_.Forward(rows, *kv_, &logits);
     if (!st.ok()) {
-      for (int32_t s : seqs) kv_.Reset(s);
+      for (int32_t s : seqs) kv_->Reset(s);
       return st;
     }
     for (size_t j = 0; j < owner.size(); ++j) out[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
@@ -124,17 +150,18 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
 
 absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                                 std::vector<float>* logits) {
+  RETURN_IF_ERROR(init_status_);
   if (seqs.size() != tokens.size()) return absl::InvalidArgumentError("seqs and tokens differ in length");
   std::vector<BatchRow> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const int64_t pos = kv_.Length(seqs[i]);
+    const int64_t pos = kv_->Length(seqs[i]);
     if (pos >= model_.config.n_ctx_train) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the model context of ",
                                                 model_.config.n_ctx_train, " tokens"));
     }
     rows.push_back({seqs[i], pos, tokens[i], true});
   }
-  return transformer_.Forward(rows, kv_, logits);
+  return transformer_.Forward(rows, *kv_, logits);
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
@@ -147,7 +174,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   constexpr int32_t kSeq = 0;
-  kv_.Reset(kSeq);
+  kv_->Reset(kSeq);
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;
@@ -188,7 +215,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
     if (safe > emitted && on_text) on_text(absl::string_view(res.text).substr(emitted, safe - emitted));
     emitted = std::max(emitted, safe);
     if (i + 1 == options.max_new_tokens) break;
-    if (kv_.Length(kSeq) >= model_.config.n_ctx_train) {
+    if (kv_->Length(kSeq) >= model_.config.n_ctx_train) {
       res.stop_reason = "context_full";
       break;
     }
@@ -199,7 +226,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   const auto t_end = Clock::now();
   res.ttft_s = std::chrono::duration<double>(t_first - t0).count();
   res.decode_s = std::chrono::duration<double>(t_end - t_first).count();
-  kv_.Reset(kSeq);
+  kv_->Reset(kSeq);
   return res;
 }
 

@@ -15,13 +15,19 @@
 #include "absl/types/span.h"
 #include "common/thread_pool.h"
 #include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
 #include "decode-worker/model/transformer.h"
 #include "decode-worker/model/weights.h"
 
 namespace dd::engine {
 
+enum class DecodeMode { kFull, kSparse };
+absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);  // "full", "sparse"
+
 struct EngineOptions {
+  DecodeMode mode = DecodeMode::kFull;
+  SparseOptions sparse{};     // used when mode == kSparse
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
@@ -47,8 +53,17 @@ struct GenerateResult {
 
 class Engine {
  public:
-  // `model` must outlive the engine.
+  // Validates the options (sparse budget etc.: InvalidArgument naming the field) and builds
+  // the engine. `model` must outlive it.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const model::LoadedModel& model,
+                                                        const EngineOptions& options);
+  // For options known to be valid (full mode always is); an invalid sparse configuration
+  // falls back to nothing: every call then returns status().
   Engine(const model::LoadedModel& model, const EngineOptions& options);
+  absl::Status status() const { return init_status_; }
+  const EngineOptions& options() const { return options_; }
+  // Chunks fetched on demand by the sparse cache (0 in full mode).
+  int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
 
   const model::ModelConfig& config() const { return model_.config; }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
@@ -67,11 +82,11 @@ class Engine {
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);
-  void Release(int32_t seq) { kv_.Reset(seq); }
+  void Release(int32_t seq) { kv_->Reset(seq); }
   // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation).
-  void Fork(int32_t src, int32_t dst) { kv_.Copy(src, dst); }
-  int64_t Length(int32_t seq) const { return kv_.Length(seq); }
-  int64_t kv_bytes() const { return kv_.bytes_reserved(); }
+  absl::Status Fork(int32_t src, int32_t dst) { return kv_->Copy(src, dst); }
+  int64_t Length(int32_t seq) const { return kv_->Length(seq); }
+  int64_t kv_bytes() const { return kv_->device_bytes(); }
 
   // Logits at `positions` (all if empty) of a causal prefill of `tokens` in slot `seq`.
   absl::StatusOr<std::vector<float>> PromptLogits(
@@ -87,7 +102,10 @@ class Engine {
   EngineOptions options_;
   ThreadPool pool_;
   model::Transformer transformer_;
-  DenseKvCache kv_;
+  std::unique_ptr<kvpool::KvStore> store_;
+  SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
+  std::unique_ptr<KvCache> kv_;
+  absl::Status init_status_;
 };
 
 }  // namespace dd::engine

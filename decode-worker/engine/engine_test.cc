@@ -6,40 +6,13 @@
 #include <cstring>
 #include <filesystem>
 
+#include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine {
 namespace {
 
-std::string GemmaPath() {
-  if (const char* p = std::getenv("DD_MODEL"); p && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
-}
-
-class GemmaEngineTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(GemmaPath())) return;
-    auto m = model::LoadModel(GemmaPath());
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::move(*m).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) {
-      const char* req = std::getenv("DD_REQUIRE_MODEL");
-      if (req && std::string(req) == "1") FAIL() << "model missing at " << GemmaPath() << "; run scripts/fetch-model";
-      GTEST_SKIP() << "model not fetched: " << GemmaPath();
-    }
-  }
-  std::vector<int32_t> Encode(const std::string& s) { return model_->tokenizer->Encode(s, true, true); }
-  static model::LoadedModel* model_;
-};
-model::LoadedModel* GemmaEngineTest::model_ = nullptr;
+using GemmaEngineTest = testing_util::GemmaTest;
 
 TEST_F(GemmaEngineTest, ConfigFromMetadata) {
   const auto& c = model_->config;

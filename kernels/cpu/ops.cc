@@ -93,6 +93,10 @@ void ScaledSoftmax(float* x, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 float GeluTanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));

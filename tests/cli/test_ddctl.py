@@ -86,9 +86,12 @@ def test_prompt_longer_than_context(tiny, tmp_path):
     ("--top_k", "-3", "top_k"),
     ("--max_new_tokens", "0", "max_new_tokens"),
     ("--matmul", "fp8", "matmul"),
+    ("--mode", "turbo", "unknown decode mode"),
+    ("--budget", "4", "smaller than one chunk"),
 ])
 def test_invalid_sampling_parameters(tiny, flag, value, needle):
-    r = ddctl("generate", "--model", str(tiny), "--prompt", "hi", f"{flag}={value}")
+    extra = ["--mode=sparse"] if flag == "--budget" else []
+    r = ddctl("generate", "--model", str(tiny), "--prompt", "hi", f"{flag}={value}", *extra)
     assert r.returncode != 0
     assert needle in r.stderr, r.stderr
 
@@ -98,3 +101,17 @@ def test_empty_prompt_and_unknown_command(tiny):
     assert r.returncode != 0 and "prompt" in r.stderr
     r = ddctl("frobnicate")
     assert r.returncode != 0 and "unknown command" in r.stderr
+
+
+def test_sparse_mode_with_full_budget_matches_full(tiny):
+    """All layers of the tiny llama are sparse; a budget covering the context gives the
+    same greedy tokens as full attention (bit-identical logits are checked in C++)."""
+    args = ["generate", "--model", str(tiny), "--prompt", "the quick brown fox " * 30,
+            "--max_new_tokens", "12", "--ignore_eos", "--json"]
+    full = ddctl(*args)
+    sparse = ddctl(*args, "--mode", "sparse", "--budget", "2048")
+    assert full.returncode == 0 and sparse.returncode == 0, full.stderr + sparse.stderr
+    import json
+    jf, js = json.loads(full.stdout), json.loads(sparse.stdout)
+    assert jf["tokens"] == js["tokens"]
+    assert js["mode"] == "sparse" and js["fetched_chunks"] > 0

@@ -47,6 +47,10 @@ void ApplyRope(float* head, int64_t half, const float* cos, const float* sin, bo
 // Vectorized exp (max error ~2 ulp); the result depends only on x, never on threads.
 void ScaledSoftmax(float* x, int64_t n, float scale);
 
+// y[i] += a * x[i]. One implementation shared by every attention path, so that equal inputs
+// give equal bits whichever cache computed them.
+void Axpy(float a, const float* x, float* y, int64_t n);
+
 float GeluTanh(float x);
 float Silu(float x);
 

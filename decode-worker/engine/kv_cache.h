@@ -1,0 +1,25 @@
+// The engine's KV cache interface: an AttentionBackend that also manages sequence slots.
+// Implementations: DenseKvCache (`full` mode), SparseKvCache (`sparse` mode, DESIGN §4).
+// Not thread-safe; used from the engine's compute thread.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "decode-worker/model/attention.h"
+
+namespace dd::engine {
+
+class KvCache : public model::AttentionBackend {
+ public:
+  // Empties a slot and frees what it holds.
+  virtual void Reset(int32_t seq) = 0;
+  // Makes slot `dst` a copy of `src` (shared prefix, independent continuation).
+  virtual absl::Status Copy(int32_t src, int32_t dst) = 0;
+  // Positions stored for the sequence.
+  virtual int64_t Length(int32_t seq) const = 0;
+  // Bytes this cache holds in (device) memory.
+  virtual int64_t device_bytes() const = 0;
+};
+
+}  // namespace dd::engine

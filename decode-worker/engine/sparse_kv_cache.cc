@@ -1,0 +1,297 @@
+#include "decode-worker/engine/sparse_kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "dd/kernels/cpu_ops.h"
+
+namespace dd::engine {
+
+absl::Status SparseOptions::Validate(int64_t model_context) const {
+  if (chunk_tokens <= 0) return absl::InvalidArgumentError(absl::StrCat("chunk size must be > 0, got ", chunk_tokens));
+  if (budget_tokens < chunk_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse budget ", budget_tokens, " tokens is smaller than one chunk (",
+                                                   chunk_tokens, " tokens)"));
+  }
+  if (budget_tokens > model_context) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse budget ", budget_tokens, " tokens is larger than the model context (",
+                                                   model_context, " tokens)"));
+  }
+  if (sink_tokens < 0 || sink_tokens % chunk_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sink tokens ", sink_tokens, " must be a non-negative multiple of the chunk size"));
+  }
+  if (window_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("window tokens must be >= 1, got ", window_tokens));
+  return absl::OkStatus();
+}
+
+SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
+                             ThreadPool& pool)
+    : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool) {}
+
+absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
+                                                                     const SparseOptions& options,
+                                                                     kvpool::KvStore* store, ThreadPool& pool) {
+  RETURN_IF_ERROR(options.Validate(config.n_ctx_train));
+  if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
+  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, pool));
+}
+
+absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
+  if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
+  if (seq >= static_cast<int32_t>(seqs_.size())) seqs_.resize(seq + 1);
+  Seq& s = seqs_[seq];
+  if (!s.open) {
+    kvpool::KvLayout layout{config_.n_layer, config_.n_head_kv, config_.head_dim, options_.chunk_tokens};
+    ASSIGN_OR_RETURN(s.store_id, store_->Open(layout));
+    s.open = true;
+    s.layers.assign(config_.n_layer, LayerState());
+    for (auto& st : s.layers) st.dev_base = options_.sink_tokens;
+  }
+  return &s;
+}
+
+void SparseKvCache::Reset(int32_t seq) {
+  dense_.Reset(seq);
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return;
+  if (seqs_[seq].open) (void)store_->Release(seqs_[seq].store_id);
+  seqs_[seq] = Seq();
+}
+
+int64_t SparseKvCache::Length(int32_t seq) const {
+  int64_t n = dense_.Length(seq);
+  if (seq >= 0 && seq < static_cast<int32_t>(seqs_.size())) {
+    for (const auto& st : seqs_[seq].layers) n = std::max(n, st.length);
+  }
+  return n;
+}
+
+int64_t SparseKvCache::device_bytes() const {
+  int64_t total = dense_.device_bytes();
+  for (const Seq& s : seqs_) {
+    for (const LayerState& st : s.layers) {
+      total += (st.k.capacity() + st.v.capacity() + st.sink_k.capacity() + st.sink_v.capacity() +
+                st.landmarks.capacity()) * sizeof(float);
+    }
+  }
+  return total;
+}
+
+absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
+  if (src == dst) return absl::OkStatus();
+  RETURN_IF_ERROR(dense_.Copy(src, dst));
+  Reset(dst);
+  ASSIGN_OR_RETURN(Seq * from, GetSeq(src));
+  ASSIGN_OR_RETURN(Seq * to, GetSeq(dst));
+  from = &seqs_[src];  // GetSeq(dst) may have grown the vector
+  const kvpool::SequenceId to_id = to->store_id;
+  *to = *from;
+  to->store_id = to_id;
+  // Duplicate the offloaded blocks under the new store sequence.
+  const int64_t C = options_.chunk_tokens;
+  std::vector<float> block(2 * C * config_.head_dim);
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    for (int64_t c = 0; c < from->layers[l].length / C; ++c) {
+      for (int32_t g = 0; g < config_.n_head_kv; ++g) {
+        const kvpool::ChunkRef ref{static_cast<int32_t>(l), g, c};
+        ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(from->store_id, {&ref, 1}, block.data(),
+                                                              kvpool::Priority::kBackground));
+        RETURN_IF_ERROR(store_->Wait(t));
+        RETURN_IF_ERROR(store_->Write(to_id, ref, block.data()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+const float* SparseKvCache::DevK(const LayerState& st, int64_t pos) const {
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  return pos < options_.sink_tokens ? &st.sink_k[pos * kv_dim] : &st.k[(pos - st.dev_base) * kv_dim];
+}
+const float* SparseKvCache::DevV(const LayerState& st, int64_t pos) const {
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  return pos < options_.sink_tokens ? &st.sink_v[pos * kv_dim] : &st.v[(pos - st.dev_base) * kv_dim];
+}
+
+absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos) {
+  LayerState& st = s.layers[layer];
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd, C = options_.chunk_tokens;
+  if (pos != st.length) {
+    return absl::InvalidArgumentError(absl::StrCat("row position ", pos, " does not continue the cache (expected ",
+                                                   st.length, ")"));
+  }
+  auto& dk = pos < options_.sink_tokens ? st.sink_k : st.k;
+  auto& dv = pos < options_.sink_tokens ? st.sink_v : st.v;
+  dk.insert(dk.end(), k, k + kv_dim);
+  dv.insert(dv.end(), v, v + kv_dim);
+  ++st.length;
+  if (st.length % C != 0) return absl::OkStatus();
+  // Chunk full: landmark (mean of its post-RoPE keys) per KV head, and offload one
+  // [K | V] block per KV head.
+  const int64_t c = st.length / C - 1;
+  std::vector<float> block(2 * C * hd);
+  for (int32_t g = 0; g < n_kv; ++g) {
+    std::vector<double> mean(hd, 0.0);
+    for (int64_t t = 0; t < C; ++t) {
+      const float* kr = DevK(st, c * C + t) + g * hd;
+      const float* vr = DevV(st, c * C + t) + g * hd;
+      std::memcpy(&block[t * hd], kr, hd * sizeof(float));
+      std::memcpy(&block[(C + t) * hd], vr, hd * sizeof(float));
+      for (int64_t i = 0; i < hd; ++i) mean[i] += kr[i];
+    }
+    for (int64_t i = 0; i < hd; ++i) st.landmarks.push_back(static_cast<float>(mean[i] / C));
+    RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
+  if (config_.layer_is_swa[call.layer]) return dense_.Attend(call);
+  const int64_t n = static_cast<int64_t>(call.rows.size());
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  for (int64_t r0 = 0; r0 < n;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < n && call.rows[r1].seq == call.rows[r0].seq) ++r1;
+    ASSIGN_OR_RETURN(Seq * s, GetSeq(call.rows[r0].seq));
+    LayerState& st = s->layers[call.layer];
+    if (r1 - r0 > 1 && st.decoded) {
+      return absl::UnimplementedError("sparse mode: prefill rows after decode rows in one sequence");
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      RETURN_IF_ERROR(Append(*s, call.layer, call.k + r * kv_dim, call.v + r * kv_dim, call.rows[r].pos));
+    }
+    if (r1 - r0 == 1) {
+      RETURN_IF_ERROR(AttendDecodeRow(*s, call, r0));
+    } else {
+      AttendPrefillRows(*s, call, r0, r1);
+    }
+    r0 = r1;
+  }
+  return absl::OkStatus();
+}
+
+void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1) {
+  // Dense over the device copy of the whole prefix: sinks then [dev_base, length).
+  const LayerState& st = s.layers[call.layer];
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd;
+  const int64_t p1 = call.rows[r1 - 1].pos, n_keys = p1 + 1, nq = (r1 - r0) * gs;
+  const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
+  std::vector<float> qbuf(nq * hd);
+  scratch_scores_.resize(nq * n_keys);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::memcpy(&qbuf[(r - r0) * gs * hd], call.q + r * q_dim + g * gs * hd, gs * hd * sizeof(float));
+    }
+    const std::pair<const float*, int64_t> runs[2] = {{st.sink_k.data(), n_sink},
+                                                      {st.k.data(), n_keys - n_sink}};
+    int64_t col = 0;
+    for (const auto& [base, len] : runs) {
+      if (len == 0) continue;
+      kernels::WeightView keys{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(base + g * hd), len, hd,
+                               kv_dim * static_cast<int64_t>(sizeof(float))};
+      kernels::MatMul(keys, qbuf.data(), nq, hd, nullptr, scratch_scores_.data() + col, n_keys, pool_);
+      col += len;
+    }
+    pool_.ParallelFor(nq, [&](int64_t b, int64_t e) {
+      for (int64_t qi = b; qi < e; ++qi) {
+        const int64_t r = r0 + qi / gs, h = g * gs + qi % gs;
+        const int64_t visible = call.rows[r].pos + 1;
+        float* sc = &scratch_scores_[qi * n_keys];
+        kernels::ScaledSoftmax(sc, visible, call.scale);
+        float* out = call.out + r * q_dim + h * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (int64_t j = 0; j < visible; ++j) kernels::Axpy(sc[j], DevV(st, j) + g * hd, out, hd);
+      }
+    });
+  }
+}
+
+absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row) {
+  LayerState& st = s.layers[call.layer];
+  st.decoded = true;
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd, C = options_.chunk_tokens;
+  const int64_t n = call.rows[row].pos + 1;
+  const int64_t sinks = std::min(n, options_.sink_tokens);
+  const int64_t window_start = std::max(sinks, n - options_.window_tokens);
+  const int64_t first_window_chunk = window_start / C;
+  const int64_t dense_from = std::max(sinks, first_window_chunk * C);  // window ∪ tail on the device
+  const int64_t sel_begin = options_.sink_tokens / C, sel_end = std::max(sel_begin, first_window_chunk);
+  // Drop device rows that left the window: they are offloaded and have landmarks.
+  if (dense_from > st.dev_base) {
+    const int64_t drop = dense_from - st.dev_base;
+    st.k.erase(st.k.begin(), st.k.begin() + drop * kv_dim);
+    st.v.erase(st.v.begin(), st.v.begin() + drop * kv_dim);
+    st.dev_base = dense_from;
+    if (st.k.capacity() > 2 * st.k.size() + 64 * kv_dim) {  // give back the prefill's prefix
+      st.k.shrink_to_fit();
+      st.v.shrink_to_fit();
+    }
+  }
+  const int64_t k_sel = options_.budget_tokens / C;
+  const float* q = call.q + row * q_dim;
+  std::vector<std::vector<int64_t>> selected(n_kv);
+  std::vector<kvpool::ChunkRef> refs;
+  std::vector<std::pair<float, int64_t>> cand;
+  for (int64_t g = 0; g < n_kv; ++g) {
+    cand.clear();
+    for (int64_t c = sel_begin; c < sel_end; ++c) {
+      const float* lm = &st.landmarks[(c * n_kv + g) * hd];
+      float best = -INFINITY;
+      for (int64_t h = 0; h < gs; ++h) best = std::max(best, kernels::Dot(q + (g * gs + h) * hd, lm, hd));
+      cand.push_back({best, c});
+    }
+    if (static_cast<int64_t>(cand.size()) > k_sel) {
+      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      cand.resize(k_sel);
+    }
+    for (const auto& [score, c] : cand) selected[g].push_back(c);
+    std::sort(selected[g].begin(), selected[g].end());
+    for (int64_t c : selected[g]) refs.push_back({static_cast<int32_t>(call.layer), static_cast<int32_t>(g), c});
+  }
+  // Fetch on the critical path.
+  const int64_t bf = 2 * C * hd;
+  gathered_.resize(refs.size() * bf);
+  if (!refs.empty()) {
+    ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(s.store_id, refs, gathered_.data(), kvpool::Priority::kUrgent));
+    RETURN_IF_ERROR(store_->Wait(t));
+    fetched_chunks_ += static_cast<int64_t>(refs.size());
+    fetched_bytes_ += static_cast<int64_t>(refs.size()) * bf * static_cast<int64_t>(sizeof(float));
+  }
+  // Exact attention over sinks ∪ selected ∪ window, ascending positions.
+  int64_t block_index = 0;
+  for (int64_t g = 0; g < n_kv; ++g) {
+    const int64_t n_sel = static_cast<int64_t>(selected[g].size());
+    const int64_t total = sinks + n_sel * C + (n - dense_from);
+    const float* blocks = &gathered_[block_index * bf];
+    auto key = [&](int64_t j) -> const float* {
+      if (j < sinks) return DevK(st, j) + g * hd;
+      j -= sinks;
+      if (j < n_sel * C) return blocks + (j / C) * bf + (j % C) * hd;
+      return DevK(st, dense_from + j - n_sel * C) + g * hd;
+    };
+    auto value = [&](int64_t j) -> const float* {
+      if (j < sinks) return DevV(st, j) + g * hd;
+      j -= sinks;
+      if (j < n_sel * C) return blocks + (j / C) * bf + (C + j % C) * hd;
+      return DevV(st, dense_from + j - n_sel * C) + g * hd;
+    };
+    scratch_scores_.resize(total);
+    for (int64_t h = g * gs; h < (g + 1) * gs; ++h) {
+      const float* qh = q + h * hd;
+      for (int64_t j = 0; j < total; ++j) scratch_scores_[j] = kernels::Dot(qh, key(j), hd);
+      kernels::ScaledSoftmax(scratch_scores_.data(), total, call.scale);
+      float* out = call.out + row * q_dim + h * hd;
+      std::fill(out, out + hd, 0.0f);
+      for (int64_t j = 0; j < total; ++j) kernels::Axpy(scratch_scores_[j], value(j), out, hd);
+    }
+    block_index += n_sel;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dd::engine

@@ -1,0 +1,58 @@
+// KvStore: the decode worker's view of where offloaded KV chunks live (DESIGN §7).
+//
+// A sequence is opened with a layout; full chunks are written as one contiguous block per
+// (layer, KV head, chunk): [K (chunk_tokens × head_dim) | V (chunk_tokens × head_dim)], f32.
+// Gather copies a list of blocks into caller memory at a priority and returns a transfer id;
+// Wait blocks until that transfer is complete. The caller owns `dst` and must keep it alive
+// and untouched until Wait returns. Backends: in-process (this file's NewInProcessKvStore);
+// shared memory and UCX come with the KV-pool service behind the same interface.
+// Implementations are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace dd::kvpool {
+
+struct KvLayout {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t chunk_tokens = 8;
+  int64_t block_floats() const { return 2 * chunk_tokens * head_dim; }
+};
+
+struct ChunkRef {
+  int32_t layer = 0;
+  int32_t kv_head = 0;
+  int64_t chunk = 0;
+};
+
+enum class Priority { kUrgent, kBackground };
+
+using SequenceId = uint64_t;
+using TransferId = uint64_t;
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  // InvalidArgument for a layout with a non-positive field.
+  virtual absl::StatusOr<SequenceId> Open(const KvLayout& layout) = 0;
+  // Stores one block (block_floats() floats). InvalidArgument for an out-of-range ref.
+  virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) = 0;
+  // Copies refs.size() blocks into dst in order. NotFound for a chunk never written.
+  virtual absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
+                                            Priority priority) = 0;
+  virtual absl::Status Wait(TransferId id) = 0;
+  // Frees the sequence's blocks. NotFound for an unknown sequence.
+  virtual absl::Status Release(SequenceId seq) = 0;
+  virtual int64_t bytes_stored() const = 0;
+};
+
+// Blocks held in this process's heap; Gather copies synchronously (Wait returns at once).
+std::unique_ptr<KvStore> NewInProcessKvStore();
+
+}  // namespace dd::kvpool
