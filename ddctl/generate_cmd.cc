@@ -68,12 +68,12 @@ absl::Status RunGenerate(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, cfg.engine));
   engine::Engine& engine = *engine_ptr;
   const auto& tok = engine.tokenizer();
-  const char* mode_name = cfg.engine.mode == engine::DecodeMode::kSparse ? "sparse" : "full";
+  const std::string mode_name(engine::DecodeModeName(cfg.engine.mode));
   std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
   if (!cfg.json) {
     std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, cpu\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),
-                 static_cast<long long>(model->config.n_layer), ids.size(), mode_name);
+                 static_cast<long long>(model->config.n_layer), ids.size(), mode_name.c_str());
   }
   // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
   engine::GenerateOptions options = cfg.generate;
@@ -105,9 +105,28 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     nlohmann::json j;
     j["model"] = model->config.name;
     j["mode"] = mode_name;
-    if (cfg.engine.mode == engine::DecodeMode::kSparse) {
+    if (const engine::SparseKvCache* sc = engine.sparse_cache()) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
       j["fetched_chunks"] = engine.fetched_chunks();
+      int64_t hits = 0, denom = 0, pre = 0, urgent = 0, wasted = 0;
+      nlohmann::json per_layer = nlohmann::json::array();
+      for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
+        const auto& st = sc->layer_stats()[l];
+        if (st.selected == 0 && st.prefetched == 0) continue;
+        hits += st.hits;
+        denom += st.predicted_for;
+        pre += st.prefetched;
+        urgent += st.urgent;
+        wasted += st.wasted;
+        per_layer.push_back({{"layer", l}, {"hit_rate", st.predicted_for ? double(st.hits) / st.predicted_for : 0.0}});
+      }
+      if (cfg.engine.mode == engine::DecodeMode::kDualDecoder) {
+        j["hit_rate"] = denom ? double(hits) / denom : 0.0;
+        j["per_layer"] = per_layer;
+      }
+      j["prefetch_bytes"] = pre * sc->block_bytes();
+      j["urgent_bytes"] = urgent * sc->block_bytes();
+      j["wasted_bytes"] = wasted * sc->block_bytes();
     }
     j["text"] = r.text;
     j["tokens"] = r.tokens;

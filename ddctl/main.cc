@@ -25,7 +25,7 @@ ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
           "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
-ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended) or sparse (top-k chunks fetched on demand)");
+ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand) or dualdecoder (sparse with speculative-token prefetch)");
 ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");

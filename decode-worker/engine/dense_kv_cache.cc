@@ -67,9 +67,14 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": row position ", call.rows[r].pos,
                                                        " does not continue the cache (expected ", base + (r - r0), ")"));
       }
+      if (call.rows[r].speculative && r != r1 - 1) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": a speculative row must be the last"));
+      }
     }
+    // A speculative row's KV is written at its position (so it can see itself) but not
+    // counted: the next real row at that position overwrites it.
     AttendGroup(call, slot, r0, r1);
-    slot.length[call.layer] += r1 - r0;
+    slot.length[call.layer] += (r1 - r0) - (call.rows[r1 - 1].speculative ? 1 : 0);
     r0 = r1;
   }
   return absl::OkStatus();

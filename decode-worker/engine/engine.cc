@@ -17,7 +17,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       transformer_(model, pool_, options.matmul),
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
-  if (options_.mode == DecodeMode::kSparse) {
+  if (options_.mode != DecodeMode::kFull) {
     store_ = kvpool::NewInProcessKvStore();
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
     if (sparse.ok()) {
@@ -35,13 +35,28 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel&
   return engine;
 }
 
+absl::Status Engine::Fork(int32_t src, int32_t dst) {
+  RETURN_IF_ERROR(kv_->Copy(src, dst));
+  const int32_t hi = std::max(src, dst);
+  if (hi >= static_cast<int32_t>(spec_.size())) spec_.resize(hi + 1, -1);
+  spec_[dst] = spec_[src];
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name) {
   if (name == "full") return DecodeMode::kFull;
   if (name == "sparse") return DecodeMode::kSparse;
-  if (name == "dualdecoder") {
-    return absl::UnimplementedError("decode mode 'dualdecoder' is not implemented yet (available: full, sparse)");
+  if (name == "dualdecoder") return DecodeMode::kDualDecoder;
+  return absl::InvalidArgumentError(absl::StrCat("unknown decode mode '", name, "' (full, sparse, dualdecoder)"));
+}
+
+absl::string_view DecodeModeName(DecodeMode mode) {
+  switch (mode) {
+    case DecodeMode::kFull: return "full";
+    case DecodeMode::kSparse: return "sparse";
+    case DecodeMode::kDualDecoder: return "dualdecoder";
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown decode mode '", name, "' (full, sparse)"));
+  return "unknown";
 }
 
 absl::Status Engine::ValidatePrompt(absl::Span<const int32_t> prompt) const {
@@ -70,6 +85,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     const std::function<void(int64_t, int64_t)>& on_progress) {
   RETURN_IF_ERROR(ValidatePrompt(tokens));
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
   const int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<bool> want(n, positions.empty());
   for (int64_t p : positions) {
@@ -112,6 +128,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
   for (size_t i = 0; i < seqs.size(); ++i) {
     RETURN_IF_ERROR(Annotate(ValidatePrompt(prompts[i]), absl::StrCat("prompt ", i)));
     if (kv_->Length(seqs[i]) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seqs[i], " is not empty"));
+    if (seqs[i] >= 0 && seqs[i] < static_cast<int32_t>(spec_.size())) spec_[seqs[i]] = -1;
     for (size_t j = 0; j < i; ++j) {
       if (seqs[j] == seqs[i]) return absl::InvalidArgumentError(absl::StrCat("slot ", seqs[i], " given twice"));
     }
@@ -161,7 +178,41 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     }
     rows.push_back({seqs[i], pos, tokens[i], true});
   }
-  return transformer_.Forward(rows, *kv_, logits);
+  if (options_.mode != DecodeMode::kDualDecoder) return transformer_.Forward(rows, *kv_, logits);
+
+  // Dual-token step (DESIGN §5.3). Sequences without a speculative token first get one from
+  // the pre-decoding step: their real token run alone as an uncommitted row.
+  const int64_t V = model_.config.n_vocab;
+  std::vector<BatchRow> pre;
+  for (const BatchRow& r : rows) {
+    if (r.seq >= static_cast<int32_t>(spec_.size())) spec_.resize(r.seq + 1, -1);
+    if (spec_[r.seq] < 0) pre.push_back({r.seq, r.pos, r.token, true, /*speculative=*/true});
+  }
+  std::vector<float> out;
+  if (!pre.empty()) {
+    RETURN_IF_ERROR(transformer_.Forward(pre, *kv_, &out));
+    for (size_t i = 0; i < pre.size(); ++i) spec_[pre[i].seq] = Argmax(&out[i * V], V);
+  }
+  std::vector<BatchRow> dual;
+  std::vector<bool> has_spec;
+  for (const BatchRow& r : rows) {
+    dual.push_back(r);
+    const bool spec = r.pos + 1 < model_.config.n_ctx_train;
+    has_spec.push_back(spec);
+    if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
+  }
+  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out));
+  logits->resize(rows.size() * V);
+  size_t o = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy(out.begin() + o * V, out.begin() + (o + 1) * V, logits->begin() + i * V);
+    ++o;
+    if (has_spec[i]) {
+      spec_[rows[i].seq] = Argmax(&out[o * V], V);  // the next step's speculative token
+      ++o;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
@@ -174,7 +225,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   constexpr int32_t kSeq = 0;
-  kv_->Reset(kSeq);
+  Release(kSeq);
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;
@@ -226,7 +277,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   const auto t_end = Clock::now();
   res.ttft_s = std::chrono::duration<double>(t_first - t0).count();
   res.decode_s = std::chrono::duration<double>(t_end - t_first).count();
-  kv_->Reset(kSeq);
+  Release(kSeq);
   return res;
 }
 

@@ -22,8 +22,11 @@
 
 namespace dd::engine {
 
-enum class DecodeMode { kFull, kSparse };
-absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);  // "full", "sparse"
+// full: dense KV on the device. sparse: top-k chunks fetched on demand. dualdecoder: sparse
+// plus a speculative row per request whose query predicts the next step's chunks (prefetch).
+enum class DecodeMode { kFull, kSparse, kDualDecoder };
+absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);  // "full", "sparse", "dualdecoder"
+absl::string_view DecodeModeName(DecodeMode mode);
 
 struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
@@ -62,8 +65,9 @@ class Engine {
   Engine(const model::LoadedModel& model, const EngineOptions& options);
   absl::Status status() const { return init_status_; }
   const EngineOptions& options() const { return options_; }
-  // Chunks fetched on demand by the sparse cache (0 in full mode).
+  // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
+  const SparseKvCache* sparse_cache() const { return sparse_; }
 
   const model::ModelConfig& config() const { return model_.config; }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
@@ -82,9 +86,12 @@ class Engine {
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);
-  void Release(int32_t seq) { kv_->Reset(seq); }
+  void Release(int32_t seq) {
+    kv_->Reset(seq);
+    if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  }
   // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation).
-  absl::Status Fork(int32_t src, int32_t dst) { return kv_->Copy(src, dst); }
+  absl::Status Fork(int32_t src, int32_t dst);
   int64_t Length(int32_t seq) const { return kv_->Length(seq); }
   int64_t kv_bytes() const { return kv_->device_bytes(); }
 
@@ -106,6 +113,7 @@ class Engine {
   SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
   std::unique_ptr<KvCache> kv_;
   absl::Status init_status_;
+  std::vector<int32_t> spec_;  // dualdecoder: next speculative token per slot (-1: none yet)
 };
 
 }  // namespace dd::engine

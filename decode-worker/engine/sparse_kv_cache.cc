@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -28,7 +29,8 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                              ThreadPool& pool)
-    : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool) {}
+    : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
+      stats_(config.n_layer) {}
 
 absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
                                                                      const SparseOptions& options,
@@ -155,16 +157,27 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
     while (r1 < n && call.rows[r1].seq == call.rows[r0].seq) ++r1;
     ASSIGN_OR_RETURN(Seq * s, GetSeq(call.rows[r0].seq));
     LayerState& st = s->layers[call.layer];
-    if (r1 - r0 > 1 && st.decoded) {
+    const bool spec_last = call.rows[r1 - 1].speculative;
+    const int64_t real_end = spec_last ? r1 - 1 : r1;
+    if (real_end - r0 > 1 && st.decoded) {
       return absl::UnimplementedError("sparse mode: prefill rows after decode rows in one sequence");
     }
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < real_end; ++r) {
+      if (call.rows[r].speculative) return absl::InvalidArgumentError("a speculative row must be the last");
       RETURN_IF_ERROR(Append(*s, call.layer, call.k + r * kv_dim, call.v + r * kv_dim, call.rows[r].pos));
     }
-    if (r1 - r0 == 1) {
-      RETURN_IF_ERROR(AttendDecodeRow(*s, call, r0));
-    } else {
-      AttendPrefillRows(*s, call, r0, r1);
+    if (real_end - r0 == 1) {
+      RETURN_IF_ERROR(AttendDecodeRow(*s, call, r0, spec_last));
+    } else if (real_end - r0 > 1) {
+      if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
+      AttendPrefillRows(*s, call, r0, real_end);
+    }
+    if (spec_last) {
+      if (call.rows[r1 - 1].pos != st.length) {
+        return absl::InvalidArgumentError(absl::StrCat("speculative row position ", call.rows[r1 - 1].pos,
+                                                       " does not follow the cache (", st.length, ")"));
+      }
+      RETURN_IF_ERROR(AttendSpeculativeRow(*s, call, r1 - 1, /*after_real=*/real_end > r0));
     }
     r0 = r1;
   }
@@ -208,36 +221,26 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
   }
 }
 
-absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row) {
-  LayerState& st = s.layers[call.layer];
-  st.decoded = true;
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd, C = options_.chunk_tokens;
-  const int64_t n = call.rows[row].pos + 1;
-  const int64_t sinks = std::min(n, options_.sink_tokens);
-  const int64_t window_start = std::max(sinks, n - options_.window_tokens);
+SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
+  const int64_t C = options_.chunk_tokens;
+  Window w;
+  w.sinks = std::min(n, options_.sink_tokens);
+  const int64_t window_start = std::max(w.sinks, n - options_.window_tokens);
   const int64_t first_window_chunk = window_start / C;
-  const int64_t dense_from = std::max(sinks, first_window_chunk * C);  // window ∪ tail on the device
-  const int64_t sel_begin = options_.sink_tokens / C, sel_end = std::max(sel_begin, first_window_chunk);
-  // Drop device rows that left the window: they are offloaded and have landmarks.
-  if (dense_from > st.dev_base) {
-    const int64_t drop = dense_from - st.dev_base;
-    st.k.erase(st.k.begin(), st.k.begin() + drop * kv_dim);
-    st.v.erase(st.v.begin(), st.v.begin() + drop * kv_dim);
-    st.dev_base = dense_from;
-    if (st.k.capacity() > 2 * st.k.size() + 64 * kv_dim) {  // give back the prefill's prefix
-      st.k.shrink_to_fit();
-      st.v.shrink_to_fit();
-    }
-  }
-  const int64_t k_sel = options_.budget_tokens / C;
-  const float* q = call.q + row * q_dim;
-  std::vector<std::vector<int64_t>> selected(n_kv);
-  std::vector<kvpool::ChunkRef> refs;
+  w.dense_from = std::max(w.sinks, first_window_chunk * C);
+  w.sel_begin = options_.sink_tokens / C;
+  w.sel_end = std::max(w.sel_begin, first_window_chunk);
+  return w;
+}
+
+SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w) const {
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
+  Selection sel(n_kv);
   std::vector<std::pair<float, int64_t>> cand;
   for (int64_t g = 0; g < n_kv; ++g) {
     cand.clear();
-    for (int64_t c = sel_begin; c < sel_end; ++c) {
+    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) {
       const float* lm = &st.landmarks[(c * n_kv + g) * hd];
       float best = -INFINITY;
       for (int64_t h = 0; h < gs; ++h) best = std::max(best, kernels::Dot(q + (g * gs + h) * hd, lm, hd));
@@ -249,48 +252,163 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       });
       cand.resize(k_sel);
     }
-    for (const auto& [score, c] : cand) selected[g].push_back(c);
-    std::sort(selected[g].begin(), selected[g].end());
-    for (int64_t c : selected[g]) refs.push_back({static_cast<int32_t>(call.layer), static_cast<int32_t>(g), c});
+    for (const auto& [score, c] : cand) sel[g].push_back(c);
+    std::sort(sel[g].begin(), sel[g].end());
   }
-  // Fetch on the critical path.
-  const int64_t bf = 2 * C * hd;
-  gathered_.resize(refs.size() * bf);
-  if (!refs.empty()) {
-    ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(s.store_id, refs, gathered_.data(), kvpool::Priority::kUrgent));
-    RETURN_IF_ERROR(store_->Wait(t));
-    fetched_chunks_ += static_cast<int64_t>(refs.size());
-    fetched_bytes_ += static_cast<int64_t>(refs.size()) * bf * static_cast<int64_t>(sizeof(float));
+  return sel;
+}
+
+absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
+                                   std::vector<float>* blocks) {
+  std::vector<kvpool::ChunkRef> refs;
+  for (size_t g = 0; g < sel.size(); ++g) {
+    for (int64_t c : sel[g]) refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), c});
   }
-  // Exact attention over sinks ∪ selected ∪ window, ascending positions.
+  const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
+  blocks->resize(refs.size() * bf);
+  if (refs.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(s.store_id, refs, blocks->data(), priority));
+  RETURN_IF_ERROR(store_->Wait(t));
+  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  return absl::OkStatus();
+}
+
+void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_row, float scale, const Window& w,
+                               int64_t dev_end, const Selection& sel, const float* blocks, const float* own_k,
+                               const float* own_v) {
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const int64_t C = options_.chunk_tokens, bf = 2 * C * hd;
   int64_t block_index = 0;
   for (int64_t g = 0; g < n_kv; ++g) {
-    const int64_t n_sel = static_cast<int64_t>(selected[g].size());
-    const int64_t total = sinks + n_sel * C + (n - dense_from);
-    const float* blocks = &gathered_[block_index * bf];
+    const int64_t n_sel = static_cast<int64_t>(sel[g].size());
+    const int64_t n_dev = dev_end - w.dense_from;
+    const int64_t total = w.sinks + n_sel * C + n_dev + (own_k ? 1 : 0);
+    const float* gb = blocks + block_index * bf;
     auto key = [&](int64_t j) -> const float* {
-      if (j < sinks) return DevK(st, j) + g * hd;
-      j -= sinks;
-      if (j < n_sel * C) return blocks + (j / C) * bf + (j % C) * hd;
-      return DevK(st, dense_from + j - n_sel * C) + g * hd;
+      if (j < w.sinks) return DevK(st, j) + g * hd;
+      j -= w.sinks;
+      if (j < n_sel * C) return gb + (j / C) * bf + (j % C) * hd;
+      j -= n_sel * C;
+      if (j < n_dev) return DevK(st, w.dense_from + j) + g * hd;
+      return own_k + g * hd;
     };
     auto value = [&](int64_t j) -> const float* {
-      if (j < sinks) return DevV(st, j) + g * hd;
-      j -= sinks;
-      if (j < n_sel * C) return blocks + (j / C) * bf + (C + j % C) * hd;
-      return DevV(st, dense_from + j - n_sel * C) + g * hd;
+      if (j < w.sinks) return DevV(st, j) + g * hd;
+      j -= w.sinks;
+      if (j < n_sel * C) return gb + (j / C) * bf + (C + j % C) * hd;
+      j -= n_sel * C;
+      if (j < n_dev) return DevV(st, w.dense_from + j) + g * hd;
+      return own_v + g * hd;
     };
     scratch_scores_.resize(total);
     for (int64_t h = g * gs; h < (g + 1) * gs; ++h) {
       const float* qh = q + h * hd;
       for (int64_t j = 0; j < total; ++j) scratch_scores_[j] = kernels::Dot(qh, key(j), hd);
-      kernels::ScaledSoftmax(scratch_scores_.data(), total, call.scale);
-      float* out = call.out + row * q_dim + h * hd;
+      kernels::ScaledSoftmax(scratch_scores_.data(), total, scale);
+      float* out = out_row + h * hd;
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < total; ++j) kernels::Axpy(scratch_scores_[j], value(j), out, hd);
     }
     block_index += n_sel;
   }
+}
+
+absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
+                                            bool spec_follows) {
+  LayerState& st = s.layers[call.layer];
+  st.decoded = true;
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim, q_dim = config_.n_head * config_.head_dim;
+  const int64_t n = call.rows[row].pos + 1;
+  const Window w = WindowFor(n);
+  // Drop device rows that left the window: they are offloaded and have landmarks.
+  if (w.dense_from > st.dev_base) {
+    const int64_t drop = w.dense_from - st.dev_base;
+    st.k.erase(st.k.begin(), st.k.begin() + drop * kv_dim);
+    st.v.erase(st.v.begin(), st.v.begin() + drop * kv_dim);
+    st.dev_base = w.dense_from;
+    if (st.k.capacity() > 2 * st.k.size() + 64 * kv_dim) {  // give back the prefill's prefix
+      st.k.shrink_to_fit();
+      st.v.shrink_to_fit();
+    }
+  }
+  const float* q = call.q + row * q_dim;
+  Selection sel = Select(st, q, w);
+  LayerStats& stats = stats_[call.layer];
+  const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
+  if (st.has_prediction) {
+    // Hits come from the prefetch buffer; misses S \ P' go on the urgent path.
+    Selection misses(sel.size());
+    for (size_t g = 0; g < sel.size(); ++g) {
+      std::set_difference(sel[g].begin(), sel[g].end(), st.predicted[g].begin(), st.predicted[g].end(),
+                          std::back_inserter(misses[g]));
+      const int64_t hits = static_cast<int64_t>(sel[g].size() - misses[g].size());
+      stats.hits += hits;
+      stats.predicted_for += static_cast<int64_t>(sel[g].size());
+      stats.wasted += static_cast<int64_t>(st.predicted[g].size()) - hits;
+    }
+    std::vector<float> urgent;
+    RETURN_IF_ERROR(Gather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent));
+    gathered_.resize(0);
+    int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
+    for (size_t g = 0; g < sel.size(); ++g) {
+      size_t pj = 0, mj = 0;
+      for (int64_t c : sel[g]) {
+        while (pj < st.predicted[g].size() && st.predicted[g][pj] < c) ++pj;
+        const float* src;
+        if (pj < st.predicted[g].size() && st.predicted[g][pj] == c) {
+          src = &st.prefetched[(pi + static_cast<int64_t>(pj)) * bf];
+        } else {
+          src = &urgent[(ui + static_cast<int64_t>(mj++)) * bf];
+        }
+        gathered_.insert(gathered_.end(), src, src + bf);
+      }
+      pi += static_cast<int64_t>(st.predicted[g].size());
+      ui += static_cast<int64_t>(misses[g].size());
+      stats.urgent += static_cast<int64_t>(misses[g].size());
+    }
+    st.has_prediction = false;
+  } else {
+    RETURN_IF_ERROR(Gather(s, call.layer, sel, kvpool::Priority::kUrgent, &gathered_));
+    for (const auto& v : sel) stats.urgent += static_cast<int64_t>(v.size());
+  }
+  for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
+  AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, gathered_.data(), nullptr, nullptr);
+  if (spec_follows) last_selection_ = std::move(sel);
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row,
+                                                 bool after_real) {
+  LayerState& st = s.layers[call.layer];
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim, q_dim = config_.n_head * config_.head_dim;
+  const int64_t pos = call.rows[row].pos;
+  const float* q = call.q + row * q_dim;
+  const float* own_k = call.k + row * kv_dim;
+  const float* own_v = call.v + row * kv_dim;
+  LayerStats& stats = stats_[call.layer];
+  // Predicted selection for the next step, whose real row sits at `pos`.
+  const Window next = WindowFor(pos + 1);
+  Selection predicted = Select(st, q, next);
+  if (after_real) {
+    // Attend over the real row's keys (its window and selection) plus this row's own KV.
+    const Window w = WindowFor(pos);
+    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, last_selection_, gathered_.data(), own_k,
+               own_v);
+    RETURN_IF_ERROR(Gather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched));
+  } else {
+    // Pre-decoding (right after prefill): attend over the committed keys with this row's own
+    // selection, then prefetch its selection for the next step, whose real row is this same
+    // token at this same position.
+    st.decoded = true;
+    const Window w = WindowFor(pos);
+    const Selection now = Select(st, q, w);
+    RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
+    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, gathered_.data(), own_k, own_v);
+    RETURN_IF_ERROR(Gather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched));
+  }
+  for (const auto& v : predicted) stats.prefetched += static_cast<int64_t>(v.size());
+  st.predicted = std::move(predicted);
+  st.has_prediction = true;
   return absl::OkStatus();
 }
 

@@ -12,7 +12,16 @@
 // result is bit-identical to the dense cache.
 //
 // Prefill rows attend densely (the whole prefix stays on the device while a sequence is
-// prefilling); the first decode row drops what left the window. Not thread-safe.
+// prefilling); the first decode row drops what left the window.
+//
+// `dualdecoder` mode (DESIGN §5.3) adds speculative rows: a speculative row after a real row
+// attends over the real row's keys plus its own KV (not kept), and its query selects the
+// chunks the next step is predicted to need (P'); those are gathered at background priority
+// into a per-layer prefetch buffer. At the next step the real query selects S exactly; chunks
+// of S in P' come from the buffer, the misses S \ P' are fetched at urgent priority, so the
+// real row's result is bit-identical to `sparse`. A speculative row alone (pre-decoding, after
+// prefill) selects, fetches and attends for itself and seeds P' with its selection.
+// This first version gathers synchronously (no overlap with compute yet). Not thread-safe.
 #pragma once
 
 #include <memory>
@@ -49,9 +58,18 @@ class SparseKvCache : public KvCache {
   int64_t device_bytes() const override;
   absl::Status Attend(const model::AttentionCall& call) override;
 
-  // Counters since construction (for reports): chunks fetched and bytes moved on demand.
+  // Per sparse layer, in chunks (one chunk = one KV head's block), since construction.
+  struct LayerStats {
+    int64_t selected = 0;    // |S| summed over real decode rows and KV heads
+    int64_t hits = 0;        // |P' ∩ S| where a prediction existed
+    int64_t predicted_for = 0;  // |S| of the rows that had a prediction (hit-rate denominator)
+    int64_t prefetched = 0;  // |P'| gathered in the background
+    int64_t urgent = 0;      // fetched on the critical path
+    int64_t wasted = 0;      // |P' \ S|
+  };
+  const std::vector<LayerStats>& layer_stats() const { return stats_; }
+  int64_t block_bytes() const { return 2 * options_.chunk_tokens * config_.head_dim * sizeof(float); }
   int64_t fetched_chunks() const { return fetched_chunks_; }
-  int64_t fetched_bytes() const { return fetched_bytes_; }
 
  private:
   struct LayerState {
@@ -61,7 +79,11 @@ class SparseKvCache : public KvCache {
     std::vector<float> sink_k, sink_v;  // positions [0, min(length, sinks))
     std::vector<float> landmarks;       // full chunks × n_kv × hd
     bool decoded = false;        // a decode row has run (no more dense prefill)
+    bool has_prediction = false;
+    std::vector<std::vector<int64_t>> predicted;  // P' per KV head, ascending
+    std::vector<float> prefetched;                // P' blocks, heads in order
   };
+  using Selection = std::vector<std::vector<int64_t>>;  // chunks per KV head, ascending
   struct Seq {
     kvpool::SequenceId store_id = 0;
     bool open = false;
@@ -72,7 +94,21 @@ class SparseKvCache : public KvCache {
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
   absl::Status Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos);
-  absl::Status AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row);
+  // Decode-row window geometry for `n` visible committed-or-own positions.
+  struct Window {
+    int64_t sinks, dense_from, sel_begin, sel_end;
+  };
+  Window WindowFor(int64_t n) const;
+  Selection Select(const LayerState& st, const float* q, const Window& w) const;
+  absl::Status Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
+                      std::vector<float>* blocks);
+  // Exact attention of one row's query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
+  // then (if own_k) the row's own uncommitted KV.
+  void AttendOver(const LayerState& st, const float* q, float* out, float scale, const Window& w,
+                  int64_t dev_end, const Selection& sel, const float* blocks, const float* own_k,
+                  const float* own_v);
+  absl::Status AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
+  absl::Status AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool after_real);
   void AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1);
   const float* DevK(const LayerState& st, int64_t pos) const;
   const float* DevV(const LayerState& st, int64_t pos) const;
@@ -84,7 +120,9 @@ class SparseKvCache : public KvCache {
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<float> scratch_scores_, gathered_;
-  int64_t fetched_chunks_ = 0, fetched_bytes_ = 0;
+  Selection last_selection_;  // the real row's S, reused by the speculative row after it
+  std::vector<LayerStats> stats_;
+  int64_t fetched_chunks_ = 0;
 };
 
 }  // namespace dd::engine

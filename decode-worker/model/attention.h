@@ -20,6 +20,10 @@ struct BatchRow {
   int64_t pos = 0;          // absolute position of the token
   int32_t token = 0;
   bool want_logits = false; // the forward pass returns this row's logits
+  // Speculative row (dual-token step, DESIGN §5.3): it attends like any row (it sees the rows
+  // before it) but its KV lives only for this forward — the cache does not keep it, and no
+  // real row sees it. At most one per sequence per forward, after the sequence's real rows.
+  bool speculative = false;
 };
 
 struct AttentionCall {

@@ -115,3 +115,16 @@ def test_sparse_mode_with_full_budget_matches_full(tiny):
     jf, js = json.loads(full.stdout), json.loads(sparse.stdout)
     assert jf["tokens"] == js["tokens"]
     assert js["mode"] == "sparse" and js["fetched_chunks"] > 0
+
+
+def test_dualdecoder_mode_matches_sparse_tokens(tiny):
+    """The dual-token step changes what is fetched when, never the tokens."""
+    import json
+    args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
+            "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64"]
+    sparse = ddctl(*args, "--mode", "sparse")
+    dual = ddctl(*args, "--mode", "dualdecoder")
+    assert sparse.returncode == 0 and dual.returncode == 0, sparse.stderr + dual.stderr
+    js, jd = json.loads(sparse.stdout), json.loads(dual.stdout)
+    assert js["tokens"] == jd["tokens"]
+    assert 0.0 <= jd["hit_rate"] <= 1.0 and jd["prefetch_bytes"] > 0
