@@ -18,7 +18,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
   if (options_.mode != DecodeMode::kFull) {
-    store_ = kvpool::NewInProcessKvStore();
+    store_ = kvpool::NewInProcessKvStore(options_.link);
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
     if (sparse.ok()) {
       sparse_ = sparse->get();

@@ -30,7 +30,8 @@ absl::string_view DecodeModeName(DecodeMode mode);
 
 struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
-  SparseOptions sparse{};     // used when mode == kSparse
+  SparseOptions sparse{};     // used when mode != kFull
+  kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
@@ -67,6 +68,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
+  // Time the compute thread spent waiting for KV transfers.
+  int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }
 
   const model::ModelConfig& config() const { return model_.config; }

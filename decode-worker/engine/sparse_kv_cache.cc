@@ -40,6 +40,12 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
   return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, pool));
 }
 
+SparseKvCache::~SparseKvCache() {
+  for (Seq& s : seqs_) {
+    if (s.open) WaitAll(s);
+  }
+}
+
 absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
   if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
   if (seq >= static_cast<int32_t>(seqs_.size())) seqs_.resize(seq + 1);
@@ -57,7 +63,10 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
 void SparseKvCache::Reset(int32_t seq) {
   dense_.Reset(seq);
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return;
-  if (seqs_[seq].open) (void)store_->Release(seqs_[seq].store_id);
+  if (seqs_[seq].open) {
+    WaitAll(seqs_[seq]);  // no transfer may still write into buffers about to be freed
+    (void)store_->Release(seqs_[seq].store_id);
+  }
   seqs_[seq] = Seq();
 }
 
@@ -85,6 +94,7 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   RETURN_IF_ERROR(dense_.Copy(src, dst));
   Reset(dst);
   ASSIGN_OR_RETURN(Seq * from, GetSeq(src));
+  WaitAll(*from);
   ASSIGN_OR_RETURN(Seq * to, GetSeq(dst));
   from = &seqs_[src];  // GetSeq(dst) may have grown the vector
   const kvpool::SequenceId to_id = to->store_id;
@@ -260,6 +270,24 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
 
 absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
                                    std::vector<float>* blocks) {
+  kvpool::TransferId tid = 0;
+  RETURN_IF_ERROR(StartGather(s, layer, sel, priority, blocks, &tid));
+  return tid == 0 ? absl::OkStatus() : store_->Wait(tid);
+}
+
+absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
+  if (!st.prefetch_pending) return absl::OkStatus();
+  st.prefetch_pending = false;
+  return st.prefetch_tid == 0 ? absl::OkStatus() : store_->Wait(st.prefetch_tid);
+}
+
+void SparseKvCache::WaitAll(Seq& s) {
+  for (LayerState& st : s.layers) (void)WaitPrefetch(st);
+}
+
+absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
+                                        std::vector<float>* blocks, kvpool::TransferId* tid) {
+  *tid = 0;
   std::vector<kvpool::ChunkRef> refs;
   for (size_t g = 0; g < sel.size(); ++g) {
     for (int64_t c : sel[g]) refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), c});
@@ -267,8 +295,7 @@ absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, 
   const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
   blocks->resize(refs.size() * bf);
   if (refs.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(s.store_id, refs, blocks->data(), priority));
-  RETURN_IF_ERROR(store_->Wait(t));
+  ASSIGN_OR_RETURN(*tid, store_->Gather(s.store_id, refs, blocks->data(), priority));
   fetched_chunks_ += static_cast<int64_t>(refs.size());
   return absl::OkStatus();
 }
@@ -347,7 +374,10 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       stats.wasted += static_cast<int64_t>(st.predicted[g].size()) - hits;
     }
     std::vector<float> urgent;
-    RETURN_IF_ERROR(Gather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent));
+    kvpool::TransferId urgent_tid = 0;
+    RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent, &urgent_tid));
+    RETURN_IF_ERROR(WaitPrefetch(st));
+    if (urgent_tid != 0) RETURN_IF_ERROR(store_->Wait(urgent_tid));
     gathered_.resize(0);
     int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
     for (size_t g = 0; g < sel.size(); ++g) {
@@ -394,7 +424,6 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     const Window w = WindowFor(pos);
     AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, last_selection_, gathered_.data(), own_k,
                own_v);
-    RETURN_IF_ERROR(Gather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched));
   } else {
     // Pre-decoding (right after prefill): attend over the committed keys with this row's own
     // selection, then prefetch its selection for the next step, whose real row is this same
@@ -404,8 +433,12 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     const Selection now = Select(st, q, w);
     RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
     AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, gathered_.data(), own_k, own_v);
-    RETURN_IF_ERROR(Gather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched));
   }
+  // The prediction goes out in the background; the next step's real row waits for it.
+  RETURN_IF_ERROR(WaitPrefetch(st));  // (none is pending here; keeps the buffer rule local)
+  RETURN_IF_ERROR(StartGather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched,
+                              &st.prefetch_tid));
+  st.prefetch_pending = true;
   for (const auto& v : predicted) stats.prefetched += static_cast<int64_t>(v.size());
   st.predicted = std::move(predicted);
   st.has_prediction = true;

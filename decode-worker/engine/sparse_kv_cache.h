@@ -21,7 +21,12 @@
 // of S in P' come from the buffer, the misses S \ P' are fetched at urgent priority, so the
 // real row's result is bit-identical to `sparse`. A speculative row alone (pre-decoding, after
 // prefill) selects, fetches and attends for itself and seeds P' with its selection.
-// This first version gathers synchronously (no overlap with compute yet). Not thread-safe.
+// Prefetches are asynchronous: the store's link serves them in the background while compute
+// goes on, and the real row waits for its layer's prefetch only when it needs the data. Each
+// (sequence, sparse layer) has its own prefetch buffer: its in-flight transfer is always
+// waited before attention reads it and before a new prefetch is issued into it. Not
+// thread-safe (one compute thread); the store's transfer thread writes only into buffers
+// handed to it until the matching Wait.
 #pragma once
 
 #include <memory>
@@ -52,6 +57,7 @@ class SparseKvCache : public KvCache {
                                                                const SparseOptions& options,
                                                                kvpool::KvStore* store, ThreadPool& pool);
 
+  ~SparseKvCache() override;  // waits for transfers still writing into its buffers
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;
   int64_t Length(int32_t seq) const override;
@@ -82,6 +88,8 @@ class SparseKvCache : public KvCache {
     bool has_prediction = false;
     std::vector<std::vector<int64_t>> predicted;  // P' per KV head, ascending
     std::vector<float> prefetched;                // P' blocks, heads in order
+    kvpool::TransferId prefetch_tid = 0;          // in flight into `prefetched` until waited
+    bool prefetch_pending = false;
   };
   using Selection = std::vector<std::vector<int64_t>>;  // chunks per KV head, ascending
   struct Seq {
@@ -102,6 +110,11 @@ class SparseKvCache : public KvCache {
   Selection Select(const LayerState& st, const float* q, const Window& w) const;
   absl::Status Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
                       std::vector<float>* blocks);
+  // Starts a gather into `blocks` (resized first) without waiting; *tid = 0 when empty.
+  absl::Status StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
+                           std::vector<float>* blocks, kvpool::TransferId* tid);
+  absl::Status WaitPrefetch(LayerState& st);
+  void WaitAll(Seq& s);
   // Exact attention of one row's query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
   // then (if own_k) the row's own uncommitted KV.
   void AttendOver(const LayerState& st, const float* q, float* out, float scale, const Window& w,

@@ -33,6 +33,16 @@ struct ChunkRef {
 
 enum class Priority { kUrgent, kBackground };
 
+// A link between the store and the device: each gather takes latency + bytes / bandwidth.
+// bandwidth_gbps <= 0 means an infinitely fast link (gathers complete inside Gather()).
+// CPU runs use it to reproduce a GPU's ratio of transfer time to compute time
+// (docs/decisions.md: the `pcie5` preset).
+struct LinkModel {
+  double bandwidth_gbps = 0;  // GB/s (1e9 bytes per second)
+  double latency_us = 0;
+  bool infinite() const { return bandwidth_gbps <= 0; }
+};
+
 using SequenceId = uint64_t;
 using TransferId = uint64_t;
 
@@ -50,9 +60,14 @@ class KvStore {
   // Frees the sequence's blocks. NotFound for an unknown sequence.
   virtual absl::Status Release(SequenceId seq) = 0;
   virtual int64_t bytes_stored() const = 0;
+  // Nanoseconds callers spent blocked in Wait(), since construction.
+  virtual int64_t wait_ns() const = 0;
 };
 
-// Blocks held in this process's heap; Gather copies synchronously (Wait returns at once).
-std::unique_ptr<KvStore> NewInProcessKvStore();
+// Blocks held in this process's heap. With an infinite link Gather copies synchronously;
+// otherwise one transfer thread serves gathers through the link model, urgent ones before
+// any queued background one (a transfer in progress is not interrupted), and Wait blocks
+// until the data is in `dst`.
+std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {});
 
 }  // namespace dd::kvpool
