@@ -47,6 +47,45 @@ def summary_model(doc):
     return "\n".join(lines)
 
 
+def summary_modes(doc, out_dir):
+    r = doc["results"]
+    runs = r["runs"]
+    lines = [f"# Decode modes ({doc['preset']})", "",
+             f"{r['model']} on {doc['machine']['cpu']} ({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, "
+             f"{doc['date']}. pcie5-equivalent link calibrated in the run: {r['pcie5_equivalent_gbps']:.2f} GB/s "
+             f"(one sparse layer's budget for one request per layer of full compute).", "",
+             "| mode | context | batch | link | tok/s | p50 ms | hit rate | wait ms/step | urgent MB | wasted MB | device MB/request | max batch in "
+             f"{r['device_memory_gib']} GiB |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in runs:
+        lines.append(f"| {x['mode']} | {x['context']} | {x['batch']} | {x['link']} | {x['tokens_per_s']:.1f} | "
+                     f"{x['step_ms_p50']:.1f} | {x['hit_rate']:.3f} | {x['wait_ms_per_step']:.2f} | "
+                     f"{x['urgent_bytes'] / 1e6:.1f} | {x['wasted_bytes'] / 1e6:.1f} | "
+                     f"{x['device_bytes_per_request'] / 1e6:.1f} | {x['max_batch_in_budget']} |")
+    lines.append("")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for mode in ("full", "sparse", "dualdecoder"):
+            for link in ("inmem", "pcie5"):
+                pts = [(x["batch"], x["tokens_per_s"]) for x in runs
+                       if x["mode"] == mode and x["link"] == link and x["context"] == runs[0]["context"]]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{mode} / {link}")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("decode tokens/s")
+        ax.set_title(f"Decode modes at context {runs[0]['context']} (CPU)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
+        lines.append(f"![decode modes]({doc['benchmark']}.png)")
+    except ImportError:
+        pass
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -65,7 +104,7 @@ def main():
     os.replace(tmp, out)
     md = os.path.join(a.out_dir, a.name + ".md")
     with open(md, "w") as f:
-        f.write(summary_model(doc))
+        f.write(summary_modes(doc, a.out_dir) if a.name == "decode-modes" else summary_model(doc))
     print(f"bench: wrote {out} and {md}")
 
 

@@ -68,6 +68,10 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
+  // Changes the simulated link for transfers issued from now on (sparse modes).
+  void SetLink(const kvpool::LinkModel& link) {
+    if (store_) store_->SetLink(link);
+  }
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }

@@ -122,5 +122,30 @@ TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
   EXPECT_GT(store_b->wait_ns(), 0);
 }
 
+// A forked sequence continues exactly like the original (sparse state, store blocks, dense
+// layers all copied).
+TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
+  auto c = TinyConfig();
+  c.layer_is_swa = {true, false};  // one dense (windowed) layer, one sparse layer
+  c.sliding_window = 64;
+  ThreadPool pool(1);
+  auto store = kvpool::NewInProcessKvStore();
+  SparseOptions o;
+  o.budget_tokens = 64;
+  auto cache = SparseKvCache::Create(c, o, store.get(), pool);
+  ASSERT_TRUE(cache.ok());
+  Driver d(c, cache->get(), false);
+  std::mt19937 real(1), spec(2);
+  d.Step(0, 0, 200, real, spec, false);
+  ASSERT_TRUE((*cache)->Copy(0, 3).ok());
+  EXPECT_EQ((*cache)->Length(3), 200);
+  std::mt19937 r1(9), r2(9), s1(5), s2(5);
+  for (int t = 0; t < 5; ++t) {
+    const auto a = d.Step(0, 200 + t, 1, r1, s1, false);
+    const auto b = d.Step(3, 200 + t, 1, r2, s2, false);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << t;
+  }
+}
+
 }  // namespace
 }  // namespace dd::engine

@@ -91,8 +91,8 @@ int64_t SparseKvCache::device_bytes() const {
 
 absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   if (src == dst) return absl::OkStatus();
-  RETURN_IF_ERROR(dense_.Copy(src, dst));
   Reset(dst);
+  RETURN_IF_ERROR(dense_.Copy(src, dst));
   ASSIGN_OR_RETURN(Seq * from, GetSeq(src));
   WaitAll(*from);
   ASSIGN_OR_RETURN(Seq * to, GetSeq(dst));

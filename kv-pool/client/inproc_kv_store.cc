@@ -19,7 +19,13 @@ using Clock = std::chrono::steady_clock;
 class InProcessKvStore : public KvStore {
  public:
   explicit InProcessKvStore(const LinkModel& link) : link_(link) {
-    if (!link_.infinite()) worker_ = std::thread([this] { TransferLoop(); });
+    worker_ = std::thread([this] { TransferLoop(); });
+  }
+
+  void SetLink(const LinkModel& link) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_.empty(); });
+    link_ = link;
   }
   ~InProcessKvStore() override {
     {
@@ -136,11 +142,12 @@ class InProcessKvStore : public KvStore {
       std::deque<Job>& q = urgent_.empty() ? background_ : urgent_;
       Job job = std::move(q.front());
       q.pop_front();
+      const LinkModel link = link_;
       lock.unlock();
       // The link: latency plus size over bandwidth, then the data is there.
       const double bytes = static_cast<double>(job.src.size() * job.block_floats * sizeof(float));
       const auto until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(
-                                            link_.latency_us * 1e3 + bytes / link_.bandwidth_gbps));
+                                            link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
       Copy(job);
       std::this_thread::sleep_until(until);
       lock.lock();
@@ -161,7 +168,7 @@ class InProcessKvStore : public KvStore {
     return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
   }
 
-  const LinkModel link_;
+  LinkModel link_;
   mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::unordered_map<SequenceId, Seq> seqs_;

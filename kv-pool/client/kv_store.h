@@ -62,6 +62,8 @@ class KvStore {
   virtual int64_t bytes_stored() const = 0;
   // Nanoseconds callers spent blocked in Wait(), since construction.
   virtual int64_t wait_ns() const = 0;
+  // Changes the link model for transfers issued from now on.
+  virtual void SetLink(const LinkModel& link) = 0;
 };
 
 // Blocks held in this process's heap. With an infinite link Gather copies synchronously;
