@@ -98,13 +98,16 @@ void DenseKvCache::Reserve(Slot& slot, int64_t layer, bool sliding, int64_t wind
   }
   // A ring of R rows holds the last R positions. Writing [p0, p1] must not overwrite a
   // position some row still sees (the oldest is p0 - window + 1): R >= window - 1 + rows.
-  const int64_t need_rows = window - 1 + (p1 - p0 + 1);
-  if (ring >= need_rows) return;
-  const int64_t new_ring = std::max<int64_t>(need_rows, ring * 2);
+  // A ring grown for prefill chunks shrinks back to window + 1 rows once decoding starts.
+  const int64_t rows = p1 - p0 + 1;
+  const int64_t need_rows = window - 1 + rows;
+  const bool shrink = rows <= 2 && ring > window + 64;
+  if (ring >= need_rows && !shrink) return;
+  const int64_t new_ring = shrink ? window + 1 : std::max<int64_t>(need_rows, ring * 2);
   std::vector<float> nk(new_ring * kv_dim), nv(new_ring * kv_dim);
-  const int64_t first = ring > 0 ? std::max<int64_t>(0, p0 - ring) : p0;
-  for (int64_t pos = first; pos < p0; ++pos) {  // re-home the positions still stored
-    const int64_t from = ring > 0 ? pos % ring : pos;
+  const int64_t keep = std::min(ring, new_ring - rows);  // stored positions the new ring keeps
+  for (int64_t pos = std::max<int64_t>(0, p0 - keep); pos < p0; ++pos) {  // re-home them
+    const int64_t from = pos % ring;
     std::memcpy(&nk[(pos % new_ring) * kv_dim], &K[from * kv_dim], kv_dim * sizeof(float));
     std::memcpy(&nv[(pos % new_ring) * kv_dim], &V[from * kv_dim], kv_dim * sizeof(float));
   }

@@ -73,6 +73,26 @@ TEST_F(GemmaEngineTest, ChunkedPrefillIsBitIdentical) {
   EXPECT_EQ(0, std::memcmp(a->data(), b->data(), a->size() * 4));
 }
 
+// Decoding after a long prefill (the sliding-window rings shrink from prefill size to
+// window + 1 rows) gives the logits that prefilling the same tokens gives.
+TEST_F(GemmaEngineTest, DecodeAfterLongPrefillMatchesPrefill) {
+  std::string text;
+  for (int i = 0; i < 120; ++i) text += "Lighthouse keeper log, night " + std::to_string(i) + ": calm sea. ";
+  auto ids = Encode(text);
+  ASSERT_GT(ids.size(), 905u);
+  ids.resize(905);
+  Engine engine(*model_, {.prefill_chunk = 1024});
+  const std::vector<int64_t> last = {904};
+  auto want = engine.PromptLogits(0, ids, last);
+  ASSERT_TRUE(want.ok());
+  auto got = engine.Prefill(1, absl::MakeConstSpan(ids.data(), 900));
+  ASSERT_TRUE(got.ok());
+  std::vector<float> logits;
+  const int32_t seq = 1;
+  for (int i = 900; i < 905; ++i) ASSERT_TRUE(engine.DecodeStep({&seq, 1}, {&ids[i], 1}, &logits).ok());
+  EXPECT_EQ(0, std::memcmp(want->data(), logits.data(), logits.size() * 4));
+}
+
 // DESIGN §5: a request alone and the same request in a batch of 8 give identical logits.
 TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
   const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,",
