@@ -106,6 +106,11 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& f) {
     c.inv_freq_swa = RopeInvFreq(base_swa, c.rope_dim, {}, 1.0);
     ASSIGN_OR_RETURN(double scale, f.GetFloatOr(a + "attention.scale", c.attn_scale));
     c.attn_scale = static_cast<float>(scale);
+    ASSIGN_OR_RETURN(double cap, f.GetFloatOr(a + "final_logit_softcapping", 0.0));
+    c.final_logit_softcap = static_cast<float>(cap);
+    if (f.Has(a + "attn_logit_softcapping")) {
+      return absl::UnimplementedError(absl::StrCat(f.path(), ": ", a, "attn_logit_softcapping is not supported"));
+    }
   }
   if (c.arch == Arch::kQwen2) c.qkv_bias = true;
   return c;

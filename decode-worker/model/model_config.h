@@ -45,6 +45,7 @@ struct ModelConfig {
   bool gelu = false;            // gemma3: GeGLU (tanh GELU); else SwiGLU
   bool qkv_bias = false;        // qwen2
   bool tied_embeddings = false;
+  float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 
   bool is_sparse_candidate(int64_t layer) const { return !layer_is_swa[layer]; }
   // Checks internal consistency (divisibility, positive sizes); errors name the field.

@@ -1,5 +1,7 @@
 #include "decode-worker/model/transformer.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -134,6 +136,10 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
   }
   logits->resize(m * c.n_vocab);
   if (m > 0) Linear(w.output, xn_.data(), m, d, {}, logits->data(), c.n_vocab);
+  if (c.final_logit_softcap > 0) {
+    const float cap = c.final_logit_softcap;
+    for (float& v : *logits) v = cap * std::tanh(v / cap);
+  }
   return absl::OkStatus();
 }
 
