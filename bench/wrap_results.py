@@ -104,7 +104,7 @@ def main():
     os.replace(tmp, out)
     md = os.path.join(a.out_dir, a.name + ".md")
     with open(md, "w") as f:
-        f.write(summary_modes(doc, a.out_dir) if a.name == "decode-modes" else summary_model(doc))
+        f.write(summary_modes(doc, a.out_dir) if a.name.startswith("decode-modes") else summary_model(doc))
     print(f"bench: wrote {out} and {md}")
 
 
