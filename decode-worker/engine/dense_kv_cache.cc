@@ -117,8 +117,7 @@ void DenseKvCache::Reserve(Slot& slot, int64_t layer, bool sliding, int64_t wind
 }
 
 void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1) {
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd;
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
   const int64_t nr = r1 - r0;
   const int64_t p0 = call.rows[r0].pos, p1 = call.rows[r1 - 1].pos;
   const int64_t layer = call.layer;
@@ -131,46 +130,15 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
     std::memcpy(&V[row * kv_dim], call.v + (r0 + r) * kv_dim, kv_dim * sizeof(float));
   }
 
-  // Keys any row of the group may see: [lo, p1].
+  // Keys any row of the group may see: [lo, p1], at most two runs of storage rows (the ring
+  // may wrap).
   const int64_t lo = call.sliding ? std::max<int64_t>(0, p0 - call.window + 1) : 0;
   const int64_t n_keys = p1 + 1 - lo;
-  const int64_t nq = nr * gs;  // query vectors per KV head
-  qbuf_.resize(nq * hd);
-  scores_.resize(nq * n_keys);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    for (int64_t r = 0; r < nr; ++r) {
-      std::memcpy(&qbuf_[r * gs * hd], call.q + (r0 + r) * q_dim + g * gs * hd, gs * hd * sizeof(float));
-    }
-    // Keys [lo, p1] are at most two contiguous runs of storage rows (the ring may wrap).
-    const int64_t a0 = RowOf(slot, layer, lo);
-    const int64_t ring = slot.ring[layer];
-    const int64_t len_a = ring > 0 ? std::min(n_keys, ring - a0) : n_keys;
-    const std::pair<int64_t, int64_t> runs[2] = {{a0, len_a}, {0, n_keys - len_a}};
-    int64_t col = 0;
-    for (const auto& [start, len] : runs) {
-      if (len == 0) continue;
-      kernels::WeightView keys{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(&K[start * kv_dim + g * hd]),
-                               len, hd, kv_dim * static_cast<int64_t>(sizeof(float))};
-      kernels::MatMul(keys, qbuf_.data(), nq, hd, nullptr, scores_.data() + col, n_keys, pool_);
-      col += len;
-    }
-    pool_.ParallelFor(nq, [&](int64_t b, int64_t e) {
-      for (int64_t qi = b; qi < e; ++qi) {
-        const int64_t r = qi / gs, h = g * gs + qi % gs;
-        const int64_t pos = call.rows[r0 + r].pos;
-        const int64_t first = call.sliding ? std::max<int64_t>(0, pos - call.window + 1) : 0;
-        float* s = &scores_[qi * n_keys];
-        const int64_t j0 = first - lo, j1 = pos - lo + 1;  // visible keys [j0, j1)
-        kernels::ScaledSoftmax(s + j0, j1 - j0, call.scale);
-        float* out = call.out + (r0 + r) * q_dim + h * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int64_t j = j0; j < j1; ++j) {
-          const float p = s[j];
-          kernels::Axpy(p, &V[RowOf(slot, layer, lo + j) * kv_dim + g * hd], out, hd);
-        }
-      }
-    });
-  }
+  const int64_t a0 = RowOf(slot, layer, lo);
+  const int64_t ring = slot.ring[layer];
+  const int64_t len_a = ring > 0 ? std::min(n_keys, ring - a0) : n_keys;
+  const KvRun runs[2] = {{&K[a0 * kv_dim], &V[a0 * kv_dim], len_a}, {K.data(), V.data(), n_keys - len_a}};
+  AttendCausal(call, config_, r0, r1, lo, runs, pool_, &scratch_);
 }
 
 }  // namespace dd::engine

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/thread_pool.h"
+#include "decode-worker/engine/causal_attention.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/model/model_config.h"
 
@@ -49,7 +50,7 @@ class DenseKvCache : public KvCache {
   const model::ModelConfig& config_;
   ThreadPool& pool_;
   std::vector<Slot> slots_;
-  std::vector<float> qbuf_, scores_;
+  AttentionScratch scratch_;
 };
 
 }  // namespace dd::engine

@@ -195,40 +195,12 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
 }
 
 void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1) {
-  // Dense over the device copy of the whole prefix: sinks then [dev_base, length).
+  // Dense over the device copy of the whole prefix: sinks then [dev_base = sinks, length).
   const LayerState& st = s.layers[call.layer];
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t kv_dim = n_kv * hd, q_dim = config_.n_head * hd;
-  const int64_t p1 = call.rows[r1 - 1].pos, n_keys = p1 + 1, nq = (r1 - r0) * gs;
+  const int64_t n_keys = call.rows[r1 - 1].pos + 1;
   const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
-  std::vector<float> qbuf(nq * hd);
-  scratch_scores_.resize(nq * n_keys);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    for (int64_t r = r0; r < r1; ++r) {
-      std::memcpy(&qbuf[(r - r0) * gs * hd], call.q + r * q_dim + g * gs * hd, gs * hd * sizeof(float));
-    }
-    const std::pair<const float*, int64_t> runs[2] = {{st.sink_k.data(), n_sink},
-                                                      {st.k.data(), n_keys - n_sink}};
-    int64_t col = 0;
-    for (const auto& [base, len] : runs) {
-      if (len == 0) continue;
-      kernels::WeightView keys{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(base + g * hd), len, hd,
-                               kv_dim * static_cast<int64_t>(sizeof(float))};
-      kernels::MatMul(keys, qbuf.data(), nq, hd, nullptr, scratch_scores_.data() + col, n_keys, pool_);
-      col += len;
-    }
-    pool_.ParallelFor(nq, [&](int64_t b, int64_t e) {
-      for (int64_t qi = b; qi < e; ++qi) {
-        const int64_t r = r0 + qi / gs, h = g * gs + qi % gs;
-        const int64_t visible = call.rows[r].pos + 1;
-        float* sc = &scratch_scores_[qi * n_keys];
-        kernels::ScaledSoftmax(sc, visible, call.scale);
-        float* out = call.out + r * q_dim + h * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int64_t j = 0; j < visible; ++j) kernels::Axpy(sc[j], DevV(st, j) + g * hd, out, hd);
-      }
-    });
-  }
+  const KvRun runs[2] = {{st.sink_k.data(), st.sink_v.data(), n_sink}, {st.k.data(), st.v.data(), n_keys - n_sink}};
+  AttendCausal(call, config_, r0, r1, /*lo=*/0, runs, pool_, &prefill_scratch_);
 }
 
 SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {

@@ -133,6 +133,7 @@ class SparseKvCache : public KvCache {
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<float> scratch_scores_, gathered_;
+  AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
   std::vector<LayerStats> stats_;
   int64_t fetched_chunks_ = 0;

@@ -1,0 +1,35 @@
+// Exact causal attention over KV rows held as runs of consecutive positions — the one
+// implementation behind the dense cache and the sparse cache's prefill, so both give the
+// same bits for the same keys.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "common/thread_pool.h"
+#include "decode-worker/model/attention.h"
+#include "decode-worker/model/model_config.h"
+
+namespace dd::engine {
+
+// `len` consecutive positions stored as consecutive rows of n_head_kv × head_dim floats;
+// k and v point at the first position's row.
+struct KvRun {
+  const float* k;
+  const float* v;
+  int64_t len;
+};
+
+struct AttentionScratch {
+  std::vector<float> q, scores;
+};
+
+// Rows [r0, r1) of `call` belong to one sequence. `runs` hold, in order, the positions
+// [lo, call.rows[r1-1].pos]. Row r attends to [first, pos] with first = pos - window + 1
+// (clamped to 0) on sliding calls and 0 otherwise; first must not be below lo. Scores are
+// computed with MatMul per run, softmax and the weighted sum of values in ascending position.
+void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
+                  int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch);
+
+}  // namespace dd::engine
