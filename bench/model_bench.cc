@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "decode-worker/engine/engine.h"
 #include "nlohmann/json.hpp"
 
@@ -32,11 +33,7 @@ ABSL_FLAG(std::string, out, "", "Write JSON here (default stdout)");
 namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-std::vector<int64_t> Ints(const std::vector<std::string>& v) {
-  std::vector<int64_t> out;
-  for (const auto& s : v) out.push_back(std::stoll(s));
-  return out;
-}
+using dd::bench::Ints;
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,19 +44,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& model = **loaded;
-  std::ifstream in(absl::GetFlag(FLAGS_text_file));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::vector<int32_t> text = model.tokenizer->Encode(ss.str(), false, false);
-  if (text.empty()) {
-    std::cerr << "model_bench: no text in " << absl::GetFlag(FLAGS_text_file) << "\n";
+  auto prompts = dd::bench::TextPrompts::Load(model, absl::GetFlag(FLAGS_text_file));
+  if (!prompts.ok()) {
+    std::cerr << "model_bench: " << prompts.status().message() << "\n";
     return 1;
   }
-  auto prompt_of = [&](int64_t n) {
-    std::vector<int32_t> p = {model.tokenizer->bos_id()};
-    while (static_cast<int64_t>(p.size()) < n) p.push_back(text[(p.size() - 1) % text.size()]);
-    return p;
-  };
+  auto prompt_of = [&](int64_t n) { return prompts->Of(n); };
   dd::engine::EngineOptions eo;
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.matmul = absl::GetFlag(FLAGS_matmul) == "f32" ? dd::model::Transformer::MatMulKind::kF32

@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/bench_util.h"
 #include "decode-worker/engine/engine.h"
 #include "nlohmann/json.hpp"
 
@@ -23,34 +24,17 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "4"}
 ABSL_FLAG(int64_t, budget, 1024, "Sparse budget in tokens");
 ABSL_FLAG(int32_t, steps, 12, "Timed decode steps per run");
 ABSL_FLAG(double, device_memory_gib, 1.0, "Device KV budget used to report each mode's max batch");
+ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 
 namespace {
 using Clock = std::chrono::steady_clock;
 using dd::engine::DecodeMode;
 
-std::vector<int64_t> Ints(const std::vector<std::string>& v) {
-  std::vector<int64_t> out;
-  for (const auto& s : v) out.push_back(std::stoll(s));
-  return out;
-}
+using dd::bench::Ints;
 
-struct Totals {
-  int64_t hits = 0, denom = 0, prefetched = 0, urgent = 0, wasted = 0;
-};
-Totals Sum(const dd::engine::Engine& e) {
-  Totals t;
-  if (const auto* sc = e.sparse_cache()) {
-    for (const auto& st : sc->layer_stats()) {
-      t.hits += st.hits;
-      t.denom += st.predicted_for;
-      t.prefetched += st.prefetched;
-      t.urgent += st.urgent;
-      t.wasted += st.wasted;
-    }
-  }
-  return t;
-}
+using Totals = dd::engine::SparseKvCache::LayerStats;
+Totals Sum(const dd::engine::Engine& e) { return e.sparse_cache() ? e.sparse_cache()->total_stats() : Totals(); }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,18 +45,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& model = **loaded;
-  std::ifstream in("/usr/share/common-licenses/GPL-3");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::vector<int32_t> text = model.tokenizer->Encode(ss.str(), false, false);
+  auto prompts = dd::bench::TextPrompts::Load(model, absl::GetFlag(FLAGS_text_file));
+  if (!prompts.ok()) {
+    std::cerr << "modes_bench: " << prompts.status().message() << "\n";
+    return 1;
+  }
   const int64_t V = model.config.n_vocab, budget = absl::GetFlag(FLAGS_budget);
   const int steps = absl::GetFlag(FLAGS_steps);
   const double budget_bytes = absl::GetFlag(FLAGS_device_memory_gib) * (1 << 30);
   nlohmann::json runs = nlohmann::json::array();
   double pcie_gbps = 0;
   for (int64_t ctx : Ints(absl::GetFlag(FLAGS_contexts))) {
-    std::vector<int32_t> prompt = {model.tokenizer->bos_id()};
-    while (static_cast<int64_t>(prompt.size()) < ctx) prompt.push_back(text[(prompt.size() - 1) % text.size()]);
+    const std::vector<int32_t> prompt = prompts->Of(ctx);
     for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
       dd::engine::EngineOptions o;
       o.mode = mode;
@@ -132,7 +116,7 @@ int main(int argc, char** argv) {
               {"mode", std::string(dd::engine::DecodeModeName(mode))}, {"context", ctx}, {"batch", b},
               {"link", link}, {"link_gbps", link == "pcie5" ? pcie_gbps : 0.0}, {"budget_tokens", budget},
               {"tokens_per_s", b * steps / (total_ms / 1000)}, {"step_ms_p50", sorted[sorted.size() / 2]},
-              {"hit_rate", after.denom > before.denom ? double(after.hits - before.hits) / (after.denom - before.denom) : 0.0},
+              {"hit_rate", after.predicted_for > before.predicted_for ? double(after.hits - before.hits) / (after.predicted_for - before.predicted_for) : 0.0},
               {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
               {"urgent_bytes", (after.urgent - before.urgent) * bb},
               {"wasted_bytes", (after.wasted - before.wasted) * bb},

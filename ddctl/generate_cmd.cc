@@ -108,25 +108,19 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     if (const engine::SparseKvCache* sc = engine.sparse_cache()) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
       j["fetched_chunks"] = engine.fetched_chunks();
-      int64_t hits = 0, denom = 0, pre = 0, urgent = 0, wasted = 0;
       nlohmann::json per_layer = nlohmann::json::array();
       for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
         const auto& st = sc->layer_stats()[l];
-        if (st.selected == 0 && st.prefetched == 0) continue;
-        hits += st.hits;
-        denom += st.predicted_for;
-        pre += st.prefetched;
-        urgent += st.urgent;
-        wasted += st.wasted;
-        per_layer.push_back({{"layer", l}, {"hit_rate", st.predicted_for ? double(st.hits) / st.predicted_for : 0.0}});
+        if (st.selected > 0 || st.prefetched > 0) per_layer.push_back({{"layer", l}, {"hit_rate", st.hit_rate()}});
       }
+      const auto total = sc->total_stats();
       if (cfg.engine.mode == engine::DecodeMode::kDualDecoder) {
-        j["hit_rate"] = denom ? double(hits) / denom : 0.0;
+        j["hit_rate"] = total.hit_rate();
         j["per_layer"] = per_layer;
       }
-      j["prefetch_bytes"] = pre * sc->block_bytes();
-      j["urgent_bytes"] = urgent * sc->block_bytes();
-      j["wasted_bytes"] = wasted * sc->block_bytes();
+      j["prefetch_bytes"] = total.prefetched * sc->block_bytes();
+      j["urgent_bytes"] = total.urgent * sc->block_bytes();
+      j["wasted_bytes"] = total.wasted * sc->block_bytes();
     }
     j["text"] = r.text;
     j["tokens"] = r.tokens;

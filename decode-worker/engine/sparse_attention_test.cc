@@ -110,12 +110,8 @@ TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
   const auto b = Driver(c, dual->get(), true).Run(25);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
-  int64_t urgent = 0, hits = 0, selected = 0;
-  for (const auto& st : (*dual)->layer_stats()) {
-    urgent += st.urgent;
-    hits += st.hits;
-    selected += st.selected;
-  }
+  const auto t = (*dual)->total_stats();
+  const int64_t urgent = t.urgent, hits = t.hits, selected = t.selected;
   EXPECT_EQ(selected, 25 * 2 * 2 * 2 * 8);  // steps × seqs × layers × kv heads × chunks
   EXPECT_EQ(hits + urgent, selected);
   EXPECT_GT(urgent, 0);  // random speculative queries miss: the urgent path was exercised

@@ -40,6 +40,19 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
   return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, pool));
 }
 
+SparseKvCache::LayerStats SparseKvCache::total_stats() const {
+  LayerStats t;
+  for (const LayerStats& s : stats_) {
+    t.selected += s.selected;
+    t.hits += s.hits;
+    t.predicted_for += s.predicted_for;
+    t.prefetched += s.prefetched;
+    t.urgent += s.urgent;
+    t.wasted += s.wasted;
+  }
+  return t;
+}
+
 SparseKvCache::~SparseKvCache() {
   for (Seq& s : seqs_) {
     if (s.open) WaitAll(s);

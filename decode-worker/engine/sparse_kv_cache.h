@@ -72,8 +72,10 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0;  // |P'| gathered in the background
     int64_t urgent = 0;      // fetched on the critical path
     int64_t wasted = 0;      // |P' \ S|
+    double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
   };
   const std::vector<LayerStats>& layer_stats() const { return stats_; }
+  LayerStats total_stats() const;  // summed over layers
   int64_t block_bytes() const { return 2 * options_.chunk_tokens * config_.head_dim * sizeof(float); }
   int64_t fetched_chunks() const { return fetched_chunks_; }
 

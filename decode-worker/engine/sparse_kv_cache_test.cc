@@ -81,15 +81,9 @@ TEST_F(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   const auto b = Run(**dual, 64, 4400, 4200);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
-  int64_t hits = 0, denom = 0, selected = 0, urgent = 0, prefetched = 0, wasted = 0;
-  for (const auto& st : (*dual)->sparse_cache()->layer_stats()) {
-    hits += st.hits;
-    denom += st.predicted_for;
-    selected += st.selected;
-    urgent += st.urgent;
-    prefetched += st.prefetched;
-    wasted += st.wasted;
-  }
+  const auto t = (*dual)->sparse_cache()->total_stats();
+  const int64_t hits = t.hits, denom = t.predicted_for, selected = t.selected, urgent = t.urgent,
+                prefetched = t.prefetched, wasted = t.wasted;
   EXPECT_EQ(selected, 64 * 2 * 3 * 64);  // steps × seqs × global layers × budget/8 chunks
   EXPECT_EQ(denom, selected);            // every step had a prediction (pre-decoding seeds it)
   EXPECT_EQ(hits + urgent, selected);
