@@ -155,9 +155,11 @@ absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const 
   // Chunk full: landmark (mean of its post-RoPE keys) per KV head, and offload one
   // [K | V] block per KV head.
   const int64_t c = st.length / C - 1;
-  std::vector<float> block(2 * C * hd);
+  std::vector<float>& block = offload_block_;
+  block.resize(2 * C * hd);
+  std::vector<double>& mean = landmark_sum_;
   for (int32_t g = 0; g < n_kv; ++g) {
-    std::vector<double> mean(hd, 0.0);
+    mean.assign(hd, 0.0);
     for (int64_t t = 0; t < C; ++t) {
       const float* kr = DevK(st, c * C + t) + g * hd;
       const float* vr = DevV(st, c * C + t) + g * hd;
@@ -285,21 +287,27 @@ absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& 
   return absl::OkStatus();
 }
 
+void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const {
+  const size_t bf = 2 * options_.chunk_tokens * config_.head_dim;
+  out->clear();
+  for (size_t off = 0; off < blocks.size(); off += bf) out->push_back(blocks.data() + off);
+}
+
 void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_row, float scale, const Window& w,
-                               int64_t dev_end, const Selection& sel, const float* blocks, const float* own_k,
-                               const float* own_v) {
+                               int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
+                               const float* own_k, const float* own_v) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t C = options_.chunk_tokens, bf = 2 * C * hd;
+  const int64_t C = options_.chunk_tokens;
   int64_t block_index = 0;
   for (int64_t g = 0; g < n_kv; ++g) {
     const int64_t n_sel = static_cast<int64_t>(sel[g].size());
     const int64_t n_dev = dev_end - w.dense_from;
     const int64_t total = w.sinks + n_sel * C + n_dev + (own_k ? 1 : 0);
-    const float* gb = blocks + block_index * bf;
+    const float* const* gb = blocks.data() + block_index;
     auto key = [&](int64_t j) -> const float* {
       if (j < w.sinks) return DevK(st, j) + g * hd;
       j -= w.sinks;
-      if (j < n_sel * C) return gb + (j / C) * bf + (j % C) * hd;
+      if (j < n_sel * C) return gb[j / C] + (j % C) * hd;
       j -= n_sel * C;
       if (j < n_dev) return DevK(st, w.dense_from + j) + g * hd;
       return own_k + g * hd;
@@ -307,7 +315,7 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
     auto value = [&](int64_t j) -> const float* {
       if (j < w.sinks) return DevV(st, j) + g * hd;
       j -= w.sinks;
-      if (j < n_sel * C) return gb + (j / C) * bf + (C + j % C) * hd;
+      if (j < n_sel * C) return gb[j / C] + (C + j % C) * hd;
       j -= n_sel * C;
       if (j < n_dev) return DevV(st, w.dense_from + j) + g * hd;
       return own_v + g * hd;
@@ -358,24 +366,22 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       stats.predicted_for += static_cast<int64_t>(sel[g].size());
       stats.wasted += static_cast<int64_t>(st.predicted[g].size()) - hits;
     }
-    std::vector<float> urgent;
     kvpool::TransferId urgent_tid = 0;
-    RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent, &urgent_tid));
+    RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent_, &urgent_tid));
     RETURN_IF_ERROR(WaitPrefetch(st));
     if (urgent_tid != 0) RETURN_IF_ERROR(store_->Wait(urgent_tid));
-    gathered_.resize(0);
+    // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
+    block_ptrs_.clear();
     int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
     for (size_t g = 0; g < sel.size(); ++g) {
       size_t pj = 0, mj = 0;
       for (int64_t c : sel[g]) {
         while (pj < st.predicted[g].size() && st.predicted[g][pj] < c) ++pj;
-        const float* src;
         if (pj < st.predicted[g].size() && st.predicted[g][pj] == c) {
-          src = &st.prefetched[(pi + static_cast<int64_t>(pj)) * bf];
+          block_ptrs_.push_back(&st.prefetched[(pi + static_cast<int64_t>(pj)) * bf]);
         } else {
-          src = &urgent[(ui + static_cast<int64_t>(mj++)) * bf];
+          block_ptrs_.push_back(&urgent_[(ui + static_cast<int64_t>(mj++)) * bf]);
         }
-        gathered_.insert(gathered_.end(), src, src + bf);
       }
       pi += static_cast<int64_t>(st.predicted[g].size());
       ui += static_cast<int64_t>(misses[g].size());
@@ -384,10 +390,11 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
     st.has_prediction = false;
   } else {
     RETURN_IF_ERROR(Gather(s, call.layer, sel, kvpool::Priority::kUrgent, &gathered_));
+    BlockPointers(gathered_, &block_ptrs_);
     for (const auto& v : sel) stats.urgent += static_cast<int64_t>(v.size());
   }
   for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
-  AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, gathered_.data(), nullptr, nullptr);
+  AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   if (spec_follows) last_selection_ = std::move(sel);
   return absl::OkStatus();
 }
@@ -407,7 +414,8 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
   if (after_real) {
     // Attend over the real row's keys (its window and selection) plus this row's own KV.
     const Window w = WindowFor(pos);
-    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, last_selection_, gathered_.data(), own_k,
+    // block_ptrs_ still points at the real row's blocks: nothing has been written since.
+    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, last_selection_, block_ptrs_, own_k,
                own_v);
   } else {
     // Pre-decoding (right after prefill): attend over the committed keys with this row's own
@@ -417,7 +425,8 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     const Window w = WindowFor(pos);
     const Selection now = Select(st, q, w);
     RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
-    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, gathered_.data(), own_k, own_v);
+    BlockPointers(gathered_, &block_ptrs_);
+    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
   }
   // The prediction goes out in the background; the next step's real row waits for it.
   RETURN_IF_ERROR(WaitPrefetch(st));  // (none is pending here; keeps the buffer rule local)

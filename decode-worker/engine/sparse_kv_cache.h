@@ -119,9 +119,11 @@ class SparseKvCache : public KvCache {
   void WaitAll(Seq& s);
   // Exact attention of one row's query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
   // then (if own_k) the row's own uncommitted KV.
+  // `blocks` holds one pointer per selected chunk ([K | V] block), heads in order.
   void AttendOver(const LayerState& st, const float* q, float* out, float scale, const Window& w,
-                  int64_t dev_end, const Selection& sel, const float* blocks, const float* own_k,
-                  const float* own_v);
+                  int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
+                  const float* own_k, const float* own_v);
+  void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
   absl::Status AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
   absl::Status AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool after_real);
   void AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1);
@@ -134,7 +136,10 @@ class SparseKvCache : public KvCache {
   ThreadPool& pool_;
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
-  std::vector<float> scratch_scores_, gathered_;
+  std::vector<float> scratch_scores_, gathered_, urgent_;
+  std::vector<const float*> block_ptrs_;
+  std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
+  std::vector<double> landmark_sum_;   // Append: landmark accumulator  // the last real row's selected blocks, where they lie
   AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
   std::vector<LayerStats> stats_;
