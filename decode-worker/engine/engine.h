@@ -65,7 +65,6 @@ class Engine {
   // falls back to nothing: every call then returns status().
   Engine(const model::LoadedModel& model, const EngineOptions& options);
   absl::Status status() const { return init_status_; }
-  const EngineOptions& options() const { return options_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
   // Changes the simulated link for transfers issued from now on (sparse modes).

@@ -47,7 +47,6 @@ struct ModelConfig {
   bool tied_embeddings = false;
   float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 
-  bool is_sparse_candidate(int64_t layer) const { return !layer_is_swa[layer]; }
   // Checks internal consistency (divisibility, positive sizes); errors name the field.
   absl::Status Validate() const;
 };
