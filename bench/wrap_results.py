@@ -50,34 +50,61 @@ def summary_model(doc):
 def summary_modes(doc, out_dir):
     r = doc["results"]
     runs = r["runs"]
+    budget_mib = r.get("device_memory_bytes", 0) / 2**20
     lines = [f"# Decode modes ({doc['preset']})", "",
              f"{r['model']} on {doc['machine']['cpu']} ({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, "
-             f"{doc['date']}. pcie5-equivalent link calibrated in the run: {r['pcie5_equivalent_gbps']:.2f} GB/s "
+             f"{doc['date']}. Every engine runs under a device-memory budget of {budget_mib:.0f} MiB. "
+             f"pcie5-equivalent link calibrated in the run: {r['pcie5_equivalent_gbps']:.2f} GB/s "
              f"(one sparse layer's budget for one request per layer of full compute).", "",
-             "| mode | context | batch | link | tok/s | p50 ms | hit rate | wait ms/step | urgent MB | wasted MB | device MB/request | max batch in "
-             f"{r['device_memory_gib']} GiB |",
+             "| mode | context | batch | link | tok/s | p50 ms | hit rate | wait ms/step | urgent MB | wasted MB | "
+             "device MB/request | max batch |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in runs:
         lines.append(f"| {x['mode']} | {x['context']} | {x['batch']} | {x['link']} | {x['tokens_per_s']:.1f} | "
                      f"{x['step_ms_p50']:.1f} | {x['hit_rate']:.3f} | {x['wait_ms_per_step']:.2f} | "
                      f"{x['urgent_bytes'] / 1e6:.1f} | {x['wasted_bytes'] / 1e6:.1f} | "
                      f"{x['device_bytes_per_request'] / 1e6:.1f} | {x['max_batch_in_budget']} |")
+    mb = r.get("max_batch", [])
+    if mb:
+        lines += ["", f"Max batch under {budget_mib:.0f} MiB (MemoryPlan, leaving room for one request's prefill):", "",
+                  "| context | full | sparse | dualdecoder | sparse / full | dualdecoder / full |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for ctx in sorted({m["context"] for m in mb}):
+            got = {m["mode"]: m["max_batch"] for m in mb if m["context"] == ctx}
+            f = got.get("full", 0)
+            ratio = (lambda v: f"{v / f:.1f}×" if f else "∞")
+            lines.append(f"| {ctx} | {f} | {got.get('sparse', 0)} | {got.get('dualdecoder', 0)} | "
+                         f"{ratio(got.get('sparse', 0))} | {ratio(got.get('dualdecoder', 0))} |")
+    # Targets: dualdecoder vs sparse on the pcie5 link, and dualdecoder pcie5 vs inmem.
+    tput = {(x["mode"], x["context"], x["batch"], x["link"]): x["tokens_per_s"] for x in runs}
+    rows = []
+    for (mode, ctx, b, link), v in sorted(tput.items()):
+        if mode == "dualdecoder" and link == "pcie5":
+            sp = tput.get(("sparse", ctx, b, "pcie5"))
+            inf = tput.get(("dualdecoder", ctx, b, "inmem"))
+            rows.append(f"| {ctx} | {b} | {v / sp:.2f}× | {v / inf:.0%} |" if sp and inf else "")
+    if rows:
+        lines += ["", "| context | batch | dualdecoder / sparse (pcie5) | dualdecoder pcie5 / inmem |",
+                  "|---:|---:|---:|---:|"] + [x for x in rows if x]
     lines.append("")
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for mode in ("full", "sparse", "dualdecoder"):
-            for link in ("inmem", "pcie5"):
-                pts = [(x["batch"], x["tokens_per_s"]) for x in runs
-                       if x["mode"] == mode and x["link"] == link and x["context"] == runs[0]["context"]]
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"{mode} / {link}")
-        ax.set_xlabel("batch")
-        ax.set_ylabel("decode tokens/s")
-        ax.set_title(f"Decode modes at context {runs[0]['context']} (CPU)")
-        ax.legend()
+        ctxs = sorted({x["context"] for x in runs})
+        fig, axes = plt.subplots(1, len(ctxs), figsize=(5 * len(ctxs), 4), squeeze=False)
+        for ax, ctx in zip(axes[0], ctxs):
+            for mode in ("full", "sparse", "dualdecoder"):
+                for link in ("inmem", "pcie5"):
+                    pts = sorted((x["batch"], x["tokens_per_s"]) for x in runs
+                                 if x["mode"] == mode and x["link"] == link and x["context"] == ctx)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", label=f"{mode} / {link}")
+            ax.set_xlabel("batch")
+            ax.set_ylabel("decode tokens/s")
+            ax.set_title(f"context {ctx}")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"Decode modes under {budget_mib:.0f} MiB device memory (CPU)")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
         lines.append(f"![decode modes]({doc['benchmark']}.png)")

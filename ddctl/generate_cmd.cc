@@ -122,6 +122,13 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       j["urgent_bytes"] = total.urgent * sc->block_bytes();
       j["wasted_bytes"] = total.wasted * sc->block_bytes();
     }
+    const engine::MemoryPlan& plan = engine.memory_plan();
+    const engine::RequestBytes rb = plan.Request(r.prompt_tokens, r.prompt_tokens + cfg.generate.max_new_tokens);
+    j["device_memory"] = {{"budget_bytes", cfg.engine.device_memory_bytes},
+                          {"weights_bytes", plan.weight_bytes()},
+                          {"workspace_bytes", plan.shared_workspace_bytes() + rb.workspace},
+                          {"kv_bytes_per_request", rb.kv},
+                          {"prefill_extra_bytes", rb.prefill_extra}};
     j["text"] = r.text;
     j["tokens"] = r.tokens;
     j["prompt_tokens"] = r.prompt_tokens;

@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, matmul, "int8",
           "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
 ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand) or dualdecoder (sparse with speculative-token prefetch)");
 ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
+ABSL_FLAG(std::string, device_memory, "0",
+          "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "
+          "projected KV must fit, else the request is refused with the numbers");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -94,6 +97,12 @@ int main(int argc, char** argv) {
   }
   cfg.engine.mode = *mode;
   cfg.engine.sparse.budget_tokens = absl::GetFlag(FLAGS_budget);
+  auto device_memory = dd::engine::ParseByteSize(absl::GetFlag(FLAGS_device_memory), "device_memory");
+  if (!device_memory.ok()) {
+    std::cerr << "ddctl: " << device_memory.status().message() << "\n";
+    return 2;
+  }
+  cfg.engine.device_memory_bytes = *device_memory;
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
   cfg.tokens = absl::GetFlag(FLAGS_tokens);

@@ -45,8 +45,8 @@ int64_t DenseKvCache::Length(int32_t seq) const {
 int64_t DenseKvCache::device_bytes() const {
   int64_t total = 0;
   for (const Slot& s : slots_) {
-    for (const auto& k : s.k) total += k.capacity() * sizeof(float);
-    for (const auto& v : s.v) total += v.capacity() * sizeof(float);
+    for (const auto& k : s.k) total += k.size() * sizeof(float);
+    for (const auto& v : s.v) total += v.size() * sizeof(float);
   }
   return total;
 }
@@ -101,7 +101,7 @@ void DenseKvCache::Reserve(Slot& slot, int64_t layer, bool sliding, int64_t wind
   // A ring grown for prefill chunks shrinks back to window + 1 rows once decoding starts.
   const int64_t rows = p1 - p0 + 1;
   const int64_t need_rows = window - 1 + rows;
-  const bool shrink = rows <= 2 && ring > window + 64;
+  const bool shrink = rows <= 2 && ring > window + 1;
   if (ring >= need_rows && !shrink) return;
   const int64_t new_ring = shrink ? window + 1 : std::max<int64_t>(need_rows, ring * 2);
   std::vector<float> nk(new_ring * kv_dim), nv(new_ring * kv_dim);

@@ -1,8 +1,8 @@
 // Dense KV cache: every position of every layer kept in (device) memory; attention over all
 // of them. The `full` decode mode, and the reference the sparse modes are checked against.
 //
-// Memory is f32, per sequence slot and layer, grown geometrically and counted in
-// bytes_reserved(). Sliding-window layers keep only a ring of the last window + step rows,
+// Memory is f32, per sequence slot and layer, grown geometrically; device_bytes() counts the
+// rows in use. Sliding-window layers keep only a ring of the last window + step rows,
 // so their memory does not grow with the context. Not thread-safe; used from the engine's
 // compute thread.
 #pragma once

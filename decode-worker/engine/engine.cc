@@ -15,8 +15,24 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       options_(options),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
-      kv_(std::make_unique<DenseKvCache>(model.config, pool_)) {
+      kv_(std::make_unique<DenseKvCache>(model.config, pool_)),
+      plan_(model, options.mode, options.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
+  if (options_.device_memory_bytes < 0) {
+    init_status_ = absl::InvalidArgumentError(
+        absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options_.device_memory_bytes));
+    return;
+  }
+  if (options_.device_memory_bytes > 0) {
+    const RequestBytes one = plan_.Request(1, 1);
+    const int64_t need = plan_.weight_bytes() + plan_.shared_workspace_bytes() + one.steady();
+    if (need > options_.device_memory_bytes) {
+      init_status_ = absl::InvalidArgumentError(absl::StrCat(
+          "device_memory of ", MiB(options_.device_memory_bytes), " is too small for even one request in ",
+          DecodeModeName(options_.mode), " mode: the smallest needs ", MiB(need), " (", plan_.Describe(one), ")"));
+      return;
+    }
+  }
   if (options_.mode != DecodeMode::kFull) {
     store_ = kvpool::NewInProcessKvStore(options_.link);
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
@@ -35,8 +51,82 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel&
   return engine;
 }
 
+absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tokens) {
+  RETURN_IF_ERROR(init_status_);
+  if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("slot ", seq, " is negative"));
+  if (prompt_tokens <= 0 || total_tokens < prompt_tokens || total_tokens > model_.config.n_ctx_train) {
+    return absl::InvalidArgumentError(absl::StrCat("request of ", prompt_tokens, " prompt tokens growing to ", total_tokens,
+                                                   ": need 0 < prompt <= total <= the model context (",
+                                                   model_.config.n_ctx_train, ")"));
+  }
+  if (seq >= static_cast<int32_t>(reservations_.size())) reservations_.resize(seq + 1);
+  if (reservations_[seq].active) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is already admitted"));
+  Reservation r{.active = true, .prefilling = true, .prompt = prompt_tokens, .total = total_tokens,
+                .bytes = plan_.Request(prompt_tokens, total_tokens)};
+  const int64_t budget = options_.device_memory_bytes;
+  if (budget > 0) {
+    const int64_t fixed = plan_.weight_bytes() + plan_.shared_workspace_bytes();
+    const int64_t need = r.bytes.steady() + r.bytes.prefill_extra;
+    if (fixed + need > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device_memory of ", MiB(budget), " cannot hold even one request of ", total_tokens, " tokens in ",
+          DecodeModeName(options_.mode), " mode: it needs ", MiB(fixed + need), " (", plan_.Describe(r.bytes), ")"));
+    }
+    const int64_t in_use = reserved_bytes();
+    if (fixed + in_use + need > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device memory full: ", admitted(), " requests hold ", MiB(in_use), ", this one needs ", MiB(need),
+          ", weights and workspace ", MiB(fixed), ", budget ", MiB(budget)));
+    }
+  }
+  reservations_[seq] = r;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EnsureAdmitted(int32_t seq, int64_t prompt_tokens) {
+  if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size()) && reservations_[seq].active) {
+    if (prompt_tokens > reservations_[seq].total) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", seq, " was admitted for ", reservations_[seq].total,
+                                                     " tokens, the prompt has ", prompt_tokens));
+    }
+    return absl::OkStatus();
+  }
+  return Admit(seq, prompt_tokens, model_.config.n_ctx_train);
+}
+
+void Engine::Release(int32_t seq) {
+  kv_->Reset(seq);
+  if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
+}
+
+int64_t Engine::reserved_bytes() const {
+  int64_t total = 0;
+  for (const Reservation& r : reservations_) {
+    if (r.active) total += r.bytes.steady() + (r.prefilling ? r.bytes.prefill_extra : 0);
+  }
+  return total;
+}
+
+int64_t Engine::admitted() const {
+  int64_t n = 0;
+  for (const Reservation& r : reservations_) n += r.active ? 1 : 0;
+  return n;
+}
+
 absl::Status Engine::Fork(int32_t src, int32_t dst) {
-  RETURN_IF_ERROR(kv_->Copy(src, dst));
+  if (src == dst) return absl::OkStatus();
+  if (src < 0 || src >= static_cast<int32_t>(reservations_.size()) || !reservations_[src].active) {
+    return absl::FailedPreconditionError(absl::StrCat("fork: slot ", src, " holds no request"));
+  }
+  Release(dst);
+  const Reservation from = reservations_[src];
+  RETURN_IF_ERROR(Admit(dst, from.prompt, from.total));
+  reservations_[dst].prefilling = from.prefilling;
+  if (absl::Status st = kv_->Copy(src, dst); !st.ok()) {
+    Release(dst);
+    return st;
+  }
   const int32_t hi = std::max(src, dst);
   if (hi >= static_cast<int32_t>(spec_.size())) spec_.resize(hi + 1, -1);
   spec_[dst] = spec_[src];
@@ -87,6 +177,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
   const int64_t n = static_cast<int64_t>(tokens.size());
+  RETURN_IF_ERROR(EnsureAdmitted(seq, n));
   std::vector<bool> want(n, positions.empty());
   for (int64_t p : positions) {
     if (p < 0 || p >= n) return absl::InvalidArgumentError(absl::StrCat("position ", p, " outside the prompt [0, ", n, ")"));
@@ -100,7 +191,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
     absl::Status st = transformer_.Forward(rows, *kv_, &chunk_logits);
     if (!st.ok()) {
-      kv_->Reset(seq);
+      Release(seq);
       return st;
     }
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
@@ -133,6 +224,12 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
       if (seqs[j] == seqs[i]) return absl::InvalidArgumentError(absl::StrCat("slot ", seqs[i], " given twice"));
     }
   }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (absl::Status st = EnsureAdmitted(seqs[i], static_cast<int64_t>(prompts[i].size())); !st.ok()) {
+      for (size_t j = 0; j < i; ++j) Release(seqs[j]);
+      return Annotate(st, absl::StrCat("prompt ", i));
+    }
+  }
   const int64_t V = model_.config.n_vocab;
   std::vector<std::vector<float>> out(seqs.size());
   std::vector<int64_t> done(seqs.size(), 0);
@@ -157,7 +254,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
     if (rows.empty()) break;
     absl::Status st = transformer_.Forward(rows, *kv_, &logits);
     if (!st.ok()) {
-      for (int32_t s : seqs) kv_->Reset(s);
+      for (int32_t s : seqs) Release(s);
       return st;
     }
     for (size_t j = 0; j < owner.size(); ++j) out[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
@@ -176,8 +273,16 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
       return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the model context of ",
                                                 model_.config.n_ctx_train, " tokens"));
     }
+    if (seqs[i] < 0 || seqs[i] >= static_cast<int32_t>(reservations_.size()) || !reservations_[seqs[i]].active) {
+      return absl::FailedPreconditionError(absl::StrCat("decode: slot ", seqs[i], " holds no request"));
+    }
+    if (pos >= reservations_[seqs[i]].total) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the ", reservations_[seqs[i]].total,
+                                                " tokens it was admitted for"));
+    }
     rows.push_back({seqs[i], pos, tokens[i], true});
   }
+  for (int32_t s : seqs) reservations_[s].prefilling = false;  // decode drops the dense prompt
   if (options_.mode != DecodeMode::kDualDecoder) return transformer_.Forward(rows, *kv_, logits);
 
   // Dual-token step (DESIGN §5.3). Sequences without a speculative token first get one from
@@ -226,6 +331,9 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   const auto t0 = Clock::now();
   constexpr int32_t kSeq = 0;
   Release(kSeq);
+  const int64_t total = std::min<int64_t>(model_.config.n_ctx_train,
+                                          static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
+  RETURN_IF_ERROR(Admit(kSeq, static_cast<int64_t>(prompt.size()), total));
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;

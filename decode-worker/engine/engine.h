@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "common/thread_pool.h"
 #include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/memory_plan.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
 #include "decode-worker/model/transformer.h"
@@ -22,9 +23,9 @@
 
 namespace dd::engine {
 
-// full: dense KV on the device. sparse: top-k chunks fetched on demand. dualdecoder: sparse
-// plus a speculative row per request whose query predicts the next step's chunks (prefetch).
-enum class DecodeMode { kFull, kSparse, kDualDecoder };
+// DecodeMode (memory_plan.h) — full: dense KV on the device. sparse: top-k chunks fetched on
+// demand. dualdecoder: sparse plus a speculative row per request whose query predicts the next
+// step's chunks (prefetch).
 absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name);  // "full", "sparse", "dualdecoder"
 absl::string_view DecodeModeName(DecodeMode mode);
 
@@ -34,6 +35,9 @@ struct EngineOptions {
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
+  // Device-memory budget in bytes (0 = unlimited): weights, workspace and every admitted
+  // request's projected footprint (MemoryPlan) must fit, else admission is refused.
+  int64_t device_memory_bytes = 0;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
 };
 
@@ -92,11 +96,19 @@ class Engine {
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);
-  void Release(int32_t seq) {
-    kv_->Reset(seq);
-    if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
-  }
-  // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation).
+  // Reserves device memory for a request in slot `seq` with `prompt_tokens` that may grow to
+  // `total_tokens`. RESOURCE_EXHAUSTED (with the numbers) when it does not fit next to the
+  // requests already admitted; the message says so when it would not fit even alone. A slot
+  // prefilled without Admit is admitted for the model's whole context.
+  absl::Status Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tokens);
+  // Frees the slot's KV and its reservation.
+  void Release(int32_t seq);
+  const MemoryPlan& memory_plan() const { return plan_; }
+  // Bytes reserved by admitted requests (steady state, plus prefill while prefilling).
+  int64_t reserved_bytes() const;
+  int64_t admitted() const;
+  // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation);
+  // `dst` is admitted like `src`.
   absl::Status Fork(int32_t src, int32_t dst);
   int64_t Length(int32_t seq) const { return kv_->Length(seq); }
   int64_t kv_bytes() const { return kv_->device_bytes(); }
@@ -120,6 +132,15 @@ class Engine {
   std::unique_ptr<KvCache> kv_;
   absl::Status init_status_;
   std::vector<int32_t> spec_;  // dualdecoder: next speculative token per slot (-1: none yet)
+  struct Reservation {
+    bool active = false;
+    bool prefilling = false;  // holds its prompt densely until its first decode step
+    int64_t prompt = 0, total = 0;
+    RequestBytes bytes;
+  };
+  absl::Status EnsureAdmitted(int32_t seq, int64_t prompt_tokens);
+  MemoryPlan plan_;
+  std::vector<Reservation> reservations_;  // per slot
 };
 
 }  // namespace dd::engine

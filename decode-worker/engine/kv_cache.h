@@ -18,7 +18,8 @@ class KvCache : public model::AttentionBackend {
   virtual absl::Status Copy(int32_t src, int32_t dst) = 0;
   // Positions stored for the sequence.
   virtual int64_t Length(int32_t seq) const = 0;
-  // Bytes this cache holds in (device) memory.
+  // Bytes in use on the (CPU-emulated) device: what an allocator sized from MemoryPlan holds.
+  // Vector growth slack is not counted.
   virtual int64_t device_bytes() const = 0;
 };
 

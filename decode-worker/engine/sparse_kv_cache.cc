@@ -95,8 +95,8 @@ int64_t SparseKvCache::device_bytes() const {
   int64_t total = dense_.device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerState& st : s.layers) {
-      total += (st.k.capacity() + st.v.capacity() + st.sink_k.capacity() + st.sink_v.capacity() +
-                st.landmarks.capacity()) * sizeof(float);
+      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.size() +
+                st.prefetched.size()) * sizeof(float);
     }
   }
   return total;

@@ -137,9 +137,9 @@ class SparseKvCache : public KvCache {
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<float> scratch_scores_, gathered_, urgent_;
-  std::vector<const float*> block_ptrs_;
+  std::vector<const float*> block_ptrs_;  // the last real row's selected blocks, where they lie
   std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
-  std::vector<double> landmark_sum_;   // Append: landmark accumulator  // the last real row's selected blocks, where they lie
+  std::vector<double> landmark_sum_;   // Append: landmark accumulator
   AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
   std::vector<LayerStats> stats_;

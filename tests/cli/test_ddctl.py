@@ -132,3 +132,20 @@ def test_dualdecoder_mode_matches_sparse_tokens(tiny):
     js, jd = json.loads(sparse.stdout), json.loads(dual.stdout)
     assert js["tokens"] == jd["tokens"]
     assert 0.0 <= jd["hit_rate"] <= 1.0 and jd["prefetch_bytes"] > 0
+
+
+@pytest.mark.parametrize("mode", ["full", "dualdecoder"])
+def test_device_memory_budget(tiny, mode):
+    """A budget is parsed with units, reported in --json, and one too small for a single
+    request is refused with the numbers instead of running out of memory."""
+    import json
+    args = ["generate", "--model", str(tiny), "--prompt", "hello world", "--max_new_tokens", "3", "--mode", mode]
+    ok = ddctl(*args, "--device_memory", "1GiB", "--json")
+    assert ok.returncode == 0, ok.stderr
+    mem = json.loads(ok.stdout)["device_memory"]
+    assert mem["budget_bytes"] == 1 << 30
+    assert 0 < mem["weights_bytes"] < 1 << 30 and mem["kv_bytes_per_request"] > 0
+    small = ddctl(*args, "--device_memory", str(mem["weights_bytes"] + 1))
+    assert small.returncode == 2 and "too small for even one request" in small.stderr, small.stderr
+    bad = ddctl(*args, "--device_memory", "lots")
+    assert bad.returncode == 2 and "--device_memory" in bad.stderr, bad.stderr

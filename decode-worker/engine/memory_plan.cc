@@ -1,0 +1,119 @@
+#include "decode-worker/engine/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dd::engine {
+namespace {
+
+int64_t ViewBytes(const kernels::WeightView& w) { return w.data ? w.rows * w.row_bytes : 0; }
+int64_t VecBytes(const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); }
+
+int64_t WeightBytes(const model::LoadedModel& m) {
+  const model::ModelWeights& w = m.weights;
+  int64_t total = ViewBytes(w.token_embd) + VecBytes(w.output_norm);
+  if (w.output.data != w.token_embd.data) total += ViewBytes(w.output);
+  for (const model::LayerWeights& l : w.layers) {
+    for (const kernels::WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) total += ViewBytes(*v);
+    for (const std::vector<float>* v : {&l.attn_norm, &l.ffn_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.q_norm,
+                                        &l.k_norm, &l.bq, &l.bk, &l.bv}) {
+      total += VecBytes(*v);
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
+                       int64_t prefill_chunk)
+    : config_(model.config), mode_(mode), sparse_(sparse), prefill_chunk_(prefill_chunk), weight_bytes_(WeightBytes(model)) {
+  if (mode_ != DecodeMode::kFull) {
+    // The real row's urgent gather and the block staging buffer: one layer's budget each.
+    shared_workspace_ = 2 * sparse_.budget_tokens * config_.n_head_kv * 2 * config_.head_dim *
+                        static_cast<int64_t>(sizeof(float));
+  }
+}
+
+int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
+  const int64_t row = 2 * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
+  const int64_t C = sparse_.chunk_tokens;
+  int64_t total = 0;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const bool sliding = config_.sliding_window > 0 && l < static_cast<int64_t>(config_.layer_is_swa.size()) &&
+                         config_.layer_is_swa[l];
+    if (sliding) {
+      total += (config_.sliding_window + 1) * row;
+    } else if (mode_ == DecodeMode::kFull) {
+      total += length * row;
+    } else {
+      const int64_t dense = std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C);
+      const int64_t landmarks = (length / C) * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
+      total += dense * row + landmarks;
+      if (mode_ == DecodeMode::kDualDecoder) total += sparse_.budget_tokens * row;  // prefetch buffer
+    }
+  }
+  return total;
+}
+
+RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) const {
+  const model::ModelConfig& c = config_;
+  const int64_t rows = mode_ == DecodeMode::kDualDecoder ? 2 : 1;
+  RequestBytes r;
+  r.kv = DecodeKvBytes(total_tokens);
+  r.workspace = rows * (3 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 3 * c.n_ff +
+                        c.n_vocab) * static_cast<int64_t>(sizeof(float));
+  const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
+  int64_t sliding_layers = 0;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    sliding_layers += (c.sliding_window > 0 && l < static_cast<int64_t>(c.layer_is_swa.size()) && c.layer_is_swa[l]) ? 1 : 0;
+  }
+  // Prefill rings: window - 1 + the rows of one pass, against window + 1 when decoding.
+  r.prefill_extra = sliding_layers * std::max<int64_t>(0, std::min(prompt_tokens, prefill_chunk_) - 2) * row;
+  if (mode_ != DecodeMode::kFull) {
+    // Prefill keeps the whole prompt of every global layer on the device.
+    const int64_t dense_now = std::min(prompt_tokens, sparse_.sink_tokens + sparse_.window_tokens + sparse_.chunk_tokens);
+    r.prefill_extra += (c.n_layer - sliding_layers) * (prompt_tokens - dense_now) * row;
+  }
+  return r;
+}
+
+int64_t MemoryPlan::MaxBatch(int64_t budget, int64_t prompt_tokens, int64_t total_tokens) const {
+  const RequestBytes r = Request(prompt_tokens, total_tokens);
+  const int64_t room = budget - weight_bytes_ - shared_workspace_ - r.prefill_extra;
+  return room < r.steady() ? 0 : room / r.steady();
+}
+
+std::string MemoryPlan::Describe(const RequestBytes& r) const {
+  std::string s = absl::StrCat("weights ", MiB(weight_bytes_), " + workspace ", MiB(shared_workspace_ + r.workspace),
+                               " + kv ", MiB(r.kv));
+  if (r.prefill_extra > 0) absl::StrAppend(&s, " + prefill ", MiB(r.prefill_extra));
+  return s;
+}
+
+std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text, absl::string_view flag) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double value = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") scale = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
+  if (end == s.c_str() || scale == 0 || !(value >= 0) || value * scale > 9.0e18) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " = '", text,
+                                                   "': expected a size such as 8GiB, 512MiB or 1073741824 (bytes)"));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+}  // namespace dd::engine

@@ -1,0 +1,65 @@
+// Device-memory accounting (DESIGN §5, §6): what a request costs on the device in each decode
+// mode, so the engine can admit requests against `--device-memory` and report max batch.
+//
+// The projection mirrors what the KV caches hold (tests compare it with their actual bytes):
+//   weights    every matrix and vector of the model, as stored;
+//   workspace  activations and logits per batch row (a dualdecoder request has two rows), plus
+//              the sparse gather buffers shared by all requests;
+//   kv         full: every position of every global layer. sparse/dualdecoder: sinks, local
+//              window + tail chunk and one landmark per chunk per KV head on global layers,
+//              plus (dualdecoder) one prefetch buffer of `budget` tokens per global layer.
+//              Sliding-window layers keep a ring of window + 1 positions in every mode.
+// Prefill is dense in every mode, so a request being prefilled transiently holds its whole
+// prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +
+// prefill_chunk rows instead of window + 1 (`prefill_extra`), released at its first decode step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "decode-worker/engine/sparse_kv_cache.h"
+#include "decode-worker/model/weights.h"
+
+namespace dd::engine {
+
+enum class DecodeMode { kFull, kSparse, kDualDecoder };
+
+struct RequestBytes {
+  int64_t kv = 0;             // steady decode state at the request's final length
+  int64_t workspace = 0;      // per-row activations and logits
+  int64_t prefill_extra = 0;  // additional bytes while the prompt is prefilled
+  int64_t steady() const { return kv + workspace; }
+};
+
+class MemoryPlan {
+ public:
+  MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
+             int64_t prefill_chunk = 512);
+
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t shared_workspace_bytes() const { return shared_workspace_; }
+  // A request whose prompt has `prompt_tokens` and that may grow to `total_tokens`.
+  RequestBytes Request(int64_t prompt_tokens, int64_t total_tokens) const;
+  // KV bytes the cache holds for one decoding sequence of `length` positions.
+  int64_t DecodeKvBytes(int64_t length) const;
+  // How many requests of this shape fit in `budget` bytes (prefilled one at a time).
+  int64_t MaxBatch(int64_t budget, int64_t prompt_tokens, int64_t total_tokens) const;
+  // The explanation used in errors: "weights 253.1 MiB + workspace ... + kv ...".
+  std::string Describe(const RequestBytes& r) const;
+
+ private:
+  const model::ModelConfig& config_;
+  DecodeMode mode_;
+  SparseOptions sparse_;
+  int64_t prefill_chunk_;
+  int64_t weight_bytes_ = 0;
+  int64_t shared_workspace_ = 0;
+};
+
+std::string MiB(int64_t bytes);  // "12.3 MiB"
+
+// Parses "512MiB", "2GiB", "1.5G", "4096" (bytes). InvalidArgument naming `flag` otherwise.
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text, absl::string_view flag);
+
+}  // namespace dd::engine

@@ -1,0 +1,149 @@
+// Device-memory accounting: the plan's projection against the caches' real bytes, and
+// admission against --device-memory, on the real Gemma 3 270M.
+#include "decode-worker/engine/memory_plan.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/gemma_test_fixture.h"
+#include "gtest/gtest.h"
+
+namespace dd::engine {
+namespace {
+
+using testing_util::GemmaTest;
+
+class MemoryPlanTest : public GemmaTest {
+ protected:
+  std::vector<int32_t> Prompt(size_t n) {
+    std::ifstream f("/usr/share/common-licenses/GPL-3");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::vector<int32_t> ids = Encode(ss.str());
+    EXPECT_GE(ids.size(), n);
+    ids.resize(n);
+    return ids;
+  }
+  static EngineOptions Options(DecodeMode mode, int64_t device_memory = 0) {
+    EngineOptions o;
+    o.mode = mode;
+    o.sparse.budget_tokens = 512;
+    o.device_memory_bytes = device_memory;
+    return o;
+  }
+};
+
+TEST_F(MemoryPlanTest, ProjectionBoundsWhatTheCacheHolds) {
+  const std::vector<int32_t> prompt = Prompt(1300);
+  for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
+    SCOPED_TRACE(std::string(DecodeModeName(mode)));
+    auto e = Engine::Create(*model_, Options(mode));
+    ASSERT_TRUE(e.ok()) << e.status();
+    const MemoryPlan& plan = (*e)->memory_plan();
+    auto logits = (*e)->Prefill(0, prompt);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    const RequestBytes r = plan.Request(1300, 1310);
+    // While prefilled, before decoding: the prompt is dense on the device.
+    EXPECT_LE((*e)->kv_bytes(), plan.DecodeKvBytes(1300) + r.prefill_extra);
+    int32_t seq = 0, tok = Argmax(logits->data(), model_->config.n_vocab);
+    std::vector<float> out;
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_TRUE((*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).ok());
+      tok = Argmax(out.data(), model_->config.n_vocab);
+    }
+    const int64_t actual = (*e)->kv_bytes(), projected = plan.DecodeKvBytes((*e)->Length(0));
+    EXPECT_LE(actual, projected);
+    // Close, not just an upper bound: at most the window's slack rows (sinks + window + a chunk).
+    const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
+    EXPECT_GE(actual, projected - 3 * 8 * row) << "projection far above the cache: " << projected << " vs " << actual;
+  }
+}
+
+TEST_F(MemoryPlanTest, SparseModesNeedLessThanFullAtLongContext) {
+  const SparseOptions so{.budget_tokens = 2048};
+  const MemoryPlan full(*model_, DecodeMode::kFull, so), sparse(*model_, DecodeMode::kSparse, so),
+      dual(*model_, DecodeMode::kDualDecoder, so);
+  const int64_t n = 32000;
+  EXPECT_LT(sparse.DecodeKvBytes(n), full.DecodeKvBytes(n) / 4);
+  EXPECT_LT(sparse.DecodeKvBytes(n), dual.DecodeKvBytes(n));  // the prefetch buffers
+  // Prefill holds the prompt densely, so a sparse request's peak matches full's.
+  const RequestBytes rs = sparse.Request(n, n), rf = full.Request(n, n);
+  EXPECT_GE(rs.kv + rs.prefill_extra, rf.kv - 3 * (16 + 64 + 8) * 2 * 256 * 4);
+}
+
+TEST_F(MemoryPlanTest, AdmissionStopsAtTheBudget) {
+  const MemoryPlan plan(*model_, DecodeMode::kSparse, SparseOptions{.budget_tokens = 512});
+  const RequestBytes r = plan.Request(16, 1100);
+  // Three requests fit even while all three are still prefilling.
+  const int64_t budget = plan.weight_bytes() + plan.shared_workspace_bytes() + 3 * (r.steady() + r.prefill_extra) + 1;
+  EXPECT_EQ(plan.MaxBatch(budget, 16, 1100), 3);
+  auto e = Engine::Create(*model_, Options(DecodeMode::kSparse, budget));
+  ASSERT_TRUE(e.ok()) << e.status();
+  Engine& eng = **e;
+  for (int32_t s = 0; s < 3; ++s) ASSERT_TRUE(eng.Admit(s, 16, 1100).ok()) << s;
+  absl::Status fourth = eng.Admit(3, 16, 1100);
+  EXPECT_EQ(fourth.code(), absl::StatusCode::kResourceExhausted) << fourth;
+  EXPECT_NE(fourth.message().find("device memory full"), std::string::npos) << fourth;
+  EXPECT_EQ(eng.admitted(), 3);
+  eng.Release(1);
+  EXPECT_EQ(eng.admitted(), 2);
+  EXPECT_TRUE(eng.Admit(3, 16, 1100).ok());
+  EXPECT_EQ(eng.Admit(3, 16, 1100).code(), absl::StatusCode::kFailedPrecondition);
+  // A long prompt's prefill transient counts while it is prefilling.
+  eng.Release(3);
+  const RequestBytes big = plan.Request(1000, 1100);
+  ASSERT_GT(big.prefill_extra, r.steady() + r.prefill_extra) << "test premise";
+  EXPECT_EQ(eng.Admit(3, 1000, 1100).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(MemoryPlanTest, BudgetTooSmallForOneRequestIsAClearError) {
+  auto tiny = Engine::Create(*model_, Options(DecodeMode::kFull, 1 << 20));
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tiny.status().message().find("too small for even one request"), std::string::npos) << tiny.status();
+
+  // Fits a short request, not a 32K one in full mode: Generate is refused before any work.
+  const MemoryPlan plan(*model_, DecodeMode::kFull, SparseOptions{});
+  const int64_t budget = plan.weight_bytes() + plan.Request(64, 128).steady() * 2;
+  auto e = Engine::Create(*model_, Options(DecodeMode::kFull, budget));
+  ASSERT_TRUE(e.ok()) << e.status();
+  absl::Status big = (*e)->Admit(0, 30000, 32000);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.message().find("cannot hold even one request of 32000 tokens"), std::string::npos) << big;
+  GenerateOptions g;
+  g.max_new_tokens = 4;
+  auto ok = (*e)->Generate(Prompt(64), g, nullptr);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST_F(MemoryPlanTest, DecodeBeyondTheAdmittedLengthIsRefused) {
+  auto e = Engine::Create(*model_, Options(DecodeMode::kFull));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->Admit(0, 16, 17).ok());
+  auto logits = (*e)->Prefill(0, Prompt(16));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  int32_t seq = 0, tok = 1;
+  std::vector<float> out;
+  ASSERT_TRUE((*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).ok());
+  absl::Status st = (*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  seq = 5;
+  EXPECT_EQ((*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParseByteSizeTest, UnitsAndErrors) {
+  EXPECT_EQ(*ParseByteSize("4096", "device_memory"), 4096);
+  EXPECT_EQ(*ParseByteSize("512MiB", "device_memory"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("1.5G", "device_memory"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("2 gib", "device_memory"), int64_t{2} << 30);
+  for (const char* bad : {"", "abc", "-1G", "12TiB", "1e30"}) {
+    auto r = ParseByteSize(bad, "device_memory");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--device_memory"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace dd::engine
