@@ -1,8 +1,6 @@
 #include "decode-worker/engine/memory_plan.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -93,27 +91,6 @@ std::string MemoryPlan::Describe(const RequestBytes& r) const {
                                " + kv ", MiB(r.kv));
   if (r.prefill_extra > 0) absl::StrAppend(&s, " + prefill ", MiB(r.prefill_extra));
   return s;
-}
-
-std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
-
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text, absl::string_view flag) {
-  const std::string s(text);
-  char* end = nullptr;
-  const double value = std::strtod(s.c_str(), &end);
-  std::string unit(end);
-  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }), unit.end());
-  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  double scale = 0;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb") scale = 1024.0;
-  else if (unit == "m" || unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
-  if (end == s.c_str() || scale == 0 || !(value >= 0) || value * scale > 9.0e18) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " = '", text,
-                                                   "': expected a size such as 8GiB, 512MiB or 1073741824 (bytes)"));
-  }
-  return static_cast<int64_t>(value * scale);
 }
 
 }  // namespace dd::engine

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/byte_size.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/model/weights.h"
 
@@ -57,9 +58,7 @@ class MemoryPlan {
   int64_t shared_workspace_ = 0;
 };
 
-std::string MiB(int64_t bytes);  // "12.3 MiB"
-
-// Parses "512MiB", "2GiB", "1.5G", "4096" (bytes). InvalidArgument naming `flag` otherwise.
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text, absl::string_view flag);
+using dd::MiB;
+using dd::ParseByteSize;
 
 }  // namespace dd::engine

@@ -72,4 +72,9 @@ class KvStore {
 // until the data is in `dst`.
 std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {});
 
+// Shared by the backends: InvalidArgument for a ref outside the layout; NotFound for a block
+// never written.
+absl::Status CheckChunkRef(const KvLayout& layout, const ChunkRef& ref);
+absl::Status NeverWritten(const ChunkRef& ref);
+
 }  // namespace dd::kvpool

@@ -1,0 +1,88 @@
+#include "kv-pool/client/transfer_queue.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace dd::kvpool {
+
+using Clock = std::chrono::steady_clock;
+
+TransferQueue::TransferQueue(const LinkModel& link) : link_(link) {
+  worker_ = std::thread([this] { Loop(); });
+}
+
+TransferQueue::~TransferQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void TransferQueue::Copy(const Job& job) {
+  for (size_t i = 0; i < job.src.size(); ++i) {
+    std::memcpy(job.dst + i * job.block_floats, job.src[i], job.block_floats * sizeof(float));
+  }
+}
+
+TransferId TransferQueue::Submit(Job job, Priority priority) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const TransferId id = ++next_;
+  if (link_.infinite()) {
+    lock.unlock();
+    Copy(job);
+    return id;
+  }
+  pending_.insert(id);
+  (priority == Priority::kUrgent ? urgent_ : background_).push_back({id, std::move(job)});
+  cv_.notify_all();
+  return id;
+}
+
+void TransferQueue::Wait(TransferId id) {
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_.count(id) == 0; });
+  wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+void TransferQueue::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_.empty(); });
+}
+
+void TransferQueue::SetLink(const LinkModel& link) {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_.empty(); });
+  link_ = link;
+}
+
+int64_t TransferQueue::wait_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wait_ns_;
+}
+
+void TransferQueue::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !urgent_.empty() || !background_.empty(); });
+    if (stop_) return;
+    std::deque<Queued>& q = urgent_.empty() ? background_ : urgent_;
+    Queued item = std::move(q.front());
+    q.pop_front();
+    const LinkModel link = link_;
+    lock.unlock();
+    // The link: latency plus size over bandwidth, then the data is there.
+    const double bytes = static_cast<double>(item.job.src.size() * item.job.block_floats * sizeof(float));
+    const auto until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(
+                                          link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
+    Copy(item.job);
+    std::this_thread::sleep_until(until);
+    lock.lock();
+    pending_.erase(item.id);
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace dd::kvpool

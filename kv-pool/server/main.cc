@@ -1,0 +1,116 @@
+// dd-kv-pool: a host-memory KV pool process (DESIGN §7). Tenants, tokens and quotas come from
+// --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT" on stdout once serving, so a
+// caller that asked for port 0 learns the port. SIGTERM / SIGINT shut it down cleanly and
+// remove its shared-memory objects; objects left by a killed pool are removed at the next start.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/grpcpp.h"
+#include "kv-pool/server/service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
+ABSL_FLAG(std::string, tenants, "", "Tenant config: JSON array of {name, token, quota}");
+ABSL_FLAG(int64_t, lease_ttl_ms, 30000, "Lease TTL; workers renew at a third of it");
+ABSL_FLAG(bool, huge_pages, false, "Back regions with huge pages (MAP_HUGETLB)");
+ABSL_FLAG(bool, lock_memory, false, "mlock the regions");
+
+namespace {
+
+constexpr char kShmPrefix[] = "dd-kvpool";
+
+// Removes /dev/shm/dd-kvpool-<pid>-* objects whose pool process is gone.
+void RemoveStaleRegions() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    std::vector<std::string> parts = absl::StrSplit(name, '-');
+    int pid = 0;
+    if (parts.size() != 4 || parts[0] != "dd" || parts[1] != "kvpool" || !absl::SimpleAtoi(parts[2], &pid)) continue;
+    if (kill(pid, 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove(e.path(), ec);
+      std::fprintf(stderr, "dd-kv-pool: removed stale region %s\n", name.c_str());
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("dd-kv-pool --tenants FILE [--listen HOST:PORT] [--lease_ttl_ms N]");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_tenants).empty()) {
+    std::cerr << "dd-kv-pool: --tenants FILE is required (JSON array of {name, token, quota})\n";
+    return 2;
+  }
+  auto tenants = dd::kvpool::LoadTenantConfig(absl::GetFlag(FLAGS_tenants));
+  if (!tenants.ok()) {
+    std::cerr << "dd-kv-pool: " << tenants.status().message() << "\n";
+    return 2;
+  }
+  RemoveStaleRegions();
+  dd::kvpool::PoolOptions options;
+  options.lease_ttl = std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
+  options.region = {absl::GetFlag(FLAGS_huge_pages), absl::GetFlag(FLAGS_lock_memory)};
+  options.shm_prefix = kShmPrefix;
+  auto pool = dd::kvpool::Pool::Create(*std::move(tenants), options);
+  if (!pool.ok()) {
+    std::cerr << "dd-kv-pool: " << pool.status().message() << "\n";
+    return pool.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+
+  // Signals are taken synchronously by one thread that shuts the server down.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  dd::kvpool::KvPoolService service(**pool);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "dd-kv-pool: cannot listen on " << absl::GetFlag(FLAGS_listen) << "\n";
+    return 1;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  std::printf("dd-kv-pool: listening on %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
+  std::fflush(stdout);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread reaper([&] {  // expires leases at a quarter of the TTL
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, options.lease_ttl / 4, [&] { return stopping; })) {
+      const int64_t n = (*pool)->ExpireLeases(dd::kvpool::Pool::Clock::now());
+      if (n > 0) std::fprintf(stderr, "dd-kv-pool: %lld leases expired\n", static_cast<long long>(n));
+    }
+  });
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "dd-kv-pool: signal %d, shutting down\n", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  reaper.join();
+  return 0;
+}

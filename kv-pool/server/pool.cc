@@ -1,0 +1,235 @@
+#include "kv-pool/server/pool.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+#include "nlohmann/json.hpp"
+
+namespace dd::kvpool {
+namespace {
+
+int64_t BlockBytes(const KvLayout& l) { return l.block_floats() * static_cast<int64_t>(sizeof(float)); }
+int64_t ChunkBytes(const KvLayout& l) { return l.n_layers * l.n_kv_heads * BlockBytes(l); }
+
+}  // namespace
+
+absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("tenant config ", path, " cannot be read"));
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array() || j.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of tenants"));
+  }
+  std::vector<TenantConfig> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    const std::string where = absl::StrCat(path, ": tenant ", i);
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("token") ||
+        !e["token"].is_string() || !e.contains("quota") || !e["quota"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs string fields name, token and quota"));
+    }
+    TenantConfig t{e["name"].get<std::string>(), e["token"].get<std::string>(), 0};
+    if (t.name.empty() || t.token.size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": name must be non-empty and token at least 16 characters"));
+    }
+    auto q = ParseByteSize(e["quota"].get<std::string>(), "quota");
+    if (!q.ok() || *q <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": quota must be a positive size such as 4GiB"));
+    t.quota_bytes = *q;
+    for (const TenantConfig& o : out) {
+      if (o.name == t.name || o.token == t.token) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name or token"));
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(std::vector<TenantConfig> tenants, const PoolOptions& options) {
+  if (options.lease_ttl.count() <= 0) return absl::InvalidArgumentError("lease TTL must be positive");
+  std::unique_ptr<Pool> pool(new Pool(options));
+  for (TenantConfig& t : tenants) {
+    auto region = ShmRegion::Create(options.shm_prefix, t.quota_bytes, options.region);
+    if (!region.ok()) return absl::Status(region.status().code(), absl::StrCat("tenant ", t.name, ": ", region.status().message()));
+    const int64_t size = t.quota_bytes;  // the region is rounded up to 2 MiB; the quota is exact
+    pool->tenants_.push_back(std::unique_ptr<Tenant>(new Tenant{std::move(t), std::move(*region), RangeAllocator(size), {}, {}, {}, {}}));
+  }
+  return pool;
+}
+
+absl::StatusOr<int> Pool::Authenticate(absl::string_view bearer) const {
+  if (!absl::StartsWith(bearer, "Bearer ")) {
+    return absl::UnauthenticatedError("missing bearer token (metadata 'authorization: Bearer <token>')");
+  }
+  const absl::string_view token = bearer.substr(7);
+  for (size_t i = 0; i < tenants_.size(); ++i) {
+    if (tenants_[i]->config.token == token) return static_cast<int>(i);
+  }
+  return absl::UnauthenticatedError("unknown bearer token");
+}
+
+absl::StatusOr<Pool::Seq*> Pool::Find(Tenant& tn, SequenceId seq) {
+  auto it = tn.seqs.find(seq);
+  // Another tenant's sequence looks exactly like a missing one.
+  if (it == tn.seqs.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " for tenant ", tn.config.name));
+  return &it->second;
+}
+
+absl::StatusOr<Extent> Pool::AllocateExtent(Tenant& tn, Seq& s, int64_t chunks) {
+  const int64_t bytes = chunks * ChunkBytes(s.layout);
+  int64_t off = tn.alloc.Allocate(bytes);
+  while (off < 0 && !tn.lru.empty()) {  // evict unleased committed sequences, oldest first
+    const SequenceId victim = tn.lru.front();
+    Free(tn, victim);
+    ++tn.stats.evictions;
+    off = tn.alloc.Allocate(bytes);
+  }
+  if (off < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tn.config.name, " quota of ", MiB(tn.alloc.size()),
+                                                     " exhausted: ", MiB(tn.alloc.used()), " in use, ", MiB(bytes),
+                                                     " requested, nothing evictable"));
+  }
+  const int64_t first = s.extents.empty() ? 0 : s.extents.back().first_chunk + s.extents.back().chunks;
+  s.extents.push_back({first, chunks, off});
+  s.bytes += (bytes + 4095) / 4096 * 4096;
+  return s.extents.back();
+}
+
+absl::StatusOr<std::pair<SequenceId, Extent>> Pool::Open(int t, const KvLayout& layout, int64_t chunks,
+                                                         Clock::time_point now) {
+  if (layout.n_layers <= 0 || layout.n_kv_heads <= 0 || layout.head_dim <= 0 || layout.chunk_tokens <= 0 ||
+      layout.n_layers > 4096 || layout.n_kv_heads > 4096 || layout.head_dim > 65536 || layout.chunk_tokens > 4096) {
+    return absl::InvalidArgumentError("layout: n_layers, n_kv_heads, head_dim and chunk_tokens must be positive and sane");
+  }
+  if (chunks <= 0 || chunks > (int64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks must be in [1, 2^32], got ", chunks));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  const SequenceId id = ++next_seq_;
+  Seq& s = tn.seqs[id];
+  s.layout = layout;
+  s.expires = now + options_.lease_ttl;
+  auto e = AllocateExtent(tn, s, chunks);
+  if (!e.ok()) {
+    tn.seqs.erase(id);
+    return e.status();
+  }
+  return std::make_pair(id, *e);
+}
+
+absl::StatusOr<Extent> Pool::Extend(int t, SequenceId seq, int64_t chunks) {
+  if (chunks <= 0 || chunks > (int64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks must be in [1, 2^32], got ", chunks));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  auto s = Find(tn, seq);
+  if (!s.ok()) return s.status();
+  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  return AllocateExtent(tn, **s, chunks);
+}
+
+absl::Status Pool::Commit(int t, SequenceId seq, absl::Span<const uint64_t> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  auto s = Find(tn, seq);
+  if (!s.ok()) return s.status();
+  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, inserted] = tn.prefix.try_emplace(keys[i], seq, static_cast<int64_t>(i + 1));
+    if (inserted) (*s)->keys.push_back(keys[i]);
+  }
+  return absl::OkStatus();
+}
+
+Pool::Prefix Pool::Lookup(int t, absl::Span<const uint64_t> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  Prefix best;
+  for (size_t i = 0; i < keys.size(); ++i) {  // chained keys: key i stands for the whole prefix
+    auto it = tn.prefix.find(keys[i]);
+    if (it == tn.prefix.end() || it->second.second != static_cast<int64_t>(i + 1)) break;
+    best.blocks = static_cast<int64_t>(i + 1);
+    best.seq = it->second.first;
+  }
+  if (best.blocks > 0) {
+    Seq& s = tn.seqs.at(best.seq);
+    best.layout = s.layout;
+    best.extents = s.extents;
+    if (!s.leased) tn.lru.splice(tn.lru.end(), tn.lru, s.lru);  // recently used
+    ++tn.stats.prefix_hits;
+  }
+  return best;
+}
+
+absl::Status Pool::Renew(int t, absl::Span<const SequenceId> seqs, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  for (SequenceId id : seqs) {
+    auto s = Find(tn, id);
+    if (!s.ok()) return s.status();
+    if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " lease already expired"));
+    (*s)->expires = now + options_.lease_ttl;
+  }
+  return absl::OkStatus();
+}
+
+void Pool::Free(Tenant& tn, SequenceId seq) {
+  auto it = tn.seqs.find(seq);
+  if (it == tn.seqs.end()) return;
+  Seq& s = it->second;
+  for (const Extent& e : s.extents) tn.alloc.Free(e.offset);
+  for (uint64_t k : s.keys) tn.prefix.erase(k);
+  if (!s.leased && !s.keys.empty()) tn.lru.erase(s.lru);
+  tn.seqs.erase(it);
+}
+
+void Pool::Unlease(Tenant& tn, SequenceId seq, Seq& s) {
+  s.leased = false;
+  if (s.keys.empty()) {
+    Free(tn, seq);
+  } else {
+    s.lru = tn.lru.insert(tn.lru.end(), seq);
+  }
+}
+
+absl::Status Pool::Release(int t, SequenceId seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Tenant& tn = *tenants_[t];
+  auto s = Find(tn, seq);
+  if (!s.ok()) return s.status();
+  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  Unlease(tn, seq, **s);
+  return absl::OkStatus();
+}
+
+int64_t Pool::ExpireLeases(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (auto& tn : tenants_) {
+    std::vector<SequenceId> expired;
+    for (auto& [id, s] : tn->seqs) {
+      if (s.leased && s.expires <= now) expired.push_back(id);
+    }
+    for (SequenceId id : expired) Unlease(*tn, id, tn->seqs.at(id));
+    tn->stats.expired_leases += static_cast<int64_t>(expired.size());
+    n += static_cast<int64_t>(expired.size());
+  }
+  return n;
+}
+
+PoolStats Pool::Stats(int t) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Tenant& tn = *tenants_[t];
+  PoolStats s = tn.stats;
+  s.region_bytes = tn.alloc.size();
+  s.used_bytes = tn.alloc.used();
+  s.sequences = static_cast<int64_t>(tn.seqs.size());
+  for (const auto& [id, q] : tn.seqs) s.leased_bytes += q.leased ? q.bytes : 0;
+  return s;
+}
+
+}  // namespace dd::kvpool

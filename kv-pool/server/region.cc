@@ -1,0 +1,110 @@
+#include "kv-pool/server/region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dd::kvpool {
+namespace {
+
+std::string RandomHex() {
+  uint64_t v = 0;
+  std::ifstream f("/dev/urandom", std::ios::binary);
+  f.read(reinterpret_cast<char*>(&v), sizeof(v));
+  return absl::StrCat(absl::Hex(v, absl::kZeroPad16));
+}
+
+}  // namespace
+
+absl::StatusOr<ShmRegion> ShmRegion::Create(const std::string& prefix, int64_t bytes, const Options& options) {
+  constexpr int64_t k2M = int64_t{2} << 20;
+  if (bytes <= 0) return absl::InvalidArgumentError(absl::StrCat("region size must be positive, got ", bytes));
+  ShmRegion r;
+  r.size_ = (bytes + k2M - 1) / k2M * k2M;
+  r.name_ = absl::StrCat("/", prefix, "-", getpid(), "-", RandomHex());
+  const int fd = shm_open(r.name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("shm_open ", r.name_, ": ", std::strerror(errno)));
+  if (ftruncate(fd, r.size_) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(r.name_.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat("cannot size ", r.name_, " to ", r.size_, " bytes: ", std::strerror(err)));
+  }
+  int flags = MAP_SHARED | (options.huge_pages ? MAP_HUGETLB : 0);
+  void* p = mmap(nullptr, r.size_, PROT_READ | PROT_WRITE, flags, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    shm_unlink(r.name_.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", r.size_, " bytes", options.huge_pages ? " with huge pages" : "",
+                                                     " failed: ", std::strerror(err)));
+  }
+  r.data_ = static_cast<uint8_t*>(p);
+  if (options.lock_memory && mlock(p, r.size_) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("mlock of ", r.size_, " bytes failed (raise RLIMIT_MEMLOCK): ",
+                                                     std::strerror(errno)));
+  }
+  return r;
+}
+
+ShmRegion::ShmRegion(ShmRegion&& o) noexcept { *this = std::move(o); }
+
+ShmRegion& ShmRegion::operator=(ShmRegion&& o) noexcept {
+  std::swap(name_, o.name_);
+  std::swap(size_, o.size_);
+  std::swap(data_, o.data_);
+  return *this;
+}
+
+ShmRegion::~ShmRegion() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (!name_.empty()) shm_unlink(name_.c_str());
+}
+
+RangeAllocator::RangeAllocator(int64_t size, int64_t align) : size_(size / align * align), align_(align) {
+  if (size_ > 0) free_[0] = size_;
+}
+
+int64_t RangeAllocator::Allocate(int64_t bytes) {
+  const int64_t need = (std::max<int64_t>(bytes, 1) + align_ - 1) / align_ * align_;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    const int64_t off = it->first, len = it->second;
+    free_.erase(it);
+    if (len > need) free_[off + need] = len - need;
+    allocated_[off] = need;
+    used_ += need;
+    return off;
+  }
+  return -1;
+}
+
+void RangeAllocator::Free(int64_t offset) {
+  auto a = allocated_.find(offset);
+  if (a == allocated_.end()) return;
+  int64_t off = a->first, len = a->second;
+  used_ -= len;
+  allocated_.erase(a);
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && next->first == off + len) {
+    len += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += len;
+      return;
+    }
+  }
+  free_[off] = len;
+}
+
+}  // namespace dd::kvpool
