@@ -30,6 +30,9 @@ ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (
 ABSL_FLAG(std::string, device_memory, "0",
           "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "
           "projected KV must fit, else the request is refused with the numbers");
+ABSL_FLAG(std::string, kv_store, "inproc://",
+          "sparse modes: where offloaded KV lives: inproc:// or shm://HOST:PORT (a dd-kv-pool on this host; "
+          "token from $DD_KV_POOL_TOKEN)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -103,6 +106,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.engine.device_memory_bytes = *device_memory;
+  cfg.engine.kv_store = absl::GetFlag(FLAGS_kv_store);
+  if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) cfg.engine.kv_store_token = token;
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
   cfg.tokens = absl::GetFlag(FLAGS_tokens);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kv-pool/client/shm_kv_store.h"
 
 namespace dd::engine {
 
@@ -34,7 +35,12 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     }
   }
   if (options_.mode != DecodeMode::kFull) {
-    store_ = kvpool::NewInProcessKvStore(options_.link);
+    auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link);
+    if (!store.ok()) {
+      init_status_ = store.status();
+      return;
+    }
+    store_ = std::move(*store);
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
     if (sparse.ok()) {
       sparse_ = sparse->get();

@@ -33,6 +33,10 @@ struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
+  // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"
+  // (a dd-kv-pool on this host, authenticated with kv_store_token).
+  std::string kv_store = "inproc://";
+  std::string kv_store_token{};
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   // Device-memory budget in bytes (0 = unlimited): weights, workspace and every admitted

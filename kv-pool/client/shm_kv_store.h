@@ -1,0 +1,33 @@
+// KvStore backed by a dd-kv-pool process on the same host (the `shm://` path, DESIGN §7):
+// control calls (open, extend, renew, release) go over gRPC with the tenant's bearer token;
+// data never does — the client maps the tenant's shared-memory region and writes and gathers
+// blocks itself, so the pool's CPU is off the data path. Gathers run on a TransferQueue (link
+// model, urgent before background). A thread renews the leases at a third of the TTL; when the
+// pool stops answering, the store turns broken and every later call fails with UNAVAILABLE
+// naming the pool (transfers already queued complete from the mapping, which stays valid).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kv-pool/client/kv_store.h"
+
+namespace dd::kvpool {
+
+struct PoolClientOptions {
+  std::string address;          // host:port of the pool's gRPC endpoint
+  std::string token;            // the tenant's bearer token
+  LinkModel link{};
+  int64_t rpc_timeout_ms = 5000;
+  int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
+};
+
+absl::StatusOr<std::unique_ptr<KvStore>> ConnectShmKvStore(const PoolClientOptions& options);
+
+// "inproc://" (or empty) → the in-process store; "shm://HOST:PORT" → a pool on this host.
+// The token comes from `token` (callers read it from the environment or a file, never the URI).
+absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
+                                                     const LinkModel& link);
+
+}  // namespace dd::kvpool
