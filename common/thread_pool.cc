@@ -34,6 +34,18 @@ static void RangeFor(int64_t n, int parts, int index, int64_t* begin, int64_t* e
   *end = *begin + base + (index < rem ? 1 : 0);
 }
 
+void ThreadPool::RunRanges(uint64_t gen, const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts) {
+  for (;;) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    if ((c >> 32) != (gen & 0xFFFFFFFFu) || static_cast<int>(c & 0xFFFFFFFFu) >= parts) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    int64_t b, e;
+    RangeFor(n, parts, static_cast<int>(c & 0xFFFFFFFFu), &b, &e);
+    fn(b, e);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   const int parts = static_cast<int>(std::min<int64_t>(size(), n));
@@ -41,18 +53,19 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     fn(0, n);
     return;
   }
+  uint64_t gen;
   {
-    std::lock_guard<std::mutex> lock(mu_);  // orders the job fields before the counter
+    std::lock_guard<std::mutex> lock(mu_);  // orders the job fields before the counters
     job_ = &fn;
     job_n_ = n;
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    gen = generation_.load(std::memory_order_relaxed) + 1;
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store((gen & 0xFFFFFFFFu) << 32, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
   }
   if (sleepers_.load(std::memory_order_acquire) > 0) work_cv_.notify_all();
-  int64_t b, e;
-  RangeFor(n, parts, 0, &b, &e);
-  fn(b, e);
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+  RunRanges(gen, fn, n, parts);  // the caller claims ranges too, all of them if it must
+  for (int spins = 0; done_.load(std::memory_order_acquire) != parts; ++spins) {
     if (spins < kSpinIterations) {
       DD_CPU_RELAX();
     } else {
@@ -62,6 +75,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
 }
 
 void ThreadPool::WorkerLoop(int index) {
+  (void)index;
   uint64_t seen = 0;
   for (;;) {
     // Spin briefly for the next job, then sleep.
@@ -85,13 +99,8 @@ void ThreadPool::WorkerLoop(int index) {
       job = job_;
       n = job_n_;
     }
-    const int parts = static_cast<int>(std::min<int64_t>(size(), n));
-    if (index < parts) {
-      int64_t b, e;
-      RangeFor(n, parts, index, &b, &e);
-      (*job)(b, e);
-    }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // A worker that wakes after its job is over finds no range to claim and never touches it.
+    RunRanges(seen, *job, n, static_cast<int>(std::min<int64_t>(size(), n)));
   }
 }
 

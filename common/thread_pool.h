@@ -3,7 +3,9 @@
 // ParallelFor splits [0, n) into contiguous ranges, one per thread, and blocks until all are
 // done. The split depends only on n and the thread count, never on timing, and kernels split
 // over *output* elements only, so every result is independent of the thread count
-// (DESIGN §5 batch invariance). One ParallelFor at a time per pool: callers serialize
+// (DESIGN §5 batch invariance). Which thread runs which range is decided at run time: the
+// caller and the workers claim ranges from a counter, so when a worker is not scheduled (a
+// busy machine) the caller runs its range instead of waiting for it. One ParallelFor at a time per pool: callers serialize
 // (the engine's compute stream owns the pool).
 //
 // Dispatch is cheap enough for per-layer decode work: idle workers spin for a short while
@@ -44,7 +46,11 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;  // published before generation_
   int64_t job_n_ = 0;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // (generation << 32) | next range to claim; a claim only succeeds for the current job.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> done_{0};  // ranges of the current job finished
+  // Claims and runs ranges of job `gen` until none are left.
+  void RunRanges(uint64_t gen, const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts);
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
 };
