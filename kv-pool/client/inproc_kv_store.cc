@@ -61,7 +61,7 @@ class InProcessKvStore : public KvStore {
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
     const Seq& s = it->second;
     // Validate everything now, so a transfer never fails half-way.
-    TransferQueue::Job job{dst, s.layout.block_floats(), {}};
+    TransferQueue::Job job{dst, s.layout.block_floats(), {}, nullptr};
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
       auto b = s.blocks.find(Key(s.layout, r));
@@ -71,10 +71,7 @@ class InProcessKvStore : public KvStore {
     return queue_.Submit(std::move(job), priority);
   }
 
-  absl::Status Wait(TransferId id) override {
-    queue_.Wait(id);
-    return absl::OkStatus();
-  }
+  absl::Status Wait(TransferId id) override { return queue_.Wait(id); }
 
   absl::Status Release(SequenceId seq) override {
     queue_.Drain();  // transfers may still read this sequence's blocks

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -64,6 +65,20 @@ class KvStore {
   virtual int64_t wait_ns() const = 0;
   // Changes the link model for transfers issued from now on.
   virtual void SetLink(const LinkModel& link) = 0;
+
+  // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
+  // sequence's first keys.size() blocks, whose chunks are all written: they become findable
+  // and outlive the sequence's lease until evicted. Stores without reuse ignore it.
+  virtual absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) { return absl::OkStatus(); }
+  struct PrefixMatch {
+    int64_t blocks = 0;  // leading keys found (0: none)
+    SequenceId seq = 0;  // a read-only handle on the stored sequence: Gather from it, then Release
+  };
+  // The longest stored prefix among `keys` with this layout.
+  virtual absl::StatusOr<PrefixMatch> LookupPrefix(absl::Span<const uint64_t> keys, const KvLayout& layout,
+                                                   int64_t block_chunks) {
+    return PrefixMatch{};
+  }
 };
 
 // Blocks held in this process's heap. With an infinite link Gather copies synchronously;
@@ -71,6 +86,9 @@ class KvStore {
 // any queued background one (a transfer in progress is not interrupted), and Wait blocks
 // until the data is in `dst`.
 std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {});
+
+// Stripes layers over `shards` (layer l → shard l % N); each shard is a store of its own.
+std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>> shards);
 
 // Shared by the backends: InvalidArgument for a ref outside the layout; NotFound for a block
 // never written.

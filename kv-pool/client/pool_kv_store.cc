@@ -1,10 +1,6 @@
-#include "kv-pool/client/shm_kv_store.h"
+#include "kv-pool/client/pool_kv_store.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -14,8 +10,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "kv-pool/client/data_path.h"
 #include "kv-pool/client/transfer_queue.h"
 #include "proto/kvpool.grpc.pb.h"
 
@@ -27,12 +25,12 @@ absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()), absl::StrCat("kv pool ", what, ": ", st.error_message()));
 }
 
-class ShmKvStore : public KvStore {
+class PoolKvStore : public KvStore {
  public:
-  ShmKvStore(const PoolClientOptions& o, std::unique_ptr<v1::KvPool::Stub> stub)
+  PoolKvStore(const PoolClientOptions& o, std::unique_ptr<v1::KvPool::Stub> stub)
       : options_(o), stub_(std::move(stub)), queue_(o.link) {}
 
-  ~ShmKvStore() override {
+  ~PoolKvStore() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -48,22 +46,16 @@ class ShmKvStore : public KvStore {
       }
     }
     for (SequenceId id : ids) (void)Release(id);
-    if (base_ != nullptr) munmap(base_, region_bytes_);
   }
 
   absl::Status Connect() {
     v1::HandshakeResponse hs;
     RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, {}, &hs); }));
-    const int fd = shm_open(hs.shm_name().c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      return absl::FailedPreconditionError(absl::StrCat("kv pool region ", hs.shm_name(), " cannot be opened (",
-                                                        std::strerror(errno), "): shm:// needs the pool on this host"));
-    }
-    void* p = mmap(nullptr, hs.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap of the kv pool region: ", std::strerror(errno)));
-    base_ = static_cast<uint8_t*>(p);
-    region_bytes_ = hs.region_bytes();
+    auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs)
+                                                          : NewUcxDataPath(hs, options_.rpc_timeout_ms);
+    if (!path.ok()) return path.status();
+    data_ = std::move(*path);
+    data_->set_abort(&lost_);
     ttl_ms_ = hs.lease_ttl_ms();
     renewer_ = std::thread([this] { RenewLoop(); });
     return absl::OkStatus();
@@ -83,10 +75,12 @@ class ShmKvStore : public KvStore {
     v1::OpenResponse resp;
     RETURN_IF_ERROR(Call("open", [&](grpc::ClientContext* c) { return stub_->Open(c, req, &resp); }));
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = seqs_[resp.sequence()];
+    const SequenceId id = ++next_local_;
+    Seq& s = seqs_[id];
+    s.remote = resp.sequence();
     s.layout = layout;
     AddExtent(s, resp.extent());
-    return resp.sequence();
+    return id;
   }
 
   absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
@@ -94,9 +88,10 @@ class ShmKvStore : public KvStore {
     std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
     RETURN_IF_ERROR(CheckChunkRef(s->layout, ref));
+    if (s->read_only) return absl::FailedPreconditionError("KvStore: a prefix handle is read-only");
     while (ref.chunk >= s->capacity) {  // grow: double the chunks held so far
       v1::ExtendRequest req;
-      req.set_sequence(seq);
+      req.set_sequence(s->remote);
       req.set_chunks(std::max(s->capacity, ref.chunk + 1 - s->capacity));
       lock.unlock();
       v1::ExtendResponse resp;
@@ -106,7 +101,11 @@ class ShmKvStore : public KvStore {
       AddExtent(*s, resp.extent());
     }
     const int64_t bytes = s->layout.block_floats() * static_cast<int64_t>(sizeof(float));
-    std::memcpy(Block(*s, ref), block, bytes);
+    const int64_t offset = Offset(*s, ref);
+    lock.unlock();  // the copy or put runs unlocked; blocks of one sequence do not overlap
+    if (absl::Status st = data_->Put(offset, block, bytes); !st.ok()) return Lost(st);
+    lock.lock();
+    ASSIGN_OR_RETURN(s, Find(seq));
     const int64_t bit = Bit(s->layout, ref);
     if (bit >= static_cast<int64_t>(s->written.size())) s->written.resize(bit + 1, false);
     if (!s->written[bit]) {
@@ -119,39 +118,98 @@ class ShmKvStore : public KvStore {
   absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
                                     Priority priority) override {
     RETURN_IF_ERROR(Broken());
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
-    TransferQueue::Job job{dst, s->layout.block_floats(), {}};
+    TransferQueue::Job job{dst, s->layout.block_floats(), {}, nullptr};
+    std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
       const int64_t bit = Bit(s->layout, r);
       if (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit]) {
         return NeverWritten(r);
       }
-      job.src.push_back(reinterpret_cast<const float*>(Block(*s, r)));
+      offsets.push_back(Offset(*s, r));
     }
+    if (data_->Mapped(0) != nullptr) {  // shared memory: the copy engine reads the mapping
+      for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
+    } else {
+      const int64_t bytes = job.block_floats * static_cast<int64_t>(sizeof(float));
+      job.fetch = [this, offsets = std::move(offsets), bytes, dst]() {
+        absl::Status st = data_->Get(offsets, bytes, dst);
+        return st.ok() ? st : Lost(st);
+      };
+    }
+    lock.unlock();  // with an infinite link the fetch runs inside Submit, and Lost() locks
     return queue_.Submit(std::move(job), priority);
   }
 
-  absl::Status Wait(TransferId id) override {
-    queue_.Wait(id);
-    return absl::OkStatus();
-  }
+  absl::Status Wait(TransferId id) override { return queue_.Wait(id); }
 
   absl::Status Release(SequenceId seq) override {
     queue_.Drain();  // queued gathers may still read the sequence's blocks
     int64_t freed = 0;
+    uint64_t remote = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ASSIGN_OR_RETURN(Seq * s, Find(seq));
-      for (bool w : s->written) freed += w ? s->layout.block_floats() * static_cast<int64_t>(sizeof(float)) : 0;
+      if (!s->read_only) {
+        for (bool w : s->written) freed += w ? s->layout.block_floats() * static_cast<int64_t>(sizeof(float)) : 0;
+      }
       bytes_ -= freed;
+      remote = s->remote;
       seqs_.erase(seq);
     }
     v1::ReleaseRequest req;
-    req.set_sequence(seq);
+    req.set_sequence(remote);
     v1::ReleaseResponse resp;
     return Call("release", [&](grpc::ClientContext* c) { return stub_->Release(c, req, &resp); });
+  }
+
+  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) override {
+    RETURN_IF_ERROR(Broken());
+    v1::CommitRequest req;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ASSIGN_OR_RETURN(Seq * s, Find(seq));
+      req.set_sequence(s->remote);
+    }
+    for (uint64_t k : keys) req.add_block_keys(k);
+    v1::CommitResponse resp;
+    return Call("commit", [&](grpc::ClientContext* c) { return stub_->Commit(c, req, &resp); });
+  }
+
+  absl::StatusOr<PrefixMatch> LookupPrefix(absl::Span<const uint64_t> keys, const KvLayout& layout,
+                                           int64_t block_chunks) override {
+    RETURN_IF_ERROR(Broken());
+    v1::LookupPrefixRequest req;
+    for (uint64_t k : keys) req.add_block_keys(k);
+    req.set_lease(true);
+    v1::LookupPrefixResponse resp;
+    RETURN_IF_ERROR(Call("lookup", [&](grpc::ClientContext* c) { return stub_->LookupPrefix(c, req, &resp); }));
+    if (resp.blocks() == 0) return PrefixMatch{};
+    const v1::Layout& l = resp.layout();
+    const int64_t chunks = resp.blocks() * block_chunks;
+    int64_t capacity = 0;
+    for (const v1::Extent& e : resp.extents()) capacity = std::max(capacity, e.first_chunk() + e.chunks());
+    if (l.n_layers() != layout.n_layers || l.n_kv_heads() != layout.n_kv_heads || l.head_dim() != layout.head_dim ||
+        l.chunk_tokens() != layout.chunk_tokens || chunks > capacity) {
+      // Keys are namespaced by layout, so this means a foreign or corrupt entry: not reused.
+      v1::ReleaseRequest rel;
+      rel.set_sequence(resp.sequence());
+      v1::ReleaseResponse rr;
+      (void)Call("release", [&](grpc::ClientContext* c) { return stub_->Release(c, rel, &rr); });
+      return PrefixMatch{};
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const SequenceId id = ++next_local_;
+    Seq& s = seqs_[id];
+    s.remote = resp.sequence();
+    s.read_only = true;
+    s.layout = layout;
+    for (const v1::Extent& e : resp.extents()) AddExtent(s, e);
+    s.capacity = capacity;
+    s.written.assign(chunks * layout.n_layers * layout.n_kv_heads, true);  // committed blocks are complete
+    return PrefixMatch{resp.blocks(), id};
   }
 
   int64_t bytes_stored() const override {
@@ -163,6 +221,8 @@ class ShmKvStore : public KvStore {
 
  private:
   struct Seq {
+    uint64_t remote = 0;        // the pool's id
+    bool read_only = false;     // a prefix handle from LookupPrefix
     KvLayout layout;
     std::vector<v1::Extent> extents;
     int64_t capacity = 0;     // chunks
@@ -193,14 +253,22 @@ class ShmKvStore : public KvStore {
   static int64_t Bit(const KvLayout& l, const ChunkRef& r) {
     return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
   }
-  uint8_t* Block(const Seq& s, const ChunkRef& r) const {
+  // Byte offset of a block in the tenant's region (callers check capacity first).
+  static int64_t Offset(const Seq& s, const ChunkRef& r) {
     const int64_t bb = s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
     for (const v1::Extent& e : s.extents) {
       if (r.chunk >= e.first_chunk() && r.chunk < e.first_chunk() + e.chunks()) {
-        return base_ + e.offset() + (((r.chunk - e.first_chunk()) * s.layout.n_layers + r.layer) * s.layout.n_kv_heads + r.kv_head) * bb;
+        return e.offset() + (((r.chunk - e.first_chunk()) * s.layout.n_layers + r.layer) * s.layout.n_kv_heads + r.kv_head) * bb;
       }
     }
-    return nullptr;  // unreachable: callers check capacity first
+    return -1;
+  }
+  // A data-path failure means the pool is gone: every later call fails the same way.
+  absl::Status Lost(const absl::Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.ok()) broken_ = absl::UnavailableError(absl::StrCat("kv pool at ", options_.address, " lost: ", st.message()));
+    lost_.store(true, std::memory_order_release);
+    return broken_;
   }
 
   void RenewLoop() {
@@ -208,7 +276,7 @@ class ShmKvStore : public KvStore {
     const auto period = std::chrono::milliseconds(std::max<int64_t>(1, ttl_ms_ / 3));
     while (!renew_cv_.wait_for(lock, period, [&] { return stop_; })) {
       v1::RenewRequest req;
-      for (const auto& [id, s] : seqs_) req.add_sequences(id);
+      for (const auto& [id, s] : seqs_) req.add_sequences(s.remote);
       lock.unlock();
       v1::RenewResponse resp;
       absl::Status st = req.sequences_size() > 0
@@ -220,6 +288,7 @@ class ShmKvStore : public KvStore {
       lock.lock();
       if (!st.ok() && broken_.ok()) {
         broken_ = absl::UnavailableError(absl::StrCat("kv pool at ", options_.address, " lost: ", st.message()));
+        lost_.store(true, std::memory_order_release);
       }
     }
   }
@@ -231,18 +300,20 @@ class ShmKvStore : public KvStore {
   std::unordered_map<SequenceId, Seq> seqs_;
   absl::Status broken_;
   bool stop_ = false;
-  uint8_t* base_ = nullptr;
-  int64_t region_bytes_ = 0, ttl_ms_ = 0, bytes_ = 0;
+  std::atomic<bool> lost_{false};
+  std::unique_ptr<DataPath> data_;
+  SequenceId next_local_ = 0;
+  int64_t ttl_ms_ = 0, bytes_ = 0;
   std::thread renewer_;
   TransferQueue queue_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvStore>> ConnectShmKvStore(const PoolClientOptions& options) {
+absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options) {
   if (options.token.empty()) return absl::InvalidArgumentError("kv pool token is empty (set DD_KV_POOL_TOKEN)");
   auto channel = grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
-  auto store = std::make_unique<ShmKvStore>(options, v1::KvPool::NewStub(channel));
+  auto store = std::make_unique<PoolKvStore>(options, v1::KvPool::NewStub(channel));
   RETURN_IF_ERROR(store->Connect());
   return store;
 }
@@ -250,10 +321,24 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectShmKvStore(const PoolClientOptio
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link) {
   if (uri.empty() || uri == "inproc://") return NewInProcessKvStore(link);
-  if (absl::StartsWith(uri, "shm://") && uri.size() > 6) {
-    return ConnectShmKvStore(PoolClientOptions{.address = uri.substr(6), .token = token, .link = link});
+  if (uri.find(',') != std::string::npos) {  // several pools: layers striped over them
+    std::vector<std::unique_ptr<KvStore>> shards;
+    for (absl::string_view part : absl::StrSplit(uri, ',')) {
+      if (part == "inproc://") return absl::InvalidArgumentError("kv store: inproc:// cannot be a shard");
+      ASSIGN_OR_RETURN(auto shard, OpenKvStore(std::string(part), token, link));
+      shards.push_back(std::move(shard));
+    }
+    return NewShardedKvStore(std::move(shards));
   }
-  return absl::InvalidArgumentError(absl::StrCat("kv store '", uri, "': expected inproc:// or shm://HOST:PORT"));
+  for (auto [scheme, transport] : {std::pair{"shm://", PoolTransport::kShm}, std::pair{"ucx://", PoolTransport::kUcx}}) {
+    const std::string prefix(scheme);
+    if (absl::StartsWith(uri, prefix) && uri.size() > prefix.size()) {
+      return ConnectPoolKvStore(
+          PoolClientOptions{.address = uri.substr(prefix.size()), .token = token, .transport = transport, .link = link});
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv store '", uri, "': expected inproc://, shm://HOST:PORT or ucx://HOST:PORT"));
 }
 
 }  // namespace dd::kvpool

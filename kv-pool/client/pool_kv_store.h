@@ -1,7 +1,8 @@
-// KvStore backed by a dd-kv-pool process on the same host (the `shm://` path, DESIGN §7):
-// control calls (open, extend, renew, release) go over gRPC with the tenant's bearer token;
-// data never does — the client maps the tenant's shared-memory region and writes and gathers
-// blocks itself, so the pool's CPU is off the data path. Gathers run on a TransferQueue (link
+// KvStore backed by a dd-kv-pool process (DESIGN §7): control calls (open, extend, renew,
+// release) go over gRPC with the tenant's bearer token; data never does. `shm://` (same host)
+// maps the tenant's shared-memory region and copies blocks directly; `ucx://` does one-sided
+// UCX puts and gets against the region's remote key (tcp, shared memory or RDMA, whatever UCX
+// picks; UCX_TLS narrows it). Either way the pool's CPU is off the data path. Gathers run on a TransferQueue (link
 // model, urgent before background). A thread renews the leases at a third of the TTL; when the
 // pool stops answering, the store turns broken and every later call fails with UNAVAILABLE
 // naming the pool (transfers already queued complete from the mapping, which stays valid).
@@ -15,17 +16,22 @@
 
 namespace dd::kvpool {
 
+enum class PoolTransport { kShm, kUcx };
+
 struct PoolClientOptions {
   std::string address;          // host:port of the pool's gRPC endpoint
   std::string token;            // the tenant's bearer token
+  PoolTransport transport = PoolTransport::kShm;
   LinkModel link{};
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
 };
 
-absl::StatusOr<std::unique_ptr<KvStore>> ConnectShmKvStore(const PoolClientOptions& options);
+absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options);
 
-// "inproc://" (or empty) → the in-process store; "shm://HOST:PORT" → a pool on this host.
+// "inproc://" (or empty) → the in-process store; "shm://HOST:PORT" → a pool on this host;
+// "ucx://HOST:PORT" → a pool reached over UCX (HOST:PORT is its gRPC endpoint); several
+// pool URIs separated by commas → layers striped over them (NewShardedKvStore).
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link);

@@ -20,10 +20,12 @@ TransferQueue::~TransferQueue() {
   if (worker_.joinable()) worker_.join();
 }
 
-void TransferQueue::Copy(const Job& job) {
+absl::Status TransferQueue::Run(const Job& job) {
+  if (job.fetch) return job.fetch();
   for (size_t i = 0; i < job.src.size(); ++i) {
     std::memcpy(job.dst + i * job.block_floats, job.src[i], job.block_floats * sizeof(float));
   }
+  return absl::OkStatus();
 }
 
 TransferId TransferQueue::Submit(Job job, Priority priority) {
@@ -31,7 +33,11 @@ TransferId TransferQueue::Submit(Job job, Priority priority) {
   const TransferId id = ++next_;
   if (link_.infinite()) {
     lock.unlock();
-    Copy(job);
+    absl::Status st = Run(job);
+    if (!st.ok()) {
+      lock.lock();
+      failed_[id] = std::move(st);
+    }
     return id;
   }
   pending_.insert(id);
@@ -40,11 +46,16 @@ TransferId TransferQueue::Submit(Job job, Priority priority) {
   return id;
 }
 
-void TransferQueue::Wait(TransferId id) {
+absl::Status TransferQueue::Wait(TransferId id) {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return pending_.count(id) == 0; });
   wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  auto it = failed_.find(id);
+  if (it == failed_.end()) return absl::OkStatus();
+  absl::Status st = std::move(it->second);
+  failed_.erase(it);
+  return st;
 }
 
 void TransferQueue::Drain() {
@@ -77,9 +88,10 @@ void TransferQueue::Loop() {
     const double bytes = static_cast<double>(item.job.src.size() * item.job.block_floats * sizeof(float));
     const auto until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(
                                           link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
-    Copy(item.job);
+    absl::Status st = Run(item.job);
     std::this_thread::sleep_until(until);
     lock.lock();
+    if (!st.ok()) failed_[item.id] = std::move(st);
     pending_.erase(item.id);
     done_cv_.notify_all();
   }

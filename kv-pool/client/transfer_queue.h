@@ -10,6 +10,8 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <functional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -24,6 +26,8 @@ class TransferQueue {
     float* dst = nullptr;
     int64_t block_floats = 0;
     std::vector<const float*> src;  // one per block, copied to dst in order
+    // When set, run instead of the copy (a remote get); its error is what Wait returns.
+    std::function<absl::Status()> fetch;
   };
   explicit TransferQueue(const LinkModel& link);
   ~TransferQueue();  // finishes the job in progress, drops the queued ones
@@ -31,7 +35,8 @@ class TransferQueue {
   TransferQueue& operator=(const TransferQueue&) = delete;
 
   TransferId Submit(Job job, Priority priority);
-  void Wait(TransferId id);  // returns at once for an unknown or finished id
+  // Returns at once for an unknown or finished id; a failed fetch's error is returned once.
+  absl::Status Wait(TransferId id);
   void Drain();              // until nothing is queued or in progress
   void SetLink(const LinkModel& link);  // after draining
   int64_t wait_ns() const;
@@ -41,7 +46,7 @@ class TransferQueue {
     TransferId id;
     Job job;
   };
-  static void Copy(const Job& job);
+  static absl::Status Run(const Job& job);
   void Loop();
 
   mutable std::mutex mu_;
@@ -49,6 +54,7 @@ class TransferQueue {
   LinkModel link_;
   std::deque<Queued> urgent_, background_;
   std::unordered_set<TransferId> pending_;
+  std::unordered_map<TransferId, absl::Status> failed_;
   TransferId next_ = 0;
   int64_t wait_ns_ = 0;
   bool stop_ = false;

@@ -1,6 +1,6 @@
 // dd-kv-pool: a host-memory KV pool process (DESIGN §7). Tenants, tokens and quotas come from
-// --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT" on stdout once serving, so a
-// caller that asked for port 0 learns the port. SIGTERM / SIGINT shut it down cleanly and
+// --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT" on stdout
+// once serving, so a caller that asked for port 0 learns the ports. SIGTERM / SIGINT shut it down cleanly and
 // remove its shared-memory objects; objects left by a killed pool are removed at the next start.
 #include <signal.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -19,13 +20,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
+#include "kv-pool/server/metrics.h"
 #include "kv-pool/server/service.h"
+#include "kv-pool/server/ucx_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
 ABSL_FLAG(std::string, tenants, "", "Tenant config: JSON array of {name, token, quota}");
 ABSL_FLAG(int64_t, lease_ttl_ms, 30000, "Lease TTL; workers renew at a third of it");
 ABSL_FLAG(bool, huge_pages, false, "Back regions with huge pages (MAP_HUGETLB)");
 ABSL_FLAG(bool, lock_memory, false, "mlock the regions");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
+ABSL_FLAG(bool, ucx, true, "Serve the ucx:// data path (register the regions with UCX)");
 
 namespace {
 
@@ -78,7 +83,27 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  dd::kvpool::KvPoolService service(**pool);
+  dd::kvpool::UcxInfo ucx_info;
+  std::unique_ptr<dd::kvpool::UcxServer> ucx;
+  if (absl::GetFlag(FLAGS_ucx)) {
+    auto server = dd::kvpool::UcxServer::Create();
+    if (!server.ok()) {
+      std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
+      return 1;
+    }
+    ucx = std::move(*server);
+    for (int t = 0; t < (*pool)->tenants(); ++t) {
+      auto rkey = ucx->Register((*pool)->region_data(t), (*pool)->region_bytes(t));
+      if (!rkey.ok()) {
+        std::cerr << "dd-kv-pool: " << rkey.status().message() << "\n";
+        return 1;
+      }
+      ucx_info.rkeys.push_back(*std::move(rkey));
+    }
+    ucx_info.worker_address = ucx->worker_address();
+    ucx->Start();
+  }
+  dd::kvpool::KvPoolService service(**pool, ucx_info);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
@@ -88,8 +113,20 @@ int main(int argc, char** argv) {
     std::cerr << "dd-kv-pool: cannot listen on " << absl::GetFlag(FLAGS_listen) << "\n";
     return 1;
   }
+  std::unique_ptr<dd::kvpool::PoolMetrics> metrics;
+  std::string metrics_at = "off";
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    auto started = dd::kvpool::PoolMetrics::Start(**pool, m);
+    if (!started.ok()) {
+      std::cerr << "dd-kv-pool: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics = std::move(*started);
+    metrics_at = m.substr(0, m.rfind(':')) + ":" + std::to_string(metrics->port());
+  }
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  std::printf("dd-kv-pool: listening on %s:%d\n", listen.substr(0, listen.rfind(':')).c_str(), port);
+  std::printf("dd-kv-pool: listening on %s:%d metrics %s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
+              metrics_at.c_str());
   std::fflush(stdout);
 
   std::mutex mu;
@@ -112,5 +149,10 @@ int main(int argc, char** argv) {
   }
   cv.notify_all();
   reaper.join();
-  return 0;
+  // The metrics server takes seconds to stop politely; nothing is left to flush, so remove
+  // the regions' names and leave without running destructors.
+  (*pool)->UnlinkRegions();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(0);
 }

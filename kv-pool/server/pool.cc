@@ -1,5 +1,6 @@
 #include "kv-pool/server/pool.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -128,7 +129,7 @@ absl::StatusOr<Extent> Pool::Extend(int t, SequenceId seq, int64_t chunks) {
   Tenant& tn = *tenants_[t];
   auto s = Find(tn, seq);
   if (!s.ok()) return s.status();
-  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  if ((*s)->leases == 0) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
   return AllocateExtent(tn, **s, chunks);
 }
 
@@ -137,7 +138,7 @@ absl::Status Pool::Commit(int t, SequenceId seq, absl::Span<const uint64_t> keys
   Tenant& tn = *tenants_[t];
   auto s = Find(tn, seq);
   if (!s.ok()) return s.status();
-  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  if ((*s)->leases == 0) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
   for (size_t i = 0; i < keys.size(); ++i) {
     auto [it, inserted] = tn.prefix.try_emplace(keys[i], seq, static_cast<int64_t>(i + 1));
     if (inserted) (*s)->keys.push_back(keys[i]);
@@ -145,7 +146,7 @@ absl::Status Pool::Commit(int t, SequenceId seq, absl::Span<const uint64_t> keys
   return absl::OkStatus();
 }
 
-Pool::Prefix Pool::Lookup(int t, absl::Span<const uint64_t> keys) {
+Pool::Prefix Pool::Lookup(int t, absl::Span<const uint64_t> keys, bool lease, Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& tn = *tenants_[t];
   Prefix best;
@@ -159,7 +160,13 @@ Pool::Prefix Pool::Lookup(int t, absl::Span<const uint64_t> keys) {
     Seq& s = tn.seqs.at(best.seq);
     best.layout = s.layout;
     best.extents = s.extents;
-    if (!s.leased) tn.lru.splice(tn.lru.end(), tn.lru, s.lru);  // recently used
+    if (lease) {
+      if (s.leases == 0) tn.lru.erase(s.lru);
+      ++s.leases;
+      s.expires = std::max(s.expires, now + options_.lease_ttl);
+    } else if (s.leases == 0) {
+      tn.lru.splice(tn.lru.end(), tn.lru, s.lru);  // recently used
+    }
     ++tn.stats.prefix_hits;
   }
   return best;
@@ -171,7 +178,7 @@ absl::Status Pool::Renew(int t, absl::Span<const SequenceId> seqs, Clock::time_p
   for (SequenceId id : seqs) {
     auto s = Find(tn, id);
     if (!s.ok()) return s.status();
-    if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " lease already expired"));
+    if ((*s)->leases == 0) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " lease already expired"));
     (*s)->expires = now + options_.lease_ttl;
   }
   return absl::OkStatus();
@@ -183,12 +190,12 @@ void Pool::Free(Tenant& tn, SequenceId seq) {
   Seq& s = it->second;
   for (const Extent& e : s.extents) tn.alloc.Free(e.offset);
   for (uint64_t k : s.keys) tn.prefix.erase(k);
-  if (!s.leased && !s.keys.empty()) tn.lru.erase(s.lru);
+  if (s.leases == 0 && !s.keys.empty()) tn.lru.erase(s.lru);
   tn.seqs.erase(it);
 }
 
 void Pool::Unlease(Tenant& tn, SequenceId seq, Seq& s) {
-  s.leased = false;
+  s.leases = 0;
   if (s.keys.empty()) {
     Free(tn, seq);
   } else {
@@ -201,8 +208,8 @@ absl::Status Pool::Release(int t, SequenceId seq) {
   Tenant& tn = *tenants_[t];
   auto s = Find(tn, seq);
   if (!s.ok()) return s.status();
-  if (!(*s)->leased) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
-  Unlease(tn, seq, **s);
+  if ((*s)->leases == 0) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  if (--(*s)->leases == 0) Unlease(tn, seq, **s);
   return absl::OkStatus();
 }
 
@@ -212,13 +219,18 @@ int64_t Pool::ExpireLeases(Clock::time_point now) {
   for (auto& tn : tenants_) {
     std::vector<SequenceId> expired;
     for (auto& [id, s] : tn->seqs) {
-      if (s.leased && s.expires <= now) expired.push_back(id);
+      if (s.leases > 0 && s.expires <= now) expired.push_back(id);
     }
     for (SequenceId id : expired) Unlease(*tn, id, tn->seqs.at(id));
     tn->stats.expired_leases += static_cast<int64_t>(expired.size());
     n += static_cast<int64_t>(expired.size());
   }
   return n;
+}
+
+void Pool::UnlinkRegions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& tn : tenants_) tn->region.Unlink();
 }
 
 PoolStats Pool::Stats(int t) const {
@@ -228,7 +240,7 @@ PoolStats Pool::Stats(int t) const {
   s.region_bytes = tn.alloc.size();
   s.used_bytes = tn.alloc.used();
   s.sequences = static_cast<int64_t>(tn.seqs.size());
-  for (const auto& [id, q] : tn.seqs) s.leased_bytes += q.leased ? q.bytes : 0;
+  for (const auto& [id, q] : tn.seqs) s.leased_bytes += q.leases > 0 ? q.bytes : 0;
   return s;
 }
 

@@ -51,6 +51,7 @@ class Pool {
 
   // The tenant whose token is `bearer` ("Bearer <token>"); Unauthenticated otherwise.
   absl::StatusOr<int> Authenticate(absl::string_view bearer) const;
+  int tenants() const { return static_cast<int>(tenants_.size()); }
   const std::string& tenant_name(int t) const { return tenants_[t]->config.name; }
   const std::string& shm_name(int t) const { return tenants_[t]->region.name(); }
   int64_t region_bytes(int t) const { return tenants_[t]->region.size(); }  // mapped size (>= quota)
@@ -66,22 +67,26 @@ class Pool {
     KvLayout layout;
     std::vector<Extent> extents;
   };
-  Prefix Lookup(int t, absl::Span<const uint64_t> keys);
+  // With `lease`, a match takes a lease on the sequence (released with Release, renewed with
+  // Renew, like the owner's); several holders may lease one sequence.
+  Prefix Lookup(int t, absl::Span<const uint64_t> keys, bool lease = false, Clock::time_point now = {});
   absl::Status Renew(int t, absl::Span<const SequenceId> seqs, Clock::time_point now);
   absl::Status Release(int t, SequenceId seq);
   // Drops leases that ran out; uncommitted sequences are freed. Returns how many expired.
   int64_t ExpireLeases(Clock::time_point now);
   PoolStats Stats(int t) const;
+  // Removes every tenant region's name (for a fast exit that skips destructors).
+  void UnlinkRegions();
 
  private:
   struct Seq {
     KvLayout layout;
     std::vector<Extent> extents;
     int64_t bytes = 0;
-    bool leased = true;
+    int leases = 1;             // holders; 0 = unleased (evictable if committed, else freed)
     Clock::time_point expires;
     std::vector<uint64_t> keys;  // committed prefix keys
-    std::list<SequenceId>::iterator lru;  // valid when !leased && committed
+    std::list<SequenceId>::iterator lru;  // valid when leases == 0 && committed
   };
   struct Tenant {
     TenantConfig config;

@@ -3,6 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,76 +17,55 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "kv-pool/client/shm_kv_store.h"
+#include "kv-pool/client/pool_kv_store.h"
+#include "kv-pool/server/pool_process.h"
 #include "proto/kvpool.grpc.pb.h"
 
 namespace dd::kvpool {
 namespace {
 
-constexpr char kAlice[] = "alice-token-0123456789", kBob[] = "bob-token-0123456789ab";
+using testing_util::kAlice;
+using testing_util::kBob;
+using testing_util::PoolProcess;
 const KvLayout kLayout{.n_layers = 3, .n_kv_heads = 2, .head_dim = 32, .chunk_tokens = 8};
 
-// Starts dd-kv-pool (next to this test binary) and reads the port it prints.
-class PoolProcess {
- public:
-  explicit PoolProcess(int64_t lease_ttl_ms = 30000) {
-    const std::string dir = ::testing::TempDir();
-    const std::string cfg = dir + "/tenants-" + std::to_string(getpid()) + ".json";
-    std::ofstream(cfg) << R"([{"name": "alice", "token": ")" << kAlice << R"(", "quota": "8MiB"},
-                              {"name": "bob", "token": ")" << kBob << R"(", "quota": "1MiB"}])";
-    char self[4096] = {};
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    std::string exe = std::string(self, n > 0 ? n : 0);
-    exe = exe.substr(0, exe.rfind('/')) + "/dd-kv-pool";
-    int out[2];
-    EXPECT_EQ(pipe(out), 0);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      const std::string ttl = "--lease_ttl_ms=" + std::to_string(lease_ttl_ms), tenants = "--tenants=" + cfg;
-      execl(exe.c_str(), exe.c_str(), tenants.c_str(), ttl.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    std::string line;
-    pollfd pfd{out[0], POLLIN, 0};
-    char c = 0;
-    while (poll(&pfd, 1, 20000) == 1 && read(out[0], &c, 1) == 1 && c != '\n') line += c;
-    close(out[0]);
-    const auto at = line.rfind("listening on ");
-    EXPECT_NE(at, std::string::npos) << "pool did not start: '" << line << "'";
-    if (at != std::string::npos) address_ = line.substr(at + 13);
-  }
-  ~PoolProcess() { Kill(SIGTERM); }
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    if (sig == SIGKILL) {  // a killed pool leaves its regions behind: remove them
-      std::error_code ec;
-      const std::string prefix = "dd-kvpool-" + std::to_string(pid_) + "-";
-      for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-        if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
-      }
-    }
-    pid_ = -1;
-  }
-  const std::string& address() const { return address_; }
-  std::unique_ptr<v1::KvPool::Stub> Stub() {
-    return v1::KvPool::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-};
-
-std::unique_ptr<KvStore> Connect(const PoolProcess& p, const char* token, LinkModel link = {}) {
-  auto s = ConnectShmKvStore({.address = p.address(), .token = token, .link = link, .first_extent_chunks = 4});
+std::unique_ptr<KvStore> Connect(const PoolProcess& p, const char* token, LinkModel link = {},
+                                 PoolTransport transport = PoolTransport::kShm) {
+  auto s = ConnectPoolKvStore({.address = p.address(), .token = token, .transport = transport, .link = link,
+                               .first_extent_chunks = 4});
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
+}
+
+// GET http://host:port/metrics with a plain socket; returns the body ("" on failure).
+std::string Scrape(const std::string& hostport) {
+  const auto colon = hostport.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + hostport + "\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, n);
+  close(fd);
+  const auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// The value of the first sample line starting with `series` in a Prometheus text body.
+double Sample(const std::string& body, const std::string& series) {
+  const auto at = body.find("\n" + series);
+  if (at == std::string::npos) return -1;
+  const auto eol = body.find('\n', at + 1);
+  const std::string line = body.substr(at + 1, eol - at - 1);
+  return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
 std::vector<float> BlockFor(uint64_t seed, const ChunkRef& r) {
@@ -93,9 +75,16 @@ std::vector<float> BlockFor(uint64_t seed, const ChunkRef& r) {
   return b;
 }
 
-TEST(PoolProcessTest, ConcurrentWriteGatherRoundTripsExactly) {
+// Both data paths: shared memory (mapped region) and UCX (one-sided puts and gets; UCX picks
+// the transport: shared memory or tcp on this host).
+class PoolTransportTest : public ::testing::TestWithParam<PoolTransport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, PoolTransportTest, ::testing::Values(PoolTransport::kShm, PoolTransport::kUcx),
+                         [](const auto& info) { return info.param == PoolTransport::kShm ? "shm" : "ucx"; });
+
+TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
   PoolProcess pool;
-  auto store = Connect(pool, kAlice, {.bandwidth_gbps = 5, .latency_us = 5});
+  auto store = Connect(pool, kAlice, {.bandwidth_gbps = 5, .latency_us = 5}, GetParam());
   ASSERT_NE(store, nullptr);
   std::atomic<int> mismatches{0}, errors{0};
   std::vector<std::thread> threads;
@@ -137,7 +126,7 @@ TEST(PoolProcessTest, ConcurrentWriteGatherRoundTripsExactly) {
 
 TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
   PoolProcess pool;
-  auto bad = ConnectShmKvStore({.address = pool.address(), .token = "wrong-token-000000000", .link = {}});
+  auto bad = ConnectPoolKvStore({.address = pool.address(), .token = "wrong-token-000000000"});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnauthenticated) << bad.status();
   auto stub = pool.Stub();
   {
@@ -171,6 +160,52 @@ TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
   EXPECT_EQ(bob->Write(*seq, {5, 0, 0}, block.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PoolProcessTest, MetricsReflectThePool) {
+  PoolProcess pool;
+  auto store = Connect(pool, kAlice);
+  ASSERT_NE(store, nullptr);
+  auto seq = store->Open(kLayout);
+  ASSERT_TRUE(seq.ok());
+  const std::string used = R"(dd_pool_bytes{tenant="alice",state="used"})";
+  std::string body = Scrape(pool.metrics());
+  ASSERT_NE(body.find("# TYPE dd_pool_bytes gauge"), std::string::npos) << body;
+  EXPECT_GT(Sample(body, used), 0);
+  EXPECT_EQ(Sample(body, R"(dd_pool_bytes{tenant="bob",state="quota"})"), 1 << 20);
+  EXPECT_EQ(Sample(body, R"(dd_pool_sequences{tenant="alice"})"), 1);
+  ASSERT_TRUE(store->Release(*seq).ok());
+  body = Scrape(pool.metrics());
+  EXPECT_EQ(Sample(body, used), 0);
+  EXPECT_EQ(Sample(body, R"(dd_pool_sequences{tenant="alice"})"), 0);
+}
+
+TEST(PoolProcessTest, LayersStripedOverTwoPools) {
+  PoolProcess a, b;
+  auto store = OpenKvStore("shm://" + a.address() + ",shm://" + b.address(), kAlice, {});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto seq = (*store)->Open(kLayout);
+  ASSERT_TRUE(seq.ok());
+  std::vector<ChunkRef> refs;
+  for (int64_t c = 0; c < 6; ++c) {
+    for (int32_t l = 0; l < 3; ++l) {
+      refs.push_back({l, static_cast<int32_t>(c % 2), c});
+      ASSERT_TRUE((*store)->Write(*seq, refs.back(), BlockFor(3, refs.back()).data()).ok());
+    }
+  }
+  std::vector<float> dst(refs.size() * kLayout.block_floats());
+  auto id = (*store)->Gather(*seq, refs, dst.data(), Priority::kBackground);
+  ASSERT_TRUE(id.ok() && (*store)->Wait(*id).ok());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&dst[i * kLayout.block_floats()], BlockFor(3, refs[i]).data(),
+                          kLayout.block_floats() * sizeof(float)), 0) << i;
+  }
+  // Both pools hold part of it.
+  const std::string used = R"(dd_pool_bytes{tenant="alice",state="used"})";
+  EXPECT_GT(Sample(Scrape(a.metrics()), used), 0);
+  EXPECT_GT(Sample(Scrape(b.metrics()), used), 0);
+  EXPECT_EQ(OpenKvStore("shm://" + a.address() + ",inproc://", kAlice, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PoolProcessTest, ExpiredLeaseFreesMemory) {
   PoolProcess pool(/*lease_ttl_ms=*/300);
   auto stub = pool.Stub();
@@ -200,9 +235,9 @@ TEST(PoolProcessTest, ExpiredLeaseFreesMemory) {
   EXPECT_EQ(stats.expired_leases(), 1);
 }
 
-TEST(PoolProcessTest, KilledPoolGivesACleanErrorNotAHang) {
+TEST_P(PoolTransportTest, KilledPoolGivesACleanErrorNotAHang) {
   PoolProcess pool(/*lease_ttl_ms=*/600);
-  auto store = Connect(pool, kAlice);
+  auto store = Connect(pool, kAlice, {}, GetParam());
   ASSERT_NE(store, nullptr);
   auto seq = store->Open(kLayout);
   ASSERT_TRUE(seq.ok());
@@ -212,15 +247,16 @@ TEST(PoolProcessTest, KilledPoolGivesACleanErrorNotAHang) {
   const auto t0 = std::chrono::steady_clock::now();
   auto open = store->Open(kLayout);
   EXPECT_EQ(open.status().code(), absl::StatusCode::kUnavailable) << open.status();
-  // Data-path calls fail once the lease renewal notices, within a bounded time; until then
-  // a gather returns the right bytes (the mapping outlives the process), never wrong ones.
+  // Data-path calls fail once the lease renewal (or UCX) notices, within a bounded time;
+  // until then a gather returns the right bytes (a shm mapping outlives the process), never
+  // wrong ones.
   absl::Status st;
   std::vector<float> dst(kLayout.block_floats());
   while (st.ok() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
     auto id = store->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
     st = id.status();
-    if (id.ok()) {
-      ASSERT_TRUE(store->Wait(*id).ok());
+    if (id.ok()) st = store->Wait(*id);  // a transfer in flight may fail too (ucx)
+    if (id.ok() && st.ok()) {
       ASSERT_EQ(std::memcmp(dst.data(), BlockFor(9, r).data(), dst.size() * sizeof(float)), 0);
     }
     std::this_thread::yield();

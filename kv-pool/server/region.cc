@@ -63,6 +63,11 @@ ShmRegion& ShmRegion::operator=(ShmRegion&& o) noexcept {
   return *this;
 }
 
+void ShmRegion::Unlink() {
+  if (!name_.empty()) shm_unlink(name_.c_str());
+  name_.clear();
+}
+
 ShmRegion::~ShmRegion() {
   if (data_ != nullptr) munmap(data_, size_);
   if (!name_.empty()) shm_unlink(name_.c_str());

@@ -25,6 +25,8 @@ class ShmRegion {
   ~ShmRegion();  // unmaps and unlinks
 
   const std::string& name() const { return name_; }
+  // Removes the name now (the mapping stays valid); the destructor then only unmaps.
+  void Unlink();
   int64_t size() const { return size_; }
   uint8_t* data() const { return data_; }
 

@@ -40,6 +40,11 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   resp->set_shm_name(pool_.shm_name(t));
   resp->set_region_bytes(pool_.region_bytes(t));
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
+  resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));
+  if (!ucx_.worker_address.empty()) {
+    resp->set_ucx_worker_address(ucx_.worker_address);
+    resp->set_ucx_rkey(ucx_.rkeys[t]);
+  }
   return grpc::Status::OK;
 }
 
@@ -70,7 +75,8 @@ grpc::Status KvPoolService::Commit(grpc::ServerContext* ctx, const v1::CommitReq
 grpc::Status KvPoolService::LookupPrefix(grpc::ServerContext* ctx, const v1::LookupPrefixRequest* req,
                                          v1::LookupPrefixResponse* resp) {
   DD_TENANT(t, ctx);
-  const Pool::Prefix p = pool_.Lookup(t, {req->block_keys().data(), static_cast<size_t>(req->block_keys_size())});
+  const Pool::Prefix p = pool_.Lookup(t, {req->block_keys().data(), static_cast<size_t>(req->block_keys_size())},
+                                      req->lease(), Pool::Clock::now());
   resp->set_blocks(p.blocks);
   resp->set_sequence(p.seq);
   for (const Extent& e : p.extents) ToProto(e, resp->add_extents());

@@ -8,9 +8,15 @@
 
 namespace dd::kvpool {
 
+// What Handshake tells a tenant about the pool's UCX side (empty when it runs without).
+struct UcxInfo {
+  std::string worker_address;
+  std::vector<std::string> rkeys;  // per tenant
+};
+
 class KvPoolService final : public v1::KvPool::Service {
  public:
-  explicit KvPoolService(Pool& pool) : pool_(pool) {}
+  KvPoolService(Pool& pool, UcxInfo ucx) : pool_(pool), ucx_(std::move(ucx)) {}
   grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override;
   grpc::Status Open(grpc::ServerContext* ctx, const v1::OpenRequest* req, v1::OpenResponse* resp) override;
   grpc::Status Extend(grpc::ServerContext* ctx, const v1::ExtendRequest* req, v1::ExtendResponse* resp) override;
@@ -25,6 +31,7 @@ class KvPoolService final : public v1::KvPool::Service {
  private:
   absl::StatusOr<int> Tenant(grpc::ServerContext* ctx) const;
   Pool& pool_;
+  UcxInfo ucx_;
 };
 
 grpc::Status ToGrpc(const absl::Status& st);

@@ -23,18 +23,19 @@ def pool(tmp_path_factory):
     if "listening on" not in line:
         proc.kill()
         pytest.fail(f"dd-kv-pool did not start: {line!r} {proc.stderr.read()}", pytrace=False)
-    yield line.rsplit(" ", 1)[1].strip()
+    yield line.split()[3]  # "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT"
     proc.terminate()
     proc.wait(timeout=30)
 
 
+@pytest.mark.parametrize("scheme", ["shm", "ucx"])
 @pytest.mark.parametrize("mode", ["sparse", "dualdecoder"])
-def test_pool_store_matches_inproc(tiny, pool, mode):  # noqa: F811
+def test_pool_store_matches_inproc(tiny, pool, mode, scheme):  # noqa: F811
     args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
             "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64", "--mode", mode]
     env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
     local = ddctl(*args)
-    remote = ddctl(*args, "--kv_store", f"shm://{pool}", env=env)
+    remote = ddctl(*args, "--kv_store", f"{scheme}://{pool}", env=env)
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
     jl, jr = json.loads(local.stdout), json.loads(remote.stdout)
     assert jl["tokens"] == jr["tokens"]
@@ -46,4 +47,24 @@ def test_pool_errors_are_clear(tiny, pool):  # noqa: F811
     wrong = ddctl(*args, "--kv_store", f"shm://{pool}", env=dict(os.environ, DD_KV_POOL_TOKEN="not-the-token-000000"))
     assert wrong.returncode != 0 and "unknown bearer token" in wrong.stderr, wrong.stderr
     bad = ddctl(*args, "--kv_store", "tcp://nowhere")
-    assert bad.returncode != 0 and "expected inproc:// or shm://" in bad.stderr, bad.stderr
+    assert bad.returncode != 0 and "expected inproc://" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("scheme", ["shm", "ucx"])
+def test_prefix_reuse_across_processes(tiny, pool, scheme):  # noqa: F811
+    """A second ddctl process whose prompt shares a prefix with the first restores it from
+    the pool (prefix_reused_tokens > 0) and generates the tokens a fresh prefill gives."""
+    env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
+    base = ["generate", "--model", str(tiny), "--max_new_tokens", "8", "--ignore_eos", "--json", "--budget", "64",
+            "--mode", "dualdecoder"]
+    shared = f"{scheme} shared prefix " + "the lazy dog sleeps " * 40
+    pooled = [*base, "--kv_store", f"{scheme}://{pool}", "--prefix_block", "64"]
+    first = ddctl(*pooled, "--prompt", shared + "and then", env=env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["prefix_reused_tokens"] == 0
+    second = ddctl(*pooled, "--prompt", shared + "while the cat", env=env)
+    assert second.returncode == 0, second.stderr
+    fresh = ddctl(*base, "--prompt", shared + "while the cat")
+    js, jf = json.loads(second.stdout), json.loads(fresh.stdout)
+    assert js["prefix_reused_tokens"] >= 64 and js["prefix_reused_tokens"] % 64 == 0
+    assert js["tokens"] == jf["tokens"]

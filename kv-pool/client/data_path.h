@@ -1,0 +1,37 @@
+// How a pool client moves block bytes (internal to kv-pool/client): the shared-memory path
+// maps the tenant's region and copies; the UCX path does one-sided puts and gets against the
+// region's remote key. Offsets are bytes into the tenant's region. Implementations serialize
+// their own calls.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/kvpool.pb.h"
+
+namespace dd::kvpool {
+
+class DataPath {
+ public:
+  virtual ~DataPath() = default;
+  virtual absl::Status Put(int64_t offset, const void* src, int64_t bytes) = 0;
+  // Reads `block_bytes` at each offset into dst, in order. Synchronous; called from the
+  // transfer thread. Fails (never hangs past `timeout_ms`) when the pool is gone.
+  virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, void* dst) = 0;
+  // For the shared-memory path: the mapped address of `offset` (gathers then copy directly).
+  virtual const uint8_t* Mapped(int64_t offset) const { return nullptr; }
+  // Raised by the store when it learns the pool is gone: waits in progress give up at once.
+  void set_abort(const std::atomic<bool>* flag) { abort_ = flag; }
+
+ protected:
+  bool aborted() const { return abort_ != nullptr && abort_->load(std::memory_order_acquire); }
+  const std::atomic<bool>* abort_ = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs);
+absl::StatusOr<std::unique_ptr<DataPath>> NewUcxDataPath(const v1::HandshakeResponse& hs, int64_t timeout_ms);
+
+}  // namespace dd::kvpool

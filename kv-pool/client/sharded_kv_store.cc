@@ -1,0 +1,140 @@
+// Layers striped over several stores (DESIGN §7 "sharding"): layer l of every sequence lives
+// in shard l % N. A gather is split into runs of consecutive refs on the same shard, each
+// issued to its shard into its place in dst; Wait waits for all of them.
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kv-pool/client/kv_store.h"
+
+namespace dd::kvpool {
+namespace {
+
+class ShardedKvStore : public KvStore {
+ public:
+  explicit ShardedKvStore(std::vector<std::unique_ptr<KvStore>> shards) : shards_(std::move(shards)) {}
+
+  absl::StatusOr<SequenceId> Open(const KvLayout& layout) override {
+    std::vector<SequenceId> ids;
+    for (auto& s : shards_) {
+      auto id = s->Open(layout);
+      if (!id.ok()) {
+        for (size_t i = 0; i < ids.size(); ++i) (void)shards_[i]->Release(ids[i]);
+        return id.status();
+      }
+      ids.push_back(*id);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const SequenceId id = ++next_seq_;
+    seqs_[id] = {layout, std::move(ids)};
+    return id;
+  }
+
+  absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
+    ASSIGN_OR_RETURN(const Seq s, Find(seq));
+    RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
+    const size_t k = ref.layer % shards_.size();
+    return shards_[k]->Write(s.ids[k], ref, block);
+  }
+
+  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
+                                    Priority priority) override {
+    ASSIGN_OR_RETURN(const Seq s, Find(seq));
+    for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
+    std::vector<std::pair<size_t, TransferId>> parts;
+    const int64_t bf = s.layout.block_floats();
+    for (size_t i = 0; i < refs.size();) {
+      const size_t k = refs[i].layer % shards_.size();
+      size_t j = i + 1;
+      while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
+      auto id = shards_[k]->Gather(s.ids[k], refs.subspan(i, j - i), dst + i * bf, priority);
+      if (!id.ok()) {
+        for (auto [shard, tid] : parts) (void)shards_[shard]->Wait(tid);  // nothing left writing dst
+        return id.status();
+      }
+      parts.emplace_back(k, *id);
+      i = j;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const TransferId id = ++next_transfer_;
+    transfers_[id] = std::move(parts);
+    return id;
+  }
+
+  absl::Status Wait(TransferId id) override {
+    std::vector<std::pair<size_t, TransferId>> parts;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = transfers_.find(id);
+      if (it == transfers_.end()) return absl::OkStatus();
+      parts = std::move(it->second);
+      transfers_.erase(it);
+    }
+    absl::Status result;
+    for (auto [shard, tid] : parts) {
+      absl::Status st = shards_[shard]->Wait(tid);
+      if (result.ok()) result = st;
+    }
+    return result;
+  }
+
+  absl::Status Release(SequenceId seq) override {
+    Seq s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = seqs_.find(seq);
+      if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+      s = std::move(it->second);
+      seqs_.erase(it);
+    }
+    absl::Status result;
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      absl::Status st = shards_[k]->Release(s.ids[k]);
+      if (result.ok()) result = st;
+    }
+    return result;
+  }
+
+  int64_t bytes_stored() const override {
+    int64_t n = 0;
+    for (const auto& s : shards_) n += s->bytes_stored();
+    return n;
+  }
+  int64_t wait_ns() const override {
+    int64_t n = 0;
+    for (const auto& s : shards_) n += s->wait_ns();
+    return n;
+  }
+  void SetLink(const LinkModel& link) override {
+    for (auto& s : shards_) s->SetLink(link);
+  }
+
+ private:
+  struct Seq {
+    KvLayout layout;
+    std::vector<SequenceId> ids;  // per shard
+  };
+  absl::StatusOr<Seq> Find(SequenceId seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    return it->second;
+  }
+
+  std::vector<std::unique_ptr<KvStore>> shards_;
+  mutable std::mutex mu_;
+  std::unordered_map<SequenceId, Seq> seqs_;
+  std::unordered_map<TransferId, std::vector<std::pair<size_t, TransferId>>> transfers_;
+  SequenceId next_seq_ = 0;
+  TransferId next_transfer_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>> shards) {
+  return std::make_unique<ShardedKvStore>(std::move(shards));
+}
+
+}  // namespace dd::kvpool

@@ -1,0 +1,77 @@
+#include "kv-pool/server/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/metric_type.h"
+#include "prometheus/exposer.h"
+
+namespace dd::kvpool {
+namespace {
+
+class PoolCollectable : public prometheus::Collectable {
+ public:
+  explicit PoolCollectable(const Pool& pool) : pool_(pool) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricType;
+    prometheus::MetricFamily bytes{"dd_pool_bytes", "Pool memory by tenant and state", MetricType::Gauge, {}};
+    prometheus::MetricFamily seqs{"dd_pool_sequences", "Sequences stored", MetricType::Gauge, {}};
+    prometheus::MetricFamily evictions{"dd_pool_evictions_total", "Sequences evicted (LRU, unleased)",
+                                       MetricType::Counter, {}};
+    prometheus::MetricFamily expired{"dd_pool_expired_leases_total", "Leases that ran out", MetricType::Counter, {}};
+    prometheus::MetricFamily hits{"dd_pool_prefix_hits_total", "Prefix lookups that found blocks",
+                                  MetricType::Counter, {}};
+    for (int t = 0; t < pool_.tenants(); ++t) {
+      const PoolStats s = pool_.Stats(t);
+      const std::string& name = pool_.tenant_name(t);
+      for (auto [state, v] : {std::pair{"quota", s.region_bytes}, {"used", s.used_bytes}, {"leased", s.leased_bytes}}) {
+        bytes.metric.push_back(Gauge({{"tenant", name}, {"state", state}}, static_cast<double>(v)));
+      }
+      seqs.metric.push_back(Gauge({{"tenant", name}}, static_cast<double>(s.sequences)));
+      evictions.metric.push_back(Counter({{"tenant", name}}, static_cast<double>(s.evictions)));
+      expired.metric.push_back(Counter({{"tenant", name}}, static_cast<double>(s.expired_leases)));
+      hits.metric.push_back(Counter({{"tenant", name}}, static_cast<double>(s.prefix_hits)));
+    }
+    return {bytes, seqs, evictions, expired, hits};
+  }
+
+ private:
+  static prometheus::ClientMetric Gauge(std::vector<prometheus::ClientMetric::Label> labels, double v) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    m.gauge.value = v;
+    return m;
+  }
+  static prometheus::ClientMetric Counter(std::vector<prometheus::ClientMetric::Label> labels, double v) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    m.counter.value = v;
+    return m;
+  }
+  const Pool& pool_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PoolMetrics>> PoolMetrics::Start(const Pool& pool, const std::string& listen) {
+  std::unique_ptr<PoolMetrics> m(new PoolMetrics());
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", listen, ": ", e.what()));
+  }
+  auto collectable = std::make_shared<PoolCollectable>(pool);
+  m->exposer_->RegisterCollectable(collectable);
+  m->collectable_ = collectable;
+  const std::vector<int> ports = m->exposer_->GetListeningPorts();
+  m->port_ = ports.empty() ? 0 : ports.front();
+  return m;
+}
+
+PoolMetrics::~PoolMetrics() = default;
+
+}  // namespace dd::kvpool

@@ -1,0 +1,86 @@
+// Runs a real dd-kv-pool process (the binary next to the running one) with two tenants, for
+// tests and benchmarks: alice (8 MiB quota unless given) and bob (1 MiB). Ports are picked by
+// the pool (port 0) and read from the line it prints. address() is empty if it failed to start.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "proto/kvpool.grpc.pb.h"
+
+namespace dd::kvpool::testing_util {
+
+inline constexpr char kAlice[] = "alice-token-0123456789", kBob[] = "bob-token-0123456789ab";
+
+// Starts dd-kv-pool (next to this test binary) and reads the port it prints.
+class PoolProcess {
+ public:
+  explicit PoolProcess(int64_t lease_ttl_ms = 30000, const std::string& alice_quota = "8MiB") {
+    const std::string dir = std::filesystem::temp_directory_path().string();
+    const std::string cfg = dir + "/tenants-" + std::to_string(getpid()) + ".json";
+    std::ofstream(cfg) << R"([{"name": "alice", "token": ")" << kAlice << R"(", "quota": ")" << alice_quota << R"("},
+                              {"name": "bob", "token": ")" << kBob << R"(", "quota": "1MiB"}])";
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    std::string exe = std::string(self, n > 0 ? n : 0);
+    exe = exe.substr(0, exe.rfind('/')) + "/dd-kv-pool";
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      const std::string ttl = "--lease_ttl_ms=" + std::to_string(lease_ttl_ms), tenants = "--tenants=" + cfg;
+      execl(exe.c_str(), exe.c_str(), tenants.c_str(), ttl.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    std::string line;
+    pollfd pfd{out[0], POLLIN, 0};
+    char c = 0;
+    while (poll(&pfd, 1, 20000) == 1 && read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    close(out[0]);
+    const auto at = line.rfind("listening on ");
+    if (at == std::string::npos) {
+      std::fprintf(stderr, "dd-kv-pool did not start: '%s'\n", line.c_str());
+    } else {
+      address_ = line.substr(at + 13, line.find(' ', at + 13) - (at + 13));
+      metrics_ = line.substr(line.rfind(' ') + 1);
+    }
+  }
+  ~PoolProcess() { Kill(SIGTERM); }
+  void Kill(int sig) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    if (sig == SIGKILL) {  // a killed pool leaves its regions behind: remove them
+      std::error_code ec;
+      const std::string prefix = "dd-kvpool-" + std::to_string(pid_) + "-";
+      for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+        if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+      }
+    }
+    pid_ = -1;
+  }
+  const std::string& address() const { return address_; }
+  const std::string& metrics() const { return metrics_; }
+  std::unique_ptr<v1::KvPool::Stub> Stub() {
+    return v1::KvPool::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_, metrics_;
+};
+
+}  // namespace dd::kvpool::testing_util
