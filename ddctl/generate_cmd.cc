@@ -132,6 +132,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     j["text"] = r.text;
     j["tokens"] = r.tokens;
     j["prompt_tokens"] = r.prompt_tokens;
+    j["prefix_reused_tokens"] = r.prefix_reused_tokens;
     j["generated_tokens"] = r.tokens.size();
     j["stop_reason"] = r.stop_reason;
     j["ttft_s"] = r.ttft_s;

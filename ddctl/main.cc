@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, device_memory, "0",
 ABSL_FLAG(std::string, kv_store, "inproc://",
           "sparse modes: where offloaded KV lives: inproc:// or shm://HOST:PORT (a dd-kv-pool on this host; "
           "token from $DD_KV_POOL_TOKEN)");
+ABSL_FLAG(int64_t, prefix_block, 0,
+          "Prefix reuse with a pool --kv_store (sparse modes): key prompts in blocks of this many tokens "
+          "(e.g. 256); a prompt starting with a stored prefix skips prefilling it. 0 = off");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
   }
   cfg.engine.device_memory_bytes = *device_memory;
   cfg.engine.kv_store = absl::GetFlag(FLAGS_kv_store);
+  cfg.engine.prefix_block_tokens = absl::GetFlag(FLAGS_prefix_block);
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) cfg.engine.kv_store_token = token;
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);

@@ -51,6 +51,41 @@ int64_t DenseKvCache::device_bytes() const {
   return total;
 }
 
+const float* DenseKvCache::KRow(int32_t seq, int64_t layer, int64_t pos) const {
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].k.empty()) return nullptr;
+  const Slot& s = slots_[seq];
+  const int64_t ring = s.ring[layer];
+  if (pos < 0 || pos >= s.length[layer] || (ring > 0 && pos < s.length[layer] - ring)) return nullptr;
+  return &s.k[layer][RowOf(s, layer, pos) * config_.n_head_kv * config_.head_dim];
+}
+
+const float* DenseKvCache::VRow(int32_t seq, int64_t layer, int64_t pos) const {
+  const float* k = KRow(seq, layer, pos);
+  if (k == nullptr) return nullptr;
+  const Slot& s = slots_[seq];
+  return &s.v[layer][RowOf(s, layer, pos) * config_.n_head_kv * config_.head_dim];
+}
+
+void DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n) {
+  Slot& slot = GetSlot(seq);
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  const bool sliding = config_.layer_is_swa[layer];
+  // A sliding layer gets the decode-time ring of window + 1 rows; the next prefill chunk
+  // grows it (Reserve re-homes what it keeps). A global layer holds every position.
+  const int64_t ring = sliding ? config_.sliding_window + 1 : 0;
+  slot.ring[layer] = ring;
+  slot.k[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
+  slot.v[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
+  slot.length[layer] = length;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = length - n + i;
+    if (sliding && pos < length - ring) continue;
+    const int64_t row = RowOf(slot, layer, pos);
+    std::memcpy(&slot.k[layer][row * kv_dim], k + i * kv_dim, kv_dim * sizeof(float));
+    std::memcpy(&slot.v[layer][row * kv_dim], v + i * kv_dim, kv_dim * sizeof(float));
+  }
+}
+
 absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
   const int64_t n = static_cast<int64_t>(call.rows.size());
   int64_t r0 = 0;

@@ -31,6 +31,15 @@ class DenseKvCache : public KvCache {
 
   absl::Status Attend(const model::AttentionCall& call) override;
 
+  // K and V rows (n_head_kv × head_dim) of a stored position still held (a sliding layer
+  // holds the last window positions only); nullptr otherwise.
+  const float* KRow(int32_t seq, int64_t layer, int64_t pos) const;
+  const float* VRow(int32_t seq, int64_t layer, int64_t pos) const;
+  // Makes `layer` of slot `seq` hold `length` positions, of which the rows of positions
+  // [length - n, length) are given (k and v: n × n_head_kv × head_dim): the state after a
+  // prefill of `length` tokens, for a sliding layer when n >= min(length, window).
+  void LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n);
+
  private:
   struct Slot {
     std::vector<int64_t> length;           // per layer: positions stored

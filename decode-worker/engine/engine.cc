@@ -5,7 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kv-pool/client/shm_kv_store.h"
+#include "glog/logging.h"
+#include "kv-pool/client/pool_kv_store.h"
 
 namespace dd::engine {
 
@@ -33,6 +34,20 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
           DecodeModeName(options_.mode), " mode: the smallest needs ", MiB(need), " (", plan_.Describe(one), ")"));
       return;
     }
+  }
+  if (options_.prefix_block_tokens != 0) {
+    const int64_t B = options_.prefix_block_tokens, C = options_.sparse.chunk_tokens;
+    if (options_.mode == DecodeMode::kFull) {
+      init_status_ = absl::InvalidArgumentError("prefix reuse needs a sparse mode (sparse or dualdecoder)");
+      return;
+    }
+    if (B < 0 || C <= 0 || B % C != 0) {
+      init_status_ = absl::InvalidArgumentError(
+          absl::StrCat("prefix_block_tokens must be a positive multiple of the chunk (", C, "), got ", B));
+      return;
+    }
+    options_.sparse.offload_sliding = true;
+    prefix_ns_ = {ModelFingerprint(model), {model.config.n_layer, model.config.n_head_kv, model.config.head_dim, C}, B, 0};
   }
   if (options_.mode != DecodeMode::kFull) {
     auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link);
@@ -189,9 +204,14 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     if (p < 0 || p >= n) return absl::InvalidArgumentError(absl::StrCat("position ", p, " outside the prompt [0, ", n, ")"));
     want[p] = true;
   }
+  // Prefix reuse covers blocks before the first position whose logits are wanted.
+  int64_t start = 0;
+  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr && !positions.empty()) {
+    start = RestorePrefix(seq, tokens, std::min(*std::min_element(positions.begin(), positions.end()), n - 1));
+  }
   std::vector<float> out, chunk_logits;
   std::vector<BatchRow> rows;
-  for (int64_t b = 0; b < n; b += options_.prefill_chunk) {
+  for (int64_t b = start; b < n; b += options_.prefill_chunk) {
     const int64_t e = std::min(n, b + options_.prefill_chunk);
     rows.clear();
     for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
@@ -203,6 +223,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
     if (on_progress) on_progress(e, n);
   }
+  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) CommitPrefix(seq, tokens.first(n - 1));
   // Positions may be given in any order; return rows in the order asked.
   if (!positions.empty()) {
     std::vector<int64_t> sorted(positions.begin(), positions.end());
@@ -217,6 +238,35 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     return ordered;
   }
   return out;
+}
+
+int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit) {
+  const std::vector<uint64_t> keys = kvpool::PrefixKeys(prefix_ns_, tokens.first(limit));
+  if (keys.empty()) return 0;
+  const int64_t B = options_.prefix_block_tokens;
+  auto match = store_->LookupPrefix(keys, prefix_ns_.layout, B / options_.sparse.chunk_tokens);
+  if (!match.ok()) {
+    LOG(WARNING) << "prefix lookup failed, prefilling the whole prompt: " << match.status();
+    return 0;
+  }
+  if (match->blocks == 0) return 0;
+  absl::Status st = sparse_->RestorePrefix(seq, match->seq, match->blocks * B);
+  (void)store_->Release(match->seq);
+  if (!st.ok()) {
+    LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
+    kv_->Reset(seq);
+    return 0;
+  }
+  prefix_reused_tokens_ += match->blocks * B;
+  return match->blocks * B;
+}
+
+void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
+  const std::vector<uint64_t> keys = kvpool::PrefixKeys(prefix_ns_, tokens);
+  if (keys.empty()) return;
+  if (absl::Status st = sparse_->CommitPrefix(seq, keys); !st.ok()) {
+    LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
+  }
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
@@ -343,8 +393,10 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;
+  const int64_t reused_before = prefix_reused_tokens_;
   ASSIGN_OR_RETURN(std::vector<float> logits,
                    PromptLogits(kSeq, prompt, absl::MakeConstSpan(&last, 1), options.on_prefill_progress));
+  res.prefix_reused_tokens = prefix_reused_tokens_ - reused_before;
   Sampler sampler(options.sampling);
   const model::Tokenizer& tok = *model_.tokenizer;
   model::Utf8StreamBuffer utf8;

@@ -16,6 +16,7 @@
 #include "common/thread_pool.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/memory_plan.h"
+#include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
 #include "decode-worker/model/transformer.h"
@@ -37,6 +38,10 @@ struct EngineOptions {
   // (a dd-kv-pool on this host, authenticated with kv_store_token).
   std::string kv_store = "inproc://";
   std::string kv_store_token{};
+  // Prefix reuse (sparse modes, a pool store): prompts are keyed in blocks of this many tokens
+  // (docs/prefix-keys.md); a prompt starting with a committed prefix restores it from the pool
+  // instead of prefilling it, and commits its own blocks afterwards. 0 = off.
+  int64_t prefix_block_tokens = 0;
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   // Device-memory budget in bytes (0 = unlimited): weights, workspace and every admitted
@@ -59,6 +64,7 @@ struct GenerateResult {
   std::string text;
   std::string stop_reason;      // "eos", "stop_string", "max_tokens", "context_full"
   int64_t prompt_tokens = 0;
+  int64_t prefix_reused_tokens = 0;  // prompt tokens restored from the pool, not prefilled
   double ttft_s = 0;            // prompt in → first token out
   double decode_s = 0;          // time for the tokens after the first
 };
@@ -82,6 +88,8 @@ class Engine {
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }
+  // Prompt tokens restored from committed prefixes instead of prefilled, since construction.
+  int64_t prefix_reused_tokens() const { return prefix_reused_tokens_; }
 
   const model::ModelConfig& config() const { return model_.config; }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
@@ -145,6 +153,12 @@ class Engine {
   absl::Status EnsureAdmitted(int32_t seq, int64_t prompt_tokens);
   MemoryPlan plan_;
   std::vector<Reservation> reservations_;  // per slot
+  // Restores the longest committed prefix of tokens[0, limit) into empty slot `seq`; returns
+  // the number of tokens restored (0 when none or on a pool error, which is logged).
+  int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
+  void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
+  kvpool::PrefixNamespace prefix_ns_;
+  int64_t prefix_reused_tokens_ = 0;
 };
 
 }  // namespace dd::engine

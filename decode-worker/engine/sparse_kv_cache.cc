@@ -173,8 +173,92 @@ absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const 
   return absl::OkStatus();
 }
 
+absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& call) {
+  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv;
+  std::vector<float>& block = offload_block_;
+  block.resize(2 * C * hd);
+  for (const model::BatchRow& row : call.rows) {
+    if (row.speculative || (row.pos + 1) % C != 0) continue;
+    ASSIGN_OR_RETURN(Seq * s, GetSeq(row.seq));
+    const int64_t c = (row.pos + 1) / C - 1;
+    for (int32_t g = 0; g < n_kv; ++g) {
+      for (int64_t t = 0; t < C; ++t) {
+        const float* k = dense_.KRow(row.seq, call.layer, c * C + t);
+        const float* v = dense_.VRow(row.seq, call.layer, c * C + t);
+        if (k == nullptr || v == nullptr) return absl::InternalError("sliding chunk left the ring before its offload");
+        std::memcpy(&block[t * hd], k + g * hd, hd * sizeof(float));
+        std::memcpy(&block[(C + t) * hd], v + g * hd, hd * sizeof(float));
+      }
+      RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(call.layer), g, c}, block.data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
+  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
+  if (tokens <= 0 || tokens % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
+  }
+  if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
+  const int64_t chunks = tokens / C, batch = 64;  // chunks per gather
+  std::vector<float> blocks, krows, vrows;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const bool sliding = config_.layer_is_swa[l];
+    // Sliding layers keep the last window + 1 positions on the device.
+    const int64_t keep_from = sliding ? std::max<int64_t>(0, tokens - config_.sliding_window - 1) : 0;
+    if (sliding) {
+      krows.assign((tokens - keep_from) * kv_dim, 0.0f);
+      vrows.assign((tokens - keep_from) * kv_dim, 0.0f);
+    }
+    for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
+      const int64_t c1 = std::min(chunks, c0 + batch);
+      std::vector<kvpool::ChunkRef> refs;
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int32_t g = 0; g < n_kv; ++g) refs.push_back({static_cast<int32_t>(l), g, c});
+      }
+      blocks.resize(refs.size() * 2 * C * hd);
+      ASSIGN_OR_RETURN(kvpool::TransferId tid, store_->Gather(handle, refs, blocks.data(), kvpool::Priority::kUrgent));
+      RETURN_IF_ERROR(store_->Wait(tid));
+      std::vector<float> k(kv_dim), v(kv_dim);
+      for (int64_t c = c0; c < c1; ++c) {
+        const float* chunk = &blocks[(c - c0) * n_kv * 2 * C * hd];
+        for (int64_t t = 0; t < C; ++t) {
+          const int64_t pos = c * C + t;
+          for (int32_t g = 0; g < n_kv; ++g) {
+            std::memcpy(&k[g * hd], chunk + g * 2 * C * hd + t * hd, hd * sizeof(float));
+            std::memcpy(&v[g * hd], chunk + g * 2 * C * hd + (C + t) * hd, hd * sizeof(float));
+          }
+          if (!sliding) {
+            RETURN_IF_ERROR(Append(*s, l, k.data(), v.data(), pos));  // landmarks and offload as in prefill
+          } else if (pos >= keep_from) {
+            std::memcpy(&krows[(pos - keep_from) * kv_dim], k.data(), kv_dim * sizeof(float));
+            std::memcpy(&vrows[(pos - keep_from) * kv_dim], v.data(), kv_dim * sizeof(float));
+          }
+        }
+        if (sliding) {
+          for (int32_t g = 0; g < n_kv; ++g) {
+            RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(l), g, c}, chunk + g * 2 * C * hd));
+          }
+        }
+      }
+    }
+    if (sliding) dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - keep_from);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys) {
+  ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
+  return store_->CommitPrefix(s->store_id, keys);
+}
+
 absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
-  if (config_.layer_is_swa[call.layer]) return dense_.Attend(call);
+  if (config_.layer_is_swa[call.layer]) {
+    RETURN_IF_ERROR(dense_.Attend(call));
+    return options_.offload_sliding ? OffloadSlidingChunks(call) : absl::OkStatus();
+  }
   const int64_t n = static_cast<int64_t>(call.rows.size());
   const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
   for (int64_t r0 = 0; r0 < n;) {

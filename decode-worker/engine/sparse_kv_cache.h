@@ -45,6 +45,9 @@ struct SparseOptions {
   int64_t chunk_tokens = 8;
   int64_t sink_tokens = 16;
   int64_t window_tokens = 64;
+  // Also write sliding-window layers' full chunks to the store (prefix reuse needs every
+  // layer's KV of a committed prefix).
+  bool offload_sliding = false;
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;
@@ -63,6 +66,17 @@ class SparseKvCache : public KvCache {
   int64_t Length(int32_t seq) const override;
   int64_t device_bytes() const override;
   absl::Status Attend(const model::AttentionCall& call) override;
+
+  // Prefix reuse. RestorePrefix makes empty slot `seq` hold the state a prefill of the first
+  // `tokens` positions (a multiple of the chunk) would have left, reading every layer's blocks
+  // from `handle` (a store sequence, e.g. from LookupPrefix) and copying them into the slot's
+  // own store sequence; the prefill then continues at `tokens`, bit-identical to a whole one.
+  absl::Status RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
+  // Commits the slot's first keys.size() prefix blocks under their keys.
+  absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys);
+  kvpool::KvLayout store_layout() const {
+    return {config_.n_layer, config_.n_head_kv, config_.head_dim, options_.chunk_tokens};
+  }
 
   // Per sparse layer, in chunks (one chunk = one KV head's block), since construction.
   struct LayerStats {
@@ -104,6 +118,8 @@ class SparseKvCache : public KvCache {
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
   absl::Status Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos);
+  // offload_sliding: writes the chunks the call's real rows completed on a sliding layer.
+  absl::Status OffloadSlidingChunks(const model::AttentionCall& call);
   // Decode-row window geometry for `n` visible committed-or-own positions.
   struct Window {
     int64_t sinks, dense_from, sel_begin, sel_end;

@@ -1,0 +1,102 @@
+// Prefix reuse through a real dd-kv-pool process on the real Gemma 3 270M: a second request
+// (on another engine, as on another worker) that shares a long prefix restores it from the
+// pool instead of prefilling it, and its logits are bit-identical to a fresh prefill.
+#include "decode-worker/engine/prefix_reuse.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/gemma_test_fixture.h"
+#include "gtest/gtest.h"
+#include "kv-pool/server/pool_process.h"
+
+namespace dd::engine {
+namespace {
+
+using kvpool::testing_util::kAlice;
+using kvpool::testing_util::PoolProcess;
+using testing_util::GemmaTest;
+
+class PrefixReuseTest : public GemmaTest {
+ protected:
+  std::vector<int32_t> Text(size_t from, size_t n) {
+    std::ifstream f("/usr/share/common-licenses/GPL-3");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::vector<int32_t> ids = Encode(ss.str());
+    return std::vector<int32_t>(ids.begin() + from, ids.begin() + from + n);
+  }
+  static EngineOptions Options(DecodeMode mode, const std::string& store, int64_t block) {
+    EngineOptions o;
+    o.mode = mode;
+    o.sparse.budget_tokens = 256;
+    o.kv_store = store;
+    o.kv_store_token = kAlice;
+    o.prefix_block_tokens = block;
+    return o;
+  }
+  // Prefill + `steps` greedy decode steps; returns every logits row produced.
+  static std::vector<float> Run(Engine& e, const std::vector<int32_t>& prompt, int steps) {
+    auto first = e.Prefill(0, prompt);
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) return {};
+    std::vector<float> all = *first, out;
+    const int64_t V = e.config().n_vocab;
+    int32_t seq = 0, tok = Argmax(first->data(), V);
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_TRUE(e.DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).ok());
+      all.insert(all.end(), out.begin(), out.end());
+      tok = Argmax(out.data(), V);
+    }
+    e.Release(0);
+    return all;
+  }
+};
+
+TEST_F(PrefixReuseTest, SharedPrefixIsRestoredBitIdentically) {
+  std::vector<int32_t> a = Text(0, 1200), b = Text(0, 1100);
+  const std::vector<int32_t> tail = Text(5000, 150);  // a different continuation
+  b.insert(b.end(), tail.begin(), tail.end());
+  for (DecodeMode mode : {DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
+    SCOPED_TRACE(std::string(DecodeModeName(mode)));
+    PoolProcess pool(30000, "1GiB");  // a fresh pool: KV is the same in both modes, so keys are too
+    ASSERT_FALSE(pool.address().empty());
+    const std::string uri = "shm://" + pool.address();
+    auto first = Engine::Create(*model_, Options(mode, uri, 256));
+    ASSERT_TRUE(first.ok()) << first.status();
+    Run(**first, a, 0);  // commits a's blocks
+    EXPECT_EQ((*first)->prefix_reused_tokens(), 0);
+    auto second = Engine::Create(*model_, Options(mode, uri, 256));  // another worker
+    ASSERT_TRUE(second.ok());
+    const std::vector<float> reused = Run(**second, b, 6);
+    // b shares 1100 tokens with a: four 256-token blocks.
+    EXPECT_EQ((*second)->prefix_reused_tokens(), 1024);
+    auto fresh = Engine::Create(*model_, Options(mode, "inproc://", 0));
+    ASSERT_TRUE(fresh.ok());
+    const std::vector<float> want = Run(**fresh, b, 6);
+    ASSERT_EQ(reused.size(), want.size());
+    EXPECT_EQ(std::memcmp(reused.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+}
+
+TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
+  const uint64_t fp = ModelFingerprint(*model_);
+  EXPECT_EQ(fp, ModelFingerprint(*model_));
+  kvpool::PrefixNamespace ns{fp, {18, 1, 256, 8}, 256, 0};
+  const std::vector<int32_t> t = Text(0, 600);
+  const auto k1 = kvpool::PrefixKeys(ns, t);
+  ASSERT_EQ(k1.size(), 2u);
+  ns.block_tokens = 128;
+  EXPECT_NE(kvpool::PrefixKeys(ns, t)[1], k1[0]);
+  ns.block_tokens = 256;
+  ns.model_fingerprint ^= 1;
+  EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], k1[0]);
+  EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).status().message().find(
+                  "sparse mode") != std::string::npos);
+  EXPECT_FALSE(Engine::Create(*model_, Options(DecodeMode::kSparse, "inproc://", 100)).ok());
+}
+
+}  // namespace
+}  // namespace dd::engine
