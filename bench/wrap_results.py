@@ -113,6 +113,44 @@ def summary_modes(doc, out_dir):
     return "\n".join(lines) + "\n"
 
 
+def summary_pool(doc, out_dir):
+    r = doc["results"]
+    runs = r["runs"]
+    base = {(x["blocks_per_gather"], x["concurrency"]): x["gbps"] for x in runs if x["transport"] == "memcpy"}
+    lines = [f"# KV-pool gathers ({doc['preset']})", "",
+             f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, {doc['date']}. "
+             f"Blocks of {r['block_bytes'] // 1024} KiB (one [K|V] chunk of Gemma 3 270M), drawn at random from "
+             f"{r['chunks_per_gatherer']} per gatherer; memcpy is the same gather pattern in plain memory, same run.", "",
+             "| transport | blocks/gather | gatherers | GB/s | vs memcpy | p50 ms | p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for x in runs:
+        b = base.get((x["blocks_per_gather"], x["concurrency"]))
+        ratio = f"{x['gbps'] / b:.0%}" if b else "–"
+        lines.append(f"| {x['transport']} | {x['blocks_per_gather']} | {x['concurrency']} | {x['gbps']:.2f} | {ratio} | "
+                     f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} |")
+    lines.append("")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for t in dict.fromkeys(x["transport"] for x in runs):
+            pts = sorted((x["blocks_per_gather"], x["gbps"]) for x in runs if x["transport"] == t and x["concurrency"] == 1)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=t)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("blocks per gather (1 gatherer)")
+        ax.set_ylabel("GB/s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
+        lines.append(f"![pool gathers]({doc['benchmark']}.png)")
+    except ImportError:
+        pass
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -131,7 +169,12 @@ def main():
     os.replace(tmp, out)
     md = os.path.join(a.out_dir, a.name + ".md")
     with open(md, "w") as f:
-        f.write(summary_modes(doc, a.out_dir) if a.name.startswith("decode-modes") else summary_model(doc))
+        if a.name.startswith("decode-modes"):
+            f.write(summary_modes(doc, a.out_dir))
+        elif a.name.startswith("pool"):
+            f.write(summary_pool(doc, a.out_dir))
+        else:
+            f.write(summary_model(doc))
     print(f"bench: wrote {out} and {md}")
 
 

@@ -1,0 +1,165 @@
+// KV-pool gather benchmark (issue "KV-pool service"): gather bandwidth and per-gather latency
+// for blocks of the real model's size, versus blocks per gather and concurrent gatherers, per
+// transport — in-process, shm://, ucx:// over tcp and over shared memory — next to a plain
+// memcpy of the same random gather pattern in the same run (the machine's limit). Starts its
+// own dd-kv-pool. Writes one JSON object.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "kv-pool/client/pool_kv_store.h"
+#include "kv-pool/server/pool_process.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::vector<std::string>, blocks, std::vector<std::string>({"16", "64", "256"}), "Blocks per gather");
+ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "2"}), "Concurrent gatherers");
+ABSL_FLAG(int64_t, head_dim, 256, "Head dim (block = 2 × 8 tokens × head_dim f32; Gemma 3 270M: 256 → 16 KiB)");
+ABSL_FLAG(int64_t, chunks, 2048, "Chunks stored per gatherer (random blocks are drawn from them)");
+ABSL_FLAG(double, seconds, 0.5, "Time per measurement (at least 3 gathers)");
+ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"memcpy", "inproc", "shm", "ucx-tcp", "ucx-sm"}),
+          "Transports to measure");
+ABSL_FLAG(std::string, out, "", "Output JSON path");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dd::kvpool::ChunkRef;
+
+std::vector<int64_t> Ints(const std::vector<std::string>& v) {
+  std::vector<int64_t> out;
+  for (const auto& s : v) out.push_back(std::stoll(s));
+  return out;
+}
+
+struct Result {
+  double gbps = 0, p50_ms = 0, p99_ms = 0;
+  int64_t gathers = 0;
+};
+
+// Runs `threads` gatherers; gather(thread, refs, dst) does one gather and returns false on error.
+template <typename GatherFn>
+Result Measure(int threads, int64_t blocks, int64_t block_bytes, int64_t chunks, GatherFn gather) {
+  std::vector<std::vector<double>> lat(threads);
+  std::vector<int64_t> bytes(threads, 0);
+  std::vector<std::thread> ts;
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  const auto t0 = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937 g(t + 1);
+      std::vector<ChunkRef> refs(blocks);
+      std::vector<float> dst(blocks * block_bytes / sizeof(float));
+      while (lat[t].size() < 3 || std::chrono::duration<double>(Clock::now() - t0).count() < seconds) {
+        for (auto& r : refs) r = {0, 0, static_cast<int64_t>(g() % chunks)};
+        const auto a = Clock::now();
+        if (!gather(t, refs, dst.data())) return;
+        lat[t].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+        bytes[t] += blocks * block_bytes;
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> all;
+  int64_t total = 0;
+  for (int t = 0; t < threads; ++t) {
+    all.insert(all.end(), lat[t].begin(), lat[t].end());
+    total += bytes[t];
+  }
+  std::sort(all.begin(), all.end());
+  Result r;
+  if (all.empty()) return r;
+  r.gathers = static_cast<int64_t>(all.size());
+  r.gbps = total / wall / 1e9;
+  r.p50_ms = all[all.size() / 2];
+  r.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int64_t hd = absl::GetFlag(FLAGS_head_dim), chunks = absl::GetFlag(FLAGS_chunks);
+  const dd::kvpool::KvLayout layout{.n_layers = 1, .n_kv_heads = 1, .head_dim = hd, .chunk_tokens = 8};
+  const int64_t block_bytes = layout.block_floats() * static_cast<int64_t>(sizeof(float));
+  const auto blocks_list = Ints(absl::GetFlag(FLAGS_blocks));
+  const auto conc_list = Ints(absl::GetFlag(FLAGS_concurrency));
+  const int max_threads = static_cast<int>(*std::max_element(conc_list.begin(), conc_list.end()));
+  const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
+  dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB");
+  if (pool.address().empty()) {
+    std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";
+    return 1;
+  }
+  nlohmann::json runs = nlohmann::json::array();
+  std::vector<float> block(layout.block_floats());
+  for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
+    std::unique_ptr<dd::kvpool::KvStore> store;
+    std::vector<std::vector<float>> plain;  // memcpy: one buffer of `chunks` blocks per thread
+    std::vector<dd::kvpool::SequenceId> seqs;
+    if (transport == "memcpy") {
+      plain.assign(max_threads, std::vector<float>(chunks * layout.block_floats(), 1.0f));
+    } else {
+      absl::StatusOr<std::unique_ptr<dd::kvpool::KvStore>> s;
+      if (transport == "inproc") {
+        s = dd::kvpool::NewInProcessKvStore();
+      } else {
+        const bool ucx = transport.rfind("ucx-", 0) == 0;
+        if (ucx) setenv("UCX_TLS", transport == "ucx-tcp" ? "tcp" : "sm,self", 1);  // read at ucp_init
+        s = dd::kvpool::ConnectPoolKvStore({.address = pool.address(), .token = dd::kvpool::testing_util::kAlice,
+                                            .transport = ucx ? dd::kvpool::PoolTransport::kUcx
+                                                             : dd::kvpool::PoolTransport::kShm});
+      }
+      if (!s.ok()) {
+        std::cerr << "pool_bench: " << transport << ": " << s.status().message() << "\n";
+        return 1;
+      }
+      store = std::move(*s);
+      for (int t = 0; t < max_threads; ++t) {
+        auto id = store->Open(layout);
+        if (!id.ok()) return std::cerr << id.status().message() << "\n", 1;
+        for (int64_t c = 0; c < chunks; ++c) {
+          std::fill(block.begin(), block.end(), static_cast<float>(c));
+          if (auto st = store->Write(*id, {0, 0, c}, block.data()); !st.ok()) return std::cerr << st.message() << "\n", 1;
+        }
+        seqs.push_back(*id);
+      }
+    }
+    for (int64_t conc : conc_list) {
+      for (int64_t blocks : blocks_list) {
+        Result r = Measure(static_cast<int>(conc), blocks, block_bytes, chunks,
+                           [&](int t, const std::vector<ChunkRef>& refs, float* dst) {
+                             if (!store) {
+                               for (size_t i = 0; i < refs.size(); ++i) {
+                                 std::memcpy(dst + i * layout.block_floats(),
+                                             &plain[t][refs[i].chunk * layout.block_floats()], block_bytes);
+                               }
+                               return true;
+                             }
+                             auto id = store->Gather(seqs[t], refs, dst, dd::kvpool::Priority::kUrgent);
+                             return id.ok() && store->Wait(*id).ok();
+                           });
+        runs.push_back({{"transport", transport}, {"blocks_per_gather", blocks}, {"concurrency", conc},
+                        {"block_bytes", block_bytes}, {"gbps", r.gbps}, {"latency_ms_p50", r.p50_ms},
+                        {"latency_ms_p99", r.p99_ms}, {"gathers", r.gathers}});
+        std::fprintf(stderr, "%-8s blocks %4lld conc %lld: %7.2f GB/s  p50 %8.3f ms  p99 %8.3f ms  (%lld gathers)\n",
+                     transport.c_str(), static_cast<long long>(blocks), static_cast<long long>(conc), r.gbps,
+                     r.p50_ms, r.p99_ms, static_cast<long long>(r.gathers));
+      }
+    }
+    for (auto id : seqs) (void)store->Release(id);
+  }
+  nlohmann::json doc = {{"runs", runs}, {"block_bytes", block_bytes}, {"chunks_per_gatherer", chunks}};
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) std::cout << doc.dump(2) << "\n";
+  else std::ofstream(out) << doc.dump(2) << "\n";
+  return 0;
+}
