@@ -56,7 +56,7 @@ class InProcessKvStore : public KvStore {
 
   absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
                                     Priority priority) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
     const Seq& s = it->second;
@@ -68,6 +68,9 @@ class InProcessKvStore : public KvStore {
       if (b == s.blocks.end()) return NeverWritten(r);
       job.src.push_back(b->second.data());  // blocks are not freed while a transfer is pending
     }
+    // Copy outside the lock so concurrent gatherers do not serialize. The blocks stay put: a
+    // Write replaces a block's contents in place, and Release drains the queue first.
+    lock.unlock();
     return queue_.Submit(std::move(job), priority);
   }
 

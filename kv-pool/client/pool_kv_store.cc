@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -312,7 +315,13 @@ class PoolKvStore : public KvStore {
 
 absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options) {
   if (options.token.empty()) return absl::InvalidArgumentError("kv pool token is empty (set DD_KV_POOL_TOKEN)");
-  auto channel = grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateChannel(options.address, creds);
   auto store = std::make_unique<PoolKvStore>(options, v1::KvPool::NewStub(channel));
   RETURN_IF_ERROR(store->Connect());
   return store;
@@ -330,11 +339,19 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
     }
     return NewShardedKvStore(std::move(shards));
   }
+  std::string ca;
+  if (const char* path = std::getenv("DD_KV_POOL_CA"); path != nullptr && *path != '\0') {
+    std::ifstream f(path);
+    if (!f) return absl::NotFoundError(absl::StrCat("DD_KV_POOL_CA: cannot read ", path));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ca = ss.str();
+  }
   for (auto [scheme, transport] : {std::pair{"shm://", PoolTransport::kShm}, std::pair{"ucx://", PoolTransport::kUcx}}) {
     const std::string prefix(scheme);
     if (absl::StartsWith(uri, prefix) && uri.size() > prefix.size()) {
-      return ConnectPoolKvStore(
-          PoolClientOptions{.address = uri.substr(prefix.size()), .token = token, .transport = transport, .link = link});
+      return ConnectPoolKvStore(PoolClientOptions{.address = uri.substr(prefix.size()), .token = token,
+                                                  .transport = transport, .link = link, .tls_ca_pem = ca});
     }
   }
   return absl::InvalidArgumentError(

@@ -25,6 +25,7 @@ struct PoolClientOptions {
   LinkModel link{};
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
+  std::string tls_ca_pem{};     // non-empty: gRPC over TLS, trusting this CA (PEM text)
 };
 
 absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options);
@@ -33,6 +34,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // "ucx://HOST:PORT" → a pool reached over UCX (HOST:PORT is its gRPC endpoint); several
 // pool URIs separated by commas → layers striped over them (NewShardedKvStore).
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
+// When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA.
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link);
 

@@ -32,12 +32,12 @@ TransferId TransferQueue::Submit(Job job, Priority priority) {
   std::unique_lock<std::mutex> lock(mu_);
   const TransferId id = ++next_;
   if (link_.infinite()) {
+    ++inline_;  // Drain waits for copies running in callers' threads too
     lock.unlock();
     absl::Status st = Run(job);
-    if (!st.ok()) {
-      lock.lock();
-      failed_[id] = std::move(st);
-    }
+    lock.lock();
+    if (!st.ok()) failed_[id] = std::move(st);
+    if (--inline_ == 0) done_cv_.notify_all();
     return id;
   }
   pending_.insert(id);
@@ -60,12 +60,12 @@ absl::Status TransferQueue::Wait(TransferId id) {
 
 void TransferQueue::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_.empty(); });
+  done_cv_.wait(lock, [&] { return pending_.empty() && inline_ == 0; });
 }
 
 void TransferQueue::SetLink(const LinkModel& link) {
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_.empty(); });
+  done_cv_.wait(lock, [&] { return pending_.empty() && inline_ == 0; });
   link_ = link;
 }
 

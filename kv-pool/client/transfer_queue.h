@@ -56,6 +56,7 @@ class TransferQueue {
   std::unordered_set<TransferId> pending_;
   std::unordered_map<TransferId, absl::Status> failed_;
   TransferId next_ = 0;
+  int inline_ = 0;  // infinite-link copies running inside Submit
   int64_t wait_ns_ = 0;
   bool stop_ = false;
   std::thread worker_;

@@ -5,10 +5,12 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kv-pool/client/data_path.h"
 
 namespace dd::kvpool {
@@ -57,7 +59,18 @@ class UcxDataPath : public DataPath {
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) { static_cast<UcxDataPath*>(arg)->peer_failed_ = true; };
     ep.err_handler.arg = this;
-    if ((st = ucp_ep_create(worker_, &ep, &ep_)) != UCS_OK) return Error("ucp_ep_create", st);
+    if (SharedMemoryOnly()) {  // skip the attempt below, which UCX logs as an error
+      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    }
+    if ((st = ucp_ep_create(worker_, &ep, &ep_)) != UCS_OK) {
+      // UCX 1.13's shared-memory transports have no peer-failure handling; over them a dead
+      // pool cannot stall a get (the segment stays mapped), so connect without it. Our
+      // deadlines and the lease renewal still bound every wait.
+      ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      if ((st = ucp_ep_create(worker_, &ep, &ep_)) != UCS_OK) return Error("ucp_ep_create", st);
+    }
     if ((st = ucp_ep_rkey_unpack(ep_, hs.ucx_rkey().data(), &rkey_)) != UCS_OK) return Error("ucp_ep_rkey_unpack", st);
     return absl::OkStatus();
   }
@@ -89,6 +102,15 @@ class UcxDataPath : public DataPath {
   }
 
  private:
+  // UCX_TLS names only shared-memory transports (sm, posix, sysv, cma, self).
+  static bool SharedMemoryOnly() {
+    const char* tls = std::getenv("UCX_TLS");
+    if (tls == nullptr || *tls == '\0') return false;
+    for (absl::string_view t : absl::StrSplit(tls, ',')) {
+      if (t != "sm" && t != "shm" && t != "posix" && t != "sysv" && t != "cma" && t != "self") return false;
+    }
+    return true;
+  }
   static absl::Status Error(const char* what, ucs_status_t st) {
     return absl::UnavailableError(absl::StrCat("kv pool ucx: ", what, ": ", ucs_status_string(st)));
   }

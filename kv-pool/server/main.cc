@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "kv-pool/server/metrics.h"
@@ -27,6 +30,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
 ABSL_FLAG(std::string, tenants, "", "Tenant config: JSON array of {name, token, quota}");
 ABSL_FLAG(int64_t, lease_ttl_ms, 30000, "Lease TTL; workers renew at a third of it");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
 ABSL_FLAG(bool, huge_pages, false, "Back regions with huge pages (MAP_HUGETLB)");
 ABSL_FLAG(bool, lock_memory, false, "mlock the regions");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
@@ -49,6 +54,15 @@ void RemoveStaleRegions() {
       std::fprintf(stderr, "dd-kv-pool: removed stale region %s\n", name.c_str());
     }
   }
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("no file given");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace
@@ -106,7 +120,19 @@ int main(int argc, char** argv) {
   dd::kvpool::KvPoolService service(**pool, ucx_info);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
+    auto cert = ReadFile(absl::GetFlag(FLAGS_tls_cert)), key = ReadFile(absl::GetFlag(FLAGS_tls_key));
+    if (!cert.ok() || !key.ok()) {
+      std::cerr << "dd-kv-pool: TLS needs both --tls_cert and --tls_key: "
+                << (cert.ok() ? key.status() : cert.status()).message() << "\n";
+      return 2;
+    }
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

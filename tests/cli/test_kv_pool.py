@@ -68,3 +68,30 @@ def test_prefix_reuse_across_processes(tiny, pool, scheme):  # noqa: F811
     js, jf = json.loads(second.stdout), json.loads(fresh.stdout)
     assert js["prefix_reused_tokens"] >= 64 and js["prefix_reused_tokens"] % 64 == 0
     assert js["tokens"] == jf["tokens"]
+
+
+def test_pool_over_tls(tiny, tmp_path):  # noqa: F811
+    """--tls_cert/--tls_key serve the control plane over TLS; a client trusting the CA
+    ($DD_KV_POOL_CA) works, one without it is refused with a clear error."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    gen = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                          "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                         capture_output=True, text=True)
+    assert gen.returncode == 0, gen.stderr
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "64MiB"}]))
+    proc = subprocess.Popen([str(BIN / "dd-kv-pool"), f"--tenants={cfg}", f"--tls_cert={cert}", f"--tls_key={key}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening on" in line, proc.stderr.read()
+        addr = line.split()[3]
+        args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 20, "--max_new_tokens", "4",
+                "--ignore_eos", "--json", "--mode", "sparse", "--budget", "64", "--kv_store", f"shm://{addr}"]
+        ok = ddctl(*args, env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN, DD_KV_POOL_CA=str(cert)))
+        assert ok.returncode == 0, ok.stderr
+        plain = ddctl(*args, env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN))
+        assert plain.returncode != 0 and "kv pool handshake" in plain.stderr, plain.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
