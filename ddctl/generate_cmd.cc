@@ -111,11 +111,15 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       nlohmann::json per_layer = nlohmann::json::array();
       for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
         const auto& st = sc->layer_stats()[l];
-        if (st.selected > 0 || st.prefetched > 0) per_layer.push_back({{"layer", l}, {"hit_rate", st.hit_rate()}});
+        if (st.selected > 0 || st.prefetched > 0) {
+          per_layer.push_back({{"layer", l}, {"hit_rate", st.hit_rate()}, {"hit_rate_after_first", st.hit_rate_after_first()}});
+        }
       }
       const auto total = sc->total_stats();
       if (cfg.engine.mode == engine::DecodeMode::kDualDecoder) {
         j["hit_rate"] = total.hit_rate();
+        j["hit_rate_after_first"] = total.hit_rate_after_first();  // without the pre-decoded first step
+        j["predictor"] = std::string(engine::PredictorName(cfg.engine.sparse.predictor));
         j["per_layer"] = per_layer;
       }
       j["prefetch_bytes"] = total.prefetched * sc->block_bytes();

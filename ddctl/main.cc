@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "ddctl/commands.h"
 
@@ -36,6 +37,10 @@ ABSL_FLAG(std::string, kv_store, "inproc://",
 ABSL_FLAG(int64_t, prefix_block, 0,
           "Prefix reuse with a pool --kv_store (sparse modes): key prompts in blocks of this many tokens "
           "(e.g. 256); a prompt starting with a stored prefix skips prefilling it. 0 = off");
+ABSL_FLAG(std::string, predictor, "speculative",
+          "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
+          "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
+ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -111,6 +116,24 @@ int main(int argc, char** argv) {
   cfg.engine.device_memory_bytes = *device_memory;
   cfg.engine.kv_store = absl::GetFlag(FLAGS_kv_store);
   cfg.engine.prefix_block_tokens = absl::GetFlag(FLAGS_prefix_block);
+  auto predictor = dd::engine::ParsePredictor(absl::GetFlag(FLAGS_predictor));
+  if (!predictor.ok()) {
+    std::cerr << "ddctl: --predictor: " << predictor.status().message() << "\n";
+    return 2;
+  }
+  cfg.engine.sparse.predictor = *predictor;
+  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_oracle_tokens), ',', absl::SkipEmpty())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(t, &id) || id < 0) {
+      std::cerr << "ddctl: --oracle_tokens: '" << t << "' is not a token id\n";
+      return 2;
+    }
+    cfg.generate.oracle_tokens.push_back(id);
+  }
+  if (*predictor == dd::engine::Predictor::kOracleToken && cfg.generate.oracle_tokens.empty()) {
+    std::cerr << "ddctl: --predictor oracle needs --oracle_tokens (the tokens of an earlier greedy run)\n";
+    return 2;
+  }
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) cfg.engine.kv_store_token = token;
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);

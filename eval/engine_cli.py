@@ -72,9 +72,10 @@ class Ddctl:
             out = self._run(["tokenize", "--prompt_file", f.name], timeout=300).strip()
         return len(out.split(",")) if out else 0
 
-    def generate(self, prompt, mode, budget, max_new_tokens, stop="\n", timeout=1800):
-        """Runs one greedy generation; returns ddctl's JSON summary as a dict."""
-        args = ["generate", "--json", "--mode", mode, "--max_new_tokens", str(max_new_tokens)]
+    def generate(self, prompt, mode, budget, max_new_tokens, stop="\n", timeout=1800, extra=()):
+        """Runs one greedy generation; returns ddctl's JSON summary as a dict. `extra` are more
+        ddctl flags (e.g. --ignore_eos, --predictor)."""
+        args = ["generate", "--json", "--mode", mode, "--max_new_tokens", str(max_new_tokens), *extra]
         if mode != "full":
             args += ["--budget", str(budget)]
         if stop:

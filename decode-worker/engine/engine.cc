@@ -115,7 +115,32 @@ absl::Status Engine::EnsureAdmitted(int32_t seq, int64_t prompt_tokens) {
   return Admit(seq, prompt_tokens, model_.config.n_ctx_train);
 }
 
+void Engine::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> tokens) {
+  if (seq < 0) return;
+  if (seq >= static_cast<int32_t>(oracle_.size())) oracle_.resize(seq + 1);
+  oracle_[seq] = {first_pos, std::move(tokens)};
+}
+
+int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits) {
+  const int64_t V = model_.config.n_vocab;
+  switch (options_.sparse.predictor) {
+    case Predictor::kRandomToken:
+      rng_state_ = rng_state_ * 6364136223846793005ULL + 1442695040888963407ULL;  // LCG, fixed seed
+      return static_cast<int32_t>((rng_state_ >> 17) % static_cast<uint64_t>(V));
+    case Predictor::kOracleToken:
+      if (seq < static_cast<int32_t>(oracle_.size())) {
+        const Oracle& o = oracle_[seq];
+        const int64_t i = pos - o.first_pos;
+        if (i >= 0 && i < static_cast<int64_t>(o.tokens.size())) return o.tokens[i];
+      }
+      return Argmax(logits, V);  // past the replay: fall back to the prediction
+    default:
+      return Argmax(logits, V);
+  }
+}
+
 void Engine::Release(int32_t seq) {
+  if (seq >= 0 && seq < static_cast<int32_t>(oracle_.size())) oracle_[seq] = Oracle();
   kv_->Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
@@ -352,7 +377,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   std::vector<float> out;
   if (!pre.empty()) {
     RETURN_IF_ERROR(transformer_.Forward(pre, *kv_, &out));
-    for (size_t i = 0; i < pre.size(); ++i) spec_[pre[i].seq] = Argmax(&out[i * V], V);
+    for (size_t i = 0; i < pre.size(); ++i) spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, &out[i * V]);
   }
   std::vector<BatchRow> dual;
   std::vector<bool> has_spec;
@@ -369,7 +394,8 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     std::copy(out.begin() + o * V, out.begin() + (o + 1) * V, logits->begin() + i * V);
     ++o;
     if (has_spec[i]) {
-      spec_[rows[i].seq] = Argmax(&out[o * V], V);  // the next step's speculative token
+      // The next step's speculative token, for position pos + 2.
+      spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, &out[o * V]);
       ++o;
     }
   }
@@ -390,6 +416,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   const int64_t total = std::min<int64_t>(model_.config.n_ctx_train,
                                           static_cast<int64_t>(prompt.size()) + options.max_new_tokens);
   RETURN_IF_ERROR(Admit(kSeq, static_cast<int64_t>(prompt.size()), total));
+  if (!options.oracle_tokens.empty()) SetOracle(kSeq, static_cast<int64_t>(prompt.size()), options.oracle_tokens);
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;

@@ -57,6 +57,8 @@ struct GenerateOptions {
   std::vector<std::string> stop_strings;
   // Called after each prefill chunk with (tokens done, prompt tokens); for progress output.
   std::function<void(int64_t, int64_t)> on_prefill_progress;
+  // Predictor "oracle": the tokens this request will generate (from an earlier greedy run).
+  std::vector<int32_t> oracle_tokens;
 };
 
 struct GenerateResult {
@@ -119,6 +121,8 @@ class Engine {
   // Bytes reserved by admitted requests (steady state, plus prefill while prefilling).
   int64_t reserved_bytes() const;
   int64_t admitted() const;
+  // Predictor "oracle": the token at position first_pos + i is tokens[i].
+  void SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> tokens);
   // Starts slot `dst` as a copy of slot `src` (same prompt prefix, independent continuation);
   // `dst` is admitted like `src`.
   absl::Status Fork(int32_t src, int32_t dst);
@@ -157,6 +161,15 @@ class Engine {
   // the number of tokens restored (0 when none or on a pool error, which is logged).
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
   void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
+  // The token fed to the speculative row at position `pos` (predictor: argmax of `logits`,
+  // a random token or the oracle's).
+  int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits);
+  struct Oracle {
+    int64_t first_pos = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Oracle> oracle_;  // per slot
+  uint64_t rng_state_ = 0x9E3779B97F4A7C15ULL;
   kvpool::PrefixNamespace prefix_ns_;
   int64_t prefix_reused_tokens_ = 0;
 };

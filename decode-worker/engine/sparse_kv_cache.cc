@@ -49,6 +49,8 @@ SparseKvCache::LayerStats SparseKvCache::total_stats() const {
     t.prefetched += s.prefetched;
     t.urgent += s.urgent;
     t.wasted += s.wasted;
+    t.seeded_hits += s.seeded_hits;
+    t.seeded_for += s.seeded_for;
   }
   return t;
 }
@@ -314,7 +316,8 @@ SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
   return w;
 }
 
-SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w) const {
+SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w,
+                                               Selection* ranked) const {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
   const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
   Selection sel(n_kv);
@@ -335,8 +338,54 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     }
     for (const auto& [score, c] : cand) sel[g].push_back(c);
     std::sort(sel[g].begin(), sel[g].end());
+    if (ranked != nullptr) {
+      ranked->resize(n_kv);
+      std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      (*ranked)[g].clear();
+      for (const auto& [score, c] : cand) (*ranked)[g].push_back(c);
+    }
   }
   return sel;
+}
+
+SparseKvCache::Selection SparseKvCache::UnionOf(const Selection& a, const Selection& b, const Window& w) const {
+  const size_t k = static_cast<size_t>(options_.budget_tokens / options_.chunk_tokens);
+  Selection out(a.size());
+  for (size_t g = 0; g < a.size(); ++g) {
+    std::vector<int64_t>& o = out[g];
+    auto take = [&](int64_t c) {
+      if (c >= w.sel_begin && c < w.sel_end && o.size() < k && std::find(o.begin(), o.end(), c) == o.end()) o.push_back(c);
+    };
+    const std::vector<int64_t>& bg = g < b.size() ? b[g] : a[g];
+    for (size_t i = 0; i < std::max(a[g].size(), bg.size()) && o.size() < k; ++i) {
+      if (i < a[g].size()) take(a[g][i]);
+      if (i < bg.size()) take(bg[i]);
+    }
+    std::sort(o.begin(), o.end());
+  }
+  return out;
+}
+
+absl::StatusOr<Predictor> ParsePredictor(absl::string_view name) {
+  for (Predictor p : {Predictor::kSpeculative, Predictor::kPrevious, Predictor::kUnion, Predictor::kRandomToken,
+                      Predictor::kOracleToken}) {
+    if (name == PredictorName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown predictor '", name, "' (speculative, previous, union, random, oracle)"));
+}
+
+absl::string_view PredictorName(Predictor p) {
+  switch (p) {
+    case Predictor::kSpeculative: return "speculative";
+    case Predictor::kPrevious: return "previous";
+    case Predictor::kUnion: return "union";
+    case Predictor::kRandomToken: return "random";
+    case Predictor::kOracleToken: return "oracle";
+  }
+  return "unknown";
 }
 
 absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
@@ -436,7 +485,8 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
     }
   }
   const float* q = call.q + row * q_dim;
-  Selection sel = Select(st, q, w);
+  const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
+  Selection sel = Select(st, q, w, rank ? &last_ranked_ : nullptr);
   LayerStats& stats = stats_[call.layer];
   const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
   if (st.has_prediction) {
@@ -448,6 +498,10 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       const int64_t hits = static_cast<int64_t>(sel[g].size() - misses[g].size());
       stats.hits += hits;
       stats.predicted_for += static_cast<int64_t>(sel[g].size());
+      if (st.seeded) {
+        stats.seeded_hits += hits;
+        stats.seeded_for += static_cast<int64_t>(sel[g].size());
+      }
       stats.wasted += static_cast<int64_t>(st.predicted[g].size()) - hits;
     }
     kvpool::TransferId urgent_tid = 0;
@@ -494,7 +548,14 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
   LayerStats& stats = stats_[call.layer];
   // Predicted selection for the next step, whose real row sits at `pos`.
   const Window next = WindowFor(pos + 1);
-  Selection predicted = Select(st, q, next);
+  Selection ranked;
+  Selection predicted = Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr);
+  if (after_real && options_.predictor == Predictor::kPrevious) {
+    predicted = UnionOf(last_ranked_, last_ranked_, next);  // the real row's S, within the next window
+  } else if (after_real && options_.predictor == Predictor::kUnion) {
+    predicted = UnionOf(ranked, last_ranked_, next);
+  }
+  st.seeded = !after_real;
   if (after_real) {
     // Attend over the real row's keys (its window and selection) plus this row's own KV.
     const Window w = WindowFor(pos);

@@ -40,6 +40,18 @@
 
 namespace dd::engine {
 
+// What P' (the chunks prefetched for the next step) is predicted from (issue 4 compares them;
+// results are identical whatever the predictor, only hits and transfers change):
+//   speculative  the speculative row's query (the design; the default);
+//   previous     the real row's own selection of this step ("reuse the last selection");
+//   union        half from each ranking, filled from the speculative one, at the same size;
+//   random       the speculative row, fed a random token instead of the predicted one;
+//   oracle       the speculative row, fed the true next token (replaying a finished run).
+// The last two are chosen by the engine (which token feeds the speculative row).
+enum class Predictor { kSpeculative, kPrevious, kUnion, kRandomToken, kOracleToken };
+absl::StatusOr<Predictor> ParsePredictor(absl::string_view name);
+absl::string_view PredictorName(Predictor p);
+
 struct SparseOptions {
   int64_t budget_tokens = 2048;  // selected tokens per step per KV head (a multiple of chunk)
   int64_t chunk_tokens = 8;
@@ -48,6 +60,7 @@ struct SparseOptions {
   // Also write sliding-window layers' full chunks to the store (prefix reuse needs every
   // layer's KV of a committed prefix).
   bool offload_sliding = false;
+  Predictor predictor = Predictor::kSpeculative;
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;
@@ -86,7 +99,14 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0;  // |P'| gathered in the background
     int64_t urgent = 0;      // fetched on the critical path
     int64_t wasted = 0;      // |P' \ S|
+    // The part of hits / predicted_for from predictions seeded by pre-decoding (the first
+    // decode step after prefill, where P' is exactly S by construction).
+    int64_t seeded_hits = 0, seeded_for = 0;
     double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
+    double hit_rate_after_first() const {
+      const int64_t d = predicted_for - seeded_for;
+      return d ? static_cast<double>(hits - seeded_hits) / d : 0.0;
+    }
   };
   const std::vector<LayerStats>& layer_stats() const { return stats_; }
   LayerStats total_stats() const;  // summed over layers
@@ -102,6 +122,7 @@ class SparseKvCache : public KvCache {
     std::vector<float> landmarks;       // full chunks × n_kv × hd
     bool decoded = false;        // a decode row has run (no more dense prefill)
     bool has_prediction = false;
+    bool seeded = false;         // the prediction came from pre-decoding
     std::vector<std::vector<int64_t>> predicted;  // P' per KV head, ascending
     std::vector<float> prefetched;                // P' blocks, heads in order
     kvpool::TransferId prefetch_tid = 0;          // in flight into `prefetched` until waited
@@ -125,7 +146,10 @@ class SparseKvCache : public KvCache {
     int64_t sinks, dense_from, sel_begin, sel_end;
   };
   Window WindowFor(int64_t n) const;
-  Selection Select(const LayerState& st, const float* q, const Window& w) const;
+  // Top budget/chunk per KV head, ascending; `ranked` (optional) gets them by score.
+  Selection Select(const LayerState& st, const float* q, const Window& w, Selection* ranked = nullptr) const;
+  // The union predictor: alternately from both rankings, within the next window, k per head.
+  Selection UnionOf(const Selection& a, const Selection& b, const Window& w) const;
   absl::Status Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
                       std::vector<float>* blocks);
   // Starts a gather into `blocks` (resized first) without waiting; *tid = 0 when empty.
@@ -158,6 +182,7 @@ class SparseKvCache : public KvCache {
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
   AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
+  Selection last_ranked_;     // the same, by score (previous / union predictors)
   std::vector<LayerStats> stats_;
   int64_t fetched_chunks_ = 0;
 };

@@ -149,3 +149,25 @@ def test_device_memory_budget(tiny, mode):
     assert small.returncode == 2 and "too small for even one request" in small.stderr, small.stderr
     bad = ddctl(*args, "--device_memory", "lots")
     assert bad.returncode == 2 and "--device_memory" in bad.stderr, bad.stderr
+
+
+def test_predictors_change_hits_not_tokens(tiny):
+    """Every predictor (issue 4) gives the tokens of sparse mode; oracle needs the tokens."""
+    import json
+    args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
+            "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64"]
+    sparse = json.loads(ddctl(*args, "--mode", "sparse").stdout)
+    dual = ["--mode", "dualdecoder"]
+    oracle = ["--oracle_tokens", ",".join(str(t) for t in sparse["tokens"])]
+    for extra in (["--predictor", "previous"], ["--predictor", "union"], ["--predictor", "random"],
+                  ["--predictor", "oracle", *oracle]):
+        r = ddctl(*args, *dual, *extra)
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["tokens"] == sparse["tokens"], extra
+        assert j["predictor"] == extra[1]
+        assert 0.0 <= j["hit_rate_after_first"] <= 1.0 and 0.0 <= j["hit_rate"] <= 1.0
+    missing = ddctl(*args, *dual, "--predictor", "oracle")
+    assert missing.returncode == 2 and "--oracle_tokens" in missing.stderr
+    bad = ddctl(*args, *dual, "--predictor", "psychic")
+    assert bad.returncode == 2 and "unknown predictor" in bad.stderr
