@@ -40,6 +40,8 @@ ABSL_FLAG(int64_t, prefix_block, 0,
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
+ABSL_FLAG(int64_t, prefetch_buffers, 2,
+          "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
 ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.engine.sparse.predictor = *predictor;
+  cfg.engine.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
   for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_oracle_tokens), ',', absl::SkipEmpty())) {
     int32_t id = 0;
     if (!absl::SimpleAtoi(t, &id) || id < 0) {

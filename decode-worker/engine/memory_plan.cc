@@ -40,7 +40,7 @@ MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const S
 int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
   const int64_t row = 2 * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
   const int64_t C = sparse_.chunk_tokens;
-  int64_t total = 0;
+  int64_t total = 0, sparse_layers = 0;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const bool sliding = config_.sliding_window > 0 && l < static_cast<int64_t>(config_.layer_is_swa.size()) &&
                          config_.layer_is_swa[l];
@@ -52,8 +52,11 @@ int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
       const int64_t dense = std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C);
       const int64_t landmarks = (length / C) * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
       total += dense * row + landmarks;
-      if (mode_ == DecodeMode::kDualDecoder) total += sparse_.budget_tokens * row;  // prefetch buffer
+      ++sparse_layers;
     }
+  }
+  if (mode_ == DecodeMode::kDualDecoder) {  // the prefetch buffers, shared by the sparse layers
+    total += std::min(sparse_.prefetch_buffers, sparse_layers) * sparse_.budget_tokens * row;
   }
   return total;
 }

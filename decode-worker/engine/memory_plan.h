@@ -7,7 +7,7 @@
 //              the sparse gather buffers shared by all requests;
 //   kv         full: every position of every global layer. sparse/dualdecoder: sinks, local
 //              window + tail chunk and one landmark per chunk per KV head on global layers,
-//              plus (dualdecoder) one prefetch buffer of `budget` tokens per global layer.
+//              plus (dualdecoder) `prefetch_buffers` buffers of `budget` tokens (ping-pong).
 //              Sliding-window layers keep a ring of window + 1 positions in every mode.
 // Prefill is dense in every mode, so a request being prefilled transiently holds its whole
 // prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +

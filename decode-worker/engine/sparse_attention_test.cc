@@ -118,6 +118,40 @@ TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
   EXPECT_GT(store_b->wait_ns(), 0);
 }
 
+// Ping-pong and other buffer counts (the lead distance), with three sparse layers so the
+// buffer ring wraps across steps unevenly: still bit-identical to `sparse`, and every read
+// after the first step finds its prefetch issued (none is dropped for lack of a buffer).
+class PrefetchBuffersTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
+  auto c = TinyConfig();
+  c.n_layer = 3;
+  c.layer_is_swa.assign(3, false);
+  ThreadPool pool(2);
+  SparseOptions o;
+  o.budget_tokens = 64;
+  o.prefetch_buffers = GetParam();
+  auto store_a = kvpool::NewInProcessKvStore();
+  auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), pool);
+  auto dual = SparseKvCache::Create(c, o, store_b.get(), pool);
+  ASSERT_TRUE(sparse.ok() && dual.ok());
+  const int steps = 12;
+  const auto a = Driver(c, sparse->get(), false).Run(steps);
+  const auto b = Driver(c, dual->get(), true).Run(steps);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  const auto t = (*dual)->total_stats();
+  const int64_t per_read = 2 * 8;  // kv heads × chunks
+  EXPECT_EQ(t.selected, steps * 2 * 3 * per_read);
+  EXPECT_EQ(t.predicted_for, (steps - 1) * 2 * 3 * per_read);  // all but the first step's reads
+  EXPECT_EQ(t.hits + t.urgent, t.selected);
+  EXPECT_GE(t.prefetched, (steps - 1) * 2 * 3 * per_read);
+  EXPECT_LE(t.prefetched, steps * 2 * 3 * per_read);
+}
+
+INSTANTIATE_TEST_SUITE_P(Buffers, PrefetchBuffersTest, ::testing::Values(1, 2, 3, 8));
+
 // A forked sequence continues exactly like the original (sparse state, store blocks, dense
 // layers all copied).
 TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {

@@ -24,13 +24,23 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
     return absl::InvalidArgumentError(absl::StrCat("sink tokens ", sink_tokens, " must be a non-negative multiple of the chunk size"));
   }
   if (window_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("window tokens must be >= 1, got ", window_tokens));
+  if (prefetch_buffers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch buffers must be >= 1, got ", prefetch_buffers));
+  }
   return absl::OkStatus();
 }
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                              ThreadPool& pool)
     : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
-      stats_(config.n_layer) {}
+      stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    if (!config.layer_is_swa[l]) {
+      sparse_index_[l] = static_cast<int64_t>(sparse_layers_.size());
+      sparse_layers_.push_back(l);
+    }
+  }
+}
 
 absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
                                                                      const SparseOptions& options,
@@ -71,6 +81,7 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
     s.open = true;
     s.layers.assign(config_.n_layer, LayerState());
     for (auto& st : s.layers) st.dev_base = options_.sink_tokens;
+    s.buffers.assign(std::min<int64_t>(options_.prefetch_buffers, std::max<size_t>(1, sparse_layers_.size())), Buffer());
   }
   return &s;
 }
@@ -97,9 +108,9 @@ int64_t SparseKvCache::device_bytes() const {
   int64_t total = dense_.device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerState& st : s.layers) {
-      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.size() +
-                st.prefetched.size()) * sizeof(float);
+      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.size()) * sizeof(float);
     }
+    for (const Buffer& b : s.buffers) total += b.data.size() * sizeof(float);
   }
   return total;
 }
@@ -395,14 +406,56 @@ absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, 
   return tid == 0 ? absl::OkStatus() : store_->Wait(tid);
 }
 
-absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
-  if (!st.prefetch_pending) return absl::OkStatus();
-  st.prefetch_pending = false;
-  return st.prefetch_tid == 0 ? absl::OkStatus() : store_->Wait(st.prefetch_tid);
+absl::Status SparseKvCache::WaitBuffer(Buffer& b) {
+  if (!b.pending) return absl::OkStatus();
+  b.pending = false;
+  return b.tid == 0 ? absl::OkStatus() : store_->Wait(b.tid);
+}
+
+int64_t SparseKvCache::NextRead(const Seq& s, int64_t sparse_index) const {
+  // Reads go through the sparse layers in order, one per layer per step; the next read of
+  // layer j is the first read index >= s.reads that falls on j.
+  const int64_t L = static_cast<int64_t>(sparse_layers_.size());
+  const int64_t now = s.reads % L;
+  return s.reads + (sparse_index - now + L) % L;
+}
+
+absl::Status SparseKvCache::TryIssue(Seq& s, int64_t layer) {
+  LayerState& st = s.layers[layer];
+  if (!st.has_prediction) return absl::OkStatus();
+  const int64_t d = static_cast<int64_t>(s.buffers.size());
+  const int64_t k = NextRead(s, sparse_index_[layer]);
+  if (k - d >= s.reads) return absl::OkStatus();  // its buffer still serves an earlier read
+  Buffer& b = s.buffers[k % d];
+  if (b.layer >= 0 || b.pending) return absl::OkStatus();  // not yet handed back
+  RETURN_IF_ERROR(StartGather(s, layer, st.predicted, kvpool::Priority::kBackground, &b.data, &b.tid));
+  b.pending = true;
+  b.layer = layer;
+  b.seeded = st.seeded;
+  for (const auto& v : st.predicted) stats_[layer].prefetched += static_cast<int64_t>(v.size());
+  b.sel = std::move(st.predicted);
+  st.predicted.clear();
+  st.has_prediction = false;
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::FinishRead(Seq& s, int64_t layer) {
+  const int64_t d = static_cast<int64_t>(s.buffers.size());
+  if (s.reading >= 0) {
+    Buffer& b = s.buffers[s.reading];
+    b.layer = -1;  // its blocks are no longer read: free for the next read that uses it
+    b.sel.clear();
+    s.reading = -1;
+  }
+  ++s.reads;
+  // The read `d` after this one uses the buffer just freed.
+  const int64_t L = static_cast<int64_t>(sparse_layers_.size());
+  const int64_t next_layer = sparse_layers_[(sparse_index_[layer] + d) % L];
+  return TryIssue(s, next_layer);
 }
 
 void SparseKvCache::WaitAll(Seq& s) {
-  for (LayerState& st : s.layers) (void)WaitPrefetch(st);
+  for (Buffer& b : s.buffers) (void)WaitBuffer(b);
 }
 
 absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
@@ -489,24 +542,29 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
   Selection sel = Select(st, q, w, rank ? &last_ranked_ : nullptr);
   LayerStats& stats = stats_[call.layer];
   const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
-  if (st.has_prediction) {
-    // Hits come from the prefetch buffer; misses S \ P' go on the urgent path.
+  const int64_t this_buffer = s.reads % static_cast<int64_t>(s.buffers.size());
+  Buffer& buf = s.buffers[this_buffer];
+  s.reading = -1;
+  if (buf.layer == call.layer) {
+    // This read's prefetch: hits come from its buffer; misses S \ P' go on the urgent path.
+    s.reading = this_buffer;
+    const Selection& predicted = buf.sel;
     Selection misses(sel.size());
     for (size_t g = 0; g < sel.size(); ++g) {
-      std::set_difference(sel[g].begin(), sel[g].end(), st.predicted[g].begin(), st.predicted[g].end(),
+      std::set_difference(sel[g].begin(), sel[g].end(), predicted[g].begin(), predicted[g].end(),
                           std::back_inserter(misses[g]));
       const int64_t hits = static_cast<int64_t>(sel[g].size() - misses[g].size());
       stats.hits += hits;
       stats.predicted_for += static_cast<int64_t>(sel[g].size());
-      if (st.seeded) {
+      if (buf.seeded) {
         stats.seeded_hits += hits;
         stats.seeded_for += static_cast<int64_t>(sel[g].size());
       }
-      stats.wasted += static_cast<int64_t>(st.predicted[g].size()) - hits;
+      stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
     }
     kvpool::TransferId urgent_tid = 0;
     RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent_, &urgent_tid));
-    RETURN_IF_ERROR(WaitPrefetch(st));
+    RETURN_IF_ERROR(WaitBuffer(buf));
     if (urgent_tid != 0) RETURN_IF_ERROR(store_->Wait(urgent_tid));
     // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
     block_ptrs_.clear();
@@ -514,18 +572,17 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
     for (size_t g = 0; g < sel.size(); ++g) {
       size_t pj = 0, mj = 0;
       for (int64_t c : sel[g]) {
-        while (pj < st.predicted[g].size() && st.predicted[g][pj] < c) ++pj;
-        if (pj < st.predicted[g].size() && st.predicted[g][pj] == c) {
-          block_ptrs_.push_back(&st.prefetched[(pi + static_cast<int64_t>(pj)) * bf]);
+        while (pj < predicted[g].size() && predicted[g][pj] < c) ++pj;
+        if (pj < predicted[g].size() && predicted[g][pj] == c) {
+          block_ptrs_.push_back(&buf.data[(pi + static_cast<int64_t>(pj)) * bf]);
         } else {
           block_ptrs_.push_back(&urgent_[(ui + static_cast<int64_t>(mj++)) * bf]);
         }
       }
-      pi += static_cast<int64_t>(st.predicted[g].size());
+      pi += static_cast<int64_t>(predicted[g].size());
       ui += static_cast<int64_t>(misses[g].size());
       stats.urgent += static_cast<int64_t>(misses[g].size());
     }
-    st.has_prediction = false;
   } else {
     RETURN_IF_ERROR(Gather(s, call.layer, sel, kvpool::Priority::kUrgent, &gathered_));
     BlockPointers(gathered_, &block_ptrs_);
@@ -533,8 +590,11 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
   }
   for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
   AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
-  if (spec_follows) last_selection_ = std::move(sel);
-  return absl::OkStatus();
+  if (spec_follows) {
+    last_selection_ = std::move(sel);  // the speculative row reads the same blocks, then finishes the read
+    return absl::OkStatus();
+  }
+  return FinishRead(s, call.layer);
 }
 
 absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row,
@@ -545,7 +605,6 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
   const float* q = call.q + row * q_dim;
   const float* own_k = call.k + row * kv_dim;
   const float* own_v = call.v + row * kv_dim;
-  LayerStats& stats = stats_[call.layer];
   // Predicted selection for the next step, whose real row sits at `pos`.
   const Window next = WindowFor(pos + 1);
   Selection ranked;
@@ -573,15 +632,13 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     BlockPointers(gathered_, &block_ptrs_);
     AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
   }
-  // The prediction goes out in the background; the next step's real row waits for it.
-  RETURN_IF_ERROR(WaitPrefetch(st));  // (none is pending here; keeps the buffer rule local)
-  RETURN_IF_ERROR(StartGather(s, call.layer, predicted, kvpool::Priority::kBackground, &st.prefetched,
-                              &st.prefetch_tid));
-  st.prefetch_pending = true;
-  for (const auto& v : predicted) stats.prefetched += static_cast<int64_t>(v.size());
+  // The real row's blocks are no longer read: its buffer goes to the read `buffers` later.
+  if (after_real) RETURN_IF_ERROR(FinishRead(s, call.layer));
+  // The prediction goes out in the background as soon as its buffer is free; the next step's
+  // real row waits for it only when it reads it.
   st.predicted = std::move(predicted);
   st.has_prediction = true;
-  return absl::OkStatus();
+  return TryIssue(s, call.layer);
 }
 
 }  // namespace dd::engine

@@ -61,6 +61,11 @@ struct SparseOptions {
   // layer's KV of a committed prefix).
   bool offload_sliding = false;
   Predictor predictor = Predictor::kSpeculative;
+  // dualdecoder: prefetch buffers per request, used round robin by the sparse layers in the
+  // order they are read (2 = ping-pong). It is also the lead distance: a layer's prefetch is
+  // issued as soon as the layer this many reads before it has been read (wrapping across
+  // steps); >= the number of sparse layers means every prediction goes out at once.
+  int64_t prefetch_buffers = 2;
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;
@@ -121,18 +126,31 @@ class SparseKvCache : public KvCache {
     std::vector<float> sink_k, sink_v;  // positions [0, min(length, sinks))
     std::vector<float> landmarks;       // full chunks × n_kv × hd
     bool decoded = false;        // a decode row has run (no more dense prefill)
+    // The next step's P' for this layer, computed by a speculative row and not yet issued
+    // into a prefetch buffer (issue waits for the buffer, see Seq::buffers).
     bool has_prediction = false;
     bool seeded = false;         // the prediction came from pre-decoding
     std::vector<std::vector<int64_t>> predicted;  // P' per KV head, ascending
-    std::vector<float> prefetched;                // P' blocks, heads in order
-    kvpool::TransferId prefetch_tid = 0;          // in flight into `prefetched` until waited
-    bool prefetch_pending = false;
+  };
+  // A prefetch buffer: P' blocks of one sparse layer, heads in order, in flight until waited.
+  struct Buffer {
+    std::vector<float> data;
+    std::vector<std::vector<int64_t>> sel;  // what it holds (P' per KV head)
+    int64_t layer = -1;                     // the model layer it is for; -1 = free
+    bool seeded = false;
+    kvpool::TransferId tid = 0;
+    bool pending = false;
   };
   using Selection = std::vector<std::vector<int64_t>>;  // chunks per KV head, ascending
   struct Seq {
     kvpool::SequenceId store_id = 0;
     bool open = false;
     std::vector<LayerState> layers;  // indexed by model layer; unused for dense layers
+    // Sparse-layer reads by real rows so far, across steps: read k uses buffers[k % size]
+    // and, once finished, frees it for read k + size.
+    std::vector<Buffer> buffers;
+    int64_t reads = 0;
+    int64_t reading = -1;  // the buffer the current real row reads until its step finishes
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                 ThreadPool& pool);
@@ -155,8 +173,16 @@ class SparseKvCache : public KvCache {
   // Starts a gather into `blocks` (resized first) without waiting; *tid = 0 when empty.
   absl::Status StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
                            std::vector<float>* blocks, kvpool::TransferId* tid);
-  absl::Status WaitPrefetch(LayerState& st);
+  absl::Status WaitBuffer(Buffer& b);
   void WaitAll(Seq& s);
+  // Issues layer `layer`'s pending prediction into the buffer of its next read, if that buffer
+  // is free for it (the read `prefetch_buffers` before it is finished).
+  absl::Status TryIssue(Seq& s, int64_t layer);
+  // The real row of the current read is done with its blocks (and so is the speculative row
+  // after it): frees its buffer and issues the prediction of the read it serves next.
+  absl::Status FinishRead(Seq& s, int64_t layer);
+  // Next read index of sparse layer `layer` (index among sparse layers) from now.
+  int64_t NextRead(const Seq& s, int64_t sparse_index) const;
   // Exact attention of one row's query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
   // then (if own_k) the row's own uncommitted KV.
   // `blocks` holds one pointer per selected chunk ([K | V] block), heads in order.
@@ -184,6 +210,8 @@ class SparseKvCache : public KvCache {
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
   Selection last_ranked_;     // the same, by score (previous / union predictors)
   std::vector<LayerStats> stats_;
+  std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)
+  std::vector<int64_t> sparse_layers_; // the sparse layers' model indices, in order
   int64_t fetched_chunks_ = 0;
 };
 
