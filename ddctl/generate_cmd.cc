@@ -16,7 +16,6 @@
 #include "nlohmann/json.hpp"
 
 namespace dd::ddctl {
-namespace {
 
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg) {
   auto m = model::LoadModel(cfg.model_path);
@@ -42,6 +41,8 @@ absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg) {
   if (cfg.prompt.empty()) return absl::InvalidArgumentError("no prompt: pass --prompt TEXT or --prompt_file PATH");
   return cfg.prompt;
 }
+
+namespace {
 
 template <typename T>
 absl::StatusOr<std::vector<T>> ParseList(const std::string& s, absl::string_view flag) {

@@ -43,6 +43,8 @@ ABSL_FLAG(std::string, predictor, "speculative",
 ABSL_FLAG(int64_t, prefetch_buffers, 2,
           "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
 ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
+ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scoring");
+ABSL_FLAG(int64_t, score_tokens, 64, "fidelity: teacher-forced positions scored after --context");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
@@ -57,7 +59,8 @@ constexpr char kUsage[] =
     "  generate   run the embedded default engine on --prompt / --prompt-file, streaming text\n"
     "  logits     write logits of --tokens at --positions to --out (.npy)\n"
     "  tokenize   print the token ids of --text\n"
-    "  info       print the model's configuration\n";
+    "  info       print the model's configuration\n"
+    "  fidelity   teacher-force --prompt_file through full and --mode, print per-position KL (JSON)\n";
 
 std::string DefaultModelPath(bool* defaulted) {
   *defaulted = false;
@@ -144,12 +147,15 @@ int main(int argc, char** argv) {
   cfg.positions = absl::GetFlag(FLAGS_positions);
   cfg.out = absl::GetFlag(FLAGS_out);
   cfg.text = absl::GetFlag(FLAGS_text);
+  cfg.context = absl::GetFlag(FLAGS_context);
+  cfg.score_tokens = absl::GetFlag(FLAGS_score_tokens);
 
   absl::Status st;
   if (cmd == "generate") st = dd::ddctl::RunGenerate(cfg);
   else if (cmd == "logits") st = dd::ddctl::RunLogits(cfg);
   else if (cmd == "tokenize") st = dd::ddctl::RunTokenize(cfg);
   else if (cmd == "info") st = dd::ddctl::RunInfo(cfg);
+  else if (cmd == "fidelity") st = dd::ddctl::RunFidelity(cfg);
   else {
     std::cerr << "ddctl: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

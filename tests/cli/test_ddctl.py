@@ -171,3 +171,23 @@ def test_predictors_change_hits_not_tokens(tiny):
     assert missing.returncode == 2 and "--oracle_tokens" in missing.stderr
     bad = ddctl(*args, *dual, "--predictor", "psychic")
     assert bad.returncode == 2 and "unknown predictor" in bad.stderr
+
+
+def test_fidelity_is_zero_when_the_budget_covers_the_context(tiny, tmp_path):
+    """ddctl fidelity compares sparse with full teacher-forced: a budget covering every
+    selectable chunk gives KL exactly 0 (bit-identical logits); a small one gives KL > 0."""
+    import json
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 60)
+    base = ["fidelity", "--model", str(tiny), "--prompt_file", str(text), "--context", "200", "--score_tokens", "16",
+            "--mode", "sparse"]
+    same = ddctl(*base, "--budget", "2048")
+    assert same.returncode == 0, same.stderr
+    j = json.loads(same.stdout)
+    assert j["scored"] == 16 and j["kl_max"] == 0.0 and j["ppl_full"] == j["ppl_sparse"]
+    small = json.loads(ddctl(*base, "--budget", "16").stdout)
+    assert small["kl_max"] > 0.0
+    full = ddctl(*base[:-2], "--mode", "full", "--budget", "16")
+    assert full.returncode == 2 and "sparse mode" in full.stderr
+    long = ddctl(*base[:5], "--context", "100000", "--score_tokens", "16", "--mode", "sparse")
+    assert long.returncode != 0 and "tokens" in long.stderr
