@@ -47,6 +47,21 @@ def summary_model(doc):
     return "\n".join(lines)
 
 
+def save_plot(doc, out_dir, alt, draw):
+    """draw(pyplot) returns a figure; it is saved as <benchmark>.png next to the results.
+    Returns the markdown lines that show it (none without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    fig = draw(plt)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
+    return [f"![{alt}]({doc['benchmark']}.png)"]
+
+
 def summary_modes(doc, out_dir):
     r = doc["results"]
     runs = r["runs"]
@@ -87,10 +102,7 @@ def summary_modes(doc, out_dir):
         lines += ["", "| context | batch | dualdecoder / sparse (pcie5) | dualdecoder pcie5 / inmem |",
                   "|---:|---:|---:|---:|"] + [x for x in rows if x]
     lines.append("")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def draw(plt):
         ctxs = sorted({x["context"] for x in runs})
         fig, axes = plt.subplots(1, len(ctxs), figsize=(5 * len(ctxs), 4), squeeze=False)
         for ax, ctx in zip(axes[0], ctxs):
@@ -105,11 +117,9 @@ def summary_modes(doc, out_dir):
             ax.set_title(f"context {ctx}")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"Decode modes under {budget_mib:.0f} MiB device memory (CPU)")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
-        lines.append(f"![decode modes]({doc['benchmark']}.png)")
-    except ImportError:
-        pass
+        return fig
+
+    lines += save_plot(doc, out_dir, "decode modes", draw)
     return "\n".join(lines) + "\n"
 
 
@@ -129,10 +139,7 @@ def summary_pool(doc, out_dir):
         lines.append(f"| {x['transport']} | {x['blocks_per_gather']} | {x['concurrency']} | {x['gbps']:.2f} | {ratio} | "
                      f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} |")
     lines.append("")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))
         for t in dict.fromkeys(x["transport"] for x in runs):
             pts = sorted((x["blocks_per_gather"], x["gbps"]) for x in runs if x["transport"] == t and x["concurrency"] == 1)
@@ -143,11 +150,9 @@ def summary_pool(doc, out_dir):
         ax.set_xlabel("blocks per gather (1 gatherer)")
         ax.set_ylabel("GB/s")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, doc["benchmark"] + ".png"), dpi=100)
-        lines.append(f"![pool gathers]({doc['benchmark']}.png)")
-    except ImportError:
-        pass
+        return fig
+
+    lines += save_plot(doc, out_dir, "pool gathers", draw)
     return "\n".join(lines) + "\n"
 
 

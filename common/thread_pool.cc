@@ -16,7 +16,7 @@ constexpr int kSpinIterations = 20000;  // ~50 µs of pause instructions
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -74,8 +74,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   }
 }
 
-void ThreadPool::WorkerLoop(int index) {
-  (void)index;
+void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
     // Spin briefly for the next job, then sleep.

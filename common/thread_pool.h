@@ -38,7 +38,7 @@ class ThreadPool {
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  void WorkerLoop(int index);
+  void WorkerLoop();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

@@ -8,6 +8,10 @@
 namespace dd::engine {
 namespace {
 
+bool Sliding(const model::ModelConfig& c, int64_t l) {
+  return c.sliding_window > 0 && l < static_cast<int64_t>(c.layer_is_swa.size()) && c.layer_is_swa[l];
+}
+
 int64_t ViewBytes(const kernels::WeightView& w) { return w.data ? w.rows * w.row_bytes : 0; }
 int64_t VecBytes(const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); }
 
@@ -42,9 +46,7 @@ int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
   const int64_t C = sparse_.chunk_tokens;
   int64_t total = 0, sparse_layers = 0;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
-    const bool sliding = config_.sliding_window > 0 && l < static_cast<int64_t>(config_.layer_is_swa.size()) &&
-                         config_.layer_is_swa[l];
-    if (sliding) {
+    if (Sliding(config_, l)) {
       total += (config_.sliding_window + 1) * row;
     } else if (mode_ == DecodeMode::kFull) {
       total += length * row;
@@ -71,7 +73,7 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
   int64_t sliding_layers = 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    sliding_layers += (c.sliding_window > 0 && l < static_cast<int64_t>(c.layer_is_swa.size()) && c.layer_is_swa[l]) ? 1 : 0;
+    sliding_layers += Sliding(c, l) ? 1 : 0;
   }
   // Prefill rings: window - 1 + the rows of one pass, against window + 1 when decoding.
   r.prefill_extra = sliding_layers * std::max<int64_t>(0, std::min(prompt_tokens, prefill_chunk_) - 2) * row;

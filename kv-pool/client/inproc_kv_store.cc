@@ -48,7 +48,7 @@ class InProcessKvStore : public KvStore {
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
     Seq& s = it->second;
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
-    std::vector<float>& b = s.blocks[Key(s.layout, ref)];
+    std::vector<float>& b = s.blocks[BlockIndex(s.layout, ref)];
     if (b.empty()) bytes_ += s.layout.block_floats() * sizeof(float);
     b.assign(block, block + s.layout.block_floats());
     return absl::OkStatus();
@@ -64,7 +64,7 @@ class InProcessKvStore : public KvStore {
     TransferQueue::Job job{dst, s.layout.block_floats(), {}, nullptr};
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
-      auto b = s.blocks.find(Key(s.layout, r));
+      auto b = s.blocks.find(BlockIndex(s.layout, r));
       if (b == s.blocks.end()) return NeverWritten(r);
       job.src.push_back(b->second.data());  // blocks are not freed while a transfer is pending
     }
@@ -97,9 +97,6 @@ class InProcessKvStore : public KvStore {
     KvLayout layout;
     std::unordered_map<int64_t, std::vector<float>> blocks;
   };
-  static int64_t Key(const KvLayout& l, const ChunkRef& r) {
-    return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
-  }
 
   mutable std::mutex mu_;
   std::unordered_map<SequenceId, Seq> seqs_;

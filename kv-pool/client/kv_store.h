@@ -32,6 +32,12 @@ struct ChunkRef {
   int64_t chunk = 0;
 };
 
+// Blocks are numbered chunk-major: all (layer, KV head) blocks of chunk 0, then chunk 1, ...
+// (the pool stores them at this index within an extent, DESIGN §7).
+inline int64_t BlockIndex(const KvLayout& l, const ChunkRef& r) {
+  return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
+}
+
 enum class Priority { kUrgent, kBackground };
 
 // A link between the store and the device: each gather takes latency + bytes / bandwidth.

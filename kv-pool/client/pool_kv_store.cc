@@ -109,7 +109,7 @@ class PoolKvStore : public KvStore {
     if (absl::Status st = data_->Put(offset, block, bytes); !st.ok()) return Lost(st);
     lock.lock();
     ASSIGN_OR_RETURN(s, Find(seq));
-    const int64_t bit = Bit(s->layout, ref);
+    const int64_t bit = BlockIndex(s->layout, ref);
     if (bit >= static_cast<int64_t>(s->written.size())) s->written.resize(bit + 1, false);
     if (!s->written[bit]) {
       s->written[bit] = true;
@@ -127,7 +127,7 @@ class PoolKvStore : public KvStore {
     std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
-      const int64_t bit = Bit(s->layout, r);
+      const int64_t bit = BlockIndex(s->layout, r);
       if (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit]) {
         return NeverWritten(r);
       }
@@ -229,7 +229,7 @@ class PoolKvStore : public KvStore {
     KvLayout layout;
     std::vector<v1::Extent> extents;
     int64_t capacity = 0;     // chunks
-    std::vector<bool> written;  // per block (Bit)
+    std::vector<bool> written;  // per block (BlockIndex)
   };
 
   template <typename F>
@@ -253,15 +253,13 @@ class PoolKvStore : public KvStore {
     s.extents.push_back(e);
     s.capacity = e.first_chunk() + e.chunks();
   }
-  static int64_t Bit(const KvLayout& l, const ChunkRef& r) {
-    return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
-  }
   // Byte offset of a block in the tenant's region (callers check capacity first).
   static int64_t Offset(const Seq& s, const ChunkRef& r) {
     const int64_t bb = s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
     for (const v1::Extent& e : s.extents) {
       if (r.chunk >= e.first_chunk() && r.chunk < e.first_chunk() + e.chunks()) {
-        return e.offset() + (((r.chunk - e.first_chunk()) * s.layout.n_layers + r.layer) * s.layout.n_kv_heads + r.kv_head) * bb;
+        const ChunkRef in_extent{r.layer, r.kv_head, r.chunk - e.first_chunk()};
+        return e.offset() + BlockIndex(s.layout, in_extent) * bb;
       }
     }
     return -1;
