@@ -12,8 +12,6 @@
 namespace dd::ddctl {
 
 struct CliConfig {
-  std::string model_path;       // flag --model > env DD_MODEL > default cache path
-  bool model_path_defaulted = false;
   std::string prompt, prompt_file;
   engine::GenerateOptions generate;
   engine::EngineOptions engine;
@@ -23,10 +21,17 @@ struct CliConfig {
   std::string text;
   int64_t context = 4096;       // fidelity: prompt tokens taken from the file
   int64_t score_tokens = 64;    // fidelity: teacher-forced positions scored after it
+  // Service commands.
+  std::string server;           // a router (or `ddctl serve`): generate goes there when set
+  std::string worker;           // stats: a worker's address
+  std::string model_name;       // generate --server: the model to ask for (empty = any)
+  std::string listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0";  // serve
+  int64_t deadline_ms = 0;      // client deadline (0 = none for generate, 10 s for the others)
+  bool events = false;          // generate --server: one JSON line per streamed message
 };
 
-// Shared by the commands: the model named by the config (a missing default model names
-// scripts/fetch-model), and the prompt from --prompt or --prompt_file.
+// Shared by the commands: the model named by the flags (--model, $DD_MODEL or the default;
+// a missing default model names scripts/fetch-model), and the prompt from --prompt or --prompt_file.
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg);
 absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg);
 
@@ -37,5 +42,11 @@ absl::Status RunInfo(const CliConfig& cfg);
 // Teacher-forced fidelity of a sparse mode against full on the same text (issue 4): per
 // position KL(full || mode) of the next-token distributions and both NLLs of the true token.
 absl::Status RunFidelity(const CliConfig& cfg);
+// Service commands (serve_cmd.cc).
+absl::Status RunServe(const CliConfig& cfg);
+absl::Status RunRemoteGenerate(const CliConfig& cfg);
+absl::Status RunHealth(const CliConfig& cfg);
+absl::Status RunStats(const CliConfig& cfg);
+absl::Status RunWorkers(const CliConfig& cfg);
 
 }  // namespace dd::ddctl

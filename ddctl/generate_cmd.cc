@@ -13,19 +13,12 @@
 #include "common/status_macros.h"
 #include "ddctl/commands.h"
 #include "ddctl/npy.h"
+#include "decode-worker/service/engine_flags.h"
 #include "nlohmann/json.hpp"
 
 namespace dd::ddctl {
 
-absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg) {
-  auto m = model::LoadModel(cfg.model_path);
-  if (!m.ok() && m.status().code() == absl::StatusCode::kNotFound && cfg.model_path_defaulted) {
-    return absl::NotFoundError(absl::StrCat(m.status().message(),
-                                            "\n  the default model is not fetched yet: run scripts/fetch-model"
-                                            " (or pass --model PATH)"));
-  }
-  return m;
-}
+absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig&) { return worker::LoadModelFromFlags(); }
 
 absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg) {
   if (!cfg.prompt.empty() && !cfg.prompt_file.empty()) {

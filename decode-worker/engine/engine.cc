@@ -86,13 +86,9 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
                 .bytes = plan_.Request(prompt_tokens, total_tokens)};
   const int64_t budget = options_.device_memory_bytes;
   if (budget > 0) {
+    RETURN_IF_ERROR(FitsAlone(prompt_tokens, total_tokens));
     const int64_t fixed = plan_.weight_bytes() + plan_.shared_workspace_bytes();
     const int64_t need = r.bytes.steady() + r.bytes.prefill_extra;
-    if (fixed + need > budget) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "device_memory of ", MiB(budget), " cannot hold even one request of ", total_tokens, " tokens in ",
-          DecodeModeName(options_.mode), " mode: it needs ", MiB(fixed + need), " (", plan_.Describe(r.bytes), ")"));
-    }
     const int64_t in_use = reserved_bytes();
     if (fixed + in_use + need > budget) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -102,6 +98,23 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
   }
   reservations_[seq] = r;
   return absl::OkStatus();
+}
+
+absl::Status Engine::FitsAlone(int64_t prompt_tokens, int64_t total_tokens) const {
+  const int64_t budget = options_.device_memory_bytes;
+  if (budget <= 0) return absl::OkStatus();
+  const RequestBytes r = plan_.Request(prompt_tokens, total_tokens);
+  const int64_t need = plan_.weight_bytes() + plan_.shared_workspace_bytes() + r.steady() + r.prefill_extra;
+  if (need <= budget) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "device_memory of ", MiB(budget), " cannot hold even one request of ", total_tokens, " tokens in ",
+      DecodeModeName(options_.mode), " mode: it needs ", MiB(need), " (", plan_.Describe(r), ")"));
+}
+
+int64_t Engine::free_device_bytes() const {
+  if (options_.device_memory_bytes <= 0) return -1;
+  return std::max<int64_t>(0, options_.device_memory_bytes - plan_.weight_bytes() - plan_.shared_workspace_bytes() -
+                                  reserved_bytes());
 }
 
 absl::Status Engine::EnsureAdmitted(int32_t seq, int64_t prompt_tokens) {
@@ -343,6 +356,48 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
   return out;
 }
 
+absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32_t> prompt) {
+  RETURN_IF_ERROR(ValidatePrompt(prompt));
+  if (seq < 0 || seq >= static_cast<int32_t>(reservations_.size()) || !reservations_[seq].active) {
+    return absl::FailedPreconditionError(absl::StrCat("prefill: slot ", seq, " is not admitted"));
+  }
+  if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
+  if (seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) {
+    return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
+  }
+  return 0;
+}
+
+absl::Status Engine::PrefillParts(absl::Span<const PrefillPiece> pieces,
+                                  std::vector<std::vector<float>>* last_logits) {
+  RETURN_IF_ERROR(init_status_);
+  std::vector<BatchRow> rows;
+  std::vector<size_t> owner;  // which piece each logits row belongs to
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PrefillPiece& p = pieces[i];
+    const int64_t n = static_cast<int64_t>(p.prompt.size());
+    if (p.begin < 0 || p.begin >= p.end || p.end > n || kv_->Length(p.seq) != p.begin) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill piece [", p.begin, ", ", p.end, ") of a ", n,
+                                                     "-token prompt does not continue slot ", p.seq, " (",
+                                                     kv_->Length(p.seq), " tokens cached)"));
+    }
+    for (int64_t pos = p.begin; pos < p.end; ++pos) rows.push_back({p.seq, pos, p.prompt[pos], pos == n - 1});
+    if (p.end == n) owner.push_back(i);
+  }
+  std::vector<float> logits;
+  RETURN_IF_ERROR(transformer_.Forward(rows, *kv_, &logits));
+  const int64_t V = model_.config.n_vocab;
+  last_logits->assign(pieces.size(), {});
+  for (size_t j = 0; j < owner.size(); ++j) {
+    (*last_logits)[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
+    const PrefillPiece& p = pieces[owner[j]];
+    if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                                 std::vector<float>* logits) {
   RETURN_IF_ERROR(init_status_);
@@ -425,39 +480,17 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
                    PromptLogits(kSeq, prompt, absl::MakeConstSpan(&last, 1), options.on_prefill_progress));
   res.prefix_reused_tokens = prefix_reused_tokens_ - reused_before;
   Sampler sampler(options.sampling);
-  const model::Tokenizer& tok = *model_.tokenizer;
-  model::Utf8StreamBuffer utf8;
+  TextStream out(*model_.tokenizer, options.stop_strings, {}, options.stop_at_eos);
   Clock::time_point t_first;
   res.stop_reason = "max_tokens";
-  size_t holdback = 0, emitted = 0;
-  for (const std::string& s : options.stop_strings) holdback = std::max(holdback, s.empty() ? 0 : s.size() - 1);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int32_t next = sampler.Sample(logits.data(), model_.config.n_vocab);
     if (i == 0) t_first = Clock::now();
-    if (options.stop_at_eos && tok.IsEndOfGeneration(next)) {
-      res.stop_reason = "eos";
+    if (std::string stop = out.Push(next); !stop.empty()) {
+      res.stop_reason = std::move(stop);
       break;
     }
-    res.tokens.push_back(next);
-    const std::string piece = utf8.Push(tok.TokenBytes(next));
-    res.text += piece;
-    size_t stop_at = std::string::npos;
-    for (const std::string& s : options.stop_strings) {
-      // Only the tail can hold a match that this token completed.
-      const size_t tail = piece.size() + s.size();
-      const size_t from = res.text.size() > tail ? res.text.size() - tail : 0;
-      const size_t at = s.empty() ? std::string::npos : res.text.find(s, from);
-      if (at != std::string::npos) stop_at = std::min(stop_at, at);
-    }
-    if (stop_at != std::string::npos) {
-      res.text.resize(stop_at);  // the stop string itself is not part of the output
-      res.stop_reason = "stop_string";
-      break;
-    }
-    // Stream all but a tail that could still be the start of a stop string.
-    const size_t safe = res.text.size() > holdback ? res.text.size() - holdback : 0;
-    if (safe > emitted && on_text) on_text(absl::string_view(res.text).substr(emitted, safe - emitted));
-    emitted = std::max(emitted, safe);
+    if (std::string delta = out.Delta(); !delta.empty() && on_text) on_text(delta);
     if (i + 1 == options.max_new_tokens) break;
     if (kv_->Length(kSeq) >= model_.config.n_ctx_train) {
       res.stop_reason = "context_full";
@@ -465,8 +498,10 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
     }
     RETURN_IF_ERROR(DecodeStep(absl::MakeConstSpan(&kSeq, 1), absl::MakeConstSpan(&next, 1), &logits));
   }
-  if (res.stop_reason != "stop_string") res.text += utf8.Flush();
-  if (res.text.size() > emitted && on_text) on_text(absl::string_view(res.text).substr(emitted));
+  out.Finish();
+  if (std::string delta = out.Delta(); !delta.empty() && on_text) on_text(delta);
+  res.tokens = out.tokens();
+  res.text = out.text();
   const auto t_end = Clock::now();
   res.ttft_s = std::chrono::duration<double>(t_first - t0).count();
   res.decode_s = std::chrono::duration<double>(t_end - t_first).count();

@@ -19,6 +19,7 @@
 #include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
+#include "decode-worker/engine/text_stream.h"
 #include "decode-worker/model/transformer.h"
 #include "decode-worker/model/weights.h"
 
@@ -107,6 +108,19 @@ class Engine {
   // bit-identical to prefilling each prompt alone (batch-invariant kernels).
   absl::StatusOr<std::vector<std::vector<float>>> PrefillBatch(absl::Span<const int32_t> seqs,
                                                               absl::Span<const std::vector<int32_t>> prompts);
+  // Chunked prefill for continuous batching. StartPrefill checks `prompt` for admitted, empty
+  // slot `seq`, restores a committed prefix (prefix reuse) and returns how many prompt tokens
+  // are already in the cache. PrefillParts then runs prompt pieces of several slots in one
+  // forward pass (each piece must start where its slot's cache ends); for each piece that ends
+  // its prompt, (*last_logits)[i] gets the last row's logits (empty otherwise) and the prompt's
+  // blocks are committed for reuse. Same logits as Prefill, however the pieces are cut.
+  absl::StatusOr<int64_t> StartPrefill(int32_t seq, absl::Span<const int32_t> prompt);
+  struct PrefillPiece {
+    int32_t seq = 0;
+    absl::Span<const int32_t> prompt{};
+    int64_t begin = 0, end = 0;  // prompt positions [begin, end)
+  };
+  absl::Status PrefillParts(absl::Span<const PrefillPiece> pieces, std::vector<std::vector<float>>* last_logits);
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);
@@ -118,6 +132,13 @@ class Engine {
   // Frees the slot's KV and its reservation.
   void Release(int32_t seq);
   const MemoryPlan& memory_plan() const { return plan_; }
+  // Whether a request of `prompt_tokens` growing to `total_tokens` fits the device-memory budget
+  // with nothing else admitted (RESOURCE_EXHAUSTED with the numbers if not). Reads only what
+  // is fixed at construction, so any thread may call it.
+  absl::Status FitsAlone(int64_t prompt_tokens, int64_t total_tokens) const;
+  int64_t device_memory_bytes() const { return options_.device_memory_bytes; }
+  // Budget minus weights, workspace and reservations; -1 when the budget is unlimited.
+  int64_t free_device_bytes() const;
   // Bytes reserved by admitted requests (steady state, plus prefill while prefilling).
   int64_t reserved_bytes() const;
   int64_t admitted() const;

@@ -1,0 +1,215 @@
+// ddctl's service commands: `serve` (the embedded server: router + one worker + in-process
+// pool in one process, one port), and the clients of a router: `generate --server`, `health`,
+// `stats`, `workers`.
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/signals.h"
+#include "common/status_macros.h"
+#include "ddctl/commands.h"
+#include "decode-worker/service/engine_flags.h"
+#include "decode-worker/service/worker_node.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "prometheus/exposer.h"
+#include "proto/generate.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "router/router_flags.h"
+
+namespace dd::ddctl {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
+  if (st.ok()) return absl::OkStatus();
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int c = static_cast<int>(st.error_code());
+  return absl::Status(static_cast<absl::StatusCode>(c),
+                      absl::StrCat(what, ": ", c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN", ": ", st.error_message()));
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& addr) {
+  return grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+}
+
+void SetDeadline(grpc::ClientContext* ctx, int64_t ms) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms > 0 ? ms : 10000));
+}
+
+}  // namespace
+
+absl::Status RunRemoteGenerate(const CliConfig& cfg) {
+  // The server validates the request (an empty prompt goes out as is and comes back
+  // INVALID_ARGUMENT); --tokens sends token ids instead of text.
+  dd::v1::GenerateRequest req;
+  if (!cfg.tokens.empty()) {
+    for (absl::string_view part : absl::StrSplit(cfg.tokens, ',', absl::SkipWhitespace())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(part, &id)) return absl::InvalidArgumentError(absl::StrCat("--tokens: '", part, "' is not an integer"));
+      req.mutable_token_ids()->add_ids(id);
+    }
+  } else if (cfg.prompt.empty() && cfg.prompt_file.empty()) {
+    req.set_text("");
+  } else {
+    ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
+    req.set_text(prompt);
+  }
+  req.set_model(cfg.model_name);
+  req.set_max_new_tokens(cfg.generate.max_new_tokens);
+  req.mutable_sampling()->set_temperature(cfg.generate.sampling.temperature);
+  req.mutable_sampling()->set_top_k(cfg.generate.sampling.top_k);
+  req.mutable_sampling()->set_top_p(cfg.generate.sampling.top_p);
+  req.mutable_sampling()->set_seed(cfg.generate.sampling.seed);
+  for (const std::string& s : cfg.generate.stop_strings) req.add_stop(s);
+  req.set_ignore_eos(!cfg.generate.stop_at_eos);
+  req.set_raw_prompt(cfg.raw_prompt);
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  grpc::ClientContext ctx;
+  if (cfg.deadline_ms > 0) SetDeadline(&ctx, cfg.deadline_ms);
+  auto reader = stub->Generate(&ctx, req);
+  dd::v1::GenerateResponse resp;
+  std::vector<int32_t> tokens;
+  std::string text;
+  dd::v1::Usage usage;
+  while (reader->Read(&resp)) {
+    for (int32_t t : resp.token_ids()) tokens.push_back(t);
+    text += resp.text();
+    if (resp.has_usage()) usage = resp.usage();
+    if (cfg.events) {
+      std::printf("%s\n", Json(resp).c_str());
+      std::fflush(stdout);
+    } else if (!cfg.json) {
+      std::fwrite(resp.text().data(), 1, resp.text().size(), stdout);
+      std::fflush(stdout);
+    }
+  }
+  RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("generate via ", cfg.server)));
+  if (cfg.json || cfg.events) {
+    nlohmann::json j;
+    j["tokens"] = tokens;
+    j["text"] = text;
+    j["generated_tokens"] = tokens.size();
+    j["stop_reason"] = usage.stop_reason();
+    j["usage"] = nlohmann::json::parse(Json(usage));
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "[ddctl] %lld tokens (%s) from %s, TTFT %.3f s, TPOT %.1f ms%s\n",
+                 static_cast<long long>(tokens.size()), usage.stop_reason().c_str(), usage.worker_id().c_str(),
+                 usage.ttft_seconds(), usage.tpot_seconds() * 1e3,
+                 usage.resumes() ? absl::StrCat(", resumed ", usage.resumes(), "x").c_str() : "");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunHealth(const CliConfig& cfg) {
+  if (cfg.server.empty()) return absl::InvalidArgumentError("health needs --server HOST:PORT (a router)");
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, cfg.deadline_ms);
+  dd::v1::HealthResponse resp;
+  RETURN_IF_ERROR(FromGrpc(stub->Health(&ctx, {}, &resp), absl::StrCat("health of ", cfg.server)));
+  std::printf("%s\n", cfg.json ? Json(resp).c_str() : resp.message().c_str());
+  return resp.serving() ? absl::OkStatus() : absl::UnavailableError(resp.message());
+}
+
+absl::Status RunStats(const CliConfig& cfg) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, cfg.deadline_ms);
+  if (!cfg.worker.empty()) {
+    auto stub = dd::worker::v1::Worker::NewStub(Dial(cfg.worker));
+    dd::worker::v1::WorkerStats resp;
+    RETURN_IF_ERROR(FromGrpc(stub->Stats(&ctx, {}, &resp), absl::StrCat("stats of worker ", cfg.worker)));
+    std::printf("%s\n", Json(resp).c_str());
+    return absl::OkStatus();
+  }
+  if (cfg.server.empty()) return absl::InvalidArgumentError("stats needs --server HOST:PORT (router) or --worker HOST:PORT");
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  dd::v1::StatsResponse resp;
+  RETURN_IF_ERROR(FromGrpc(stub->Stats(&ctx, {}, &resp), absl::StrCat("stats of ", cfg.server)));
+  std::printf("%s\n", Json(resp).c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunWorkers(const CliConfig& cfg) {
+  if (cfg.server.empty()) return absl::InvalidArgumentError("workers needs --server HOST:PORT (a router)");
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, cfg.deadline_ms);
+  dd::v1::ListWorkersResponse resp;
+  RETURN_IF_ERROR(FromGrpc(stub->ListWorkers(&ctx, {}, &resp), absl::StrCat("workers of ", cfg.server)));
+  if (cfg.json) {
+    std::printf("%s\n", Json(resp).c_str());
+    return absl::OkStatus();
+  }
+  std::printf("%-24s %-22s %-5s %-12s %7s %7s %10s %9s\n", "WORKER", "ADDRESS", "UP", "MODE", "ACTIVE", "WAITING",
+              "TOKENS", "CAPACITY");
+  for (const auto& w : resp.workers()) {
+    std::printf("%-24s %-22s %-5s %-12s %7d %7d %10lld %9d\n", w.worker_id().c_str(), w.address().c_str(),
+                w.up() ? "yes" : "no", w.mode().c_str(), w.active_requests(), w.waiting_requests(),
+                static_cast<long long>(w.active_tokens()), w.capacity());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunServe(const CliConfig& cfg) {
+  ASSIGN_OR_RETURN(auto model, Load(cfg));
+  BlockTermSignals();
+  router::RouterService router(router::RouterOptionsFromFlags());
+  worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
+  ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, worker::SchedulerOptionsFromFlags(), id));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(cfg.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&router);
+  builder.RegisterService(router.registry_service());
+  builder.RegisterService(&node->service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", cfg.listen));
+  const std::string self = absl::StrCat(cfg.listen.substr(0, cfg.listen.rfind(':')), ":", port);
+  node->service().set_address(self);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_at = "off";
+  if (!cfg.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(cfg.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", cfg.metrics_listen, ": ", e.what()));
+    }
+    router.RegisterMetrics(*exposer);
+    node->metrics().RegisterWith(*exposer, node->scheduler());
+    metrics_at = absl::StrCat(cfg.metrics_listen.substr(0, cfg.metrics_listen.rfind(':')), ":",
+                              exposer->GetListeningPorts().front());
+  }
+  node->StartHeartbeats(self, std::chrono::milliseconds(500));
+  // Ready once the worker has registered with the in-process router.
+  for (int i = 0; i < 500 && router.registry().workers_up() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (router.registry().workers_up() == 0) return absl::InternalError("the embedded worker did not register");
+  std::fprintf(stderr, "[ddctl] serving %s (%s mode) with the embedded router, worker and in-process pool\n",
+               model->config.name.c_str(), std::string(engine::DecodeModeName(cfg.engine.mode)).c_str());
+  std::printf("ddctl serve: listening on %s metrics %s\n", self.c_str(), metrics_at.c_str());
+  std::fflush(stdout);
+  const int sig = WaitForTermSignal();
+  std::fprintf(stderr, "ddctl serve: signal %d, shutting down\n", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  exposer.reset();
+  node.reset();
+  return absl::OkStatus();
+}
+
+}  // namespace dd::ddctl

@@ -1,0 +1,87 @@
+#include "decode-worker/service/engine_flags.h"
+
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+
+ABSL_FLAG(std::string, model, "", "Model: a .gguf file or a Hugging Face safetensors directory "
+          "(default: $DD_MODEL, else ~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf)");
+ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
+ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
+ABSL_FLAG(std::string, matmul, "int8",
+          "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
+ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand) or dualdecoder (sparse with speculative-token prefetch)");
+ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
+ABSL_FLAG(std::string, device_memory, "0",
+          "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "
+          "projected KV must fit, else the request is refused with the numbers");
+ABSL_FLAG(std::string, kv_store, "inproc://",
+          "sparse modes: where offloaded KV lives: inproc://, shm://HOST:PORT or ucx://HOST:PORT (a dd-kv-pool; "
+          "token from $DD_KV_POOL_TOKEN)");
+ABSL_FLAG(int64_t, prefix_block, 0,
+          "Prefix reuse with a pool --kv_store (sparse modes): key prompts in blocks of this many tokens "
+          "(e.g. 256); a prompt starting with a stored prefix skips prefilling it. 0 = off");
+ABSL_FLAG(std::string, predictor, "speculative",
+          "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
+          "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
+ABSL_FLAG(int64_t, prefetch_buffers, 2,
+          "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
+
+namespace dd::worker {
+
+std::string ModelPathFromFlags(bool* defaulted) {
+  *defaulted = false;
+  std::string flag = absl::GetFlag(FLAGS_model);
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("DD_MODEL"); env != nullptr && *env != '\0') return env;
+  *defaulted = true;
+  const char* dir = std::getenv("DD_MODEL_DIR");
+  if (dir != nullptr && *dir != '\0') return std::string(dir) + "/gemma-3-270m-q4_k_m.gguf";
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
+}
+
+absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
+  bool defaulted = false;
+  const std::string path = ModelPathFromFlags(&defaulted);
+  auto m = model::LoadModel(path);
+  if (!m.ok() && m.status().code() == absl::StatusCode::kNotFound && defaulted) {
+    return absl::NotFoundError(absl::StrCat(m.status().message(),
+                                            "\n  the default model is not fetched yet: run scripts/fetch-model"
+                                            " (or pass --model PATH)"));
+  }
+  return m;
+}
+
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
+  engine::EngineOptions o;
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  const std::string matmul = absl::GetFlag(FLAGS_matmul);
+  if (matmul == "int8") {
+    o.matmul = model::Transformer::MatMulKind::kInt8;
+  } else if (matmul == "f32") {
+    o.matmul = model::Transformer::MatMulKind::kF32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--matmul must be int8 or f32, got '", matmul, "'"));
+  }
+  auto mode = engine::ParseDecodeMode(absl::GetFlag(FLAGS_mode));
+  if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--mode: ", mode.status().message()));
+  o.mode = *mode;
+  o.sparse.budget_tokens = absl::GetFlag(FLAGS_budget);
+  auto device_memory = engine::ParseByteSize(absl::GetFlag(FLAGS_device_memory), "device_memory");
+  if (!device_memory.ok()) return device_memory.status();
+  o.device_memory_bytes = *device_memory;
+  o.kv_store = absl::GetFlag(FLAGS_kv_store);
+  o.prefix_block_tokens = absl::GetFlag(FLAGS_prefix_block);
+  auto predictor = engine::ParsePredictor(absl::GetFlag(FLAGS_predictor));
+  if (!predictor.ok()) return absl::InvalidArgumentError(absl::StrCat("--predictor: ", predictor.status().message()));
+  o.sparse.predictor = *predictor;
+  o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
+  if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
+  return o;
+}
+
+}  // namespace dd::worker

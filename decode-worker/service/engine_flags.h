@@ -1,0 +1,22 @@
+// Command-line flags that configure a model and an engine, shared by every binary that runs
+// one (ddctl, dd-decode-worker): --model, --mode, --budget, --device_memory, --kv_store,
+// --prefix_block, --predictor, --prefetch_buffers, --threads, --prefill_chunk, --matmul.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "decode-worker/engine/engine.h"
+
+namespace dd::worker {
+
+// The model path: --model, else $DD_MODEL, else $DD_MODEL_DIR/<default>, else
+// ~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf (*defaulted = true for the last two).
+std::string ModelPathFromFlags(bool* defaulted);
+// Loads it; a missing default model names scripts/fetch-model.
+absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags();
+// Engine options from the flags; INVALID_ARGUMENT names the flag. The pool token comes from
+// $DD_KV_POOL_TOKEN.
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
+
+}  // namespace dd::worker

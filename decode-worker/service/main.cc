@@ -1,0 +1,76 @@
+// dd-decode-worker: one decode worker (DESIGN §1): loads the model, serves proto/worker.proto's
+// Worker service with continuous batching and, with --router, registers there and heartbeats
+// its load. Prints "dd-decode-worker: listening on HOST:PORT metrics HOST:PORT" once serving.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "decode-worker/service/engine_flags.h"
+#include "decode-worker/service/worker_node.h"
+#include "glog/logging.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
+ABSL_FLAG(std::string, advertise_host, "", "Host the router should dial (default: the --listen host)");
+ABSL_FLAG(std::string, router, "", "Router registry address HOST:PORT (empty = serve without a router)");
+ABSL_FLAG(std::string, worker_id, "", "Worker id (default: <hostname>-<pid>)");
+ABSL_FLAG(int64_t, heartbeat_ms, 500, "Heartbeat interval to the router");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("dd-decode-worker [--router HOST:PORT] [--mode M] [--device_memory SIZE] ...");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  auto fail = [](const absl::Status& st) {
+    std::cerr << "dd-decode-worker: " << st.message() << "\n";
+    return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  auto engine_options = dd::worker::EngineOptionsFromFlags();
+  if (!engine_options.ok()) return fail(engine_options.status());
+  auto model = dd::worker::LoadModelFromFlags();
+  if (!model.ok()) return fail(model.status());
+  dd::BlockTermSignals();
+  dd::worker::WorkerIdentity id;
+  id.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (id.worker_id.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    id.worker_id = absl::StrCat(host, "-", getpid());
+  }
+  id.model = (*model)->config.name;
+  auto node = dd::worker::WorkerNode::Create(**model, *engine_options, dd::worker::SchedulerOptionsFromFlags(), id);
+  if (!node.ok()) return fail(node.status());
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&(*node)->service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
+  std::string host = absl::GetFlag(FLAGS_advertise_host);
+  if (host.empty()) host = listen.substr(0, listen.rfind(':'));
+  (*node)->service().set_address(absl::StrCat(host, ":", port));
+  std::string metrics_at = "off";
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    if (absl::Status st = (*node)->metrics().Serve(m, (*node)->scheduler()); !st.ok()) return fail(st);
+    metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", (*node)->metrics().port());
+  }
+  if (const std::string router = absl::GetFlag(FLAGS_router); !router.empty()) {
+    (*node)->StartHeartbeats(router, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)));
+  }
+  std::printf("dd-decode-worker: listening on %s metrics %s\n", (*node)->service().identity().address.c_str(),
+              metrics_at.c_str());
+  std::fflush(stdout);
+  const int sig = dd::WaitForTermSignal();
+  std::fprintf(stderr, "dd-decode-worker: signal %d, shutting down\n", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  node->reset();
+  return 0;
+}

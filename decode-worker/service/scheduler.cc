@@ -1,0 +1,369 @@
+#include "decode-worker/service/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace dd::worker {
+
+void RequestStream::Push(StreamEvent e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+std::vector<StreamEvent> RequestStream::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !events_.empty(); });
+  std::vector<StreamEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+Scheduler::Scheduler(engine::Engine& engine, const SchedulerOptions& options, SchedulerObserver* observer)
+    : engine_(engine), options_(options), observer_(observer) {
+  options_.max_batch = std::max(1, options_.max_batch);
+  options_.max_waiting = std::max(0, options_.max_waiting);
+  options_.step_tokens = std::max<int64_t>(1, options_.step_tokens);
+  options_.min_prefill_tokens = std::clamp<int64_t>(options_.min_prefill_tokens, 1, options_.step_tokens);
+  for (int32_t s = options_.max_batch - 1; s >= 0; --s) free_slots_.push_back(s);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spec) {
+  RETURN_IF_ERROR(engine_.ValidatePrompt(spec.prompt));
+  RETURN_IF_ERROR(spec.sampling.Validate());
+  const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
+  if (spec.max_new_tokens <= resumed) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be > 0 and above the ", resumed,
+                                                   " resumed tokens, got ", spec.max_new_tokens));
+  }
+  const int64_t n = static_cast<int64_t>(spec.prompt.size());
+  const int64_t total = std::min<int64_t>(engine_.config().n_ctx_train, n + spec.max_new_tokens - resumed);
+  RETURN_IF_ERROR(engine_.FitsAlone(n, total));
+  auto r = std::make_unique<Request>();
+  r->spec = std::move(spec);
+  r->stream = std::make_shared<RequestStream>();
+  std::shared_ptr<RequestStream> stream = r->stream;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return absl::UnavailableError("worker is shutting down");
+    bool dup = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id) != active_ids_.end();
+    for (const auto& w : waiting_) dup |= w->spec.id == r->spec.id;
+    if (dup) return absl::AlreadyExistsError(absl::StrCat("request ", r->spec.id, " is already running here"));
+    const int64_t held = stats_.active + static_cast<int64_t>(waiting_.size());
+    if (held >= options_.max_batch + options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat("worker is full: ", stats_.active, " requests in the batch and ",
+                                                       waiting_.size(), " waiting (max_batch ", options_.max_batch,
+                                                       ", max_waiting ", options_.max_waiting, ")"));
+    }
+    waiting_.push_back(std::move(r));
+    ++stats_.waiting;
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+bool Scheduler::Cancel(const std::string& id) {
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& w : waiting_) known |= w->spec.id == id;
+    known |= std::find(active_ids_.begin(), active_ids_.end(), id) != active_ids_.end();
+    if (known) cancels_.push_back(id);
+  }
+  cv_.notify_all();
+  return known;
+}
+
+SchedulerStats Scheduler::Stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+void Scheduler::Loop() {
+  for (;;) {
+    std::vector<std::string> cancels;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty(); });
+      if (stop_) break;
+      cancels.swap(cancels_);
+      // Cancelled or expired before they got a slot.
+      const Clock::time_point now = Clock::now();
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        Request& w = **it;
+        const bool cancelled = std::find(cancels.begin(), cancels.end(), w.spec.id) != cancels.end();
+        if (cancelled || now >= w.spec.deadline) {
+          StreamEvent e{.final = true};
+          e.status = cancelled ? absl::CancelledError("request cancelled")
+                               : absl::DeadlineExceededError("deadline passed while the request waited for a slot");
+          ++(cancelled ? stats_.cancelled : stats_.failed);
+          w.stream->Push(std::move(e));
+          it = waiting_.erase(it);
+          --stats_.waiting;
+        } else {
+          ++it;
+        }
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    for (auto& r : active_) {
+      if (r->done) continue;
+      if (std::find(cancels.begin(), cancels.end(), r->spec.id) != cancels.end()) {
+        Finish(*r, absl::CancelledError("request cancelled"), "");
+      } else if (now >= r->spec.deadline) {
+        Finish(*r, absl::DeadlineExceededError("request deadline passed"), "");
+      }
+    }
+    Reap();
+    AdmitWaiting();
+    const int64_t decoded = DecodeIteration();
+    Reap();
+    PrefillIteration(decoded);
+    Reap();
+    PublishStats();
+  }
+  // Shutting down: nobody is left waiting for an answer that never comes.
+  for (auto& r : active_) {
+    if (!r->done) Finish(*r, absl::UnavailableError("worker is shutting down"), "");
+  }
+  Reap();
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& w : waiting_) {
+    StreamEvent e{.final = true};
+    e.status = absl::UnavailableError("worker is shutting down");
+    w->stream->Push(std::move(e));
+  }
+  waiting_.clear();
+}
+
+void Scheduler::AdmitWaiting() {
+  while (!free_slots_.empty()) {
+    Request* r = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (waiting_.empty()) return;
+      r = waiting_.front().get();  // only this thread removes from waiting_
+    }
+    const int32_t slot = free_slots_.back();
+    const RequestSpec& spec = r->spec;
+    const int64_t n = static_cast<int64_t>(spec.prompt.size());
+    const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
+    const int64_t total = std::min<int64_t>(engine_.config().n_ctx_train, n + spec.max_new_tokens - resumed);
+    absl::Status st = engine_.Admit(slot, n, total);
+    // Device memory full: wait for a running request to leave (FIFO, no overtaking).
+    if (absl::IsResourceExhausted(st) && !active_.empty()) return;
+    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt) : absl::StatusOr<int64_t>(st);
+    std::unique_ptr<Request> owned;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      owned = std::move(waiting_.front());
+      waiting_.pop_front();
+      --stats_.waiting;
+      if (started.ok()) {
+        ++stats_.active;
+        active_ids_.push_back(owned->spec.id);
+      }
+    }
+    if (!started.ok()) {
+      engine_.Release(slot);
+      StreamEvent e{.final = true};
+      e.status = started.status();
+      owned->stream->Push(std::move(e));
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.failed;
+      continue;
+    }
+    free_slots_.pop_back();
+    owned->slot = slot;
+    owned->prefilled = *started;
+    owned->prefix_reused = *started;
+    // A resumed request continues with a seed of its own, so it does not replay the samples
+    // of its first life.
+    engine::SamplingParams sampling = spec.sampling;
+    sampling.seed += static_cast<uint64_t>(resumed) * 0x9E3779B97F4A7C15ULL;
+    owned->sampler.emplace(sampling);
+    owned->text.emplace(engine_.tokenizer(), spec.stop_strings, spec.stop_ids, spec.stop_at_eos);
+    owned->text->Replay(spec.resumed, spec.resumed_text_bytes);
+    owned->generated = resumed;
+    active_.push_back(std::move(owned));
+  }
+}
+
+int64_t Scheduler::DecodeIteration() {
+  std::vector<int32_t> seqs, tokens;
+  std::vector<Request*> reqs;
+  for (auto& r : active_) {
+    if (r->done || r->pending < 0) continue;
+    seqs.push_back(r->slot);
+    tokens.push_back(r->pending);
+    reqs.push_back(r.get());
+  }
+  if (reqs.empty()) return 0;
+  const Clock::time_point t0 = Clock::now();
+  std::vector<float> logits;
+  if (absl::Status st = engine_.DecodeStep(seqs, tokens, &logits); !st.ok()) {
+    Fail(reqs, st);
+    return 0;
+  }
+  const int64_t V = engine_.config().n_vocab;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i]->pending = -1;
+    Emit(*reqs[i], logits.data() + i * V);
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (observer_) observer_->OnStep(/*decode=*/true, static_cast<int>(reqs.size()), static_cast<int64_t>(reqs.size()), dt);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.decode_tokens += static_cast<int64_t>(reqs.size());
+  ++stats_.steps;
+  return static_cast<int64_t>(reqs.size());
+}
+
+void Scheduler::PrefillIteration(int64_t decoded) {
+  int64_t budget = std::max(options_.step_tokens - decoded, options_.min_prefill_tokens);
+  std::vector<engine::Engine::PrefillPiece> pieces;
+  std::vector<Request*> reqs;
+  for (auto& r : active_) {
+    const int64_t n = static_cast<int64_t>(r->spec.prompt.size());
+    if (r->done || r->prefilled >= n) continue;
+    const int64_t take = std::min(budget, n - r->prefilled);
+    pieces.push_back({.seq = r->slot, .prompt = r->spec.prompt, .begin = r->prefilled, .end = r->prefilled + take});
+    reqs.push_back(r.get());
+    budget -= take;
+    if (budget <= 0) break;
+  }
+  if (pieces.empty()) return;
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::vector<float>> last;
+  if (absl::Status st = engine_.PrefillParts(pieces, &last); !st.ok()) {
+    Fail(reqs, st);
+    return;
+  }
+  int64_t tokens = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    reqs[i]->prefilled = pieces[i].end;
+    tokens += pieces[i].end - pieces[i].begin;
+    if (!last[i].empty()) Emit(*reqs[i], last[i].data());
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (observer_) observer_->OnStep(/*decode=*/false, static_cast<int>(pieces.size()), tokens, dt);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.prefill_tokens += tokens;
+}
+
+void Scheduler::Emit(Request& r, const float* logits) {
+  const int32_t token = r.sampler->Sample(logits, engine_.config().n_vocab);
+  const Clock::time_point now = Clock::now();
+  const bool first = r.generated == static_cast<int64_t>(r.spec.resumed.size());
+  if (first) {
+    r.first_token = now;
+    if (observer_) observer_->OnFirstToken(std::chrono::duration<double>(now - r.spec.arrival).count());
+  }
+  r.last_token = now;
+  StreamEvent e;
+  e.first_index = r.generated;
+  std::string stop = r.text->Push(token);
+  if (stop.empty()) {
+    e.tokens.push_back(token);
+    ++r.generated;
+    if (r.generated >= r.spec.max_new_tokens) {
+      stop = "max_tokens";
+    } else if (engine_.Length(r.slot) >= engine_.config().n_ctx_train) {
+      stop = "context_full";
+    } else {
+      r.pending = token;
+    }
+  }
+  if (!stop.empty()) r.text->Finish();
+  e.text = r.text->Delta();
+  if (!e.tokens.empty() || !e.text.empty()) r.stream->Push(std::move(e));
+  if (!stop.empty()) Finish(r, absl::OkStatus(), stop);
+}
+
+void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_reason) {
+  const int64_t resumed = static_cast<int64_t>(r.spec.resumed.size());
+  StreamEvent e{.first_index = r.generated, .final = true};
+  e.status = std::move(status);
+  e.stop_reason = stop_reason;
+  e.prompt_tokens = static_cast<int64_t>(r.spec.prompt.size()) - resumed;
+  e.completion_tokens = r.generated;
+  e.prefix_reused_tokens = r.prefix_reused;
+  const int64_t fresh = r.generated - resumed;
+  if (fresh > 0) {
+    e.ttft_s = std::chrono::duration<double>(r.first_token - r.spec.arrival).count();
+    if (fresh > 1) e.tpot_s = std::chrono::duration<double>(r.last_token - r.first_token).count() / (fresh - 1);
+  }
+  if (const engine::SparseKvCache* sc = engine_.sparse_cache()) e.hit_rate = sc->total_stats().hit_rate();
+  if (observer_) observer_->OnFinished(e);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (e.status.ok()) ++stats_.finished;
+    else if (absl::IsCancelled(e.status)) ++stats_.cancelled;
+    else ++stats_.failed;
+  }
+  r.stream->Push(std::move(e));
+  r.done = true;
+}
+
+void Scheduler::Fail(std::vector<Request*> reqs, const absl::Status& st) {
+  LOG(ERROR) << "engine step failed for " << reqs.size() << " requests: " << st;
+  for (Request* r : reqs) {
+    if (!r->done) Finish(*r, absl::InternalError(absl::StrCat("engine failed: ", st.message())), "");
+  }
+}
+
+void Scheduler::Reap() {
+  std::vector<std::string> gone;
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!(*it)->done) {
+      ++it;
+      continue;
+    }
+    engine_.Release((*it)->slot);  // KV, reservation and (sparse) the pool sequence
+    free_slots_.push_back((*it)->slot);
+    gone.push_back((*it)->spec.id);
+    it = active_.erase(it);
+  }
+  if (gone.empty()) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.active -= static_cast<int32_t>(gone.size());
+  for (const std::string& id : gone) {
+    auto at = std::find(active_ids_.begin(), active_ids_.end(), id);
+    if (at != active_ids_.end()) active_ids_.erase(at);
+  }
+}
+
+void Scheduler::PublishStats() {
+  int64_t tokens = 0;
+  for (const auto& r : active_) tokens += engine_.Length(r->slot);
+  const engine::SparseKvCache* sc = engine_.sparse_cache();
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.active_tokens = tokens;
+  stats_.reserved_bytes = engine_.reserved_bytes();
+  stats_.kv_bytes = engine_.kv_bytes();
+  stats_.free_bytes = engine_.free_device_bytes();
+  stats_.hit_rate = sc ? sc->total_stats().hit_rate() : 0;
+  stats_.transfer_wait_ns = engine_.transfer_wait_ns();
+  if (sc) {
+    const engine::SparseKvCache::LayerStats t = sc->total_stats();
+    stats_.kv_prefetch_bytes = t.prefetched * sc->block_bytes();
+    stats_.kv_urgent_bytes = t.urgent * sc->block_bytes();
+    stats_.kv_wasted_bytes = t.wasted * sc->block_bytes();
+  }
+}
+
+}  // namespace dd::worker

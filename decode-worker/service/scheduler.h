@@ -1,0 +1,147 @@
+// Continuous batching over one Engine (DESIGN §1 decode-worker).
+//
+// One thread owns the engine. Each iteration it admits waiting requests into free slots (as
+// far as device memory allows, FIFO), runs one decode step for every request that has a
+// token to append, then spends the rest of a per-iteration token budget on chunked prefill of
+// the requests still reading their prompts. Requests join and leave between iterations.
+// Output goes to each request's RequestStream, which the RPC thread drains; cancellation and
+// deadlines free the slot, its device-memory reservation and (sparse modes) its pool blocks.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "decode-worker/engine/engine.h"
+
+namespace dd::worker {
+
+using Clock = std::chrono::steady_clock;
+
+struct RequestSpec {
+  std::string id;
+  std::vector<int32_t> prompt;         // tokenized prompt, resumed tokens appended
+  std::vector<int32_t> resumed;        // tokens the client already has (resume), also in prompt
+  int64_t resumed_text_bytes = 0;
+  int64_t max_new_tokens = 128;        // counting the resumed tokens
+  engine::SamplingParams sampling{};
+  std::vector<std::string> stop_strings{};
+  std::vector<int32_t> stop_ids{};
+  bool stop_at_eos = true;
+  Clock::time_point arrival = Clock::now();  // for TTFT
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+struct StreamEvent {
+  std::vector<int32_t> tokens{};
+  int64_t first_index = 0;
+  std::string text{};
+  bool final = false;
+  absl::Status status{};      // final: how the request ended
+  std::string stop_reason{};  // final, ok
+  int64_t prompt_tokens = 0, completion_tokens = 0, prefix_reused_tokens = 0;
+  double ttft_s = 0, tpot_s = 0, hit_rate = 0;
+};
+
+// Scheduler → RPC thread. Thread-safe.
+class RequestStream {
+ public:
+  void Push(StreamEvent e);
+  // Waits up to `timeout` for events; returns those pending (empty on timeout).
+  std::vector<StreamEvent> Wait(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;
+};
+
+struct SchedulerOptions {
+  int32_t max_batch = 16;        // requests in the batch at once (slots)
+  int32_t max_waiting = 32;      // queued beyond that; more → RESOURCE_EXHAUSTED
+  int64_t step_tokens = 512;     // tokens per iteration: decode rows plus prefill rows
+  int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
+};
+
+struct SchedulerStats {
+  int32_t active = 0, waiting = 0;
+  int64_t active_tokens = 0;
+  int64_t reserved_bytes = 0, kv_bytes = 0, free_bytes = -1;  // free: -1 = unlimited budget
+  int64_t decode_tokens = 0, prefill_tokens = 0, steps = 0;
+  int64_t finished = 0, cancelled = 0, failed = 0;
+  double hit_rate = 0;
+  int64_t transfer_wait_ns = 0;
+  int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
+};
+
+// Callbacks for metrics, run on the scheduler thread.
+struct SchedulerObserver {
+  virtual ~SchedulerObserver() = default;
+  virtual void OnStep(bool decode, int rows, int64_t tokens, double seconds) {}
+  virtual void OnFirstToken(double ttft_s) {}
+  virtual void OnFinished(const StreamEvent& final_event) {}
+};
+
+class Scheduler {
+ public:
+  Scheduler(engine::Engine& engine, const SchedulerOptions& options, SchedulerObserver* observer = nullptr);
+  ~Scheduler();  // stops the thread; requests still running end with UNAVAILABLE
+
+  // Validates and queues a request. INVALID_ARGUMENT names the field; RESOURCE_EXHAUSTED when
+  // the queue is full or the request cannot fit in device memory even alone.
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(RequestSpec spec);
+  // Ends a request (CANCELLED) and frees its state before the next iteration. False if unknown.
+  bool Cancel(const std::string& id);
+  SchedulerStats Stats() const;
+  const engine::Engine& engine() const { return engine_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Request {
+    RequestSpec spec;
+    std::shared_ptr<RequestStream> stream;
+    std::optional<engine::Sampler> sampler;
+    std::optional<engine::TextStream> text;
+    int32_t slot = -1;
+    int64_t prefilled = 0;      // prompt tokens in the cache
+    int32_t pending = -1;       // sampled token to append at the next decode step
+    int64_t generated = 0;      // output tokens so far, resumed ones included
+    Clock::time_point first_token{}, last_token{};
+    int64_t prefix_reused = 0;  // prompt tokens restored from the pool
+    bool done = false;          // finished; Reap frees the slot
+  };
+  void Loop();
+  void AdmitWaiting();
+  int64_t DecodeIteration();            // returns the rows decoded
+  void PrefillIteration(int64_t decoded);
+  void PublishStats();
+  // Samples from `logits`, streams, and finishes the request when it stops.
+  void Emit(Request& r, const float* logits);
+  void Finish(Request& r, absl::Status status, const std::string& stop_reason);
+  void Fail(std::vector<Request*> reqs, const absl::Status& st);
+  void Reap();  // removes finished/cancelled requests and frees their slots
+
+  engine::Engine& engine_;
+  SchedulerOptions options_;
+  SchedulerObserver* observer_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Request>> waiting_;  // guarded by mu_
+  std::vector<std::string> cancels_;              // guarded by mu_
+  std::vector<std::string> active_ids_;           // guarded by mu_ (for Cancel)
+  bool stop_ = false;                             // guarded by mu_
+  std::vector<std::unique_ptr<Request>> active_;  // scheduler thread only
+  std::vector<int32_t> free_slots_;
+  SchedulerStats stats_;                          // guarded by mu_ (copied out)
+  std::thread thread_;
+};
+
+}  // namespace dd::worker

@@ -1,0 +1,178 @@
+// Continuous batching on the real model: requests that share the batch, join mid-way and are
+// prefilled in pieces between decode steps give exactly the tokens they give alone.
+#include "decode-worker/service/scheduler.h"
+
+#include "decode-worker/engine/gemma_test_fixture.h"
+#include "gtest/gtest.h"
+
+namespace dd::worker {
+namespace {
+
+using engine::testing_util::GemmaTest;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  StreamEvent final;
+};
+
+// Collects a stream to its end; `first` = the output index the stream starts at.
+Outcome Drain(RequestStream& s, int64_t first = 0) {
+  Outcome o;
+  for (;;) {
+    for (StreamEvent& e : s.Wait(std::chrono::milliseconds(100))) {
+      EXPECT_EQ(e.first_index, first + static_cast<int64_t>(o.tokens.size())) << "tokens arrive in order, none skipped";
+      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
+      o.text += e.text;
+      if (e.final) {
+        o.final = std::move(e);
+        return o;
+      }
+    }
+  }
+}
+
+class SchedulerTest : public GemmaTest {
+ protected:
+  RequestSpec Spec(const std::string& id, const std::string& text, int64_t max_new) {
+    RequestSpec s;
+    s.id = id;
+    s.prompt = Encode(text);
+    s.max_new_tokens = max_new;
+    return s;
+  }
+  std::vector<std::string> Prompts() {
+    std::vector<std::string> p;
+    for (int i = 0; i < 4; ++i) {
+      std::string t = "Story " + std::to_string(i) + ": ";
+      for (int k = 0; k < 10 + 12 * i; ++k) t += "the quick brown fox jumps over the lazy dog number " + std::to_string(k) + ". ";
+      p.push_back(t + "In the end, the fox");
+    }
+    return p;
+  }
+};
+
+TEST_F(SchedulerTest, BatchedRequestsMatchSoloGeneration) {
+  for (engine::DecodeMode mode : {engine::DecodeMode::kFull, engine::DecodeMode::kDualDecoder}) {
+    engine::EngineOptions eo{.mode = mode, .threads = 2};
+    eo.sparse.budget_tokens = 64;
+    auto solo = engine::Engine::Create(*model_, eo);
+    ASSERT_TRUE(solo.ok()) << solo.status();
+    std::vector<engine::GenerateResult> want;
+    for (const std::string& p : Prompts()) {
+      engine::GenerateOptions go;
+      go.max_new_tokens = 12;
+      go.stop_at_eos = false;
+      auto r = (*solo)->Generate(Encode(p), go, nullptr);
+      ASSERT_TRUE(r.ok()) << r.status();
+      want.push_back(*r);
+    }
+    auto eng = engine::Engine::Create(*model_, eo);
+    ASSERT_TRUE(eng.ok());
+    // A small step budget: long prompts are prefilled in pieces between other requests' steps.
+    Scheduler sched(**eng, {.max_batch = 3, .max_waiting = 4, .step_tokens = 96, .min_prefill_tokens = 32});
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (size_t i = 0; i < want.size(); ++i) {
+      RequestSpec s = Spec("r" + std::to_string(i), Prompts()[i], 12);
+      s.stop_at_eos = false;
+      auto st = sched.Submit(std::move(s));
+      ASSERT_TRUE(st.ok()) << st.status();
+      streams.push_back(*st);
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      Outcome o = Drain(*streams[i]);
+      ASSERT_TRUE(o.final.status.ok()) << o.final.status;
+      EXPECT_EQ(o.tokens, want[i].tokens) << "request " << i << " mode " << engine::DecodeModeName(mode);
+      EXPECT_EQ(o.text, want[i].text);
+      EXPECT_EQ(o.final.stop_reason, "max_tokens");
+    }
+    SchedulerStats s = sched.Stats();
+    EXPECT_EQ(s.finished, 4);
+    EXPECT_GT(s.steps, 11);
+  }
+}
+
+TEST_F(SchedulerTest, ResumedRequestContinuesWithoutRepeats) {
+  engine::EngineOptions eo{.threads = 2};
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok());
+  Scheduler sched(**eng, {});
+  RequestSpec s = Spec("full", Prompts()[0], 10);
+  s.stop_at_eos = false;
+  auto whole = Drain(**sched.Submit(s));
+  ASSERT_EQ(whole.tokens.size(), 10u);
+  // The client got 4 tokens and their text; another worker continues from there.
+  RequestSpec r = s;
+  r.id = "resumed";
+  r.resumed.assign(whole.tokens.begin(), whole.tokens.begin() + 4);
+  r.prompt.insert(r.prompt.end(), r.resumed.begin(), r.resumed.end());
+  const std::string head = eng->get()->tokenizer().Decode(r.resumed);
+  r.resumed_text_bytes = static_cast<int64_t>(head.size());
+  Outcome rest = Drain(**sched.Submit(r), 4);
+  ASSERT_TRUE(rest.final.status.ok());
+  std::vector<int32_t> joined(r.resumed);
+  joined.insert(joined.end(), rest.tokens.begin(), rest.tokens.end());
+  EXPECT_EQ(joined, whole.tokens);
+  EXPECT_EQ(head + rest.text, whole.text);
+  EXPECT_EQ(rest.final.completion_tokens, 10);
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSlotAndMemory) {
+  engine::EngineOptions eo{.threads = 2, .device_memory_bytes = int64_t{1} << 30};
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok());
+  Scheduler sched(**eng, {.max_batch = 1, .max_waiting = 0});
+  RequestSpec s = Spec("long", Prompts()[1], 500);
+  s.stop_at_eos = false;
+  auto stream = sched.Submit(s);
+  ASSERT_TRUE(stream.ok());
+  // Full: one slot, no queue.
+  auto refused = sched.Submit(Spec("second", "hello", 4));
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  // Wait for the first token, then cancel.
+  std::vector<StreamEvent> got;
+  while (got.empty()) got = (*stream)->Wait(std::chrono::milliseconds(100));
+  EXPECT_TRUE(sched.Cancel("long"));
+  int64_t seen = 0;
+  for (const StreamEvent& e : got) seen += static_cast<int64_t>(e.tokens.size());
+  Outcome rest = Drain(**stream, seen);
+  EXPECT_TRUE(absl::IsCancelled(rest.final.status)) << rest.final.status;
+  SchedulerStats st = sched.Stats();
+  for (int i = 0; i < 100 && (st.active != 0 || st.reserved_bytes != 0); ++i) st = sched.Stats();
+  EXPECT_EQ(st.active, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(st.kv_bytes, 0);
+  EXPECT_EQ(st.cancelled, 1);
+  EXPECT_FALSE(sched.Cancel("long"));
+  // The slot is free again.
+  Outcome next = Drain(**sched.Submit(Spec("third", "hello", 3)));
+  EXPECT_TRUE(next.final.status.ok()) << next.final.status;
+}
+
+TEST_F(SchedulerTest, BadRequestsNameTheProblem) {
+  // A budget that holds a 4K-token request but not a 30K-token one.
+  const engine::MemoryPlan plan(*model_, engine::DecodeMode::kFull, {}, 512);
+  const engine::RequestBytes small = plan.Request(8, 4096);
+  engine::EngineOptions eo{.threads = 2, .device_memory_bytes = plan.weight_bytes() + plan.shared_workspace_bytes() +
+                                                                small.steady() + small.prefill_extra};
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  Scheduler sched(**eng, {});
+  RequestSpec empty = Spec("a", "x", 4);
+  empty.prompt.clear();
+  EXPECT_TRUE(absl::IsInvalidArgument(sched.Submit(empty).status()));
+  RequestSpec zero = Spec("b", "x", 0);
+  auto z = sched.Submit(zero);
+  EXPECT_TRUE(absl::IsInvalidArgument(z.status()));
+  EXPECT_NE(z.status().message().find("max_new_tokens"), std::string::npos) << z.status();
+  RequestSpec hot = Spec("c", "x", 4);
+  hot.sampling.temperature = -1;
+  auto h = sched.Submit(hot);
+  EXPECT_NE(h.status().message().find("temperature"), std::string::npos) << h.status();
+  RequestSpec huge = Spec("d", "x", 30000);  // fits the context, not the 600 MiB budget
+  auto g = sched.Submit(huge);
+  EXPECT_TRUE(absl::IsResourceExhausted(g.status())) << g.status();
+}
+
+}  // namespace
+}  // namespace dd::worker

@@ -1,0 +1,132 @@
+#include "decode-worker/service/worker_metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace dd::worker {
+namespace {
+
+prometheus::ClientMetric Value(std::vector<prometheus::ClientMetric::Label> labels, double v, bool counter) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (counter) {
+    m.counter.value = v;
+  } else {
+    m.gauge.value = v;
+  }
+  return m;
+}
+
+class SchedulerCollectable : public prometheus::Collectable {
+ public:
+  explicit SchedulerCollectable(const Scheduler& s) : s_(s) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricType;
+    const SchedulerStats st = s_.Stats();
+    const engine::Engine& e = s_.engine();
+    auto family = [](const char* name, const char* help, MetricType type, double v) {
+      prometheus::MetricFamily f{name, help, type, {}};
+      f.metric.push_back(Value({}, v, type == MetricType::Counter));
+      return f;
+    };
+    std::vector<prometheus::MetricFamily> out;
+    out.push_back(family("dd_decode_tokens_total", "Tokens decoded", MetricType::Counter, st.decode_tokens));
+    out.push_back(family("dd_prefill_tokens_total", "Prompt tokens prefilled", MetricType::Counter, st.prefill_tokens));
+    out.push_back(family("dd_batch_size", "Requests in the batch", MetricType::Gauge, st.active));
+    out.push_back(family("dd_requests_waiting", "Requests queued for a slot or memory", MetricType::Gauge, st.waiting));
+    out.push_back(family("dd_prefetch_hit_ratio", "Predicted chunks that the next step selected / selected",
+                         MetricType::Gauge, st.hit_rate));
+    out.push_back(family("dd_transfer_wait_seconds", "Compute time spent waiting for KV transfers",
+                         MetricType::Counter, st.transfer_wait_ns * 1e-9));
+    prometheus::MetricFamily kv{"dd_kv_bytes_total", "KV bytes gathered from the store by path", MetricType::Counter, {}};
+    for (auto [path, v] : {std::pair{"prefetch", st.kv_prefetch_bytes}, {"urgent", st.kv_urgent_bytes},
+                           {"wasted", st.kv_wasted_bytes}}) {
+      kv.metric.push_back(Value({{"path", path}}, static_cast<double>(v), true));
+    }
+    out.push_back(std::move(kv));
+    prometheus::MetricFamily mem{"dd_device_memory_bytes", "Device memory by kind", MetricType::Gauge, {}};
+    for (auto [kind, v] : {std::pair{"budget", e.device_memory_bytes()}, {"weights", e.memory_plan().weight_bytes()},
+                           {"workspace", e.memory_plan().shared_workspace_bytes()}, {"reserved", st.reserved_bytes},
+                           {"kv", st.kv_bytes}}) {
+      mem.metric.push_back(Value({{"kind", kind}}, static_cast<double>(v), false));
+    }
+    out.push_back(std::move(mem));
+    return out;
+  }
+
+ private:
+  const Scheduler& s_;
+};
+
+const prometheus::Histogram::BucketBoundaries& TimeBuckets() {
+  static const prometheus::Histogram::BucketBoundaries b{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                         0.5,   1,      2.5,   5,    10,    30,   60};
+  return b;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& step = prometheus::BuildHistogram().Name("dd_step_seconds").Help("Engine step time by phase").Register(*registry_);
+  decode_step_ = &step.Add({{"phase", "decode"}}, TimeBuckets());
+  prefill_step_ = &step.Add({{"phase", "prefill"}}, TimeBuckets());
+  ttft_ = &prometheus::BuildHistogram().Name("dd_ttft_seconds").Help("Arrival to first token").Register(*registry_).Add(
+      {}, TimeBuckets());
+  tpot_ = &prometheus::BuildHistogram().Name("dd_tpot_seconds").Help("Mean time per output token after the first")
+               .Register(*registry_).Add({}, TimeBuckets());
+  auto& done = prometheus::BuildCounter().Name("dd_worker_requests_total").Help("Requests ended, by outcome")
+                   .Register(*registry_);
+  ok_ = &done.Add({{"outcome", "ok"}});
+  cancelled_ = &done.Add({{"outcome", "cancelled"}});
+  failed_ = &done.Add({{"outcome", "failed"}});
+}
+
+WorkerMetrics::~WorkerMetrics() = default;
+
+void WorkerMetrics::StopServing() { exposer_.reset(); }
+
+absl::Status WorkerMetrics::Serve(const std::string& listen, const Scheduler& scheduler) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", listen, ": ", e.what()));
+  }
+  RegisterWith(*exposer_, scheduler);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  port_ = ports.empty() ? 0 : ports.front();
+  return absl::OkStatus();
+}
+
+void WorkerMetrics::RegisterWith(prometheus::Exposer& exposer, const Scheduler& scheduler) {
+  auto c = std::make_shared<SchedulerCollectable>(scheduler);
+  exposer.RegisterCollectable(c);
+  exposer.RegisterCollectable(registry_);
+  collectable_ = c;
+}
+
+void WorkerMetrics::OnStep(bool decode, int rows, int64_t tokens, double seconds) {
+  (decode ? decode_step_ : prefill_step_)->Observe(seconds);
+}
+
+void WorkerMetrics::OnFirstToken(double ttft_s) { ttft_->Observe(ttft_s); }
+
+void WorkerMetrics::OnFinished(const StreamEvent& e) {
+  if (e.status.ok()) {
+    ok_->Increment();
+    if (e.tpot_s > 0) tpot_->Observe(e.tpot_s);
+  } else if (absl::IsCancelled(e.status)) {
+    cancelled_->Increment();
+  } else {
+    failed_->Increment();
+  }
+}
+
+}  // namespace dd::worker

@@ -1,0 +1,52 @@
+#include "decode-worker/service/worker_node.h"
+
+#include "absl/flags/flag.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(int32_t, max_batch, 16, "serve: requests decoded together at most (batch slots)");
+ABSL_FLAG(int32_t, max_waiting, 32, "serve: requests queued beyond the batch; more are refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, step_tokens, 512,
+          "serve: tokens per scheduler iteration (decode rows + prefill chunk); long prompts are prefilled in "
+          "pieces between decode steps");
+
+namespace dd::worker {
+
+SchedulerOptions SchedulerOptionsFromFlags() {
+  SchedulerOptions o;
+  o.max_batch = absl::GetFlag(FLAGS_max_batch);
+  o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const model::LoadedModel& model,
+                                                               const engine::EngineOptions& engine_options,
+                                                               const SchedulerOptions& scheduler_options,
+                                                               WorkerIdentity identity) {
+  if (scheduler_options.max_batch <= 0 || scheduler_options.max_waiting < 0 || scheduler_options.step_tokens <= 0) {
+    return absl::InvalidArgumentError("max_batch and step_tokens must be > 0, max_waiting >= 0");
+  }
+  std::unique_ptr<WorkerNode> node(new WorkerNode());
+  ASSIGN_OR_RETURN(node->engine_, engine::Engine::Create(model, engine_options));
+  node->metrics_ = std::make_unique<WorkerMetrics>();
+  node->scheduler_ = std::make_unique<Scheduler>(*node->engine_, scheduler_options, node->metrics_.get());
+  identity.mode = std::string(engine::DecodeModeName(engine_options.mode));
+  identity.kv_store = engine_options.mode == engine::DecodeMode::kFull ? "" : engine_options.kv_store;
+  node->service_ = std::make_unique<WorkerService>(*node->scheduler_, std::move(identity));
+  return node;
+}
+
+void WorkerNode::StartHeartbeats(const std::string& router, std::chrono::milliseconds interval) {
+  heartbeater_ = std::make_unique<Heartbeater>(router, *service_, *scheduler_, interval);
+}
+
+WorkerNode::~WorkerNode() {
+  heartbeater_.reset();
+  if (metrics_) metrics_->StopServing();
+  service_.reset();
+  scheduler_.reset();  // ends running requests (UNAVAILABLE) and joins its thread
+  metrics_.reset();
+  engine_.reset();
+}
+
+}  // namespace dd::worker

@@ -1,0 +1,201 @@
+#include "decode-worker/service/worker_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace dd::worker {
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& st) {
+  if (st.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+}
+
+void FillLoad(const Scheduler& scheduler, dd::worker::v1::WorkerLoad* load) {
+  const SchedulerStats s = scheduler.Stats();
+  load->set_active_requests(s.active);
+  load->set_waiting_requests(s.waiting);
+  load->set_active_tokens(s.active_tokens);
+  load->set_device_memory_bytes(scheduler.engine().device_memory_bytes());
+  load->set_free_device_memory_bytes(s.free_bytes);
+  load->set_max_batch(scheduler.options().max_batch);
+  load->set_max_waiting(scheduler.options().max_waiting);
+}
+
+absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRequest& sub) const {
+  const dd::v1::GenerateRequest& req = sub.request();
+  const engine::Engine& engine = scheduler_.engine();
+  RequestSpec spec;
+  spec.id = req.request_id();
+  if (spec.id.empty()) return absl::InvalidArgumentError("request_id is empty");
+  if (!req.model().empty() && req.model() != identity_.model) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", req.model(), "' is not served here (", identity_.model, ")"));
+  }
+  switch (req.prompt_case()) {
+    case dd::v1::GenerateRequest::kText: {
+      if (req.text().empty()) return absl::InvalidArgumentError("prompt: text is empty");
+      const model::Tokenizer& tok = engine.tokenizer();
+      spec.prompt = tok.Encode(req.text(), tok.add_bos() && !req.raw_prompt(), /*parse_special=*/true);
+      break;
+    }
+    case dd::v1::GenerateRequest::kTokenIds:
+      spec.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
+      break;
+    default:
+      return absl::InvalidArgumentError("prompt: give text or token_ids");
+  }
+  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt: no tokens");
+  for (int32_t t : sub.resume_tokens()) {
+    spec.prompt.push_back(t);
+    spec.resumed.push_back(t);
+  }
+  spec.resumed_text_bytes = sub.resume_text_bytes();
+  spec.max_new_tokens = req.has_max_new_tokens() ? req.max_new_tokens() : 128;
+  spec.sampling.temperature = req.sampling().temperature();
+  spec.sampling.top_k = req.sampling().top_k();
+  spec.sampling.top_p = req.sampling().top_p() == 0 ? 1.0f : req.sampling().top_p();
+  spec.sampling.seed = req.sampling().seed();
+  spec.stop_strings.assign(req.stop().begin(), req.stop().end());
+  spec.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+  spec.stop_at_eos = !req.ignore_eos();
+  if (sub.arrival_unix_seconds() > 0) {
+    const double ago = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+                       sub.arrival_unix_seconds();
+    if (ago > 0 && ago < 3600) {
+      spec.arrival = Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ago));
+    }
+  }
+  return spec;
+}
+
+grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
+                                   grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+  absl::StatusOr<RequestSpec> spec = ToSpec(*req);
+  if (!spec.ok()) return ToGrpc(spec.status());
+  const auto deadline = ctx->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    spec->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - std::chrono::system_clock::now());
+  }
+  const std::string id = spec->id;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = scheduler_.Submit(*std::move(spec));
+  if (!stream.ok()) return ToGrpc(stream.status());
+  for (;;) {
+    if (ctx->IsCancelled()) {
+      scheduler_.Cancel(id);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the caller");
+    }
+    for (StreamEvent& e : (*stream)->Wait(std::chrono::milliseconds(50))) {
+      if (e.final && !e.status.ok()) return ToGrpc(e.status);
+      dd::v1::GenerateResponse resp;
+      for (int32_t t : e.tokens) resp.add_token_ids(t);
+      resp.set_text(std::move(e.text));
+      resp.set_first_token_index(e.first_index);
+      if (e.final) {
+        dd::v1::Usage* u = resp.mutable_usage();
+        u->set_request_id(id);
+        u->set_prompt_tokens(e.prompt_tokens);
+        u->set_completion_tokens(e.completion_tokens);
+        u->set_stop_reason(e.stop_reason);
+        u->set_ttft_seconds(e.ttft_s);
+        u->set_tpot_seconds(e.tpot_s);
+        u->set_prefetch_hit_rate(e.hit_rate);
+        u->set_worker_id(identity_.worker_id);
+        u->set_prefix_reused_tokens(e.prefix_reused_tokens);
+        u->set_mode(identity_.mode);
+      }
+      if (!writer->Write(resp)) {
+        scheduler_.Cancel(id);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+      }
+      if (e.final) return grpc::Status::OK;
+    }
+  }
+}
+
+grpc::Status WorkerService::Cancel(grpc::ServerContext*, const dd::worker::v1::CancelRequest* req,
+                                   dd::worker::v1::CancelResponse* resp) {
+  resp->set_found(scheduler_.Cancel(req->request_id()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Stats(grpc::ServerContext*, const dd::worker::v1::WorkerStatsRequest*,
+                                  dd::worker::v1::WorkerStats* resp) {
+  const SchedulerStats s = scheduler_.Stats();
+  resp->set_worker_id(identity_.worker_id);
+  FillLoad(scheduler_, resp->mutable_load());
+  resp->set_reserved_device_bytes(s.reserved_bytes);
+  resp->set_kv_bytes(s.kv_bytes);
+  resp->set_decode_tokens_total(s.decode_tokens);
+  resp->set_requests_finished(s.finished);
+  resp->set_requests_cancelled(s.cancelled);
+  resp->set_requests_failed(s.failed);
+  resp->set_prefetch_hit_rate(s.hit_rate);
+  resp->set_steps(s.steps);
+  return grpc::Status::OK;
+}
+
+Heartbeater::Heartbeater(const std::string& router, const WorkerService& service, const Scheduler& scheduler,
+                         std::chrono::milliseconds interval)
+    : stub_(dd::worker::v1::Registry::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()))),
+      service_(service),
+      scheduler_(scheduler),
+      interval_(interval) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Heartbeater::~Heartbeater() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Heartbeater::Loop() {
+  bool registered = false;
+  bool warned = false;
+  for (;;) {
+    const WorkerIdentity& id = service_.identity();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::max(interval_, std::chrono::milliseconds(1000)));
+    grpc::Status st;
+    if (!registered) {
+      dd::worker::v1::RegisterRequest req;
+      req.set_worker_id(id.worker_id);
+      req.set_address(id.address);
+      req.set_model(id.model);
+      req.set_mode(id.mode);
+      req.set_context_tokens(scheduler_.engine().config().n_ctx_train);
+      req.set_kv_store(id.kv_store);
+      FillLoad(scheduler_, req.mutable_load());
+      dd::worker::v1::RegisterResponse resp;
+      st = stub_->Register(&ctx, req, &resp);
+      registered = st.ok();
+      if (st.ok()) {
+        LOG(INFO) << "registered with the router as " << id.worker_id;
+        warned = false;
+      }
+    } else {
+      dd::worker::v1::HeartbeatRequest req;
+      req.set_worker_id(id.worker_id);
+      FillLoad(scheduler_, req.mutable_load());
+      dd::worker::v1::HeartbeatResponse resp;
+      st = stub_->Heartbeat(&ctx, req, &resp);
+      if (st.ok() && !resp.known()) registered = false;  // the router restarted: register again
+      if (!st.ok()) registered = false;
+    }
+    if (!st.ok() && !warned) {
+      LOG(WARNING) << "router unreachable (" << st.error_message() << "); retrying every " << interval_.count() << " ms";
+      warned = true;
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    if (cv_.wait_for(lk, interval_, [&] { return stop_; })) return;
+  }
+}
+
+}  // namespace dd::worker

@@ -1,0 +1,75 @@
+// The decode worker's gRPC face (proto/worker.proto): Submit streams one request through the
+// Scheduler, Cancel ends one by id, Stats reports load. A Heartbeater registers the worker
+// with a router and reports its load; it re-registers when the router forgets it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "decode-worker/service/scheduler.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace dd::worker {
+
+struct WorkerIdentity {
+  std::string worker_id{};
+  std::string address{};   // where the router reaches this worker
+  std::string model{};     // served model name
+  std::string mode{};      // decode mode
+  std::string kv_store{};  // where offloaded KV lives
+};
+
+grpc::Status ToGrpc(const absl::Status& st);
+absl::Status FromGrpc(const grpc::Status& st);
+
+// Fills `load` from the scheduler.
+void FillLoad(const Scheduler& scheduler, dd::worker::v1::WorkerLoad* load);
+
+class WorkerService final : public dd::worker::v1::Worker::Service {
+ public:
+  WorkerService(Scheduler& scheduler, WorkerIdentity identity)
+      : scheduler_(scheduler), identity_(std::move(identity)) {}
+  void set_address(std::string address) { identity_.address = std::move(address); }
+  const WorkerIdentity& identity() const { return identity_; }
+
+  grpc::Status Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
+                      grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx, const dd::worker::v1::CancelRequest* req,
+                      dd::worker::v1::CancelResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const dd::worker::v1::WorkerStatsRequest* req,
+                     dd::worker::v1::WorkerStats* resp) override;
+
+  // Turns a public request (+ resume state) into a scheduler request; INVALID_ARGUMENT names
+  // the field.
+  absl::StatusOr<RequestSpec> ToSpec(const dd::worker::v1::SubmitRequest& req) const;
+
+ private:
+  Scheduler& scheduler_;
+  WorkerIdentity identity_;
+};
+
+// Registers with the router at `router` and sends a heartbeat with the load every interval.
+class Heartbeater {
+ public:
+  Heartbeater(const std::string& router, const WorkerService& service, const Scheduler& scheduler,
+              std::chrono::milliseconds interval);
+  ~Heartbeater();
+
+ private:
+  void Loop();
+  std::unique_ptr<dd::worker::v1::Registry::Stub> stub_;
+  const WorkerService& service_;
+  const Scheduler& scheduler_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dd::worker

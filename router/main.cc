@@ -1,0 +1,57 @@
+// dd-router: the public gRPC API (proto/generate.proto) in front of registered decode workers
+// (proto/worker.proto Registry on the same port). Prints
+// "dd-router: listening on HOST:PORT metrics HOST:PORT" once serving.
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/signals.h"
+#include "glog/logging.h"
+#include "prometheus/exposer.h"
+#include "router/router_flags.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address for clients and workers (port 0 = pick one)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("dd-router [--listen HOST:PORT] [--max_inflight N] ...");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  dd::BlockTermSignals();
+  dd::router::RouterService router(dd::router::RouterOptionsFromFlags());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&router);
+  builder.RegisterService(router.registry_service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::cerr << "dd-router: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string metrics_at = "off";
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(m);
+    } catch (const std::exception& e) {
+      std::cerr << "dd-router: metrics cannot listen on " << m << ": " << e.what() << "\n";
+      return 1;
+    }
+    router.RegisterMetrics(*exposer);
+    metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", exposer->GetListeningPorts().front());
+  }
+  std::printf("dd-router: listening on %s:%d metrics %s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
+              metrics_at.c_str());
+  std::fflush(stdout);
+  const int sig = dd::WaitForTermSignal();
+  std::fprintf(stderr, "dd-router: signal %d, shutting down\n", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  exposer.reset();
+  return 0;
+}

@@ -1,0 +1,153 @@
+#include "router/registry.h"
+
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpcpp/grpcpp.h"
+
+namespace dd::router {
+
+absl::Status WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
+  if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
+  if (req.address().empty()) return absl::InvalidArgumentError("address is empty");
+  std::lock_guard<std::mutex> lk(mu_);
+  Entry& e = workers_[req.worker_id()];
+  if (e.info.address() != req.address() || !e.stub) {
+    e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), grpc::InsecureChannelCredentials()));
+  }
+  e.info = req;
+  e.load = req.load();
+  e.last_seen = Clock::now();
+  e.marked_down = false;
+  return absl::OkStatus();
+}
+
+bool WorkerRegistry::Heartbeat(const dd::worker::v1::HeartbeatRequest& req) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end()) return false;
+  it->second.load = req.load();
+  it->second.last_seen = Clock::now();
+  it->second.marked_down = false;
+  return true;
+}
+
+void WorkerRegistry::MarkDown(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end()) it->second.marked_down = true;
+}
+
+absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const std::set<std::string>& exclude,
+                                               uint64_t prefix_key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  bool any_up = false, model_known = model.empty(), any_candidate = false;
+  std::set<std::string> served;
+  Entry* best = nullptr;
+  std::string best_id;
+  auto key = [](const Entry& e) {
+    return std::make_tuple(e.inflight, e.load.active_tokens(), -e.load.free_device_memory_bytes());
+  };
+  for (auto& [id, e] : workers_) {
+    served.insert(e.info.model());
+    model_known |= e.info.model() == model;
+    if (!Up(e, now)) continue;
+    any_up = true;
+    if (!model.empty() && e.info.model() != model) continue;
+    if (exclude.count(id)) continue;
+    any_candidate = true;
+    const int32_t capacity = e.load.max_batch() + e.load.max_waiting();
+    if (e.inflight >= capacity) continue;
+    if (best == nullptr || key(e) < key(*best)) {
+      best = &e;
+      best_id = id;
+    }
+  }
+  if (!any_up) return absl::UnavailableError("no decode worker is up");
+  if (!model_known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: unknown model '", model, "' (served: ", absl::StrJoin(served, ", "), ")"));
+  }
+  if (!any_candidate) return absl::UnavailableError(absl::StrCat("no live decode worker serves model '", model, "'"));
+  if (best == nullptr) {
+    return absl::ResourceExhaustedError("every decode worker is at capacity (batch and queue full); retry later");
+  }
+  // Prefix locality: the worker that served the same prefix keeps it if it is nearly as idle.
+  if (auto it = affinity_.find(prefix_key); prefix_key != 0 && it != affinity_.end() && it->second != best_id) {
+    auto w = workers_.find(it->second);
+    if (w != workers_.end() && Up(w->second, now) && !exclude.count(w->first) &&
+        (model.empty() || w->second.info.model() == model) &&
+        w->second.inflight < w->second.load.max_batch() + w->second.load.max_waiting() &&
+        w->second.inflight <= best->inflight + 1) {
+      best = &w->second;
+      best_id = w->first;
+    }
+  }
+  if (prefix_key != 0) {
+    if (affinity_.size() > 4096) affinity_.erase(affinity_.begin());
+    affinity_[prefix_key] = best_id;
+  }
+  ++best->inflight;
+  return Placement{best_id, best->stub};
+}
+
+void WorkerRegistry::Done(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end() && it->second.inflight > 0) --it->second.inflight;
+}
+
+std::vector<dd::v1::WorkerInfo> WorkerRegistry::Snapshot() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  std::vector<dd::v1::WorkerInfo> out;
+  for (const auto& [id, e] : workers_) {
+    dd::v1::WorkerInfo w;
+    w.set_worker_id(id);
+    w.set_address(e.info.address());
+    w.set_model(e.info.model());
+    w.set_mode(e.info.mode());
+    w.set_up(Up(e, now));
+    w.set_seconds_since_heartbeat(std::chrono::duration<double>(now - e.last_seen).count());
+    w.set_active_requests(e.load.active_requests());
+    w.set_waiting_requests(e.load.waiting_requests());
+    w.set_active_tokens(e.load.active_tokens());
+    w.set_free_device_memory_bytes(e.load.free_device_memory_bytes());
+    w.set_capacity(e.load.max_batch() + e.load.max_waiting());
+    w.set_router_inflight(e.inflight);
+    w.set_kv_store(e.info.kv_store());
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+std::vector<dd::v1::ModelInfo> WorkerRegistry::Models() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  std::map<std::string, dd::v1::ModelInfo> models;
+  for (const auto& [id, e] : workers_) {
+    if (!Up(e, now)) continue;
+    dd::v1::ModelInfo& m = models[e.info.model()];
+    m.set_name(e.info.model());
+    m.set_context_tokens(e.info.context_tokens());
+    m.set_workers(m.workers() + 1);
+    bool have = false;
+    for (const std::string& mode : m.modes()) have |= mode == e.info.mode();
+    if (!have) m.add_modes(e.info.mode());
+  }
+  std::vector<dd::v1::ModelInfo> out;
+  for (auto& [name, m] : models) out.push_back(std::move(m));
+  return out;
+}
+
+int WorkerRegistry::workers_up() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  int n = 0;
+  for (const auto& [id, e] : workers_) n += Up(e, now) ? 1 : 0;
+  return n;
+}
+
+}  // namespace dd::router

@@ -1,0 +1,69 @@
+// The router's view of its decode workers: registration, heartbeats with load, liveness and
+// placement (DESIGN §1). Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/generate.pb.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace dd::router {
+
+using Clock = std::chrono::steady_clock;
+
+struct Placement {
+  std::string worker_id;
+  std::shared_ptr<dd::worker::v1::Worker::Stub> stub;
+};
+
+class WorkerRegistry {
+ public:
+  // A worker missing heartbeats for `timeout` is down (not placed on) until it reports again.
+  explicit WorkerRegistry(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+
+  absl::Status Register(const dd::worker::v1::RegisterRequest& req);
+  // False when the worker is unknown (it must register again).
+  bool Heartbeat(const dd::worker::v1::HeartbeatRequest& req);
+  // A stream to the worker broke: take it out of placement until its next heartbeat.
+  void MarkDown(const std::string& worker_id);
+
+  // Picks the worker for a request of `model` (empty = any): the up worker with room and the
+  // least load (requests the router has on it, then active tokens, then most free device
+  // memory); a worker that recently served a prompt with the same `prefix_key` wins when its
+  // load is within one request of the best. Counts the request on it until Done().
+  // UNAVAILABLE: no worker is up; INVALID_ARGUMENT: no worker ever served `model`;
+  // RESOURCE_EXHAUSTED: every candidate is at capacity (batch + queue).
+  absl::StatusOr<Placement> Pick(const std::string& model, const std::set<std::string>& exclude, uint64_t prefix_key);
+  void Done(const std::string& worker_id);
+
+  std::vector<dd::v1::WorkerInfo> Snapshot() const;
+  std::vector<dd::v1::ModelInfo> Models() const;
+  int workers_up() const;
+
+ private:
+  struct Entry {
+    dd::worker::v1::RegisterRequest info;
+    dd::worker::v1::WorkerLoad load;
+    Clock::time_point last_seen;
+    bool marked_down = false;
+    int32_t inflight = 0;
+    std::shared_ptr<dd::worker::v1::Worker::Stub> stub;
+  };
+  bool Up(const Entry& e, Clock::time_point now) const {
+    return !e.marked_down && now - e.last_seen <= timeout_;
+  }
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> workers_;
+  std::map<uint64_t, std::string> affinity_;  // prefix key → worker that last served it
+};
+
+}  // namespace dd::router

@@ -1,0 +1,88 @@
+// Placement and liveness in the router's worker registry (no processes: the registry is
+// pure bookkeeping; tests/serve covers it with real workers).
+#include "router/registry.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace dd::router {
+namespace {
+
+dd::worker::v1::RegisterRequest Worker(const std::string& id, const std::string& model, int batch, int64_t tokens) {
+  dd::worker::v1::RegisterRequest r;
+  r.set_worker_id(id);
+  r.set_address("127.0.0.1:1");
+  r.set_model(model);
+  r.set_mode("full");
+  r.mutable_load()->set_max_batch(batch);
+  r.mutable_load()->set_active_tokens(tokens);
+  return r;
+}
+
+TEST(RegistryTest, NoWorkersIsUnavailableUnknownModelIsInvalid) {
+  WorkerRegistry reg(std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(reg.Pick("", {}, 0).status()));
+  EXPECT_TRUE(absl::IsUnavailable(reg.Pick("gemma", {}, 0).status()));
+  ASSERT_TRUE(reg.Register(Worker("w1", "gemma", 2, 0)).ok());
+  auto bad = reg.Pick("llama", {}, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("gemma"), std::string::npos) << "lists the served models";
+}
+
+TEST(RegistryTest, PicksLeastLoadedAndRefusesWhenFull) {
+  WorkerRegistry reg(std::chrono::seconds(10));
+  ASSERT_TRUE(reg.Register(Worker("busy", "m", 2, 5000)).ok());
+  ASSERT_TRUE(reg.Register(Worker("idle", "m", 2, 10)).ok());
+  auto a = reg.Pick("m", {}, 0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->worker_id, "idle");  // fewer active tokens
+  auto b = reg.Pick("m", {}, 0);
+  EXPECT_EQ(b->worker_id, "busy");  // idle now has one in flight from the router
+  ASSERT_TRUE(reg.Pick("m", {}, 0).ok());
+  ASSERT_TRUE(reg.Pick("m", {}, 0).ok());
+  auto full = reg.Pick("m", {}, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(full.status())) << full.status();
+  reg.Done("busy");
+  auto again = reg.Pick("m", {}, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker_id, "busy");
+}
+
+TEST(RegistryTest, ExcludedAndDeadWorkersAreSkipped) {
+  WorkerRegistry reg(std::chrono::seconds(1));
+  ASSERT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());
+  ASSERT_TRUE(reg.Register(Worker("b", "m", 4, 100)).ok());
+  auto p = reg.Pick("m", {"a"}, 0);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->worker_id, "b");
+  reg.MarkDown("b");
+  EXPECT_TRUE(absl::IsUnavailable(reg.Pick("m", {"a"}, 0).status()));
+  dd::worker::v1::HeartbeatRequest hb;
+  hb.set_worker_id("b");
+  hb.mutable_load()->set_max_batch(4);
+  EXPECT_TRUE(reg.Heartbeat(hb));  // back up
+  EXPECT_TRUE(reg.Pick("m", {"a"}, 0).ok());
+  hb.set_worker_id("never-registered");
+  EXPECT_FALSE(reg.Heartbeat(hb));
+  // Silence past the timeout takes a worker out.
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (reg.workers_up() > 0 && Clock::now() < until) std::this_thread::yield();
+  EXPECT_EQ(reg.workers_up(), 0);
+  EXPECT_TRUE(absl::IsUnavailable(reg.Pick("m", {}, 0).status()));
+}
+
+TEST(RegistryTest, PrefixLocalityKeepsAWorkerWhenNearlyIdle) {
+  WorkerRegistry reg(std::chrono::seconds(10));
+  ASSERT_TRUE(reg.Register(Worker("a", "m", 8, 0)).ok());
+  ASSERT_TRUE(reg.Register(Worker("b", "m", 8, 0)).ok());
+  auto first = reg.Pick("m", {}, 42);
+  ASSERT_TRUE(first.ok());
+  auto second = reg.Pick("m", {}, 42);  // the other worker is idler by one, locality wins
+  EXPECT_EQ(second->worker_id, first->worker_id);
+  auto other = reg.Pick("m", {}, 7);  // no locality: least loaded
+  EXPECT_NE(other->worker_id, first->worker_id);
+}
+
+}  // namespace
+}  // namespace dd::router

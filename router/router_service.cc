@@ -1,0 +1,369 @@
+#include "router/router_service.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace dd::router {
+namespace {
+
+using Wall = std::chrono::system_clock;
+
+grpc::Status Err(grpc::StatusCode code, const std::string& msg) { return grpc::Status(code, msg); }
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+// Requests whose prompts start alike get the same key (prefix locality); 0 = none.
+uint64_t PrefixKey(const dd::v1::GenerateRequest& req) {
+  std::string head = req.model() + "\n";
+  if (req.has_token_ids()) {
+    const int n = std::min(req.token_ids().ids_size(), 256);
+    head.append(reinterpret_cast<const char*>(req.token_ids().ids().data()), n * sizeof(int32_t));
+  } else if (req.text().size() >= 1024) {
+    head += req.text().substr(0, 1024);
+  } else {
+    return 0;  // short prompts gain nothing from locality
+  }
+  const uint64_t h = std::hash<std::string>()(head);
+  return h == 0 ? 1 : h;
+}
+
+class RegistryService final : public dd::worker::v1::Registry::Service {
+ public:
+  RegistryService(WorkerRegistry& registry, std::chrono::milliseconds interval)
+      : registry_(registry), interval_(interval) {}
+  grpc::Status Register(grpc::ServerContext*, const dd::worker::v1::RegisterRequest* req,
+                        dd::worker::v1::RegisterResponse* resp) override {
+    if (absl::Status st = registry_.Register(*req); !st.ok()) return ToGrpc(st);
+    LOG(INFO) << "worker " << req->worker_id() << " at " << req->address() << " registered (" << req->model() << ", "
+              << req->mode() << ")";
+    resp->set_heartbeat_interval_ms(interval_.count());
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const dd::worker::v1::HeartbeatRequest* req,
+                         dd::worker::v1::HeartbeatResponse* resp) override {
+    resp->set_known(registry_.Heartbeat(*req));
+    return grpc::Status::OK;
+  }
+
+ private:
+  WorkerRegistry& registry_;
+  std::chrono::milliseconds interval_;
+};
+
+class RouterCollectable : public prometheus::Collectable {
+ public:
+  RouterCollectable(const WorkerRegistry& r, const std::atomic<int64_t>& queued, const std::atomic<int64_t>& inflight,
+                    const std::atomic<int64_t>& resumes)
+      : r_(r), queued_(queued), inflight_(inflight), resumes_(resumes) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricType;
+    auto one = [](const char* name, const char* help, MetricType type, double v) {
+      prometheus::MetricFamily f{name, help, type, {}};
+      prometheus::ClientMetric m;
+      (type == MetricType::Counter ? m.counter.value : m.gauge.value) = v;
+      f.metric.push_back(m);
+      return f;
+    };
+    std::vector<prometheus::MetricFamily> out;
+    out.push_back(one("dd_queue_depth", "Requests accepted that have no first token yet", MetricType::Gauge,
+                      static_cast<double>(queued_.load())));
+    out.push_back(one("dd_router_inflight", "Requests the router is serving", MetricType::Gauge,
+                      static_cast<double>(inflight_.load())));
+    out.push_back(one("dd_router_resumes_total", "Requests moved to another worker after a failure",
+                      MetricType::Counter, static_cast<double>(resumes_.load())));
+    prometheus::MetricFamily up{"dd_worker_up", "1 while the worker heartbeats", MetricType::Gauge, {}};
+    for (const dd::v1::WorkerInfo& w : r_.Snapshot()) {
+      prometheus::ClientMetric m;
+      m.label = {{"worker", w.worker_id()}};
+      m.gauge.value = w.up() ? 1 : 0;
+      up.metric.push_back(m);
+    }
+    out.push_back(std::move(up));
+    return out;
+  }
+
+ private:
+  const WorkerRegistry& r_;
+  const std::atomic<int64_t>&queued_, &inflight_, &resumes_;
+};
+
+}  // namespace
+
+RouterService::RouterService(const RouterOptions& options)
+    : options_(options),
+      registry_(options.heartbeat_timeout),
+      registry_service_(std::make_unique<RegistryService>(registry_, options.heartbeat_interval)),
+      metrics_(std::make_shared<prometheus::Registry>()) {
+  requests_ = &prometheus::BuildCounter().Name("dd_requests_total").Help("Generate calls by final status code")
+                   .Register(*metrics_);
+  watcher_ = std::thread([this] { WatchCancellations(); });
+}
+
+RouterService::~RouterService() {
+  {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    stop_ = true;
+  }
+  watch_cv_.notify_all();
+  watcher_.join();
+}
+
+void RouterService::RegisterMetrics(prometheus::Exposer& exposer) {
+  auto c = std::make_shared<RouterCollectable>(registry_, queued_, inflight_, resumes_);
+  exposer.RegisterCollectable(c);
+  exposer.RegisterCollectable(metrics_);
+  collectable_ = c;
+}
+
+void RouterService::Count(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int c = static_cast<int>(code);
+  requests_->Add({{"code", c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN"}}).Increment();
+  (code == grpc::StatusCode::OK ? ok_ : failed_)++;
+}
+
+void RouterService::WatchCancellations() {
+  std::unique_lock<std::mutex> lk(watch_mu_);
+  while (!stop_) {
+    for (const Watch& w : watches_) {
+      if (w.server->IsCancelled()) w.client->TryCancel();
+    }
+    watch_cv_.wait_for(lk, std::chrono::milliseconds(20));
+  }
+}
+
+absl::Status RouterService::Validate(const dd::v1::GenerateRequest& req) const {
+  switch (req.prompt_case()) {
+    case dd::v1::GenerateRequest::kText:
+      if (req.text().empty()) return absl::InvalidArgumentError("prompt: text is empty");
+      break;
+    case dd::v1::GenerateRequest::kTokenIds:
+      if (req.token_ids().ids_size() == 0) return absl::InvalidArgumentError("prompt: token_ids is empty");
+      for (int32_t t : req.token_ids().ids()) {
+        if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt: token id ", t, " is negative"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("prompt: empty (give text or token_ids)");
+  }
+  if (req.has_max_new_tokens() &&
+      (req.max_new_tokens() <= 0 || req.max_new_tokens() > options_.max_new_tokens_limit)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [1, ", options_.max_new_tokens_limit,
+                                                   "], got ", req.max_new_tokens()));
+  }
+  const dd::v1::Sampling& s = req.sampling();
+  if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.temperature must be >= 0, got ", s.temperature()));
+  }
+  if (s.top_k() < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", s.top_k()));
+  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in (0, 1], got ", s.top_p()));
+  }
+  for (const std::string& stop : req.stop()) {
+    if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
+  }
+  if (req.request_id().size() > 128) return absl::InvalidArgumentError("request_id is longer than 128 bytes");
+  return absl::OkStatus();
+}
+
+grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
+                                     grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+  grpc::Status st;
+  if (absl::Status v = Validate(*req); !v.ok()) {
+    st = ToGrpc(v);
+  } else if (inflight_.fetch_add(1) >= options_.max_inflight) {
+    inflight_--;
+    st = Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+             absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
+  } else {
+    queued_++;
+    st = Relay(ctx, *req, writer);
+    inflight_--;
+  }
+  if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) rejected_++;
+  Count(st.error_code());
+  return st;
+}
+
+grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& in,
+                                  grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+  const Clock::time_point arrival = Clock::now();
+  const double arrival_unix = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
+  dd::v1::GenerateRequest req = in;
+  if (req.request_id().empty()) {
+    static const uint64_t salt = std::random_device{}();
+    req.set_request_id(absl::StrCat("req-", salt % 100000, "-", next_id_++));
+  }
+  const uint64_t prefix_key = PrefixKey(req);
+  std::vector<int32_t> streamed;  // every token the client has, in order
+  int64_t text_bytes = 0;
+  bool first = true;
+  Clock::time_point t_first{}, t_last{};
+  std::set<std::string> exclude;
+  int32_t resumes = 0;
+  auto unqueue = [&] {
+    if (first) queued_--;
+    first = false;
+  };
+  for (;;) {
+    absl::StatusOr<Placement> place = registry_.Pick(req.model(), exclude, prefix_key);
+    if (!place.ok()) {
+      unqueue();
+      if (!streamed.empty() && !place.status().message().empty()) {
+        return Err(grpc::StatusCode::UNAVAILABLE,
+                   absl::StrCat("worker failed after ", streamed.size(), " tokens and no other worker could resume: ",
+                                place.status().message()));
+      }
+      return ToGrpc(place.status());
+    }
+    dd::worker::v1::SubmitRequest sub;
+    *sub.mutable_request() = req;
+    for (int32_t t : streamed) sub.add_resume_tokens(t);
+    sub.set_resume_text_bytes(text_bytes);
+    sub.set_arrival_unix_seconds(arrival_unix);
+    grpc::ClientContext wctx;
+    if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());
+    {
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      watches_.push_back({ctx, &wctx});
+    }
+    std::unique_ptr<grpc::ClientReader<dd::v1::GenerateResponse>> reader = place->stub->Submit(&wctx, sub);
+    dd::v1::GenerateResponse resp;
+    bool final = false, client_gone = false;
+    const size_t streamed_before = streamed.size();
+    while (!final && reader->Read(&resp)) {
+      // Drop any token the client already has (a resumed worker starts after them).
+      dd::v1::GenerateResponse out;
+      int64_t idx = resp.first_token_index();
+      for (int32_t t : resp.token_ids()) {
+        if (idx++ >= static_cast<int64_t>(streamed.size())) {
+          out.add_token_ids(t);
+          streamed.push_back(t);
+        }
+      }
+      out.set_first_token_index(static_cast<int64_t>(streamed.size()) - out.token_ids_size());
+      out.set_text(resp.text());
+      text_bytes += static_cast<int64_t>(resp.text().size());
+      const Clock::time_point now = Clock::now();
+      if (out.token_ids_size() > 0) {
+        if (first) t_first = now;
+        unqueue();
+        t_last = now;
+      }
+      if (resp.has_usage()) {
+        final = true;
+        *out.mutable_usage() = resp.usage();
+        dd::v1::Usage* u = out.mutable_usage();
+        u->set_resumes(resumes);
+        u->set_completion_tokens(static_cast<int64_t>(streamed.size()));
+        u->set_ttft_seconds(std::chrono::duration<double>(t_first - arrival).count());
+        u->set_tpot_seconds(streamed.size() > 1 ? std::chrono::duration<double>(t_last - t_first).count() /
+                                                      static_cast<double>(streamed.size() - 1)
+                                                : 0.0);
+        if (streamed.empty()) u->set_ttft_seconds(0);
+      }
+      if (!writer->Write(out)) {
+        client_gone = true;
+        wctx.TryCancel();
+        break;
+      }
+    }
+    grpc::Status st = reader->Finish();
+    {
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      for (auto it = watches_.begin(); it != watches_.end(); ++it) {
+        if (it->client == &wctx) {
+          watches_.erase(it);
+          break;
+        }
+      }
+    }
+    registry_.Done(place->worker_id);
+    if (final) return grpc::Status::OK;
+    unqueue();
+    if (client_gone || ctx->IsCancelled()) {
+      grpc::ClientContext cctx;
+      cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
+      dd::worker::v1::CancelRequest creq;
+      creq.set_request_id(req.request_id());
+      dd::worker::v1::CancelResponse cresp;
+      (void)place->stub->Cancel(&cctx, creq, &cresp);
+      return Err(grpc::StatusCode::CANCELLED, "request cancelled by the client");
+    }
+    switch (st.error_code()) {
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+      case grpc::StatusCode::OUT_OF_RANGE:
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+      case grpc::StatusCode::ALREADY_EXISTS:
+        return st;
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        if (streamed.size() == streamed_before) {  // refused at admission: try another worker
+          exclude.insert(place->worker_id);
+          continue;
+        }
+        [[fallthrough]];
+      default:
+        // The worker died or failed mid-request: resume elsewhere from what the client has.
+        LOG(WARNING) << "request " << req.request_id() << " lost worker " << place->worker_id << " after "
+                     << streamed.size() << " tokens (" << st.error_message() << "); resuming";
+        if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(place->worker_id);
+        exclude.insert(place->worker_id);
+        if (++resumes > options_.max_resumes) {
+          return Err(grpc::StatusCode::UNAVAILABLE, absl::StrCat("request failed on ", resumes, " workers; last: ",
+                                                                 st.error_message()));
+        }
+        resumes_++;
+    }
+  }
+}
+
+grpc::Status RouterService::Health(grpc::ServerContext*, const dd::v1::HealthRequest*, dd::v1::HealthResponse* resp) {
+  const int up = registry_.workers_up();
+  resp->set_workers_up(up);
+  resp->set_serving(up > 0);
+  resp->set_message(up > 0 ? absl::StrCat(up, " decode workers up") : "no decode worker is up");
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::ListModels(grpc::ServerContext*, const dd::v1::ListModelsRequest*,
+                                       dd::v1::ListModelsResponse* resp) {
+  for (dd::v1::ModelInfo& m : registry_.Models()) *resp->add_models() = std::move(m);
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::ListWorkers(grpc::ServerContext*, const dd::v1::ListWorkersRequest*,
+                                        dd::v1::ListWorkersResponse* resp) {
+  for (dd::v1::WorkerInfo& w : registry_.Snapshot()) *resp->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::Stats(grpc::ServerContext*, const dd::v1::StatsRequest*, dd::v1::StatsResponse* resp) {
+  resp->set_inflight(inflight_.load());
+  resp->set_requests_ok(ok_.load());
+  resp->set_requests_failed(failed_.load());
+  resp->set_resumes(resumes_.load());
+  resp->set_rejected_overload(rejected_.load());
+  for (dd::v1::WorkerInfo& w : registry_.Snapshot()) *resp->add_workers() = std::move(w);
+  return grpc::Status::OK;
+}
+
+}  // namespace dd::router

@@ -1,0 +1,87 @@
+// dd-router's services: the public API (proto/generate.proto) and the worker registry
+// (proto/worker.proto Registry). Generate validates the request, places it on a worker,
+// relays the worker's stream and, when the worker fails mid-stream, resumes the request on
+// another worker from its prompt plus the tokens already streamed; tokens are numbered, so
+// the client sees none twice and none missing.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "proto/generate.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "router/registry.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+template <typename T>
+class Family;
+class Exposer;
+}  // namespace prometheus
+
+namespace dd::router {
+
+struct RouterOptions {
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  int64_t max_new_tokens_limit = 8192;
+  int64_t max_inflight = 256;   // requests the router holds at once; more → RESOURCE_EXHAUSTED
+  int32_t max_resumes = 3;      // moves to another worker per request after failures
+};
+
+class RouterService final : public dd::v1::DualDecoder::Service {
+ public:
+  explicit RouterService(const RouterOptions& options);
+  ~RouterService() override;
+
+  WorkerRegistry& registry() { return registry_; }
+  dd::worker::v1::Registry::Service* registry_service() { return registry_service_.get(); }
+  // Adds the router metrics (dd_requests_total{code}, dd_queue_depth, dd_router_inflight,
+  // dd_router_resumes_total, dd_worker_up{worker}) to an exposer.
+  void RegisterMetrics(prometheus::Exposer& exposer);
+
+  grpc::Status Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
+                        grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;
+  grpc::Status Health(grpc::ServerContext*, const dd::v1::HealthRequest*, dd::v1::HealthResponse*) override;
+  grpc::Status ListModels(grpc::ServerContext*, const dd::v1::ListModelsRequest*, dd::v1::ListModelsResponse*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const dd::v1::ListWorkersRequest*,
+                           dd::v1::ListWorkersResponse*) override;
+  grpc::Status Stats(grpc::ServerContext*, const dd::v1::StatsRequest*, dd::v1::StatsResponse*) override;
+
+  // INVALID_ARGUMENT naming the field for a request no worker should see.
+  absl::Status Validate(const dd::v1::GenerateRequest& req) const;
+
+ private:
+  grpc::Status Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req,
+                     grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
+  void Count(grpc::StatusCode code);
+  void WatchCancellations();
+
+  RouterOptions options_;
+  WorkerRegistry registry_;
+  std::unique_ptr<dd::worker::v1::Registry::Service> registry_service_;
+  std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0}, next_id_{0};
+  // Worker calls to cancel when their client goes away.
+  struct Watch {
+    grpc::ServerContext* server;
+    grpc::ClientContext* client;
+  };
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<Watch> watches_;
+  bool stop_ = false;
+  std::thread watcher_;
+  std::shared_ptr<prometheus::Registry> metrics_;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  std::shared_ptr<void> collectable_;
+};
+
+}  // namespace dd::router
