@@ -156,6 +156,55 @@ def summary_pool(doc, out_dir):
     return "\n".join(lines) + "\n"
 
 
+def summary_serve(doc, out_dir):
+    r = doc["results"]
+    c = r["config"]
+    lines = [f"# Serving benchmark ({doc['preset']})", "",
+             f"`ddctl serve` (router + worker + in-process pool) on {doc['machine']['cpu']} "
+             f"({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, {doc['date']}. Open-loop Poisson "
+             f"arrivals, {c['requests']} requests per rate, prompts of {r['memory']['full']['prompt_tokens']} tokens, "
+             f"{c['max_new_tokens']} new tokens each, device-memory budget {c['device_memory']} for both modes, "
+             f"sparse budget {c['sparse_budget_tokens']} tokens.", "",
+             "| mode | KV per request | requests that fit the budget (projected) |", "|---|---:|---:|"]
+    for mode, m in r["memory"].items():
+        free = m["budget_bytes"] - m["weights_bytes"] - m["workspace_bytes"] - m["prefill_extra_bytes"]
+        fit = max(0, free // max(1, m["kv_bytes_per_request"]))
+        lines.append(f"| {mode} | {m['kv_bytes_per_request'] / 2**20:.1f} MiB | {fit} |")
+    lines += ["", "| mode | rate (req/s) | throughput (tok/s) | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | errors |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for mode, rows in r["modes"].items():
+        for x in rows:
+            lines.append(f"| {mode} | {x['rate_rps']:g} | {x['throughput_tok_s']:.2f} | {x['ttft_p50_s']:.2f} / "
+                         f"{x['ttft_p99_s']:.2f} | {x['tpot_p50_s'] * 1e3:.0f} / {x['tpot_p99_s'] * 1e3:.0f} | "
+                         f"{x['errors']} |")
+    modes = list(r["modes"])
+    if len(modes) == 2:
+        lines += ["", f"Ratios {modes[1]} / {modes[0]} at equal rate (same run):", ""]
+        for a, b in zip(r["modes"][modes[0]], r["modes"][modes[1]]):
+            def ratio(k):
+                return b[k] / a[k] if a[k] else float("nan")
+            lines.append(f"- {a['rate_rps']:g} req/s: throughput {ratio('throughput_tok_s'):.2f}x, "
+                         f"TTFT p50 {ratio('ttft_p50_s'):.2f}x, TPOT p50 {ratio('tpot_p50_s'):.2f}x")
+
+    def draw(plt):
+        fig, ax = plt.subplots(1, 3, figsize=(13, 3.8))
+        for mode, rows in r["modes"].items():
+            x = [q["rate_rps"] for q in rows]
+            ax[0].plot(x, [q["throughput_tok_s"] for q in rows], "o-", label=mode)
+            ax[1].plot(x, [q["ttft_p50_s"] for q in rows], "o-", label=f"{mode} p50")
+            ax[1].plot(x, [q["ttft_p99_s"] for q in rows], "x--", label=f"{mode} p99")
+            ax[2].plot(x, [q["tpot_p50_s"] * 1e3 for q in rows], "o-", label=f"{mode} p50")
+            ax[2].plot(x, [q["tpot_p99_s"] * 1e3 for q in rows], "x--", label=f"{mode} p99")
+        for a_, t in zip(ax, ("throughput (tok/s)", "TTFT (s)", "TPOT (ms)")):
+            a_.set_xlabel("arrival rate (req/s)")
+            a_.set_title(t)
+            a_.legend(fontsize=7)
+        return fig
+
+    lines += [""] + save_plot(doc, out_dir, "throughput, TTFT and TPOT vs arrival rate", draw)
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -176,6 +225,8 @@ def main():
     with open(md, "w") as f:
         if a.name.startswith("decode-modes"):
             f.write(summary_modes(doc, a.out_dir))
+        elif a.name.startswith("serve"):
+            f.write(summary_serve(doc, a.out_dir))
         elif a.name.startswith("pool"):
             f.write(summary_pool(doc, a.out_dir))
         else:

@@ -322,7 +322,10 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
 void Scheduler::Fail(std::vector<Request*> reqs, const absl::Status& st) {
   LOG(ERROR) << "engine step failed for " << reqs.size() << " requests: " << st;
   for (Request* r : reqs) {
-    if (!r->done) Finish(*r, absl::InternalError(absl::StrCat("engine failed: ", st.message())), "");
+    // Running out of pool or device memory stays RESOURCE_EXHAUSTED (the router may place the
+    // request elsewhere); anything else is an internal failure of this worker.
+    const absl::StatusCode code = absl::IsResourceExhausted(st) ? st.code() : absl::StatusCode::kInternal;
+    if (!r->done) Finish(*r, absl::Status(code, absl::StrCat("engine step failed: ", st.message())), "");
   }
 }
 

@@ -105,7 +105,7 @@ def cluster(tmp_path_factory):
     require_model()
     logs = tmp_path_factory.mktemp("cluster")
     cfg = logs / "tenants.json"
-    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "512MiB"}]))
+    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "4GiB"}]))
     procs = []
     try:
         pool = Proc("pool", ["dd-kv-pool", f"--tenants={cfg}"], logs)
