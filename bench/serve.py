@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 PRESETS = {
-    # ~2K-token prompts; a 2-core machine prefills one in ~4 s, so 0.4 req/s overloads it.
-    "quick": {"prompt_chars": 9000, "rates": [0.1, 0.2, 0.4], "requests": 6, "max_new_tokens": 24,
+    # ~2K-token prompts; 2 cores prefill one in ~4 s and serve ~0.25 req/s in all, so the
+    # rates go from light load to overload.
+    "quick": {"prompt_chars": 9000, "rates": [0.05, 0.1, 0.2], "requests": 5, "max_new_tokens": 24,
               "device_memory": "400MiB"},
-    "full": {"prompt_chars": 36000, "rates": [0.02, 0.05, 0.1], "requests": 10, "max_new_tokens": 64,
-             "device_memory": "1GiB"},
+    # ~8K-token prompts under a budget where full KV fits ~2 requests and dualdecoder ~5.
+    "full": {"prompt_chars": 36000, "rates": [0.01, 0.02, 0.04], "requests": 10, "max_new_tokens": 64,
+             "device_memory": "450MiB"},
 }
 HAYSTACK = Path("/usr/share/common-licenses")
 
@@ -67,7 +69,8 @@ def main():
             line = server.stdout.readline()
             if "listening on" not in line:
                 sys.exit(f"bench serve: ddctl serve did not start: {line!r}")
-            addr = line.split()[3]
+            words = line.split()
+            addr = words[words.index("on") + 1]
             raw = Path(a.raw).with_suffix(f".{mode}.json")
             subprocess.run([str(a.bin / "dd-bench-serve"), "--server", addr, "--prompt_file", str(prompt_file),
                             "--rates", ",".join(str(r) for r in cfg["rates"]), "--requests", str(cfg["requests"]),

@@ -101,7 +101,13 @@ int main(int argc, char** argv) {
       std::cerr << "dd-bench-serve: --rates must be > 0, got " << rate_text << "\n";
       return 2;
     }
+    // Exponential gaps, scaled so that their mean is exactly 1/rate: with a handful of
+    // requests an unscaled draw can miss the nominal rate by 2x or more.
     std::exponential_distribution<double> gap(rate);
+    std::vector<double> gaps(std::max(0, n - 1));
+    double sum = 0;
+    for (double& g : gaps) sum += (g = gap(rng));
+    for (double& g : gaps) g *= sum > 0 ? static_cast<double>(gaps.size()) / (rate * sum) : 0;
     std::vector<Sample> samples(n);
     std::vector<std::thread> threads;
     const Clock::time_point start = Clock::now();
@@ -110,7 +116,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)));
       const std::string text = absl::StrCat("Request ", request_no++, ".\n", prompt);
       threads.emplace_back([&, i, text] { samples[i] = RunOne(*stub, text, max_new); });
-      at += gap(rng);
+      if (i + 1 < n) at += gaps[i];
     }
     for (auto& t : threads) t.join();
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -144,6 +150,10 @@ int main(int argc, char** argv) {
                  static_cast<long long>(tokens), wall, tokens / wall, Percentile(ttft, 0.5), Percentile(ttft, 0.99),
                  Percentile(tpot, 0.5) * 1e3, Percentile(tpot, 0.99) * 1e3, static_cast<long long>(errors));
     out.push_back(r);
+    if (errors == n) {
+      std::cerr << "dd-bench-serve: every request failed, e.g. " << samples[0].error << "\n";
+      return 1;
+    }
   }
   std::ofstream f(absl::GetFlag(FLAGS_out));
   f << out.dump(2) << "\n";

@@ -188,13 +188,13 @@ def summary_serve(doc, out_dir):
 
     def draw(plt):
         fig, ax = plt.subplots(1, 3, figsize=(13, 3.8))
-        for mode, rows in r["modes"].items():
-            x = [q["rate_rps"] for q in rows]
-            ax[0].plot(x, [q["throughput_tok_s"] for q in rows], "o-", label=mode)
-            ax[1].plot(x, [q["ttft_p50_s"] for q in rows], "o-", label=f"{mode} p50")
-            ax[1].plot(x, [q["ttft_p99_s"] for q in rows], "x--", label=f"{mode} p99")
-            ax[2].plot(x, [q["tpot_p50_s"] * 1e3 for q in rows], "o-", label=f"{mode} p50")
-            ax[2].plot(x, [q["tpot_p99_s"] * 1e3 for q in rows], "x--", label=f"{mode} p99")
+        for k, (mode, rows) in enumerate(r["modes"].items()):
+            x, col = [q["rate_rps"] for q in rows], f"C{k}"
+            ax[0].plot(x, [q["throughput_tok_s"] for q in rows], "o-", color=col, label=mode)
+            ax[1].plot(x, [q["ttft_p50_s"] for q in rows], "o-", color=col, label=f"{mode} p50")
+            ax[1].plot(x, [q["ttft_p99_s"] for q in rows], "x--", color=col, label=f"{mode} p99")
+            ax[2].plot(x, [q["tpot_p50_s"] * 1e3 for q in rows], "o-", color=col, label=f"{mode} p50")
+            ax[2].plot(x, [q["tpot_p99_s"] * 1e3 for q in rows], "x--", color=col, label=f"{mode} p99")
         for a_, t in zip(ax, ("throughput (tok/s)", "TTFT (s)", "TPOT (ms)")):
             a_.set_xlabel("arrival rate (req/s)")
             a_.set_title(t)

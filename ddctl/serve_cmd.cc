@@ -25,13 +25,8 @@ namespace {
 
 absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
   if (st.ok()) return absl::OkStatus();
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  const int c = static_cast<int>(st.error_code());
-  return absl::Status(static_cast<absl::StatusCode>(c),
-                      absl::StrCat(what, ": ", c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN", ": ", st.error_message()));
+  const auto code = static_cast<absl::StatusCode>(st.error_code());
+  return absl::Status(code, absl::StrCat(what, ": ", absl::StatusCodeToString(code), ": ", st.error_message()));
 }
 
 std::string Json(const google::protobuf::Message& m) {

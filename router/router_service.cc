@@ -131,12 +131,7 @@ void RouterService::RegisterMetrics(prometheus::Exposer& exposer) {
 }
 
 void RouterService::Count(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-                                 "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  const int c = static_cast<int>(code);
-  requests_->Add({{"code", c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN"}}).Increment();
+  requests_->Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}}).Increment();
   (code == grpc::StatusCode::OK ? ok_ : failed_)++;
 }
 

@@ -1,102 +1,10 @@
-"""Real processes on loopback for the serving tests: dd-kv-pool, dd-router, dd-decode-worker.
-Every process listens on port 0 and prints the address it got; nothing uses a fixed port."""
+"""The serving tests' shared cluster: one pool, one router, two decode workers."""
 import json
 import os
-import signal
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("DD_BIN_DIR", REPO / "build" / "bin"))
-TOKEN = "serve-test-token-0123456789"
-
-
-def gemma_path():
-    if os.environ.get("DD_MODEL"):
-        return Path(os.environ["DD_MODEL"])
-    base = Path(os.environ.get("DD_MODEL_DIR", Path.home() / ".cache" / "dualdecoder" / "models"))
-    return base / "gemma-3-270m-q4_k_m.gguf"
-
-
-def require_model():
-    p = gemma_path()
-    if not p.is_file():
-        if os.environ.get("DD_REQUIRE_MODEL") == "1":
-            pytest.fail(f"model missing at {p}; run scripts/fetch-model", pytrace=False)
-        pytest.skip(f"model not fetched: {p}")
-    return p
-
-
-class Proc:
-    """A service process; `addr` and `metrics` come from its 'listening on' line."""
-
-    def __init__(self, name, args, log_dir, env=None):
-        exe = BIN / args[0]
-        if not exe.is_file():
-            pytest.fail(f"{args[0]} not built at {exe}", pytrace=False)
-        self.name = name
-        self.log = Path(log_dir) / f"{name}.log"
-        self.proc = subprocess.Popen([str(exe), *args[1:]], stdout=subprocess.PIPE, stderr=self.log.open("w"),
-                                     text=True, env=env)
-        line = self.proc.stdout.readline()  # blocks until serving (or the process exits)
-        if "listening on" not in line:
-            self.proc.kill()
-            pytest.fail(f"{name} did not start: {line!r}\n{self.log.read_text()}", pytrace=False)
-        words = line.split()
-        self.addr = words[words.index("on") + 1]
-        self.metrics = words[words.index("metrics") + 1]
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def ddctl(*args, timeout=300):
-    exe = BIN / "ddctl"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout)
-
-
-def ddctl_json(*args, timeout=300):
-    r = ddctl(*args, "--json", timeout=timeout)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def wait_for(what, predicate, timeout=60.0):
-    """Polls `predicate` until it returns a truthy value (no fixed sleeps in the tests)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}", pytrace=False)
-        time.sleep(0.05)
-
-
-def workers_up(router):
-    r = ddctl("workers", "--server", router, "--json")
-    if r.returncode != 0:
-        return 0
-    return sum(1 for w in json.loads(r.stdout).get("workers", []) if w["up"])
-
-
-def start_worker(name, router, log_dir, *extra, env=None):
-    model = require_model()
-    return Proc(name, ["dd-decode-worker", f"--model={model}", f"--router={router}", f"--worker_id={name}",
-                       "--threads=1", "--heartbeat_ms=200", *extra], log_dir, env=env)
+from serving import TOKEN, Proc, require_model, start_worker, wait_for, workers_up
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import BIN, Proc, ddctl, ddctl_json, start_worker, wait_for, workers_up
+from serving import BIN, Proc, ddctl, ddctl_json, start_worker, wait_for, workers_up
 
 
 def prompt(i):
