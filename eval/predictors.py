@@ -8,6 +8,12 @@ the hit rate |P' ∩ S| / |S| without the pre-decoded first step (which is a hit
 construction), per layer, per context, through the public CLI.
 
   python3 eval/predictors.py [--quick|--full]  -> bench/results/eval-predictors.{json,md,png}
+
+With --families the contexts are the evaluation tasks' prompts instead (eval/tasks.py, task 0
+of every family at each length; the generation runs --steps tokens past the answer cue, EOS
+and stop strings ignored), reported per family, per length and per predictor:
+
+  python3 eval/predictors.py --families [--quick|--full]  -> bench/results/eval-predictors-families.{json,md}
 """
 import argparse
 import datetime
@@ -18,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
+import tasks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICTORS = ["speculative", "previous", "union", "random", "oracle"]
@@ -38,22 +45,56 @@ def prompt_of(eng, length):
     return text[:lo]
 
 
+def measure(eng, contexts, steps, budget):
+    """contexts: (labels dict, prompt) pairs. One dualdecoder run per predictor on each."""
+    runs = []
+    t0 = time.time()
+    total = len(contexts) * len(PREDICTORS)
+    for ci, (labels, prompt) in enumerate(contexts):
+        base = None
+        for pi, pred in enumerate(PREDICTORS):
+            extra = ["--ignore_eos", "--predictor", pred]
+            if pred == "oracle":
+                extra += ["--oracle_tokens", ",".join(map(str, base["tokens"]))]
+            j = eng.generate(prompt, "dualdecoder", budget, steps, stop="", extra=extra)
+            if base is None:
+                base = j
+            done = ci * len(PREDICTORS) + pi + 1
+            eta = (time.time() - t0) / done * (total - done)
+            tag = " ".join(str(v) for v in labels.values())
+            print(f"predictors: [{done}/{total}] {tag} ({j['prompt_tokens']} tokens) {pred:11s} hit "
+                  f"{j['hit_rate_after_first']:.3f} (with first step {j['hit_rate']:.3f})  ETA {eta / 60:.1f} min",
+                  file=sys.stderr)
+            runs.append({**labels, "prompt_tokens": j["prompt_tokens"], "predictor": pred,
+                         "hit_rate": j["hit_rate_after_first"], "hit_rate_with_first_step": j["hit_rate"],
+                         "per_layer": [{"layer": x["layer"], "hit_rate": x["hit_rate_after_first"]}
+                                       for x in j["per_layer"]],
+                         "prefetch_bytes": j["prefetch_bytes"], "urgent_bytes": j["urgent_bytes"],
+                         "wasted_bytes": j["wasted_bytes"], "same_tokens_as_speculative": j["tokens"] == base["tokens"]})
+    return runs, time.time() - t0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="contexts 2048, 4096, 8192 (default)")
-    g.add_argument("--full", action="store_true", help="contexts 2048 ... 32000")
-    ap.add_argument("--steps", type=int, default=64, help="generated tokens per run")
+    g.add_argument("--quick", action="store_true", help="contexts 2048, 4096, 8192 (default; --families: 2048, 4096)")
+    g.add_argument("--full", action="store_true", help="contexts 2048 ... 32000 (--families: 2048 ... 16384)")
+    ap.add_argument("--families", action="store_true", help="measure on the evaluation tasks, per family")
+    ap.add_argument("--steps", type=int, default=None, help="generated tokens per run (default 64; --families 32)")
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--ddctl")
     ap.add_argument("--model")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args()
+    a.steps = a.steps if a.steps is not None else (32 if a.families else 64)
     if a.budget <= 0 or a.budget % 8:
         ap.error(f"--budget must be a positive multiple of 8, got {a.budget}")
     if a.steps < 2:
         ap.error("--steps must be at least 2")
-    lengths = [2048, 4096, 8192, 16384, 32000] if a.full else [2048, 4096, 8192]
+    if a.families:
+        lengths = [2048, 4096, 8192, 16384] if a.full else [2048, 4096]
+    else:
+        lengths = [2048, 4096, 8192, 16384, 32000] if a.full else [2048, 4096, 8192]
     for p in TEXTS:
         if not Path(p).is_file():
             sys.exit(f"predictors: haystack text {p} is missing (Debian package base-files)")
@@ -61,31 +102,59 @@ def main():
         eng = Ddctl(a.ddctl, a.model)
         if max(lengths) + a.steps > eng.context_length():
             sys.exit(f"predictors: {max(lengths)} + {a.steps} tokens exceed the model context {eng.context_length()}")
-        runs = []
-        t0 = time.time()
-        total = len(lengths) * len(PREDICTORS)
-        for li, length in enumerate(lengths):
-            prompt = prompt_of(eng, length)
-            base = None
-            for pi, pred in enumerate(PREDICTORS):
-                extra = ["--ignore_eos", "--predictor", pred]
-                if pred == "oracle":
-                    extra += ["--oracle_tokens", ",".join(map(str, base["tokens"]))]
-                j = eng.generate(prompt, "dualdecoder", a.budget, a.steps, stop="", extra=extra)
-                if base is None:
-                    base = j
-                done = li * len(PREDICTORS) + pi + 1
-                eta = (time.time() - t0) / done * (total - done)
-                print(f"predictors: [{done}/{total}] context {j['prompt_tokens']} {pred:11s} hit {j['hit_rate_after_first']:.3f}"
-                      f" (with first step {j['hit_rate']:.3f})  ETA {eta / 60:.1f} min", file=sys.stderr)
-                runs.append({"context": length, "prompt_tokens": j["prompt_tokens"], "predictor": pred,
-                             "hit_rate": j["hit_rate_after_first"], "hit_rate_with_first_step": j["hit_rate"],
-                             "per_layer": [{"layer": x["layer"], "hit_rate": x["hit_rate_after_first"]} for x in j["per_layer"]],
-                             "prefetch_bytes": j["prefetch_bytes"], "urgent_bytes": j["urgent_bytes"],
-                             "wasted_bytes": j["wasted_bytes"], "same_tokens_as_speculative": j["tokens"] == base["tokens"]})
+        if a.families:
+            task_list = tasks.generate(tasks.FAMILIES, lengths, 1, 0, eng.count_tokens)
+            contexts = [({"family": t.family, "context": t.length}, t.prompt) for t in task_list]
+        else:
+            contexts = [({"context": n}, prompt_of(eng, n)) for n in lengths]
+        runs, seconds = measure(eng, contexts, a.steps, a.budget)
     except EngineSetupError as e:
         sys.exit(f"predictors: {e}")
-    write(a, runs, time.time() - t0)
+    if a.families:
+        write_families(a, runs, seconds)
+    else:
+        write(a, runs, seconds)
+
+
+def write_families(a, runs, seconds):
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "eval-predictors-families", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "budget_tokens": a.budget, "steps": a.steps, "seconds": seconds, "runs": runs}
+    (out / "eval-predictors-families.json").write_text(json.dumps(doc, indent=2) + "\n")
+    families = [f for f in tasks.FAMILIES if any(r["family"] == f for r in runs)]
+    lengths = sorted({r["context"] for r in runs})
+
+    def mean(pred, **where):
+        xs = [r["hit_rate"] for r in runs if r["predictor"] == pred and all(r[k] == v for k, v in where.items())]
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    md = [f"# Next-step prediction accuracy per task family (budget {a.budget}, {a.steps} tokens)", "",
+          "Hit rate |P' ∩ S| / |S| of the dualdecoder prefetch, averaged over the sparse layers, without the first "
+          "decode step. Contexts: task 0 of each family (eval/tasks.py, seed 0) at each length; greedy generation of "
+          f"{a.steps} tokens from the answer cue, EOS and stop strings ignored. Tokens identical for every predictor: "
+          f"{'yes' if all(r['same_tokens_as_speculative'] for r in runs) else 'NO'}. "
+          f"{len(runs)} runs, {seconds / 60:.1f} min.", "",
+          "| family | length | " + " | ".join(PREDICTORS) + " |", "|---|---:|" + "---:|" * len(PREDICTORS)]
+    for f in families:
+        for n in lengths:
+            md.append(f"| {f} | {n} | " + " | ".join(f"{mean(p, family=f, context=n):.1%}" for p in PREDICTORS) + " |")
+    md += ["", "Averaged over families:", "", "| length | " + " | ".join(PREDICTORS) + " |",
+           "|---:|" + "---:|" * len(PREDICTORS)]
+    for n in lengths:
+        md.append(f"| {n} | " + " | ".join(f"{mean(p, context=n):.1%}" for p in PREDICTORS) + " |")
+    overall = {p: mean(p) for p in PREDICTORS}
+    md.append("| all | " + " | ".join(f"{overall[p]:.1%}" for p in PREDICTORS) + " |")
+    gain = overall["speculative"] - overall["previous"]
+    goal = "met" if overall["speculative"] >= 0.85 else "missed"
+    md += ["", f"Shipped predictor (speculative) over layers, families and lengths: {overall['speculative']:.1%} "
+           f"(goal ≥ 85%: {goal}). Over reusing the previous step's selection it adds {gain * 100:+.1f} points "
+           f"({overall['previous']:.1%}); the union at the same budget gets {overall['union']:.1%}, an oracle token "
+           f"{overall['oracle']:.1%}, a random token {overall['random']:.1%}."]
+    if gain < 0.01:
+        md.append("Reusing the previous selection does as well as the speculative token on these tasks.")
+    (out / "eval-predictors-families.md").write_text("\n".join(md) + "\n")
+    print(f"predictors: wrote {out / 'eval-predictors-families.json'} ({seconds / 60:.1f} min)", file=sys.stderr)
 
 
 def write(a, runs, seconds):

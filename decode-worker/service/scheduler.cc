@@ -181,11 +181,13 @@ void Scheduler::AdmitWaiting() {
     }
     if (!started.ok()) {
       engine_.Release(slot);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        ++stats_.failed;
+      }
       StreamEvent e{.final = true};
       e.status = started.status();
       owned->stream->Push(std::move(e));
-      std::lock_guard<std::mutex> lk(mu_);
-      ++stats_.failed;
       continue;
     }
     free_slots_.pop_back();
@@ -309,13 +311,7 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
   }
   if (const engine::SparseKvCache* sc = engine_.sparse_cache()) e.hit_rate = sc->total_stats().hit_rate();
   if (observer_) observer_->OnFinished(e);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (e.status.ok()) ++stats_.finished;
-    else if (absl::IsCancelled(e.status)) ++stats_.cancelled;
-    else ++stats_.failed;
-  }
-  r.stream->Push(std::move(e));
+  r.final_event = std::move(e);  // sent by Reap once the request's state is freed
   r.done = true;
 }
 
@@ -330,7 +326,7 @@ void Scheduler::Fail(std::vector<Request*> reqs, const absl::Status& st) {
 }
 
 void Scheduler::Reap() {
-  std::vector<std::string> gone;
+  std::vector<std::unique_ptr<Request>> gone;
   for (auto it = active_.begin(); it != active_.end();) {
     if (!(*it)->done) {
       ++it;
@@ -338,16 +334,27 @@ void Scheduler::Reap() {
     }
     engine_.Release((*it)->slot);  // KV, reservation and (sparse) the pool sequence
     free_slots_.push_back((*it)->slot);
-    gone.push_back((*it)->spec.id);
+    gone.push_back(std::move(*it));
     it = active_.erase(it);
   }
   if (gone.empty()) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  stats_.active -= static_cast<int32_t>(gone.size());
-  for (const std::string& id : gone) {
-    auto at = std::find(active_ids_.begin(), active_ids_.end(), id);
-    if (at != active_ids_.end()) active_ids_.erase(at);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.active -= static_cast<int32_t>(gone.size());
+    stats_.reserved_bytes = engine_.reserved_bytes();
+    stats_.kv_bytes = engine_.kv_bytes();
+    stats_.free_bytes = engine_.free_device_bytes();
+    for (const auto& r : gone) {
+      auto at = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id);
+      if (at != active_ids_.end()) active_ids_.erase(at);
+      const absl::Status& st = r->final_event.status;
+      if (st.ok()) ++stats_.finished;
+      else if (absl::IsCancelled(st)) ++stats_.cancelled;
+      else ++stats_.failed;
+    }
   }
+  // The client hears the end only after the state is gone (and the stats say so).
+  for (auto& r : gone) r->stream->Push(std::move(r->final_event));
 }
 
 void Scheduler::PublishStats() {

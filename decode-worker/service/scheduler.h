@@ -116,7 +116,8 @@ class Scheduler {
     int64_t generated = 0;      // output tokens so far, resumed ones included
     Clock::time_point first_token{}, last_token{};
     int64_t prefix_reused = 0;  // prompt tokens restored from the pool
-    bool done = false;          // finished; Reap frees the slot
+    bool done = false;          // finished; Reap frees the slot, then sends final_event
+    StreamEvent final_event{};
   };
   void Loop();
   void AdmitWaiting();

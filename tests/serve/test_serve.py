@@ -32,12 +32,12 @@ def scrape(metrics_addr):
 
 
 def metric(text, name):
-    """Sum of the samples of `name` (any labels) in a Prometheus text page."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """Sum of the samples of `name` (any labels, or the exact series) in a Prometheus text page;
+    a series that is not there fails the test."""
+    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith(name + " ") or line.startswith(name + "{")]
+    assert found, f"{name} not in the metrics page"
+    return sum(found)
 
 
 def test_health_models_and_workers(cluster):
@@ -115,6 +115,10 @@ def test_cancel_frees_worker_state(cluster):
     stats = wait_for("worker state freed", lambda: idle(cluster))
     assert sum(int(s["requests_cancelled"]) for s in stats) == before + 1
     assert all(s["kv_bytes"] == "0" for s in stats)
+    # Its blocks in the pool are released too: nothing is leased or stored any more.
+    pool = scrape(cluster["pool"].metrics)
+    assert metric(pool, 'dd_pool_bytes{tenant="serve",state="leased"}') == 0, pool
+    assert metric(pool, 'dd_pool_sequences') == 0, pool
 
 
 def test_deadline_ends_request_and_frees_state(cluster):
