@@ -16,7 +16,7 @@ PRESETS = {
     "quick": {"prompt_chars": 9000, "rates": [0.05, 0.1, 0.2], "requests": 5, "max_new_tokens": 24,
               "device_memory": "400MiB"},
     # ~8K-token prompts under a budget where full KV fits ~2 requests and dualdecoder ~5.
-    "full": {"prompt_chars": 36000, "rates": [0.01, 0.02, 0.04], "requests": 10, "max_new_tokens": 64,
+    "full": {"prompt_chars": 36000, "rates": [0.02, 0.04, 0.08], "requests": 8, "max_new_tokens": 64,
              "device_memory": "450MiB"},
 }
 HAYSTACK = Path("/usr/share/common-licenses")

@@ -153,6 +153,10 @@ def write_families(a, runs, seconds):
            f"{overall['oracle']:.1%}, a random token {overall['random']:.1%}."]
     if gain < 0.01:
         md.append("Reusing the previous selection does as well as the speculative token on these tasks.")
+    md += ["", "Read with care: after its answer, a base model continues the prompt's own pattern (the next "
+           "`Question: … Answer: …` pair, a repeated list), which a speculative token predicts almost perfectly, so "
+           "these contexts flatter every token-based predictor (speculative ≈ oracle). Free-running continuation of "
+           "natural text is the harder case: eval-predictors.md (`python3 eval/predictors.py --quick`)."]
     (out / "eval-predictors-families.md").write_text("\n".join(md) + "\n")
     print(f"predictors: wrote {out / 'eval-predictors-families.json'} ({seconds / 60:.1f} min)", file=sys.stderr)
 
