@@ -364,6 +364,7 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
   if (seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
   if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) {
     return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
   }

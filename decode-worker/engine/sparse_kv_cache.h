@@ -79,6 +79,9 @@ class SparseKvCache : public KvCache {
                                                                kvpool::KvStore* store, ThreadPool& pool);
 
   ~SparseKvCache() override;  // waits for transfers still writing into its buffers
+  // Opens the slot's sequence in the store now rather than at its first row, so that a full
+  // pool fails this request alone (at admission) instead of a whole forward pass.
+  absl::Status Open(int32_t seq) { return GetSeq(seq).status(); }
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;
   int64_t Length(int32_t seq) const override;
