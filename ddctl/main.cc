@@ -20,6 +20,7 @@ ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling (0 = off)");
 ABSL_FLAG(double, top_p, 1.0, "Top-p (nucleus) sampling, in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings (comma-separated)");
+ABSL_FLAG(std::string, stop_ids, "", "Token ids that end the output (comma-separated), like EOS");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation tokens");
 ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
 ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scoring");
@@ -71,6 +72,14 @@ int main(int argc, char** argv) {
   cfg.generate.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   cfg.generate.sampling.seed = absl::GetFlag(FLAGS_seed);
   cfg.generate.stop_strings = absl::GetFlag(FLAGS_stop);
+  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_stop_ids), ',', absl::SkipEmpty())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(t, &id) || id < 0) {
+      std::cerr << "ddctl: --stop_ids: '" << t << "' is not a token id\n";
+      return 2;
+    }
+    cfg.generate.stop_ids.push_back(id);
+  }
   cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
   auto engine_options = dd::worker::EngineOptionsFromFlags();
   if (!engine_options.ok()) {

@@ -71,6 +71,7 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   req.mutable_sampling()->set_top_p(cfg.generate.sampling.top_p);
   req.mutable_sampling()->set_seed(cfg.generate.sampling.seed);
   for (const std::string& s : cfg.generate.stop_strings) req.add_stop(s);
+  for (int32_t id : cfg.generate.stop_ids) req.add_stop_token_ids(id);
   req.set_ignore_eos(!cfg.generate.stop_at_eos);
   req.set_raw_prompt(cfg.raw_prompt);
   auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));

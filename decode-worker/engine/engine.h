@@ -56,6 +56,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool stop_at_eos = true;
   std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_ids;  // tokens that end the output (not part of it), like EOS
   // Called after each prefill chunk with (tokens done, prompt tokens); for progress output.
   std::function<void(int64_t, int64_t)> on_prefill_progress;
   // Predictor "oracle": the tokens this request will generate (from an earlier greedy run).

@@ -148,6 +148,21 @@ def test_no_workers_then_overload(tmp_path):
         router.stop()
 
 
+def test_stop_ids_and_stop_strings_end_the_stream(cluster):
+    router = cluster["router"].addr
+    ref = generate(router, prompt(5), 12)
+    toks = ref["tokens"]
+    k = next(i for i in range(2, len(toks)) if toks[i] not in toks[:i])  # first id not seen before
+    by_id = generate(router, prompt(5), 12, "--stop_ids", str(toks[k]))
+    assert by_id["tokens"] == toks[:k] and by_id["stop_reason"] == "stop_id", by_id
+    half = len(ref["text"]) // 2
+    cut = next(ref["text"][j:j + 6] for j in range(half, len(ref["text"]) - 5)
+               if "," not in ref["text"][j:j + 6] and ref["text"][j:j + 6].strip())  # --stop splits on commas
+    by_text = generate(router, prompt(5), 12, "--stop", cut)
+    assert by_text["stop_reason"] == "stop_string", by_text
+    assert by_text["text"] == ref["text"][:ref["text"].index(cut)]
+
+
 def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
     """Runs last in the module: it kills a worker. Every stream completes with exactly the
     tokens of an uninterrupted run: none repeated, none missing."""
@@ -187,3 +202,4 @@ def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
     assert resumed >= 1, "at least one stream was on the killed worker"
     stats = json.loads(ddctl("stats", "--server", router).stdout)
     assert int(stats["resumes"]) >= 1
+
