@@ -53,6 +53,19 @@ constexpr char kUsage[] =
     "  health | stats | workers --server HOST:PORT   router health, counters, worker registry\n"
     "  stats --worker HOST:PORT      a decode worker's load and counters\n";
 
+// Comma-separated token ids into *out; false (after saying which) on anything else.
+bool ParseIds(const std::string& text, const char* flag, std::vector<int32_t>* out) {
+  for (absl::string_view t : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(t, &id) || id < 0) {
+      std::cerr << "ddctl: --" << flag << ": '" << t << "' is not a token id\n";
+      return false;
+    }
+    out->push_back(id);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,14 +85,7 @@ int main(int argc, char** argv) {
   cfg.generate.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   cfg.generate.sampling.seed = absl::GetFlag(FLAGS_seed);
   cfg.generate.stop_strings = absl::GetFlag(FLAGS_stop);
-  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_stop_ids), ',', absl::SkipEmpty())) {
-    int32_t id = 0;
-    if (!absl::SimpleAtoi(t, &id) || id < 0) {
-      std::cerr << "ddctl: --stop_ids: '" << t << "' is not a token id\n";
-      return 2;
-    }
-    cfg.generate.stop_ids.push_back(id);
-  }
+  if (!ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids", &cfg.generate.stop_ids)) return 2;
   cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
   auto engine_options = dd::worker::EngineOptionsFromFlags();
   if (!engine_options.ok()) {
@@ -87,14 +93,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.engine = *engine_options;
-  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_oracle_tokens), ',', absl::SkipEmpty())) {
-    int32_t id = 0;
-    if (!absl::SimpleAtoi(t, &id) || id < 0) {
-      std::cerr << "ddctl: --oracle_tokens: '" << t << "' is not a token id\n";
-      return 2;
-    }
-    cfg.generate.oracle_tokens.push_back(id);
-  }
+  if (!ParseIds(absl::GetFlag(FLAGS_oracle_tokens), "oracle_tokens", &cfg.generate.oracle_tokens)) return 2;
   if (cfg.engine.sparse.predictor == dd::engine::Predictor::kOracleToken && cfg.generate.oracle_tokens.empty()) {
     std::cerr << "ddctl: --predictor oracle needs --oracle_tokens (the tokens of an earlier greedy run)\n";
     return 2;

@@ -116,12 +116,18 @@ def main():
         write(a, runs, seconds)
 
 
-def write_families(a, runs, seconds):
+def save_json(a, name, runs, seconds):
+    """Writes <out-dir>/<name>.json and returns the output folder."""
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "eval-predictors-families", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    doc = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "budget_tokens": a.budget, "steps": a.steps, "seconds": seconds, "runs": runs}
-    (out / "eval-predictors-families.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out
+
+
+def write_families(a, runs, seconds):
+    out = save_json(a, "eval-predictors-families", runs, seconds)
     families = [f for f in tasks.FAMILIES if any(r["family"] == f for r in runs)]
     lengths = sorted({r["context"] for r in runs})
 
@@ -162,11 +168,7 @@ def write_families(a, runs, seconds):
 
 
 def write(a, runs, seconds):
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "eval-predictors", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "budget_tokens": a.budget, "steps": a.steps, "seconds": seconds, "runs": runs}
-    (out / "eval-predictors.json").write_text(json.dumps(doc, indent=2) + "\n")
+    out = save_json(a, "eval-predictors", runs, seconds)
     lengths = sorted({r["context"] for r in runs})
     mean = {p: sum(r["hit_rate"] for r in runs if r["predictor"] == p) / len(lengths) for p in PREDICTORS}
     md = [f"# Next-step prediction accuracy per predictor (budget {a.budget}, {a.steps} tokens)", "",

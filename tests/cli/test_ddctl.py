@@ -92,6 +92,7 @@ def test_prompt_longer_than_context(tiny, tmp_path):
     ("--matmul", "fp8", "matmul"),
     ("--mode", "turbo", "unknown decode mode"),
     ("--budget", "4", "smaller than one chunk"),
+    ("--stop_ids", "7,x", "--stop_ids: 'x' is not a token id"),
 ])
 def test_invalid_sampling_parameters(tiny, flag, value, needle):
     extra = ["--mode=sparse"] if flag == "--budget" else []
