@@ -214,6 +214,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
   Clock::time_point t_first{}, t_last{};
   std::set<std::string> exclude;
   int32_t resumes = 0;
+  std::string refusal;  // the last worker's RESOURCE_EXHAUSTED message, if any refused
   auto unqueue = [&] {
     if (first) queued_--;
     first = false;
@@ -222,6 +223,10 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     absl::StatusOr<Placement> place = registry_.Pick(req.model(), exclude, prefix_key);
     if (!place.ok()) {
       unqueue();
+      if (!refusal.empty() && absl::IsUnavailable(place.status())) {
+        return Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("every decode worker refused the request; last: ", refusal));
+      }
       if (!streamed.empty() && !place.status().message().empty()) {
         return Err(grpc::StatusCode::UNAVAILABLE,
                    absl::StrCat("worker failed after ", streamed.size(), " tokens and no other worker could resume: ",
@@ -292,9 +297,9 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
       }
     }
     registry_.Done(place->worker_id);
-    if (final) return grpc::Status::OK;
-    unqueue();
+    if (final && !client_gone) return grpc::Status::OK;
     if (client_gone || ctx->IsCancelled()) {
+      unqueue();
       grpc::ClientContext cctx;
       cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
       dd::worker::v1::CancelRequest creq;
@@ -309,10 +314,12 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
       case grpc::StatusCode::OUT_OF_RANGE:
       case grpc::StatusCode::DEADLINE_EXCEEDED:
       case grpc::StatusCode::ALREADY_EXISTS:
+        unqueue();
         return st;
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
         if (streamed.size() == streamed_before) {  // refused at admission: try another worker
           exclude.insert(place->worker_id);
+          refusal = st.error_message();
           continue;
         }
         [[fallthrough]];
@@ -323,6 +330,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(place->worker_id);
         exclude.insert(place->worker_id);
         if (++resumes > options_.max_resumes) {
+          unqueue();
           return Err(grpc::StatusCode::UNAVAILABLE, absl::StrCat("request failed on ", resumes, " workers; last: ",
                                                                  st.error_message()));
         }

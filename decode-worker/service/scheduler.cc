@@ -44,9 +44,19 @@ Scheduler::~Scheduler() {
 }
 
 absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spec) {
+  const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
+  if (resumed > 0 && resumed <= static_cast<int64_t>(spec.prompt.size())) {
+    // A resume of a request that had already produced all it could (its worker died between
+    // the last token and the end of the stream): end it here, with any text still owed.
+    const int64_t original = static_cast<int64_t>(spec.prompt.size()) - resumed;
+    RETURN_IF_ERROR(engine_.ValidatePrompt(absl::MakeConstSpan(spec.prompt).first(original)));
+    std::string stop;
+    if (resumed >= spec.max_new_tokens) stop = "max_tokens";
+    else if (static_cast<int64_t>(spec.prompt.size()) >= engine_.config().n_ctx_train) stop = "context_full";
+    if (!stop.empty()) return FinishedResume(spec, stop);
+  }
   RETURN_IF_ERROR(engine_.ValidatePrompt(spec.prompt));
   RETURN_IF_ERROR(spec.sampling.Validate());
-  const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
   if (spec.max_new_tokens <= resumed) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be > 0 and above the ", resumed,
                                                    " resumed tokens, got ", spec.max_new_tokens));
@@ -74,6 +84,20 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
     ++stats_.waiting;
   }
   cv_.notify_all();
+  return stream;
+}
+
+std::shared_ptr<RequestStream> Scheduler::FinishedResume(const RequestSpec& spec, const std::string& stop) {
+  engine::TextStream text(engine_.tokenizer(), spec.stop_strings, spec.stop_ids, spec.stop_at_eos);
+  text.Replay(spec.resumed, spec.resumed_text_bytes);
+  text.Finish();
+  const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
+  StreamEvent e{.first_index = resumed, .text = text.Delta(), .final = true};
+  e.stop_reason = stop;
+  e.prompt_tokens = static_cast<int64_t>(spec.prompt.size()) - resumed;
+  e.completion_tokens = resumed;
+  auto stream = std::make_shared<RequestStream>();
+  stream->Push(std::move(e));
   return stream;
 }
 
@@ -112,6 +136,7 @@ void Scheduler::Loop() {
           e.status = cancelled ? absl::CancelledError("request cancelled")
                                : absl::DeadlineExceededError("deadline passed while the request waited for a slot");
           ++(cancelled ? stats_.cancelled : stats_.failed);
+          if (observer_) observer_->OnFinished(e);
           w.stream->Push(std::move(e));
           it = waiting_.erase(it);
           --stats_.waiting;
@@ -187,6 +212,7 @@ void Scheduler::AdmitWaiting() {
       }
       StreamEvent e{.final = true};
       e.status = started.status();
+      if (observer_) observer_->OnFinished(e);
       owned->stream->Push(std::move(e));
       continue;
     }
@@ -347,6 +373,8 @@ void Scheduler::Reap() {
     for (const auto& r : gone) {
       auto at = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id);
       if (at != active_ids_.end()) active_ids_.erase(at);
+      // A cancel that came in after this request ended must not hit a later one with its id.
+      cancels_.erase(std::remove(cancels_.begin(), cancels_.end(), r->spec.id), cancels_.end());
       const absl::Status& st = r->final_event.status;
       if (st.ok()) ++stats_.finished;
       else if (absl::IsCancelled(st)) ++stats_.cancelled;

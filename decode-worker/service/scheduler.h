@@ -101,6 +101,9 @@ class Scheduler {
   // Ends a request (CANCELLED) and frees its state before the next iteration. False if unknown.
   bool Cancel(const std::string& id);
   SchedulerStats Stats() const;
+  // Other threads may use only the engine's construction-time accessors (config, tokenizer,
+  // memory_plan, device_memory_bytes, ValidatePrompt, FitsAlone); the rest is the
+  // scheduler thread's.
   const engine::Engine& engine() const { return engine_; }
   const SchedulerOptions& options() const { return options_; }
 
@@ -129,6 +132,8 @@ class Scheduler {
   void Finish(Request& r, absl::Status status, const std::string& stop_reason);
   void Fail(std::vector<Request*> reqs, const absl::Status& st);
   void Reap();  // removes finished/cancelled requests and frees their slots
+  // The stream of a resumed request that has nothing left to generate.
+  std::shared_ptr<RequestStream> FinishedResume(const RequestSpec& spec, const std::string& stop);
 
   engine::Engine& engine_;
   SchedulerOptions options_;

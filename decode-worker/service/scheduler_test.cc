@@ -115,6 +115,18 @@ TEST_F(SchedulerTest, ResumedRequestContinuesWithoutRepeats) {
   EXPECT_EQ(joined, whole.tokens);
   EXPECT_EQ(head + rest.text, whole.text);
   EXPECT_EQ(rest.final.completion_tokens, 10);
+  // A worker that died after the last token but before the end: the resume only ends it,
+  // sending the text the client does not have yet.
+  RequestSpec done = s;
+  done.id = "done";
+  done.resumed = whole.tokens;
+  done.prompt.insert(done.prompt.end(), whole.tokens.begin(), whole.tokens.end());
+  done.resumed_text_bytes = static_cast<int64_t>(head.size());
+  Outcome end = Drain(**sched.Submit(done), 10);
+  ASSERT_TRUE(end.final.status.ok()) << end.final.status;
+  EXPECT_TRUE(end.tokens.empty());
+  EXPECT_EQ(end.final.stop_reason, "max_tokens");
+  EXPECT_EQ(head + end.text, whole.text);
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSlotAndMemory) {

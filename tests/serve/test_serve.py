@@ -135,8 +135,12 @@ def test_no_workers_then_overload(tmp_path):
         r = ddctl("generate", "--server", router.addr, "--prompt", "hello")
         assert r.returncode != 0 and "UNAVAILABLE" in r.stderr, r.stderr
         assert ddctl("health", "--server", router.addr).returncode != 0
-        worker = start_worker("solo", router.addr, tmp_path, "--max_batch=1", "--max_waiting=0")
+        worker = start_worker("solo", router.addr, tmp_path, "--max_batch=1", "--max_waiting=0",
+                              "--device_memory=300MiB")
         wait_for("worker up", lambda: workers_up(router.addr) == 1)
+        # A request that cannot fit the worker's device memory even alone is refused with the numbers.
+        r = ddctl("generate", "--server", router.addr, "--prompt", "lorem ipsum dolor " * 4000)
+        assert r.returncode != 0 and "RESOURCE_EXHAUSTED" in r.stderr and "device_memory" in r.stderr, r.stderr
         busy = stream_until_tokens(router.addr, prompt(2), 2000, 1)
         r = ddctl("generate", "--server", router.addr, "--prompt", "hello")
         assert r.returncode != 0 and "RESOURCE_EXHAUSTED" in r.stderr, r.stderr
