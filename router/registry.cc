@@ -44,14 +44,12 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
   std::lock_guard<std::mutex> lk(mu_);
   const Clock::time_point now = Clock::now();
   bool any_up = false, model_known = model.empty(), any_candidate = false;
-  std::set<std::string> served;
   Entry* best = nullptr;
   std::string best_id;
   auto key = [](const Entry& e) {
     return std::make_tuple(e.inflight, e.load.active_tokens(), -e.load.free_device_memory_bytes());
   };
   for (auto& [id, e] : workers_) {
-    served.insert(e.info.model());
     model_known |= e.info.model() == model;
     if (!Up(e, now)) continue;
     any_up = true;
@@ -67,6 +65,8 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
   }
   if (!any_up) return absl::UnavailableError("no decode worker is up");
   if (!model_known) {
+    std::set<std::string> served;
+    for (const auto& [id, e] : workers_) served.insert(e.info.model());
     return absl::InvalidArgumentError(
         absl::StrCat("model: unknown model '", model, "' (served: ", absl::StrJoin(served, ", "), ")"));
   }

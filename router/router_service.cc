@@ -260,8 +260,8 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         }
       }
       out.set_first_token_index(static_cast<int64_t>(streamed.size()) - out.token_ids_size());
-      out.set_text(resp.text());
       text_bytes += static_cast<int64_t>(resp.text().size());
+      out.set_text(std::move(*resp.mutable_text()));
       const Clock::time_point now = Clock::now();
       if (out.token_ids_size() > 0) {
         if (first) t_first = now;

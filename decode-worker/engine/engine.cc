@@ -324,34 +324,32 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
       return Annotate(st, absl::StrCat("prompt ", i));
     }
   }
-  const int64_t V = model_.config.n_vocab;
-  std::vector<std::vector<float>> out(seqs.size());
+  // Passes of up to prefill_chunk tokens, spread over the prompts in order.
+  std::vector<std::vector<float>> out(seqs.size()), last;
   std::vector<int64_t> done(seqs.size(), 0);
-  std::vector<BatchRow> rows;
-  std::vector<size_t> owner;  // which prompt each logits row belongs to
-  std::vector<float> logits;
+  std::vector<PrefillPiece> pieces;
+  std::vector<size_t> owner;  // which prompt each piece belongs to
   for (;;) {
-    rows.clear();
+    pieces.clear();
     owner.clear();
     int64_t budget = options_.prefill_chunk;
     for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
       const int64_t n = static_cast<int64_t>(prompts[i].size());
       const int64_t take = std::min(budget, n - done[i]);
-      for (int64_t p = done[i]; p < done[i] + take; ++p) {
-        const bool last = p == n - 1;
-        rows.push_back({seqs[i], p, prompts[i][p], last});
-        if (last) owner.push_back(i);
-      }
+      if (take <= 0) continue;
+      pieces.push_back({.seq = seqs[i], .prompt = prompts[i], .begin = done[i], .end = done[i] + take});
+      owner.push_back(i);
       done[i] += take;
       budget -= take;
     }
-    if (rows.empty()) break;
-    absl::Status st = transformer_.Forward(rows, *kv_, &logits);
-    if (!st.ok()) {
+    if (pieces.empty()) break;
+    if (absl::Status st = ForwardPieces(pieces, /*commit_prefix=*/false, &last); !st.ok()) {
       for (int32_t s : seqs) Release(s);
       return st;
     }
-    for (size_t j = 0; j < owner.size(); ++j) out[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      if (!last[j].empty()) out[owner[j]] = std::move(last[j]);
+    }
   }
   return out;
 }
@@ -374,6 +372,11 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
 absl::Status Engine::PrefillParts(absl::Span<const PrefillPiece> pieces,
                                   std::vector<std::vector<float>>* last_logits) {
   RETURN_IF_ERROR(init_status_);
+  return ForwardPieces(pieces, /*commit_prefix=*/true, last_logits);
+}
+
+absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool commit_prefix,
+                                   std::vector<std::vector<float>>* last_logits) {
   std::vector<BatchRow> rows;
   std::vector<size_t> owner;  // which piece each logits row belongs to
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -394,7 +397,9 @@ absl::Status Engine::PrefillParts(absl::Span<const PrefillPiece> pieces,
   for (size_t j = 0; j < owner.size(); ++j) {
     (*last_logits)[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
     const PrefillPiece& p = pieces[owner[j]];
-    if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
+    if (commit_prefix && options_.prefix_block_tokens > 0 && sparse_ != nullptr) {
+      CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
+    }
   }
   return absl::OkStatus();
 }

@@ -183,6 +183,11 @@ class Engine {
   // the number of tokens restored (0 when none or on a pool error, which is logged).
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
   void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
+  // One forward pass over prompt pieces (shared by PrefillBatch and PrefillParts): the last
+  // row's logits of each piece that ends its prompt, whose blocks are committed for reuse if
+  // `commit_prefix`.
+  absl::Status ForwardPieces(absl::Span<const PrefillPiece> pieces, bool commit_prefix,
+                             std::vector<std::vector<float>>* last_logits);
   // The token fed to the speculative row at position `pos` (predictor: argmax of `logits`,
   // a random token or the oracle's).
   int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits);

@@ -62,8 +62,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
                                                    " resumed tokens, got ", spec.max_new_tokens));
   }
   const int64_t n = static_cast<int64_t>(spec.prompt.size());
-  const int64_t total = std::min<int64_t>(engine_.config().n_ctx_train, n + spec.max_new_tokens - resumed);
-  RETURN_IF_ERROR(engine_.FitsAlone(n, total));
+  RETURN_IF_ERROR(engine_.FitsAlone(n, TotalTokens(spec)));
   auto r = std::make_unique<Request>();
   r->spec = std::move(spec);
   r->stream = std::make_shared<RequestStream>();
@@ -74,14 +73,13 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
     bool dup = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id) != active_ids_.end();
     for (const auto& w : waiting_) dup |= w->spec.id == r->spec.id;
     if (dup) return absl::AlreadyExistsError(absl::StrCat("request ", r->spec.id, " is already running here"));
-    const int64_t held = stats_.active + static_cast<int64_t>(waiting_.size());
+    const int64_t held = static_cast<int64_t>(active_ids_.size() + waiting_.size());
     if (held >= options_.max_batch + options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat("worker is full: ", stats_.active, " requests in the batch and ",
+      return absl::ResourceExhaustedError(absl::StrCat("worker is full: ", active_ids_.size(), " requests in the batch and ",
                                                        waiting_.size(), " waiting (max_batch ", options_.max_batch,
                                                        ", max_waiting ", options_.max_waiting, ")"));
     }
     waiting_.push_back(std::move(r));
-    ++stats_.waiting;
   }
   cv_.notify_all();
   return stream;
@@ -115,7 +113,21 @@ bool Scheduler::Cancel(const std::string& id) {
 
 SchedulerStats Scheduler::Stats() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  SchedulerStats s = stats_;
+  s.active = static_cast<int32_t>(active_ids_.size());
+  s.waiting = static_cast<int32_t>(waiting_.size());
+  return s;
+}
+
+int64_t Scheduler::TotalTokens(const RequestSpec& spec) const {
+  const int64_t grow = spec.max_new_tokens - static_cast<int64_t>(spec.resumed.size());
+  return std::min<int64_t>(engine_.config().n_ctx_train, static_cast<int64_t>(spec.prompt.size()) + grow);
+}
+
+void Scheduler::PublishMemoryLocked() {
+  stats_.reserved_bytes = engine_.reserved_bytes();
+  stats_.kv_bytes = engine_.kv_bytes();
+  stats_.free_bytes = engine_.free_device_bytes();
 }
 
 void Scheduler::Loop() {
@@ -139,7 +151,6 @@ void Scheduler::Loop() {
           if (observer_) observer_->OnFinished(e);
           w.stream->Push(std::move(e));
           it = waiting_.erase(it);
-          --stats_.waiting;
         } else {
           ++it;
         }
@@ -188,8 +199,7 @@ void Scheduler::AdmitWaiting() {
     const RequestSpec& spec = r->spec;
     const int64_t n = static_cast<int64_t>(spec.prompt.size());
     const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
-    const int64_t total = std::min<int64_t>(engine_.config().n_ctx_train, n + spec.max_new_tokens - resumed);
-    absl::Status st = engine_.Admit(slot, n, total);
+    absl::Status st = engine_.Admit(slot, n, TotalTokens(spec));
     // Device memory full: wait for a running request to leave (FIFO, no overtaking).
     if (absl::IsResourceExhausted(st) && !active_.empty()) return;
     absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt) : absl::StatusOr<int64_t>(st);
@@ -198,11 +208,7 @@ void Scheduler::AdmitWaiting() {
       std::lock_guard<std::mutex> lk(mu_);
       owned = std::move(waiting_.front());
       waiting_.pop_front();
-      --stats_.waiting;
-      if (started.ok()) {
-        ++stats_.active;
-        active_ids_.push_back(owned->spec.id);
-      }
+      if (started.ok()) active_ids_.push_back(owned->spec.id);
     }
     if (!started.ok()) {
       engine_.Release(slot);
@@ -366,10 +372,7 @@ void Scheduler::Reap() {
   if (gone.empty()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stats_.active -= static_cast<int32_t>(gone.size());
-    stats_.reserved_bytes = engine_.reserved_bytes();
-    stats_.kv_bytes = engine_.kv_bytes();
-    stats_.free_bytes = engine_.free_device_bytes();
+    PublishMemoryLocked();
     for (const auto& r : gone) {
       auto at = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id);
       if (at != active_ids_.end()) active_ids_.erase(at);
@@ -391,9 +394,7 @@ void Scheduler::PublishStats() {
   const engine::SparseKvCache* sc = engine_.sparse_cache();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.active_tokens = tokens;
-  stats_.reserved_bytes = engine_.reserved_bytes();
-  stats_.kv_bytes = engine_.kv_bytes();
-  stats_.free_bytes = engine_.free_device_bytes();
+  PublishMemoryLocked();
   stats_.hit_rate = sc ? sc->total_stats().hit_rate() : 0;
   stats_.transfer_wait_ns = engine_.transfer_wait_ns();
   if (sc) {

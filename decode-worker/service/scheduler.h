@@ -72,7 +72,7 @@ struct SchedulerOptions {
 };
 
 struct SchedulerStats {
-  int32_t active = 0, waiting = 0;
+  int32_t active = 0, waiting = 0;  // derived from the queues when Stats() copies them out
   int64_t active_tokens = 0;
   int64_t reserved_bytes = 0, kv_bytes = 0, free_bytes = -1;  // free: -1 = unlimited budget
   int64_t decode_tokens = 0, prefill_tokens = 0, steps = 0;
@@ -127,6 +127,9 @@ class Scheduler {
   int64_t DecodeIteration();            // returns the rows decoded
   void PrefillIteration(int64_t decoded);
   void PublishStats();
+  void PublishMemoryLocked();  // engine memory figures into stats_ (mu_ held, scheduler thread)
+  // Tokens a request may grow to: its prompt plus what it may still generate, capped by the context.
+  int64_t TotalTokens(const RequestSpec& spec) const;
   // Samples from `logits`, streams, and finishes the request when it stops.
   void Emit(Request& r, const float* logits);
   void Finish(Request& r, absl::Status status, const std::string& stop_reason);
