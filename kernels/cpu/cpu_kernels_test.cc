@@ -28,7 +28,11 @@ TEST(DTypeTest, RowBytesValidatesBlockMultiple) {
   EXPECT_EQ(*RowBytes(DType::kQ4_K, 512), 288);
   EXPECT_EQ(*RowBytes(DType::kQ6_K, 256), 210);
   EXPECT_FALSE(RowBytes(DType::kQ4_K, 100).ok());
-  EXPECT_FALSE(GetDTypeInfo(2).ok());  // Q4_0 is not supported: error, not garbage
+  EXPECT_FALSE(GetDTypeInfo(10).ok());  // Q2_K is not supported: error, not garbage
+  EXPECT_FALSE(GetDTypeInfo(4).ok());   // a retired ggml id (Q4_2)
+  EXPECT_EQ(*RowBytes(DType::kQ4_0, 64), 36);
+  EXPECT_EQ(*RowBytes(DType::kQ4_1, 64), 40);
+  EXPECT_EQ(*RowBytes(DType::kQ5_1, 64), 48);
 }
 
 TEST(DequantTest, Q8_0ByHand) {
@@ -53,6 +57,47 @@ TEST(DequantTest, Q5_0ByHand) {
   EXPECT_EQ(out[1], 2.0f * ((3 | 16) - 16));
   EXPECT_EQ(out[17], 2.0f * (0 - 16));
   EXPECT_EQ(out[20], 2.0f * ((5 | 16) - 16));
+}
+
+TEST(DequantTest, Q4_0ByHand) {
+  uint8_t blk[18] = {};
+  PutF16(blk, 0.5f);
+  blk[2 + 0] = 0x0f;  // element 0 = 15, element 16 = 0
+  blk[2 + 3] = 0x90;  // element 3 = 0, element 19 = 9
+  float out[32];
+  DequantizeRow(DType::kQ4_0, blk, out, 32);
+  EXPECT_EQ(out[0], 0.5f * (15 - 8));
+  EXPECT_EQ(out[16], 0.5f * (0 - 8));
+  EXPECT_EQ(out[3], 0.5f * (0 - 8));
+  EXPECT_EQ(out[19], 0.5f * (9 - 8));
+}
+
+TEST(DequantTest, Q4_1ByHand) {
+  uint8_t blk[20] = {};
+  PutF16(blk, 0.25f);
+  PutF16(blk + 2, -1.5f);  // the min
+  blk[4 + 2] = 0xa7;       // element 2 = 7, element 18 = 10
+  float out[32];
+  DequantizeRow(DType::kQ4_1, blk, out, 32);
+  EXPECT_EQ(out[0], -1.5f);
+  EXPECT_EQ(out[2], 0.25f * 7 - 1.5f);
+  EXPECT_EQ(out[18], 0.25f * 10 - 1.5f);
+}
+
+TEST(DequantTest, Q5_1ByHand) {
+  uint8_t blk[24] = {};
+  PutF16(blk, 2.0f);
+  PutF16(blk + 2, 0.5f);
+  const uint32_t qh = 0x00100002u;  // bit 1 -> element 1 high bit; bit 20 -> element 20 high bit
+  std::memcpy(blk + 4, &qh, 4);
+  blk[8 + 1] = 0x03;  // element 1 low nibble 3, element 17 low nibble 0
+  blk[8 + 4] = 0x50;  // element 20 low nibble 5
+  float out[32];
+  DequantizeRow(DType::kQ5_1, blk, out, 32);
+  EXPECT_EQ(out[0], 0.5f);
+  EXPECT_EQ(out[1], 2.0f * (3 | 16) + 0.5f);
+  EXPECT_EQ(out[17], 0.5f);
+  EXPECT_EQ(out[20], 2.0f * (5 | 16) + 0.5f);
 }
 
 TEST(DequantTest, Q4_KByHand) {

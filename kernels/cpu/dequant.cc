@@ -37,6 +37,44 @@ void DequantQ5_0(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// Q4_0 (d | 16 bytes of nibbles) and Q4_1 (d | m | nibbles): element j < 16 is the low nibble
+// of byte j, element j + 16 its high nibble; x = d·(q − 8) or d·q + m.
+template <bool kHasMin>
+void DequantQ4(const uint8_t* src, float* dst, int64_t n) {
+  constexpr int64_t kBytes = kHasMin ? 20 : 18;
+  for (int64_t b = 0; b < n / 32; ++b, src += kBytes, dst += 32) {
+    const float d = F16ToF32(LoadU16(src));
+    const float m = kHasMin ? F16ToF32(LoadU16(src + 2)) : 0.0f;
+    const uint8_t* qs = src + (kHasMin ? 4 : 2);
+    for (int j = 0; j < 16; ++j) {
+      if (kHasMin) {
+        dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
+        dst[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+      } else {
+        dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+        dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+      }
+    }
+  }
+}
+
+// Q5_1: d | m | 32 high bits | nibbles, x = d·q + m with q = nibble | high bit << 4.
+void DequantQ5_1(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 24, dst += 32) {
+    const float d = F16ToF32(LoadU16(src));
+    const float m = F16ToF32(LoadU16(src + 2));
+    uint32_t qh;
+    std::memcpy(&qh, src + 4, 4);
+    const uint8_t* qs = src + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10);
+      const int hi = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+      dst[j] = d * static_cast<float>(lo) + m;
+      dst[j + 16] = d * static_cast<float>(hi) + m;
+    }
+  }
+}
+
 // 6-bit scale and min of sub-block j (0..7) packed in 12 bytes (Q4_K / Q5_K).
 inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
@@ -127,7 +165,10 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(LoadU16(src + 2 * i));
       return;
     case DType::kQ8_0: DequantQ8_0(src, dst, n); return;
+    case DType::kQ4_0: DequantQ4<false>(src, dst, n); return;
+    case DType::kQ4_1: DequantQ4<true>(src, dst, n); return;
     case DType::kQ5_0: DequantQ5_0(src, dst, n); return;
+    case DType::kQ5_1: DequantQ5_1(src, dst, n); return;
     case DType::kQ4_K: DequantQ4_K(src, dst, n); return;
     case DType::kQ5_K: DequantQ5_K(src, dst, n); return;
     case DType::kQ6_K: DequantQ6_K(src, dst, n); return;

@@ -14,14 +14,17 @@ absl::StatusOr<DTypeInfo> GetDTypeInfo(uint32_t ggml_type) {
     case DType::kF16: return DTypeInfo{DType::kF16, "F16", 1, 2};
     case DType::kBF16: return DTypeInfo{DType::kBF16, "BF16", 1, 2};
     case DType::kQ8_0: return DTypeInfo{DType::kQ8_0, "Q8_0", 32, 34};
+    case DType::kQ4_0: return DTypeInfo{DType::kQ4_0, "Q4_0", 32, 18};
+    case DType::kQ4_1: return DTypeInfo{DType::kQ4_1, "Q4_1", 32, 20};
     case DType::kQ5_0: return DTypeInfo{DType::kQ5_0, "Q5_0", 32, 22};
+    case DType::kQ5_1: return DTypeInfo{DType::kQ5_1, "Q5_1", 32, 24};
     case DType::kQ4_K: return DTypeInfo{DType::kQ4_K, "Q4_K", 256, 144};
     case DType::kQ5_K: return DTypeInfo{DType::kQ5_K, "Q5_K", 256, 176};
     case DType::kQ6_K: return DTypeInfo{DType::kQ6_K, "Q6_K", 256, 210};
   }
   return absl::UnimplementedError(
       absl::StrCat("unsupported tensor type id ", ggml_type,
-                   " (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K)"));
+                   " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"));
 }
 
 absl::string_view DTypeName(DType t) {

@@ -3,7 +3,7 @@
 // Each activation row is quantized once per call to int8 blocks of 32 with one f32 scale per
 // block. Each output element is then, over the weight's 32-element blocks in ascending order,
 //   acc = fma(float(integer dot of weight codes and int8 activations), scale product, acc)
-// (Q4_K/Q5_K add one fnmadd per block for the −dmin·m term). The integer dot is exact and the
+// (Q4_K/Q5_K add one fnmadd per block for the −dmin·m term, Q4_1/Q5_1 one fmadd for +m). The integer dot is exact and the
 // float ops per element are one fixed sequence, so a row's result depends only on that row and
 // the weights: not on the batch size, the tiling or the thread count (DESIGN §5).
 //
@@ -12,7 +12,7 @@
 // Broadcasting an activation dword against them with VPDPBUSD (unsigned weight codes × signed
 // int8 activations) leaves the 16 rows' dots in the 16 lanes: no horizontal reduction, the
 // scales are per-lane vectors, and one decode serves every activation row of the call.
-// Zero points (Q8_0's sign via +128, Q5_0's 16, Q6_K's 32) are removed by starting the integer
+// Zero points (Q8_0's sign via +128, Q4_0's 8, Q5_0's 16, Q6_K's 32) are removed by starting the integer
 // accumulator at −zero_point·Σ(activation block), precomputed once per row.
 //
 // The portable fallback (without AVX-512 F/BW/VL/VNNI/BITALG/VBMI2 and F16C) performs the same integer and float
@@ -59,14 +59,20 @@ constexpr int64_t kParallelQuantizeElems = 1 << 17;
 int32_t ZeroPoint(DType t) {
   switch (t) {
     case DType::kQ8_0: return 128;
+    case DType::kQ4_0: return 8;
     case DType::kQ5_0: return 16;
     case DType::kQ6_K: return 32;
     default: return 0;
   }
 }
 
+// Types whose blocks carry an additive min: x = d·q + m (Q4_1, Q5_1) or d·sc·q − dmin·mn (K).
+bool HasMin(DType t) {
+  return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+}
+
 // Quantized activation rows. Per row (stride a multiple of 64 bytes):
-//   q[k] int8 | d[nb] f32 | xs[nb] f32 = d·Σq (Q4_K/Q5_K mins)
+//   q[k] int8 | d[nb] f32 | xs[nb] f32 = d·Σq (the min terms)
 //   | c32[nb] i32 = −zp·Σq over the block | c16[2nb] i32 = −zp·Σq over each 16-element half.
 struct QuantActs {
   uint8_t* base = nullptr;
@@ -185,16 +191,20 @@ inline void Transpose16x32(const uint8_t* const* rows, int64_t off, __m512i out[
   TransposeRows<8>(z, out);
 }
 
-// A whole 22-byte Q5_0 block per row (masked loads: nothing past the block is read):
-// out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 6, bytes 22 and 23 reading 0.
-inline void TransposeQ5_0Blocks(const uint8_t* const* rows, int64_t off, __m512i out[6]) {
+// A whole kBytes-byte block (Q4_0, Q4_1, Q5_0, Q5_1: 18..24 bytes) per row, with masked loads
+// so nothing past the block is read: out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for
+// t < ceil(kBytes / 4), bytes past the block reading 0.
+template <int kBytes>
+inline void TransposeSmallBlocks(const uint8_t* const* rows, int64_t off, __m512i* out) {
+  static_assert(kBytes % 2 == 0 && kBytes <= 32);
+  constexpr __mmask16 kWords = static_cast<__mmask16>((1u << (kBytes / 2)) - 1);
   __m512i z[8];
   for (int j = 0; j < 8; ++j) {
-    const __m256i lo = _mm256_maskz_loadu_epi16(0x7ff, rows[j] + off);
-    const __m256i hi = _mm256_maskz_loadu_epi16(0x7ff, rows[j + 8] + off);
+    const __m256i lo = _mm256_maskz_loadu_epi16(kWords, rows[j] + off);
+    const __m256i hi = _mm256_maskz_loadu_epi16(kWords, rows[j + 8] + off);
     z[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
   }
-  TransposeRows<6>(z, out);
+  TransposeRows<(kBytes + 3) / 4>(z, out);
 }
 
 // out[t] lane c = bytes [4t, 4t+4) of rows[c] + off, for t < 4.
@@ -267,7 +277,13 @@ void KernelQ8_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float
   }
 }
 
-void KernelQ5_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+// The 32-element types Q4_0 (d | nibbles), Q4_1 (d | m | nibbles), Q5_0 (d | qh | nibbles) and
+// Q5_1 (d | m | qh | nibbles). Element j < 16 is the low nibble of byte j, j + 16 its high
+// nibble; the fifth bit of element j is bit j of qh.
+template <bool kHasMin, bool kFiveBit>
+void KernelSmallBlock(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float* acc) {
+  constexpr int kHead = 2 + (kHasMin ? 2 : 0) + (kFiveBit ? 4 : 0);  // bytes before the nibbles
+  constexpr int kBytes = kHead + 16;
   const __m512i low4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
   // VPSHUFBITQMB selectors: byte i of dword d (one row) picks bit 4u + i of that row's qh.
   __m512i select[8];
@@ -279,21 +295,33 @@ void KernelQ5_0(const Tile& t, const QuantActs& a, int64_t r0, int64_t r1, float
   for (int64_t b = 0; b < a.nb; ++b) {
     __m512i blk[6], nib[4], w[8];
     t.Prefetch(b);
-    TransposeQ5_0Blocks(t.rows, 22 * b, blk);  // d (2 bytes) | qh (4) | nibbles (16)
+    TransposeSmallBlocks<kBytes>(t.rows, kBytes * b, blk);
     const __m512 dw = F16Lo(blk[0]);
-    const __m512i qh = _mm512_shrdi_epi32(blk[0], blk[1], 16);
-    for (int u = 0; u < 4; ++u) nib[u] = _mm512_shrdi_epi32(blk[u + 1], blk[u + 2], 16);
+    // Nibbles start at byte kHead: dword-aligned with a min (4, 8), else 2 bytes into a dword.
+    for (int u = 0; u < 4; ++u) {
+      if constexpr (kHead % 4 == 0) {
+        nib[u] = blk[kHead / 4 + u];
+      } else {
+        nib[u] = _mm512_shrdi_epi32(blk[kHead / 4 + u], blk[kHead / 4 + u + 1], 16);
+      }
+    }
     for (int u = 0; u < 4; ++u) {
       w[u] = _mm512_and_si512(nib[u], low4);
       w[u + 4] = _mm512_and_si512(_mm512_srli_epi16(nib[u], 4), low4);
     }
-    for (int u = 0; u < 8; ++u) {
-      w[u] = _mm512_mask_add_epi8(w[u], _mm512_bitshuffle_epi64_mask(qh, select[u]), w[u], bit4);
+    if (kFiveBit) {
+      const __m512i qh = kHasMin ? blk[1] : _mm512_shrdi_epi32(blk[0], blk[1], 16);
+      for (int u = 0; u < 8; ++u) {
+        w[u] = _mm512_mask_add_epi8(w[u], _mm512_bitshuffle_epi64_mask(qh, select[u]), w[u], bit4);
+      }
     }
+    const __m512 mw = kHasMin ? F16Hi(blk[0]) : _mm512_setzero_ps();
     for (int64_t r = r0; r < r1; ++r) {
       float* ar = acc + (r - r0) * kTile;
       const __m512i dot = Dot32(_mm512_set1_epi32(a.c32(r)[b]), w, a.q(r) + b * kBlock);
-      _mm512_store_ps(ar, Accumulate(_mm512_load_ps(ar), dot, dw, a.d(r)[b]));
+      __m512 f = Accumulate(_mm512_load_ps(ar), dot, dw, a.d(r)[b]);
+      if (kHasMin) f = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.xs(r)[b]), f);
+      _mm512_store_ps(ar, f);
     }
   }
 }
@@ -421,7 +449,10 @@ using Kernel = void (*)(const Tile&, const QuantActs&, int64_t, int64_t, float*)
 Kernel KernelFor(DType t) {
   switch (t) {
     case DType::kQ8_0: return KernelQ8_0;
-    case DType::kQ5_0: return KernelQ5_0;
+    case DType::kQ4_0: return KernelSmallBlock<false, false>;
+    case DType::kQ4_1: return KernelSmallBlock<true, false>;
+    case DType::kQ5_0: return KernelSmallBlock<false, true>;
+    case DType::kQ5_1: return KernelSmallBlock<true, true>;
     case DType::kQ4_K: return KernelQK<false>;
     case DType::kQ5_K: return KernelQK<true>;
     case DType::kQ6_K: return KernelQ6_K;
@@ -461,7 +492,8 @@ inline uint16_t LoadU16(const uint8_t* p) {
 }
 
 // One weight row as signed integer codes plus per-32-block float factors:
-//   scale[b]: d (Q8_0, Q5_0, Q6_K) or d·sc_j (Q4_K, Q5_K); minscale[b]: dmin·m_j (Q4_K, Q5_K);
+//   scale[b]: d (Q8_0, Q4_x, Q5_x, Q6_K) or d·sc_j (Q4_K, Q5_K); minscale[b]: m (Q4_1, Q5_1) or
+//   −dmin·m_j (Q4_K, Q5_K: negating is exact, so fma(−a, b, c) gives fnmadd's bits);
 //   sc16[2b], sc16[2b+1]: Q6_K's int8 scales of the two halves.
 struct DecodedRow {
   std::vector<int32_t> code, sc16;
@@ -492,17 +524,26 @@ void DecodeRow(DType t, const uint8_t* src, int64_t k, DecodedRow* out) {
         for (int i = 0; i < 32; ++i) c[b * 32 + i] = static_cast<int8_t>(src[2 + i]);
       }
       return;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
     case DType::kQ5_0:
-      for (int64_t b = 0; b < nb; ++b, src += 22) {
+    case DType::kQ5_1: {
+      const bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
+      const bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
+      const int head = 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+      const int zp = five ? (has_min ? 0 : 16) : (has_min ? 0 : 8);
+      for (int64_t b = 0; b < nb; ++b, src += head + 16) {
         out->scale[b] = F16ToF32(LoadU16(src));
-        uint32_t qh;
-        std::memcpy(&qh, src + 2, 4);
+        if (has_min) out->minscale[b] = F16ToF32(LoadU16(src + 2));
+        uint32_t qh = 0;
+        if (five) std::memcpy(&qh, src + head - 4, 4);
         for (int j = 0; j < 16; ++j) {
-          c[b * 32 + j] = ((src[6 + j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16;
-          c[b * 32 + 16 + j] = ((src[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+          c[b * 32 + j] = ((src[head + j] & 0x0f) | (((qh >> j) & 1) << 4)) - zp;
+          c[b * 32 + 16 + j] = ((src[head + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - zp;
         }
       }
       return;
+    }
     case DType::kQ4_K:
     case DType::kQ5_K: {
       const bool five = t == DType::kQ5_K;
@@ -515,7 +556,7 @@ void DecodeRow(DType t, const uint8_t* src, int64_t k, DecodedRow* out) {
           int sc, m;
           ScaleMinK(j, src + 4, &sc, &m);
           out->scale[sb * 8 + j] = d * static_cast<float>(sc);
-          out->minscale[sb * 8 + j] = dmin * static_cast<float>(m);
+          out->minscale[sb * 8 + j] = -(dmin * static_cast<float>(m));
           const int g = j / 2;
           for (int l = 0; l < 32; ++l) {
             int v = (j % 2 == 0) ? (ql[32 * g + l] & 0x0f) : (ql[32 * g + l] >> 4);
@@ -561,7 +602,7 @@ float RowDot(DType t, const DecodedRow& w, const QuantActs& a, int64_t r) {
     }
     const int32_t dot = t == DType::kQ6_K ? w.sc16[2 * b] * lo + w.sc16[2 * b + 1] * hi : lo + hi;
     acc = std::fma(static_cast<float>(dot), w.scale[b] * a.d(r)[b], acc);
-    if (t == DType::kQ4_K || t == DType::kQ5_K) acc = std::fma(-w.minscale[b], a.xs(r)[b], acc);
+    if (HasMin(t)) acc = std::fma(w.minscale[b], a.xs(r)[b], acc);
   }
   return acc;
 }
@@ -600,7 +641,10 @@ void QuantizeRowInt8Blocks(const float* x, int64_t k, int8_t* q, float* d) {
 bool MatMulInt8Supports(DType t) {
   switch (t) {
     case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
     case DType::kQ5_0:
+    case DType::kQ5_1:
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K: return true;

@@ -46,7 +46,13 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, uint32_t
     uint8_t* blk = &data[off];
     switch (t) {
       case DType::kQ8_0:
+      case DType::kQ4_0:
       case DType::kQ5_0: PutF16(blk, mag(rng)); break;
+      case DType::kQ4_1:
+      case DType::kQ5_1:
+        PutF16(blk, mag(rng));
+        PutF16(blk + 2, -mag(rng) * 8.0f);
+        break;
       case DType::kQ4_K:
       case DType::kQ5_K:
         PutF16(blk, mag(rng));
@@ -185,6 +191,10 @@ int main(int argc, char** argv) {
       {DType::kQ5_0, 2048, 640, "ffn_gate/up"},  {DType::kQ6_K, 640, 2048, "ffn_down"},
       {DType::kQ4_K, 640, 1024, "attn_output"},  {DType::kQ5_K, 640, 2048, "(not in the model)"},
       {DType::kQ8_0, 262144, 640, "output"},     {DType::kQ8_0, 2048, 640, "(cache-resident Q8_0)"},
+      // SmolLM2-135M: Q4_1 layers, tied Q8_0 output.
+      {DType::kQ4_1, 1536, 576, "smollm2 ffn_gate/up"}, {DType::kQ4_1, 576, 1536, "smollm2 ffn_down"},
+      {DType::kQ8_0, 49152, 576, "smollm2 output"},      {DType::kQ4_0, 1536, 576, "(Q4_0, not in a model)"},
+      {DType::kQ5_1, 1536, 576, "(Q5_1, not in a model)"},
   };
   if (checksum) {
     for (const Shape& s : shapes) Checksum(s);

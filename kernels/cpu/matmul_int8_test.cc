@@ -12,7 +12,8 @@
 namespace dd::kernels {
 namespace {
 
-constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                            DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 void PutF16(uint8_t* p, float f) {
   const uint16_t h = F32ToF16(f);
@@ -33,7 +34,13 @@ std::vector<uint8_t> RandomWeights(DType t, int64_t rows, int64_t cols, std::mt1
     uint8_t* blk = &data[off];
     switch (t) {
       case DType::kQ8_0:
+      case DType::kQ4_0:
       case DType::kQ5_0: PutF16(blk, scale()); break;
+      case DType::kQ4_1:
+      case DType::kQ5_1:
+        PutF16(blk, scale());
+        PutF16(blk + 2, scale() * 4.0f);  // the min, of either sign
+        break;
       case DType::kQ4_K:
       case DType::kQ5_K:
         PutF16(blk, scale());
