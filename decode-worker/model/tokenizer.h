@@ -162,7 +162,8 @@ inline constexpr std::string_view kEndOfGenerationNames[] = {
 };
 
 // Exposed for tests and for tokenizer_bpe.cc.
-enum class PreTokenizer { kGpt2 = 0, kLlama3 = 1, kQwen2 = 2 };
+// kSmollm: SmolLM/SmolLM2 (HF Digits(individual_digits) then GPT-2 ByteLevel).
+enum class PreTokenizer { kGpt2 = 0, kLlama3 = 1, kQwen2 = 2, kSmollm = 3 };
 // GGUF tokenizer.ggml.pre name -> pre-tokenizer; nullopt when unknown.
 std::optional<PreTokenizer> PreTokenizerFromName(std::string_view name);
 // Splits text the way the pre-tokenizer regex's find-all would; the pieces (views into text)

@@ -51,22 +51,56 @@ class PreTokenSplitter {
       pos += c.len;
     }
     offsets_.push_back(static_cast<uint32_t>(text.size()));
+    end_ = cps_.size();
   }
 
   std::vector<std::string_view> Split() {
     std::vector<std::string_view> pieces;
     const size_t n = cps_.size();
-    for (size_t i = 0; i < n;) {
-      size_t j = kind_ == PreTokenizer::kGpt2 ? MatchGpt2(i) : MatchLlama3(i);
-      if (j <= i) j = i + 1;  // unreachable: the alternatives cover every character
-      pieces.push_back(text_.substr(offsets_[i], offsets_[j] - offsets_[i]));
-      i = j;
+    if (kind_ == PreTokenizer::kSmollm) {
+      // Digits(individual_digits) then the GPT-2 regex: every digit is a piece of its own, and
+      // the regex runs on each stretch between digits as if the stretch were the whole text
+      // (so "a 1" gives "a", " ", "1": the space cannot join the digit).
+      for (size_t i = 0; i < n;) {
+        if (flags_[i] & unicode::kNumber) {
+          Emit(i, i + 1, &pieces);
+          ++i;
+          continue;
+        }
+        size_t e = i;
+        while (e < n && !(flags_[e] & unicode::kNumber)) ++e;
+        end_ = e;
+        SplitRange(i, [this](size_t k) { return MatchGpt2(k); }, &pieces);
+        end_ = n;
+        i = e;
+      }
+      return pieces;
+    }
+    if (kind_ == PreTokenizer::kGpt2) {
+      SplitRange(0, [this](size_t k) { return MatchGpt2(k); }, &pieces);
+    } else {
+      SplitRange(0, [this](size_t k) { return MatchLlama3(k); }, &pieces);
     }
     return pieces;
   }
 
  private:
-  size_t size() const { return cps_.size(); }
+  void Emit(size_t i, size_t j, std::vector<std::string_view>* pieces) const {
+    pieces->push_back(text_.substr(offsets_[i], offsets_[j] - offsets_[i]));
+  }
+  // Find-all from i to end_ with one match function.
+  template <typename Match>
+  void SplitRange(size_t i, Match match, std::vector<std::string_view>* pieces) const {
+    while (i < end_) {
+      size_t j = match(i);
+      if (j <= i) j = i + 1;  // unreachable: the alternatives cover every character
+      Emit(i, j, pieces);
+      i = j;
+    }
+  }
+
+  // Characters past end_ do not exist for the matchers (the Digits stage's stretch boundary).
+  size_t size() const { return end_; }
   bool Letter(size_t i) const { return i < size() && (flags_[i] & unicode::kLetter); }
   bool Number(size_t i) const { return i < size() && (flags_[i] & unicode::kNumber); }
   bool Space(size_t i) const { return i < size() && (flags_[i] & unicode::kWhitespace); }
@@ -148,6 +182,7 @@ class PreTokenSplitter {
   std::vector<uint32_t> cps_;
   std::vector<uint32_t> offsets_;  // byte offset of each character, plus text.size()
   std::vector<uint8_t> flags_;
+  size_t end_ = 0;
 };
 
 }  // namespace
@@ -158,6 +193,7 @@ std::optional<PreTokenizer> PreTokenizerFromName(std::string_view name) {
   if (name == "default" || name == "gpt2" || name == "gpt-2") return PreTokenizer::kGpt2;
   if (name == "llama3" || name == "llama-bpe" || name == "llama-v3") return PreTokenizer::kLlama3;
   if (name == "qwen2") return PreTokenizer::kQwen2;
+  if (name == "smollm") return PreTokenizer::kSmollm;
   return std::nullopt;
 }
 
@@ -199,7 +235,7 @@ absl::Status Tokenizer::InitByteLevel() {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer spec: 'pre' = '", spec_.pre,
                      "' is not a supported pre-tokenizer (default, gpt2, gpt-2, llama3, llama-bpe, "
-                     "llama-v3, qwen2)"));
+                     "llama-v3, qwen2, smollm)"));
   }
   pre_ = static_cast<int>(*pre);
   ignore_merges_ = *pre == internal::PreTokenizer::kLlama3;  // as in Llama-3's tokenizer.json
@@ -229,10 +265,15 @@ absl::Status Tokenizer::InitByteLevel() {
       pos += c.len;
     }
   }
+  // Some vocabularies lack a few byte tokens (SmolLM2: six control characters and bytes that
+  // never occur in UTF-8); such a byte is dropped when encoding, as llama.cpp does. A missing
+  // printable ASCII byte means a broken vocabulary.
   for (int b = 0; b < 256; ++b) {
     std::string piece;
     unicode::AppendUtf8(internal::ByteToUnicode(static_cast<uint8_t>(b)), &piece);
     auto it = piece_to_id_.find(piece);
+    byte_token_[b] = -1;
+    if (it == piece_to_id_.end() && (b < 0x20 || b > 0x7e)) continue;
     if (it == piece_to_id_.end()) {
       char name[8];
       std::snprintf(name, sizeof(name), "0x%02X", b);
@@ -303,7 +344,7 @@ void Tokenizer::EncodeByteLevel(std::string_view text, std::vector<int32_t>* out
 
 void Tokenizer::EncodeByteLevelWord(std::string_view word, std::vector<int32_t>* out) const {
   if (word.size() == 1) {
-    out->push_back(byte_token_[static_cast<unsigned char>(word[0])]);
+    if (const int32_t id = byte_token_[static_cast<unsigned char>(word[0])]; id >= 0) out->push_back(id);
     return;
   }
   if (ignore_merges_) {
@@ -348,7 +389,10 @@ void Tokenizer::EncodeByteLevelWord(std::string_view word, std::vector<int32_t>*
     try_add(prev[top.left], top.left);
     try_add(top.left, next[top.left]);
   }
-  for (int32_t i = 0; i >= 0; i = next[i]) out->push_back(ids[i]);
+  // A byte without a token (ids -1 from the start, never merged) is dropped.
+  for (int32_t i = 0; i >= 0; i = next[i]) {
+    if (ids[i] >= 0) out->push_back(ids[i]);
+  }
 }
 
 }  // namespace dd::model

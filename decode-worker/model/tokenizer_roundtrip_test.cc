@@ -276,3 +276,22 @@ TEST(SpecValidationTest, Errors) {
 
 }  // namespace
 }  // namespace dd::model
+
+namespace dd::model {
+namespace {
+
+// A byte-level vocabulary without a token for some non-printable byte (SmolLM2 lacks 0x04 among
+// others) drops that byte when encoding, as llama.cpp does; its neighbours never merge across it.
+TEST(ByteLevelMissingByteTest, DroppedOnEncode) {
+  TokenizerSpec s = testing_util::ByteLevelSpec("gpt2");
+  s.types[0x04] = TokenType::kControl;  // byte 0x04's token is no longer a normal token
+  auto tok = Tokenizer::Create(std::move(s));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<int32_t> with = (*tok)->Encode("th\x04" "e", false, false);
+  EXPECT_EQ((*tok)->Decode(with), "the") << "the byte is dropped";
+  EXPECT_EQ(with.size(), 2u) << "'th' merges, 'e' does not join it across the dropped byte";
+  EXPECT_TRUE((*tok)->Encode("\x04", false, false).empty());
+}
+
+}  // namespace
+}  // namespace dd::model

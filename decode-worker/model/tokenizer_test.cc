@@ -261,7 +261,21 @@ TEST(PreTokenizerTest, Qwen2SplitsDigitsOneByOne) {
               ElementsAre("ab", " ", "2", "0", "2", "4", "!"));
 }
 
+// SmolLM: digits one by one, and the GPT-2 regex sees each stretch between digits alone, so a
+// space before a digit stays a piece of its own and a space run before a digit keeps its last
+// space (no \S follows inside the stretch).
+TEST(PreTokenizerTest, SmollmDigitsThenGpt2) {
+  const auto k = internal::PreTokenizer::kSmollm;
+  EXPECT_THAT(Split("ab 2024!", k), ElementsAre("ab", " ", "2", "0", "2", "4", "!"));
+  EXPECT_THAT(Split("x  12 y", k), ElementsAre("x", "  ", "1", "2", " y"));
+  EXPECT_THAT(Split("it's 3's", k), ElementsAre("it", "'s", " ", "3", "'s"));
+  EXPECT_THAT(Split("a1b", k), ElementsAre("a", "1", "b"));
+  // GPT-2 alone keeps " 2024" whole and gives the run before it all but its last space.
+  EXPECT_THAT(Split("x  12 y", internal::PreTokenizer::kGpt2), ElementsAre("x", " ", " 12", " y"));
+}
+
 TEST(PreTokenizerTest, Names) {
+  EXPECT_EQ(internal::PreTokenizerFromName("smollm"), internal::PreTokenizer::kSmollm);
   EXPECT_EQ(internal::PreTokenizerFromName("default"), internal::PreTokenizer::kGpt2);
   EXPECT_EQ(internal::PreTokenizerFromName("llama-bpe"), internal::PreTokenizer::kLlama3);
   EXPECT_EQ(internal::PreTokenizerFromName("qwen2"), internal::PreTokenizer::kQwen2);
