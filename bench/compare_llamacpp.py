@@ -19,6 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "eval"))
+import models  # noqa: E402
 import wrap_results  # noqa: E402
 
 
@@ -59,11 +61,12 @@ def ours_run(model, lengths, steps, threads):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=os.path.expanduser("~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--model", help="model file or short name gemma|smollm2 (default $DD_MODEL, else gemma)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--lengths", default="1024,8192")
     a = ap.parse_args()
+    a.model = str(models.model_path(a.model))
     lengths = [int(x) for x in a.lengths.split(",")]
     try:
         import llama_cpp  # noqa: F401

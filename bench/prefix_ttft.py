@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "eval"))
+import models  # noqa: E402
+
 TOKEN = "prefix-bench-token-0123456789"
 
 
@@ -28,13 +31,14 @@ def git_sha():
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
-    ap.add_argument("--model", default=os.environ.get("DD_MODEL", str(Path.home() / ".cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf")))
+    ap.add_argument("--model", help="model file or short name gemma|smollm2 (default $DD_MODEL, else gemma)")
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--mode", default="dualdecoder")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args()
+    a.model = str(models.model_path(a.model))
     for exe in ("ddctl", "dd-kv-pool"):
         if not (Path(a.bin) / exe).is_file():
             sys.exit(f"prefix_ttft: {exe} not built in {a.bin}: run scripts/build")

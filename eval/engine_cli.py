@@ -6,11 +6,14 @@ the context length from `ddctl info`, answers and transfer figures from `ddctl g
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
 
 class EngineSetupError(Exception):
@@ -19,13 +22,6 @@ class EngineSetupError(Exception):
 
 def default_ddctl():
     return Path(os.environ.get("DD_BUILD_DIR", REPO / "build")) / "bin" / "ddctl"
-
-
-def default_model():
-    if os.environ.get("DD_MODEL"):
-        return Path(os.environ["DD_MODEL"])
-    models = os.environ.get("DD_MODEL_DIR", Path.home() / ".cache" / "dualdecoder" / "models")
-    return Path(models) / DEFAULT_MODEL_NAME
 
 
 def _tail(text, n=600):
@@ -38,7 +34,7 @@ class Ddctl:
 
     def __init__(self, exe=None, model=None):
         self.exe = Path(exe) if exe else default_ddctl()
-        self.model = Path(model) if model else default_model()
+        self.model = models.model_path(model)
         if not (self.exe.is_file() and os.access(self.exe, os.X_OK)):
             raise EngineSetupError(f"ddctl binary not found at {self.exe}: run scripts/build (or pass --ddctl PATH)")
         if not self.model.exists():

@@ -69,7 +69,7 @@ def parse_args(argv=None):
     ap.add_argument("--modes", type=_name_list(MODES, "mode"), default=list(MODES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ddctl", help="ddctl binary (default build/bin/ddctl)")
-    ap.add_argument("--model", help="model file (default $DD_MODEL, else the fetched Gemma 3 270M)")
+    ap.add_argument("--model", help="model file or short name gemma|smollm2 (default $DD_MODEL, else gemma)")
     ap.add_argument("--results", help="JSONL of per-generation records (default bench/results/eval-tasks-<preset>.jsonl)")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
     ap.add_argument("--restart", action="store_true", help="delete the results file first instead of resuming")

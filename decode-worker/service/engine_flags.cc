@@ -5,9 +5,10 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "decode-worker/model/model_paths.h"
 
-ABSL_FLAG(std::string, model, "", "Model: a .gguf file or a Hugging Face safetensors directory "
-          "(default: $DD_MODEL, else ~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf)");
+ABSL_FLAG(std::string, model, "", "Model: gemma or smollm2 (fetched by scripts/fetch-model), a .gguf file "
+          "or a Hugging Face safetensors directory (default: $DD_MODEL, else gemma)");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
@@ -34,13 +35,14 @@ namespace dd::worker {
 std::string ModelPathFromFlags(bool* defaulted) {
   *defaulted = false;
   std::string flag = absl::GetFlag(FLAGS_model);
-  if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("DD_MODEL"); env != nullptr && *env != '\0') return env;
+  if (!flag.empty()) {
+    // A short name (gemma, smollm2) is a fetched model: a missing file names fetch-model.
+    *defaulted = model::KnownModelPath(flag).has_value();
+    return model::ResolveModelArg(flag);
+  }
+  if (const char* env = std::getenv("DD_MODEL"); env != nullptr && *env != '\0') return model::ResolveModelArg(env);
   *defaulted = true;
-  const char* dir = std::getenv("DD_MODEL_DIR");
-  if (dir != nullptr && *dir != '\0') return std::string(dir) + "/gemma-3-270m-q4_k_m.gguf";
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
+  return *model::KnownModelPath(model::kDefaultModelName);
 }
 
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
@@ -49,7 +51,7 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
   auto m = model::LoadModel(path);
   if (!m.ok() && m.status().code() == absl::StatusCode::kNotFound && defaulted) {
     return absl::NotFoundError(absl::StrCat(m.status().message(),
-                                            "\n  the default model is not fetched yet: run scripts/fetch-model"
+                                            "\n  this model is not fetched yet: run scripts/fetch-model"
                                             " (or pass --model PATH)"));
   }
   return m;

@@ -10,8 +10,9 @@
 
 namespace dd::worker {
 
-// The model path: --model, else $DD_MODEL, else $DD_MODEL_DIR/<default>, else
-// ~/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf (*defaulted = true for the last two).
+// The model path: --model, else $DD_MODEL, else the fetched default (gemma); a short name
+// (gemma, smollm2) maps to its file in the model cache (model_paths.h). *defaulted = true when
+// the path is a fetched model's, so a missing file can name scripts/fetch-model.
 std::string ModelPathFromFlags(bool* defaulted);
 // Loads it; a missing default model names scripts/fetch-model.
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags();

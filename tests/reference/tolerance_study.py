@@ -24,10 +24,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "eval"))
 
 import ddref  # noqa: E402
 import make_synthetic  # noqa: E402
-from test_reference import (GEMMA_POSITIONS, GEMMA_TEXT, GEMMA_TOKENS, REL_TOL,  # noqa: E402
+import models  # noqa: E402
+from test_reference import (GEMMA_POSITIONS, GEMMA_TOKENS, LONG_TEXT, REL_TOL,  # noqa: E402
                             SYNTHETIC_SEED)
 
 
@@ -178,8 +180,7 @@ def study(title, model, tokens, positions, variants):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gemma", default=str(Path.home() / ".cache/dualdecoder/models/"
-                                           "gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--gemma", default=str(models.model_path("gemma")))
     ap.add_argument("--skip-gemma", action="store_true")
     args = ap.parse_args()
 
@@ -196,7 +197,7 @@ def main():
         print("\n(gemma skipped)")
         return
     model = ddref.load(args.gemma)
-    text = GEMMA_TEXT.read_text(encoding="utf-8")[:4000]
+    text = LONG_TEXT.read_text(encoding="utf-8")[:4000]
     tokens = greedy_spm_tokens(model, text)[:GEMMA_TOKENS]
     study("gemma-3-270m", model, tokens, GEMMA_POSITIONS, gemma_variants())
 

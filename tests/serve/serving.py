@@ -4,25 +4,22 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "eval"))
+import models  # noqa: E402
+
 BIN = Path(os.environ.get("DD_BIN_DIR", REPO / "build" / "bin"))
 TOKEN = "serve-test-token-0123456789"
 
 
-def gemma_path():
-    if os.environ.get("DD_MODEL"):
-        return Path(os.environ["DD_MODEL"])
-    base = Path(os.environ.get("DD_MODEL_DIR", Path.home() / ".cache" / "dualdecoder" / "models"))
-    return base / "gemma-3-270m-q4_k_m.gguf"
-
-
 def require_model():
-    p = gemma_path()
+    p = models.model_path()
     if not p.is_file():
         if os.environ.get("DD_REQUIRE_MODEL") == "1":
             pytest.fail(f"model missing at {p}; run scripts/fetch-model", pytrace=False)
