@@ -1,5 +1,7 @@
-// Test fixture that loads the real Gemma 3 270M once per suite (fetched by scripts/fetch-model).
-// Tests skip when the model is absent unless DD_REQUIRE_MODEL=1 (as in CI): then they fail.
+// Test fixtures that load a real fetched model once per suite (scripts/fetch-model): GemmaTest
+// (Gemma 3 270M, 3 of 18 layers global) and SmolLM2Test (SmolLM2-135M-Instruct, all 30 layers
+// global). Tests skip when the model is absent unless DD_REQUIRE_MODEL=1 (as in CI): then they
+// fail.
 #pragma once
 
 #include <cstdlib>
@@ -7,22 +9,22 @@
 #include <string>
 #include <vector>
 
+#include "decode-worker/model/model_paths.h"
 #include "decode-worker/model/weights.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine::testing_util {
 
-inline std::string GemmaPath() {
-  if (const char* p = std::getenv("DD_MODEL"); p && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/dualdecoder/models/gemma-3-270m-q4_k_m.gguf";
-}
+inline std::string RealModelPath(const char* name) { return *model::KnownModelPath(name); }
+inline std::string GemmaPath() { return RealModelPath("gemma"); }
 
-class GemmaTest : public ::testing::Test {
+template <const char* kName>
+class RealModelTest : public ::testing::Test {
  protected:
+  static std::string Path() { return RealModelPath(kName); }
   static void SetUpTestSuite() {
-    if (!std::filesystem::exists(GemmaPath())) return;
-    auto m = model::LoadModel(GemmaPath());
+    if (!std::filesystem::exists(Path())) return;
+    auto m = model::LoadModel(Path());
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = std::move(*m).release();
   }
@@ -33,12 +35,20 @@ class GemmaTest : public ::testing::Test {
   void SetUp() override {
     if (model_ == nullptr) {
       const char* req = std::getenv("DD_REQUIRE_MODEL");
-      if (req && std::string(req) == "1") FAIL() << "model missing at " << GemmaPath() << "; run scripts/fetch-model";
-      GTEST_SKIP() << "model not fetched: " << GemmaPath();
+      if (req && std::string(req) == "1") FAIL() << "model missing at " << Path() << "; run scripts/fetch-model";
+      GTEST_SKIP() << "model not fetched: " << Path();
     }
   }
-  std::vector<int32_t> Encode(const std::string& s) { return model_->tokenizer->Encode(s, true, true); }
+  // The prompt as ddctl encodes it: the file's own add_bos, special tokens parsed.
+  std::vector<int32_t> Encode(const std::string& s) {
+    return model_->tokenizer->Encode(s, model_->tokenizer->add_bos(), true);
+  }
   static inline model::LoadedModel* model_ = nullptr;
 };
+
+inline constexpr char kGemmaName[] = "gemma";
+inline constexpr char kSmolLM2Name[] = "smollm2";
+using GemmaTest = RealModelTest<kGemmaName>;
+using SmolLM2Test = RealModelTest<kSmolLM2Name>;
 
 }  // namespace dd::engine::testing_util

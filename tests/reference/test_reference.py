@@ -8,8 +8,9 @@
 - Chunked prefill (--prefill_chunk) gives the logits of an unchunked prefill.
 - The real Gemma 3 270M at positions 0, 1, mid-sequence, around the 512-token sliding window
   and past it, on 700 tokens of natural English text.
+- The real SmolLM2-135M-Instruct (llama, Q4_1, tied Q8_0 embeddings, no BOS) on the same text.
 
-ddctl missing is a failure, never a skip. The Gemma file missing is a skip, unless
+ddctl missing is a failure, never a skip. A real model file missing is a skip, unless
 DD_REQUIRE_MODEL is set (CI sets it after scripts/fetch-model), then a failure.
 """
 
@@ -28,9 +29,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "eval"))
 
 import ddref  # noqa: E402
 import make_synthetic  # noqa: E402
+import models  # noqa: E402
 
 # Tolerance. The engine computes in float32 from the same dequantized weight values as the
 # reference (which computes in float64), so the only legitimate differences are float32
@@ -50,12 +53,14 @@ REL_TOL = 1e-3
 
 SYNTHETIC_SEED = 0
 SYNTHETIC_TOKENS = 40
-GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+LONG_TEXT = Path("/usr/share/common-licenses/GPL-3")
 GEMMA_TOKENS = 700
 # 511..513 straddle the sliding-window edge (query i sees keys i-511..i), 600 and 699 are
 # well past it, where every local layer has dropped the start of the sequence.
 GEMMA_POSITIONS = [0, 1, 350, 511, 512, 513, 600, 699]
-GEMMA_TEXT = Path("/usr/share/common-licenses/GPL-3")
+SMOLLM2_TOKENS = 700
+# Every SmolLM2 layer is global, so no window edge to straddle: start, middle and end.
+SMOLLM2_POSITIONS = [0, 1, 350, 699]
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,45 +249,62 @@ def test_synthetic_positions_subset(synthetic_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# Real model: Gemma 3 270M
+# Real models, fetched by scripts/fetch-model
 # --------------------------------------------------------------------------------------------
 
-def gemma_path() -> Path:
-    model_dir = Path(os.environ.get("DD_MODEL_DIR",
-                                    Path.home() / ".cache" / "dualdecoder" / "models"))
-    path = model_dir / GEMMA_FILE
+def real_model_path(name: str) -> Path:
+    path = models.model_path(name)
     if not path.is_file():
-        msg = f"{path} is missing; run scripts/fetch-model"
+        msg = f"{path} is missing; run scripts/fetch-model {name}"
         if os.environ.get("DD_REQUIRE_MODEL"):
             pytest.fail(msg + " (DD_REQUIRE_MODEL is set)", pytrace=False)
         pytest.skip(msg)
     return path
 
 
-def gemma_prompt_tokens(path: Path, text: str) -> list[int]:
+def prompt_tokens(path: Path, text: str) -> list[int]:
+    """ddctl's tokens for text, with BOS in front when the file says its tokenizer adds one."""
     tokens = engine_tokenize(path, text)
-    bos = int(reference_model(str(path)).tensors.field("tokenizer.ggml.bos_token_id"))
-    if not tokens or tokens[0] != bos:
-        tokens = [bos] + tokens
+    fields = reference_model(str(path)).tensors
+    if fields.field("tokenizer.ggml.add_bos_token", True):
+        bos = int(fields.field("tokenizer.ggml.bos_token_id"))
+        if not tokens or tokens[0] != bos:
+            tokens = [bos] + tokens
     return tokens
 
 
-@pytest.fixture(scope="module")
-def gemma_long(tmp_path_factory):
-    """(path, 700 tokens of GPL-3 text, engine logits at GEMMA_POSITIONS, reference ones)."""
-    path = gemma_path()
-    if not GEMMA_TEXT.is_file():
-        pytest.fail(f"{GEMMA_TEXT} is missing (Debian's base-files ships it)", pytrace=False)
-    text = GEMMA_TEXT.read_text(encoding="utf-8")[:4000]
-    tokens = gemma_prompt_tokens(path, text)
-    assert len(tokens) >= GEMMA_TOKENS, f"only {len(tokens)} tokens from {GEMMA_TEXT}"
-    tokens = tokens[:GEMMA_TOKENS]
+def long_text_logits(name: str, n_tokens: int, positions: list[int], out_dir: Path):
+    """(path, n_tokens of GPL-3 text, engine logits at positions, reference ones)."""
+    path = real_model_path(name)
+    if not LONG_TEXT.is_file():
+        pytest.fail(f"{LONG_TEXT} is missing (Debian's base-files ships it)", pytrace=False)
+    text = LONG_TEXT.read_text(encoding="utf-8")[:4000]
+    tokens = prompt_tokens(path, text)
+    assert len(tokens) >= n_tokens, f"only {len(tokens)} tokens from {LONG_TEXT}"
+    tokens = tokens[:n_tokens]
     vocab = reference_model(str(path)).config.vocab
     assert max(tokens) < vocab, "ddctl tokenize produced an id outside the vocabulary"
-    out_dir = tmp_path_factory.mktemp("gemma")
-    got = engine_logits(path, tokens, out_dir, positions=GEMMA_POSITIONS)
-    ref = reference_logits(str(path), tuple(tokens), tuple(GEMMA_POSITIONS))
+    got = engine_logits(path, tokens, out_dir, positions=positions)
+    ref = reference_logits(str(path), tuple(tokens), tuple(positions))
     return path, tokens, got, ref
+
+
+def assert_greedy_answer(path: Path, prompt: str, want_piece: str, out_dir: Path) -> None:
+    tokens = prompt_tokens(path, prompt)
+    last = [len(tokens) - 1]
+    got = engine_logits(path, tokens, out_dir, positions=last)
+    ref = reference_logits(str(path), tuple(tokens), tuple(last))
+    assert_logits_close(got, ref, f"{path.name} greedy prompt", last)
+    vocab = reference_model(str(path)).tensors.field("tokenizer.ggml.tokens")
+    assert vocab[int(got[0].argmax())] == want_piece
+
+
+# Gemma 3 270M -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemma_long(tmp_path_factory):
+    return long_text_logits("gemma", GEMMA_TOKENS, GEMMA_POSITIONS,
+                            tmp_path_factory.mktemp("gemma"))
 
 
 def test_gemma_matches_reference(gemma_long):
@@ -303,19 +325,49 @@ def test_gemma_chunked_prefill(gemma_long, tmp_path):
 def test_gemma_tokenizes_simple_prompt():
     # Every word is one vocabulary piece ("▁" marks a leading space); Gemma adds BOS (2) and
     # no space prefix. Ids read from the GGUF vocabulary.
-    path = gemma_path()
-    assert gemma_prompt_tokens(path, "The capital of France is") == [2, 818, 5279, 529, 7001, 563]
+    path = real_model_path("gemma")
+    assert prompt_tokens(path, "The capital of France is") == [2, 818, 5279, 529, 7001, 563]
 
 
 def test_gemma_greedy_answer(tmp_path):
-    path = gemma_path()
-    tokens = gemma_prompt_tokens(path, "The Eiffel Tower is located in the city of")
-    last = [len(tokens) - 1]
-    got = engine_logits(path, tokens, tmp_path, positions=last)
-    ref = reference_logits(str(path), tuple(tokens), tuple(last))
-    assert_logits_close(got, ref, "gemma greedy prompt", last)
-    vocab = reference_model(str(path)).tensors.field("tokenizer.ggml.tokens")
-    assert vocab[int(got[0].argmax())] == "▁Paris"
+    assert_greedy_answer(real_model_path("gemma"), "The Eiffel Tower is located in the city of",
+                         "▁Paris", tmp_path)
+
+
+# SmolLM2-135M-Instruct ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_long(tmp_path_factory):
+    return long_text_logits("smollm2", SMOLLM2_TOKENS, SMOLLM2_POSITIONS,
+                            tmp_path_factory.mktemp("smollm2"))
+
+
+def test_smollm2_matches_reference(smollm2_long):
+    _, _, got, ref = smollm2_long
+    assert_logits_close(got, ref, "smollm2-135m", SMOLLM2_POSITIONS)
+    assert_argmax_agrees(got, ref, "smollm2-135m", SMOLLM2_POSITIONS)
+
+
+def test_smollm2_chunked_prefill(smollm2_long, tmp_path):
+    path, tokens, whole, ref = smollm2_long
+    chunked = engine_logits(path, tokens, tmp_path, positions=SMOLLM2_POSITIONS, chunk=100)
+    assert_logits_close(chunked, whole.astype(np.float64), "smollm2 --prefill_chunk 100 vs whole",
+                        SMOLLM2_POSITIONS)
+    assert_logits_close(chunked, ref, "smollm2 --prefill_chunk 100 vs reference",
+                        SMOLLM2_POSITIONS)
+
+
+def test_smollm2_tokenizes_simple_prompt():
+    # GPT-2 byte-level pieces ("Ġ" is a leading space); add_bos_token is false, so nothing is
+    # prepended. Ids read from the GGUF vocabulary: "The", "Ġcapital", "Ġof", "ĠFrance", "Ġis".
+    path = real_model_path("smollm2")
+    assert engine_tokenize(path, "The capital of France is") == [504, 3575, 282, 4649, 314]
+
+
+def test_smollm2_greedy_answer(tmp_path):
+    # Reference: "ĠParis" 12.8, then "ĠMont" 9.6.
+    assert_greedy_answer(real_model_path("smollm2"), "The Eiffel Tower is located in the city of",
+                         "ĠParis", tmp_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +376,9 @@ def test_gemma_greedy_answer(tmp_path):
 # reference by that rounding, so it is judged by the KL divergence of the next-token
 # distributions. Measured (max / mean over positions): Gemma 0.017 / 0.0034, tiny-llama
 # 0.0041 / 0.0008, tiny-qwen2 0.012 / 0.0016 (the f32 path: ~1e-12). The bounds are 3-8x
-# those, so a broken quant kernel (KL of order 1) fails them.
+# those, so a broken quant kernel (KL of order 1) fails them. SmolLM2 (smaller hidden size, so
+# more rounding per dot product): 0.016 / 0.0062 at its 4 positions, only 1.6x under the mean
+# bound; over every 25th position 0.053 / 0.0048.
 # --------------------------------------------------------------------------------------------
 
 INT8_MAX_KL = 0.1
@@ -355,12 +409,20 @@ def test_synthetic_int8_path(name, synthetic_dir, tmp_path):
     assert_int8_close(got, reference_logits(str(path), tuple(tokens)), f"{name} int8")
 
 
-def test_gemma_int8_path(gemma_long, tmp_path):
-    path, tokens, _, ref = gemma_long
-    got = engine_logits(path, tokens, tmp_path, positions=GEMMA_POSITIONS, matmul="int8")
-    assert_int8_close(got, ref, "gemma int8")
+def assert_int8_long_text(long_run, positions, what, out_dir):
+    path, tokens, _, ref = long_run
+    got = engine_logits(path, tokens, out_dir, positions=positions, matmul="int8")
+    assert_int8_close(got, ref, what)
     # Greedy tokens agree wherever the reference's top two are more than 1 logit apart.
-    for row, p in enumerate(GEMMA_POSITIONS):
+    for row, p in enumerate(positions):
         top2 = np.sort(ref[row])[-2:]
         if top2[1] - top2[0] > 1.0:
-            assert got[row].argmax() == ref[row].argmax(), f"gemma int8: greedy token differs at {p}"
+            assert got[row].argmax() == ref[row].argmax(), f"{what}: greedy token differs at {p}"
+
+
+def test_gemma_int8_path(gemma_long, tmp_path):
+    assert_int8_long_text(gemma_long, GEMMA_POSITIONS, "gemma int8", tmp_path)
+
+
+def test_smollm2_int8_path(smollm2_long, tmp_path):
+    assert_int8_long_text(smollm2_long, SMOLLM2_POSITIONS, "smollm2 int8", tmp_path)
