@@ -96,6 +96,12 @@ void SparseKvCache::Reset(int32_t seq) {
   seqs_[seq] = Seq();
 }
 
+double SparseKvCache::SeqHitRate(int32_t seq) const {
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return 0.0;
+  const Seq& s = seqs_[seq];
+  return s.predicted_for ? static_cast<double>(s.hits) / s.predicted_for : 0.0;
+}
+
 int64_t SparseKvCache::Length(int32_t seq) const {
   int64_t n = dense_.Length(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(seqs_.size())) {
@@ -559,6 +565,9 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       if (buf.seeded) {
         stats.seeded_hits += hits;
         stats.seeded_for += static_cast<int64_t>(sel[g].size());
+      } else {
+        s.hits += hits;
+        s.predicted_for += static_cast<int64_t>(sel[g].size());
       }
       stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
     }

@@ -118,6 +118,9 @@ class SparseKvCache : public KvCache {
   };
   const std::vector<LayerStats>& layer_stats() const { return stats_; }
   LayerStats total_stats() const;  // summed over layers
+  // The slot's own hit rate |P' ∩ S| / |S| since it was opened, first decode step excluded;
+  // 0 when it has had no prediction yet (or the slot is unknown).
+  double SeqHitRate(int32_t seq) const;
   int64_t block_bytes() const { return 2 * options_.chunk_tokens * config_.head_dim * sizeof(float); }
   int64_t fetched_chunks() const { return fetched_chunks_; }
 
@@ -154,6 +157,9 @@ class SparseKvCache : public KvCache {
     std::vector<Buffer> buffers;
     int64_t reads = 0;
     int64_t reading = -1;  // the buffer the current real row reads until its step finishes
+    // This request's prediction outcomes after its first decode step (the seeded step is
+    // excluded: there P' = S by construction).
+    int64_t hits = 0, predicted_for = 0;
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                 ThreadPool& pool);

@@ -341,7 +341,10 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
     e.ttft_s = std::chrono::duration<double>(r.first_token - r.spec.arrival).count();
     if (fresh > 1) e.tpot_s = std::chrono::duration<double>(r.last_token - r.first_token).count() / (fresh - 1);
   }
-  if (const engine::SparseKvCache* sc = engine_.sparse_cache()) e.hit_rate = sc->total_stats().hit_rate();
+  // The request's own hit rate (its slot is still held here: Reap frees it).
+  if (const engine::SparseKvCache* sc = engine_.sparse_cache(); sc != nullptr && r.slot >= 0) {
+    e.hit_rate = sc->SeqHitRate(r.slot);
+  }
   if (observer_) observer_->OnFinished(e);
   r.final_event = std::move(e);  // sent by Reap once the request's state is freed
   r.done = true;

@@ -92,6 +92,30 @@ TEST_F(SchedulerTest, BatchedRequestsMatchSoloGeneration) {
   }
 }
 
+// The usage's prefetch_hit_rate is the request's own, first decode step excluded: for requests
+// run one after another it is the change in the engine's counters across that request, without
+// the pre-decoding-seeded step (where P' = S by construction), not the running total.
+TEST_F(SchedulerTest, HitRateIsTheRequestsOwn) {
+  engine::EngineOptions eo{.mode = engine::DecodeMode::kDualDecoder, .threads = 2};
+  eo.sparse.budget_tokens = 64;
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  Scheduler sched(**eng, {});
+  const engine::SparseKvCache& sc = *(*eng)->sparse_cache();
+  for (int i : {3, 1}) {
+    const auto before = sc.total_stats();
+    RequestSpec s = Spec("h" + std::to_string(i), Prompts()[i], 16);
+    s.stop_at_eos = false;
+    Outcome o = Drain(**sched.Submit(std::move(s)));
+    ASSERT_TRUE(o.final.status.ok()) << o.final.status;
+    const auto after = sc.total_stats();
+    const int64_t hits = (after.hits - after.seeded_hits) - (before.hits - before.seeded_hits);
+    const int64_t denom = (after.predicted_for - after.seeded_for) - (before.predicted_for - before.seeded_for);
+    ASSERT_GT(denom, 0);
+    EXPECT_DOUBLE_EQ(o.final.hit_rate, static_cast<double>(hits) / denom) << "request " << i;
+  }
+}
+
 TEST_F(SchedulerTest, ResumedRequestContinuesWithoutRepeats) {
   engine::EngineOptions eo{.threads = 2};
   auto eng = engine::Engine::Create(*model_, eo);
