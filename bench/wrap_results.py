@@ -211,10 +211,12 @@ def main():
     ap.add_argument("--preset", required=True)
     ap.add_argument("--raw", required=True)
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--command", default="", help="the command line that produced the results")
+    ap.add_argument("--model", default="", help="the model file the benchmark ran")
     a = ap.parse_args()
     with open(a.raw) as f:
         results = json.load(f)
-    doc = {"benchmark": a.name, "preset": a.preset, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    doc = {"benchmark": a.name, "preset": a.preset, "command": a.command, "model_file": a.model, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "git_sha": git_sha(), "machine": machine(), "results": results}
     out = os.path.join(a.out_dir, a.name + ".json")
     tmp = out + ".tmp"
