@@ -17,9 +17,13 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       options_(options),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
+      shortlist_(model.config.n_vocab),
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)),
       plan_(model, options.mode, options.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
+  if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
+    shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
+  }
   if (options_.device_memory_bytes < 0) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options_.device_memory_bytes));
@@ -134,7 +138,8 @@ void Engine::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> toke
   oracle_[seq] = {first_pos, std::move(tokens)};
 }
 
-int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits) {
+int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden,
+                                 int32_t fallback) {
   const int64_t V = model_.config.n_vocab;
   switch (options_.sparse.predictor) {
     case Predictor::kRandomToken:
@@ -146,16 +151,22 @@ int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits) 
         const int64_t i = pos - o.first_pos;
         if (i >= 0 && i < static_cast<int64_t>(o.tokens.size())) return o.tokens[i];
       }
-      return Argmax(logits, V);  // past the replay: fall back to the prediction
+      break;  // past the replay: fall back to the prediction
     default:
-      return Argmax(logits, V);
+      break;
   }
+  if (hidden != nullptr) {
+    const int32_t t = shortlist_.Argmax(seq, model_, hidden, pool_);
+    return t >= 0 ? t : fallback;
+  }
+  return Argmax(logits, V);
 }
 
 void Engine::Release(int32_t seq) {
   if (seq >= 0 && seq < static_cast<int32_t>(oracle_.size())) oracle_[seq] = Oracle();
   kv_->Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  shortlist_.Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
 }
 
@@ -189,6 +200,7 @@ absl::Status Engine::Fork(int32_t src, int32_t dst) {
   const int32_t hi = std::max(src, dst);
   if (hi >= static_cast<int32_t>(spec_.size())) spec_.resize(hi + 1, -1);
   spec_[dst] = spec_[src];
+  if (UsesShortlist()) shortlist_.Copy(src, dst);
   return absl::OkStatus();
 }
 
@@ -253,6 +265,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     const int64_t e = std::min(n, b + options_.prefill_chunk);
     rows.clear();
     for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
+    NoteTokens(seq, tokens.subspan(b, e - b));
     absl::Status st = transformer_.Forward(rows, *kv_, &chunk_logits);
     if (!st.ok()) {
       Release(seq);
@@ -296,6 +309,7 @@ int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int
     return 0;
   }
   prefix_reused_tokens_ += match->blocks * B;
+  NoteTokens(seq, tokens.first(match->blocks * B));
   return match->blocks * B;
 }
 
@@ -388,6 +402,7 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
                                                      kv_->Length(p.seq), " tokens cached)"));
     }
     for (int64_t pos = p.begin; pos < p.end; ++pos) rows.push_back({p.seq, pos, p.prompt[pos], pos == n - 1});
+    NoteTokens(p.seq, p.prompt.subspan(p.begin, p.end - p.begin));
     if (p.end == n) owner.push_back(i);
   }
   std::vector<float> logits;
@@ -430,6 +445,11 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   // Dual-token step (DESIGN §5.3). Sequences without a speculative token first get one from
   // the pre-decoding step: their real token run alone as an uncommitted row.
   const int64_t V = model_.config.n_vocab;
+  const int64_t d = model_.config.n_embd;
+  for (const BatchRow& r : rows) NoteTokens(r.seq, {&r.token, 1});
+  // With the context head, speculative rows skip the LM head and come back as hidden states.
+  std::vector<float> hidden;
+  std::vector<float>* hidden_out = UsesShortlist() ? &hidden : nullptr;
   std::vector<BatchRow> pre;
   for (const BatchRow& r : rows) {
     if (r.seq >= static_cast<int32_t>(spec_.size())) spec_.resize(r.seq + 1, -1);
@@ -437,8 +457,11 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   }
   std::vector<float> out;
   if (!pre.empty()) {
-    RETURN_IF_ERROR(transformer_.Forward(pre, *kv_, &out));
-    for (size_t i = 0; i < pre.size(); ++i) spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, &out[i * V]);
+    RETURN_IF_ERROR(transformer_.Forward(pre, *kv_, &out, hidden_out));
+    for (size_t i = 0; i < pre.size(); ++i) {
+      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? nullptr : &out[i * V],
+                                           hidden_out ? &hidden[i * d] : nullptr, pre[i].token);
+    }
   }
   std::vector<BatchRow> dual;
   std::vector<bool> has_spec;
@@ -448,16 +471,20 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     has_spec.push_back(spec);
     if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
   }
-  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out));
+  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out, hidden_out));
   logits->resize(rows.size() * V);
-  size_t o = 0;
+  size_t o = 0, h = 0;  // rows of `out` and of `hidden` consumed
   for (size_t i = 0; i < rows.size(); ++i) {
     std::copy(out.begin() + o * V, out.begin() + (o + 1) * V, logits->begin() + i * V);
     ++o;
     if (has_spec[i]) {
       // The next step's speculative token, for position pos + 2.
-      spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, &out[o * V]);
-      ++o;
+      const int32_t fallback = rows[i].token;  // only if the shortlist were empty
+      if (hidden_out != nullptr) {
+        spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, nullptr, &hidden[h++ * d], fallback);
+      } else {
+        spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, &out[o++ * V], nullptr, fallback);
+      }
     }
   }
   return absl::OkStatus();

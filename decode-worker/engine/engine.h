@@ -19,6 +19,7 @@
 #include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
+#include "decode-worker/engine/spec_head.h"
 #include "decode-worker/engine/text_stream.h"
 #include "decode-worker/model/transformer.h"
 #include "decode-worker/model/weights.h"
@@ -49,6 +50,11 @@ struct EngineOptions {
   // request's projected footprint (MemoryPlan) must fit, else admission is refused.
   int64_t device_memory_bytes = 0;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
+  // dualdecoder: the speculative row's LM head (spec_head.h). kContext scores only the
+  // sequence's own tokens; kFull the whole vocabulary.
+  SpecHead spec_head = SpecHead::kContext;
+  // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
+  int64_t spec_head_common = 4096;
 };
 
 struct GenerateOptions {
@@ -188,9 +194,18 @@ class Engine {
   // `commit_prefix`.
   absl::Status ForwardPieces(absl::Span<const PrefillPiece> pieces, bool commit_prefix,
                              std::vector<std::vector<float>>* last_logits);
-  // The token fed to the speculative row at position `pos` (predictor: argmax of `logits`,
-  // a random token or the oracle's).
-  int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits);
+  // The token fed to the speculative row at position `pos` (predictor: the speculative head's
+  // best — argmax of `logits`, or of the context shortlist given the row's final `hidden`
+  // state — a random token or the oracle's). `fallback` when the shortlist is empty.
+  int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden, int32_t fallback);
+  bool UsesShortlist() const {
+    return options_.mode == DecodeMode::kDualDecoder && options_.spec_head == SpecHead::kContext;
+  }
+  // Adds tokens the slot has consumed to its shortlist (kContext only).
+  void NoteTokens(int32_t seq, absl::Span<const int32_t> tokens) {
+    if (UsesShortlist()) shortlist_.Note(seq, tokens);
+  }
+  ContextShortlist shortlist_;
   struct Oracle {
     int64_t first_pos = 0;
     std::vector<int32_t> tokens;

@@ -2,7 +2,11 @@
 // global; fetched by scripts/fetch-model). They skip when the model is absent unless
 // DD_REQUIRE_MODEL=1 (as in CI), where absence is a failure. Logits against the independent
 // numpy reference are in tests/reference; tokenization against Hugging Face `tokenizers` there too.
+#include <algorithm>
 #include <cstring>
+
+#include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/spec_head.h"
 
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -91,6 +95,50 @@ TEST_F(SmolLM2EngineTest, DecodeIsBatchInvariant) {
     t = Argmax(one.data(), V);
   }
   EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[4 * V], one.size() * 4));
+}
+
+// The context head: the shortlist holds each seen token once, in first-seen order, and its
+// argmax is the full LM head's argmax restricted to those tokens (the real logits of a prompt,
+// softcap-free on this model).
+TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
+  const int64_t V = model_->config.n_vocab, d = model_->config.n_embd;
+  const auto prompt = Encode("The cat sat on the mat. The dog sat on the log. The cat");
+  ContextShortlist list(V);
+  list.Note(3, prompt);
+  list.Note(3, {-1, static_cast<int32_t>(V)});  // outside the vocabulary: ignored
+  std::vector<int32_t> unique;
+  for (int32_t t : prompt) {
+    if (std::find(unique.begin(), unique.end(), t) == unique.end()) unique.push_back(t);
+  }
+  EXPECT_EQ(list.size(3), static_cast<int64_t>(unique.size()));
+  // The final hidden state of the last prompt row, and the full head's logits for it.
+  Engine engine(*model_, {.matmul = model::Transformer::MatMulKind::kF32});
+  auto logits = engine.PromptLogits(0, prompt, {static_cast<int64_t>(prompt.size()) - 1});
+  ASSERT_TRUE(logits.ok());
+  int32_t want = unique[0];
+  for (int32_t t : unique) {
+    if ((*logits)[t] > (*logits)[want]) want = t;
+  }
+  // Recover the hidden state by running the rows through a transformer with spec_hidden.
+  ThreadPool pool(1);
+  model::Transformer tf(*model_, pool, model::Transformer::MatMulKind::kF32);
+  DenseKvCache kv(model_->config, pool);
+  std::vector<model::BatchRow> rows;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    rows.push_back({0, static_cast<int64_t>(i), prompt[i], i + 1 == prompt.size(), i + 1 == prompt.size()});
+  }
+  std::vector<float> none, hidden;
+  ASSERT_TRUE(tf.Forward(rows, kv, &none, &hidden).ok());
+  ASSERT_EQ(static_cast<int64_t>(hidden.size()), d);
+  EXPECT_TRUE(none.empty());
+  ThreadPool two(2);
+  EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);
+  ContextShortlist copy = list;
+  copy.Copy(3, 5);
+  EXPECT_EQ(copy.Argmax(5, *model_, hidden.data(), two), want);
+  copy.Reset(3);
+  EXPECT_EQ(copy.size(3), 0);
+  EXPECT_EQ(copy.Argmax(3, *model_, hidden.data(), two), -1);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ void Transformer::RmsNormRows(const float* x, const std::vector<float>& w, int64
 }
 
 absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
-                                  std::vector<float>* logits) {
+                                  std::vector<float>* logits, std::vector<float>* spec_hidden) {
   const ModelConfig& c = model_.config;
   const ModelWeights& w = model_.weights;
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -127,8 +127,15 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
   }
 
   std::vector<int64_t> out_rows;
+  if (spec_hidden != nullptr) spec_hidden->clear();
   for (int64_t i = 0; i < n; ++i) {
-    if (rows[i].want_logits) out_rows.push_back(i);
+    if (!rows[i].want_logits) continue;
+    if (spec_hidden != nullptr && rows[i].speculative) {
+      spec_hidden->resize(spec_hidden->size() + d);
+      kernels::RmsNorm(&x_[i * d], w.output_norm.data(), c.norm_eps, d, spec_hidden->data() + spec_hidden->size() - d);
+      continue;
+    }
+    out_rows.push_back(i);
   }
   const int64_t m = static_cast<int64_t>(out_rows.size());
   for (int64_t j = 0; j < m; ++j) {

@@ -31,9 +31,13 @@ class Transformer {
   Transformer(const LoadedModel& model, ThreadPool& pool, MatMulKind kind = MatMulKind::kInt8);
 
   // logits (resized) receives n_vocab floats per row with want_logits, in row order.
+  // With `spec_hidden`, speculative rows with want_logits skip the LM head: spec_hidden
+  // (resized) gets their final normalized hidden state (n_embd floats each, in row order) and
+  // logits only the other rows' (the caller scores a shortlist; softcapping is monotonic, so
+  // it does not change an argmax).
   // InvalidArgument for a token id outside the vocabulary or a position past the context.
   absl::Status Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
-                       std::vector<float>* logits);
+                       std::vector<float>* logits, std::vector<float>* spec_hidden = nullptr);
 
   const ModelConfig& config() const { return model_.config; }
 

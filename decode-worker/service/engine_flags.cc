@@ -27,6 +27,11 @@ ABSL_FLAG(int64_t, prefix_block, 0,
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
+ABSL_FLAG(std::string, spec_head, "context",
+          "dualdecoder: the speculative row's LM head: context (score only the sequence's own tokens, cheap) or "
+          "full (the whole vocabulary); changes the hit rate, never the results");
+ABSL_FLAG(int64_t, spec_head_common, 4096,
+          "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
 ABSL_FLAG(int64_t, prefetch_buffers, 2,
           "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
 
@@ -81,6 +86,13 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   auto predictor = engine::ParsePredictor(absl::GetFlag(FLAGS_predictor));
   if (!predictor.ok()) return absl::InvalidArgumentError(absl::StrCat("--predictor: ", predictor.status().message()));
   o.sparse.predictor = *predictor;
+  auto spec_head = engine::ParseSpecHead(absl::GetFlag(FLAGS_spec_head));
+  if (!spec_head.ok()) return absl::InvalidArgumentError(absl::StrCat("--spec_head: ", spec_head.status().message()));
+  o.spec_head = *spec_head;
+  o.spec_head_common = absl::GetFlag(FLAGS_spec_head_common);
+  if (o.spec_head_common < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec_head_common must be >= 0, got ", o.spec_head_common));
+  }
   o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
   return o;
