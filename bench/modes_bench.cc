@@ -32,6 +32,8 @@ ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)"
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
+ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"context"}),
+          "dualdecoder runs, one per speculative head (context, full); full is labelled dualdecoder-fullhead");
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -42,6 +44,7 @@ using Totals = dd::engine::SparseKvCache::LayerStats;
 Totals Sum(const Engine& e) { return e.sparse_cache() ? e.sparse_cache()->total_stats() : Totals(); }
 
 struct RunSpec {
+  std::string label;  // the mode's name, or dualdecoder-fullhead
   DecodeMode mode;
   int64_t ctx, batch, budget_tokens, max_batch;
   std::string link;
@@ -82,7 +85,7 @@ absl::StatusOr<nlohmann::json> RunBatch(Engine& e, const RunSpec& r, int32_t t0,
   std::sort(step_ms.begin(), step_ms.end());
   const int64_t bb = e.sparse_cache() ? e.sparse_cache()->block_bytes() : 0;
   return nlohmann::json{
-      {"mode", std::string(dd::engine::DecodeModeName(r.mode))}, {"context", r.ctx}, {"batch", r.batch},
+      {"mode", r.label}, {"context", r.ctx}, {"batch", r.batch},
       {"link", r.link}, {"link_gbps", r.link_gbps}, {"budget_tokens", r.budget_tokens},
       {"tokens_per_s", r.batch * steps / (total_ms / 1000)}, {"step_ms_p50", step_ms[step_ms.size() / 2]},
       {"hit_rate", after.predicted_for > before.predicted_for
@@ -122,21 +125,36 @@ int main(int argc, char** argv) {
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
-    for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
+    struct Variant {
+      std::string label;
+      DecodeMode mode;
+      dd::engine::SpecHead head;
+    };
+    std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext},
+                                     {"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext}};
+    for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
+      auto head = dd::engine::ParseSpecHead(h);
+      if (!head.ok()) return fail(head.status());
+      variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
+                          DecodeMode::kDualDecoder, *head});
+    }
+    for (const Variant& variant : variants) {
+      const DecodeMode mode = variant.mode;
+      const std::string& label = variant.label;
       dd::engine::EngineOptions o;
       o.mode = mode;
+      o.spec_head = variant.head;
       o.sparse.budget_tokens = budget;
       o.device_memory_bytes = *device_memory;
       auto engine = Engine::Create(model, o);
       if (!engine.ok()) return fail(engine.status());
       Engine& e = **engine;
       const int64_t max_batch = e.memory_plan().MaxBatch(*device_memory, ctx, total);
-      max_batches.push_back({{"mode", std::string(dd::engine::DecodeModeName(mode))}, {"context", ctx},
+      max_batches.push_back({{"mode", label}, {"context", ctx},
                              {"max_batch", max_batch},
                              {"kv_bytes_per_request", e.memory_plan().Request(ctx, total).kv}});
       std::fprintf(stderr, "%-11s ctx %6lld: max batch %lld in %s (%s per request)\n",
-                   std::string(dd::engine::DecodeModeName(mode)).c_str(), static_cast<long long>(ctx),
-                   static_cast<long long>(max_batch), dd::engine::MiB(*device_memory).c_str(),
+                   label.c_str(), static_cast<long long>(ctx), static_cast<long long>(max_batch), dd::engine::MiB(*device_memory).c_str(),
                    dd::engine::MiB(e.memory_plan().Request(ctx, total).steady()).c_str());
       // Slot 0 is the prompt's source; it counts against the budget like one request.
       if (absl::Status st = e.Admit(0, ctx, total); !st.ok()) return fail(st);
@@ -162,17 +180,17 @@ int main(int argc, char** argv) {
           if (n >= 1 && std::find(batch_sizes.begin(), batch_sizes.end(), n) == batch_sizes.end()) batch_sizes.push_back(n);
         }
         for (int64_t b : batch_sizes) {
-          RunSpec spec{mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0};
+          RunSpec spec{label, mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0};
           auto r = RunBatch(e, spec, t0, steps);
           if (!r.ok()) {
             std::fprintf(stderr, "%-11s ctx %6lld batch %2lld: skipped: %s\n",
-                         std::string(dd::engine::DecodeModeName(mode)).c_str(), static_cast<long long>(ctx),
+                         label.c_str(), static_cast<long long>(ctx),
                          static_cast<long long>(b), std::string(r.status().message()).c_str());
             continue;
           }
           runs.push_back(*r);
           std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step\n",
-                       std::string(dd::engine::DecodeModeName(mode)).c_str(), static_cast<long long>(ctx),
+                       label.c_str(), static_cast<long long>(ctx),
                        static_cast<long long>(b), link.c_str(), (*r)["tokens_per_s"].get<double>(),
                        (*r)["step_ms_p50"].get<double>(), (*r)["hit_rate"].get<double>(),
                        (*r)["wait_ms_per_step"].get<double>());

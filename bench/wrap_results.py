@@ -101,12 +101,24 @@ def summary_modes(doc, out_dir):
     if rows:
         lines += ["", "| context | batch | dualdecoder / sparse (pcie5) | dualdecoder pcie5 / inmem |",
                   "|---:|---:|---:|---:|"] + [x for x in rows if x]
+    # The speculative row's cost: a dual-token step's p50 over a sparse step's, infinite link.
+    p50 = {(x["mode"], x["context"], x["batch"], x["link"]): x["step_ms_p50"] for x in runs}
+    duals = [m for m in ("dualdecoder", "dualdecoder-fullhead") if any(x["mode"] == m for x in runs)]
+    cost = []
+    for (mode, ctx, b, link), v in sorted(p50.items()):
+        sp = p50.get(("sparse", ctx, b, link))
+        if mode == duals[0] and link == "inmem" and sp:
+            cells = [f"{p50[(m, ctx, b, link)] / sp:.2f}×" if (m, ctx, b, link) in p50 else "–" for m in duals]
+            cost.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
+    if duals and cost:
+        lines += ["", "Dual-token step time over a sparse step (p50, infinite link; target ≤ 1.2×):", "",
+                  "| context | batch | " + " | ".join(duals) + " |", "|---:|---:|" + "---:|" * len(duals)] + cost
     lines.append("")
     def draw(plt):
         ctxs = sorted({x["context"] for x in runs})
         fig, axes = plt.subplots(1, len(ctxs), figsize=(5 * len(ctxs), 4), squeeze=False)
         for ax, ctx in zip(axes[0], ctxs):
-            for mode in ("full", "sparse", "dualdecoder"):
+            for mode in ("full", "sparse", "dualdecoder", "dualdecoder-fullhead"):
                 for link in ("inmem", "pcie5"):
                     pts = sorted((x["batch"], x["tokens_per_s"]) for x in runs
                                  if x["mode"] == mode and x["link"] == link and x["context"] == ctx)

@@ -30,5 +30,15 @@ def model_path(name_or_path=None) -> Path:
     return Path(choice)
 
 
+def short_name(name_or_path=None) -> str:
+    """The known short name of the resolved model ("gemma", "smollm2"), else the file's stem in
+    lower case: a label for results files."""
+    path = model_path(name_or_path)
+    for name, file in MODELS.items():
+        if path.name == file:
+            return name
+    return path.name.split(".")[0].lower()
+
+
 if __name__ == "__main__":
     print(model_path(sys.argv[1] if len(sys.argv) > 1 else None))

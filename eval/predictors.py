@@ -3,7 +3,9 @@
 greedy dualdecoder generations of --steps tokens, once per predictor — the shipped
 speculative token, "reuse the previous step's selection", their union at the same transfer
 budget, a random token, and the oracle token (the true next token, replaying the speculative
-run's output). Tokens are identical across predictors (checked); only hits change. Reports
+run's output); "speculative" uses the shipped context head (the speculative row scores only the
+sequence's own tokens), "speculative-fullhead" the whole LM head. Tokens are identical across
+predictors (checked); only hits change. Reports
 the hit rate |P' ∩ S| / |S| without the pre-decoded first step (which is a hit by
 construction), per layer, per context, through the public CLI.
 
@@ -24,10 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
+import models  # noqa: E402
 import tasks  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import wrap_results  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-PREDICTORS = ["speculative", "previous", "union", "random", "oracle"]
+PREDICTORS = ["speculative", "speculative-fullhead", "previous", "union", "random", "oracle"]
+# ddctl flags per predictor name (the others are --predictor NAME with the default head).
+PREDICTOR_FLAGS = {"speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"]}
 TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GFDL-1.3",
          "/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/MPL-2.0"]
 
@@ -53,7 +61,7 @@ def measure(eng, contexts, steps, budget):
     for ci, (labels, prompt) in enumerate(contexts):
         base = None
         for pi, pred in enumerate(PREDICTORS):
-            extra = ["--ignore_eos", "--predictor", pred]
+            extra = ["--ignore_eos"] + PREDICTOR_FLAGS.get(pred, ["--predictor", pred])
             if pred == "oracle":
                 extra += ["--oracle_tokens", ",".join(map(str, base["tokens"]))]
             j = eng.generate(prompt, "dualdecoder", budget, steps, stop="", extra=extra)
@@ -116,18 +124,26 @@ def main():
         write(a, runs, seconds)
 
 
+def results_name(a, base):
+    """base, or base-<model> for a model other than the default (eval-predictors-smollm2)."""
+    return base if models.short_name(a.model) == "gemma" else f"{base}-{models.short_name(a.model)}"
+
+
 def save_json(a, name, runs, seconds):
     """Writes <out-dir>/<name>.json and returns the output folder."""
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    doc = {"benchmark": name, "command": " ".join(["python3", "eval/predictors.py"] + sys.argv[1:]),
+           "preset": "full" if a.full else "quick", "model_file": str(models.model_path(a.model)),
+           "git_sha": wrap_results.git_sha(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "budget_tokens": a.budget, "steps": a.steps, "seconds": seconds, "runs": runs}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
     return out
 
 
 def write_families(a, runs, seconds):
-    out = save_json(a, "eval-predictors-families", runs, seconds)
+    name = results_name(a, "eval-predictors-families")
+    out = save_json(a, name, runs, seconds)
     families = [f for f in tasks.FAMILIES if any(r["family"] == f for r in runs)]
     lengths = sorted({r["context"] for r in runs})
 
@@ -163,15 +179,18 @@ def write_families(a, runs, seconds):
            "`Question: … Answer: …` pair, a repeated list), which a speculative token predicts almost perfectly, so "
            "these contexts flatter every token-based predictor (speculative ≈ oracle). Free-running continuation of "
            "natural text is the harder case: eval-predictors.md (`python3 eval/predictors.py --quick`)."]
-    (out / "eval-predictors-families.md").write_text("\n".join(md) + "\n")
-    print(f"predictors: wrote {out / 'eval-predictors-families.json'} ({seconds / 60:.1f} min)", file=sys.stderr)
+    (out / f"{name}.md").write_text("\n".join(md) + "\n")
+    print(f"predictors: wrote {out / (name + '.json')} ({seconds / 60:.1f} min)", file=sys.stderr)
 
 
 def write(a, runs, seconds):
-    out = save_json(a, "eval-predictors", runs, seconds)
+    name = results_name(a, "eval-predictors")
+    out = save_json(a, name, runs, seconds)
     lengths = sorted({r["context"] for r in runs})
     mean = {p: sum(r["hit_rate"] for r in runs if r["predictor"] == p) / len(lengths) for p in PREDICTORS}
     md = [f"# Next-step prediction accuracy per predictor (budget {a.budget}, {a.steps} tokens)", "",
+          f"Model {models.model_path(a.model).name}, git {wrap_results.git_sha()[:12]}, command "
+          f"`{' '.join(['python3', 'eval/predictors.py'] + sys.argv[1:])}`.", "",
           "Hit rate |P' ∩ S| / |S| of the dualdecoder prefetch, averaged over the sparse layers, without the "
           "first decode step (pre-decoding makes it a hit by construction). Greedy generation on the Debian "
           "license texts; tokens are identical for every predictor "
@@ -183,7 +202,8 @@ def write(a, runs, seconds):
         md.append(f"| {p} | " + " | ".join(f"{c:.1%}" for c in cells) + f" | {mean[p]:.1%} |")
     gain = mean["speculative"] - mean["previous"]
     md += ["", f"The speculative token adds {gain * 100:+.1f} points over reusing the previous step's selection "
-           f"({mean['speculative']:.1%} vs {mean['previous']:.1%}); the union at the same budget gets "
+           f"({mean['speculative']:.1%} vs {mean['previous']:.1%}); with the whole LM head instead of the context "
+           f"head it gets {mean['speculative-fullhead']:.1%}; the union at the same budget gets "
            f"{mean['union']:.1%}; an oracle token {mean['oracle']:.1%}; a random token {mean['random']:.1%}."]
     if gain < 0.01:
         md.append("Reusing the previous selection does as well as the speculative token here.")
@@ -203,12 +223,12 @@ def write(a, runs, seconds):
         ax.set_title(f"Prediction hit rate per layer, {longest}-token context")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out / "eval-predictors.png", dpi=100)
-        md.append("![hit rate per layer](eval-predictors.png)")
+        fig.savefig(out / f"{name}.png", dpi=100)
+        md.append(f"![hit rate per layer]({name}.png)")
     except ImportError:
         pass
-    (out / "eval-predictors.md").write_text("\n".join(md) + "\n")
-    print(f"predictors: wrote {out / 'eval-predictors.json'} ({seconds / 60:.1f} min)", file=sys.stderr)
+    (out / f"{name}.md").write_text("\n".join(md) + "\n")
+    print(f"predictors: wrote {out / (name + '.json')} ({seconds / 60:.1f} min)", file=sys.stderr)
 
 
 if __name__ == "__main__":
