@@ -20,13 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "eval"))
+import haystack  # noqa: E402
 import models  # noqa: E402
 import wrap_results  # noqa: E402
 
 
 def llamacpp_run(model, lengths, steps, threads):
     from llama_cpp import Llama
-    text = Path("/usr/share/common-licenses/GPL-3").read_text()
+    text = Path(haystack.license_path("GPL-3")).read_text()
     out = {"prefill": [], "decode": []}
     for n in lengths:
         llm = Llama(model_path=model, n_ctx=n + steps + 8, n_threads=threads, n_threads_batch=threads,

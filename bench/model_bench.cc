@@ -85,34 +85,18 @@ int main(int argc, char** argv) {
     }
     const int32_t first = dd::engine::Argmax(r->data(), model.config.n_vocab);
     for (int64_t b : Ints(absl::GetFlag(FLAGS_batches))) {
-      std::vector<int32_t> seqs, tokens;
-      for (int64_t s = 0; s < b; ++s) {
-        if (auto fs = engine.Fork(0, static_cast<int32_t>(s + 1)); !fs.ok()) {
-          std::cerr << "fork: " << fs.message() << "\n";
-          return 1;
-        }
-        seqs.push_back(static_cast<int32_t>(s + 1));
-        tokens.push_back(first);
-      }
-      std::vector<float> logits;
-      // One warm-up step, then the timed steps.
-      auto st = engine.DecodeStep(seqs, tokens, &logits);
-      const auto t0 = Clock::now();
-      for (int i = 0; i < steps && st.ok(); ++i) {
-        for (int64_t s = 0; s < b; ++s) tokens[s] = dd::engine::Argmax(&logits[s * model.config.n_vocab], model.config.n_vocab);
-        st = engine.DecodeStep(seqs, tokens, &logits);
-      }
-      const auto t1 = Clock::now();
-      if (!st.ok()) {
+      std::vector<double> step_ms;
+      if (absl::Status st = dd::bench::TimedDecode(engine, b, first, steps, &step_ms); !st.ok()) {
         std::cerr << "decode: " << st.message() << "\n";
         return 1;
       }
-      const double tps = b * steps / Seconds(t0, t1);
+      double seconds = 0;
+      for (double ms : step_ms) seconds += ms / 1000;
+      const double tps = b * steps / seconds;
       result["decode"].push_back({{"context", ctx}, {"batch", b}, {"steps", steps},
-                                  {"step_ms", 1000 * Seconds(t0, t1) / steps}, {"tokens_per_s", tps}});
+                                  {"step_ms", 1000 * seconds / steps}, {"tokens_per_s", tps}});
       std::fprintf(stderr, "decode ctx %6lld batch %2lld: %8.2f tokens/s (%.1f ms/step)\n",
-                   static_cast<long long>(ctx), static_cast<long long>(b), tps, 1000 * Seconds(t0, t1) / steps);
-      for (int32_t s : seqs) engine.Release(s);
+                   static_cast<long long>(ctx), static_cast<long long>(b), tps, 1000 * seconds / steps);
     }
     engine.Release(0);
   }

@@ -11,8 +11,10 @@
 // docs/decisions.md); `inmem` is an infinitely fast link.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "absl/flags/flag.h"
@@ -20,6 +22,7 @@
 #include "bench/bench_util.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/engine.h"
+#include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "", "Model path");
@@ -32,8 +35,12 @@ ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)"
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
+ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
+          "Where sparse modes keep offloaded KV: inproc (with the inmem and pcie5 link models), shm, ucx-tcp, "
+          "ucx-sm (a real dd-kv-pool started by the benchmark; the transport itself is the link)");
 ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"context"}),
-          "dualdecoder runs, one per speculative head (context, full); full is labelled dualdecoder-fullhead");
+          "dualdecoder runs, one per speculative head (context, full; full is labelled dualdecoder-fullhead); "
+          "pool stores run the first only");
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -54,32 +61,21 @@ struct RunSpec {
 // Forks slot 0 into slots 1..batch, runs one warm-up and `steps` timed decode steps, releases
 // them. Returns the run's JSON record, or an error.
 absl::StatusOr<nlohmann::json> RunBatch(Engine& e, const RunSpec& r, int32_t t0, int steps) {
-  const int64_t V = e.config().n_vocab;
   const int64_t base_bytes = e.kv_bytes();
-  std::vector<int32_t> seqs, tokens;
-  for (int64_t s = 0; s < r.batch; ++s) {
-    if (absl::Status st = e.Fork(0, static_cast<int32_t>(s + 1)); !st.ok()) {
-      for (int32_t q : seqs) e.Release(q);
-      return dd::Annotate(st, absl::StrCat("fork ", s + 1, " of ", r.batch));
-    }
-    seqs.push_back(static_cast<int32_t>(s + 1));
-    tokens.push_back(t0);
-  }
-  std::vector<float> logits;
-  absl::Status st = e.DecodeStep(seqs, tokens, &logits);  // warm-up
-  const Totals before = Sum(e);
-  const int64_t wait0 = e.transfer_wait_ns();
+  Totals before, after;
+  int64_t wait0 = 0;
+  double dev_per_req = 0;
   std::vector<double> step_ms;
-  for (int i = 0; i < steps && st.ok(); ++i) {
-    for (int64_t s = 0; s < r.batch; ++s) tokens[s] = dd::engine::Argmax(&logits[s * V], V);
-    const auto a = Clock::now();
-    st = e.DecodeStep(seqs, tokens, &logits);
-    step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
-  }
-  const Totals after = Sum(e);
-  const double dev_per_req = static_cast<double>(e.kv_bytes() - base_bytes) / r.batch;
-  for (int32_t q : seqs) e.Release(q);
-  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(dd::bench::TimedDecode(
+      e, r.batch, t0, steps, &step_ms,
+      [&] {
+        before = Sum(e);
+        wait0 = e.transfer_wait_ns();
+      },
+      [&] {
+        after = Sum(e);
+        dev_per_req = static_cast<double>(e.kv_bytes() - base_bytes) / r.batch;
+      }));
   double total_ms = 0;
   for (double x : step_ms) total_ms += x;
   std::sort(step_ms.begin(), step_ms.end());
@@ -122,6 +118,7 @@ int main(int argc, char** argv) {
     std::cerr << "modes_bench: " << st.message() << "\n";
     return 1;
   };
+  std::unique_ptr<dd::kvpool::testing_util::PoolProcess> pool;  // started for the first pool store
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
@@ -129,14 +126,23 @@ int main(int argc, char** argv) {
       std::string label;
       DecodeMode mode;
       dd::engine::SpecHead head;
+      std::string store;  // inproc, shm, ucx-tcp, ucx-sm
     };
-    std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext},
-                                     {"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext}};
-    for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
-      auto head = dd::engine::ParseSpecHead(h);
-      if (!head.ok()) return fail(head.status());
-      variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
-                          DecodeMode::kDualDecoder, *head});
+    std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
+    for (const std::string& store : absl::GetFlag(FLAGS_stores)) {
+      if (store != "inproc" && store != "shm" && store != "ucx-tcp" && store != "ucx-sm") {
+        return fail(absl::InvalidArgumentError(absl::StrCat("--stores: unknown store '", store,
+                                                            "' (inproc, shm, ucx-tcp, ucx-sm)")));
+      }
+      variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store});
+      // Every head on the in-process store; a pool store runs the first head only (CPU time).
+      for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
+        auto head = dd::engine::ParseSpecHead(h);
+        if (!head.ok()) return fail(head.status());
+        variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
+                            DecodeMode::kDualDecoder, *head, store});
+        if (store != "inproc") break;
+      }
     }
     for (const Variant& variant : variants) {
       const DecodeMode mode = variant.mode;
@@ -144,6 +150,15 @@ int main(int argc, char** argv) {
       dd::engine::EngineOptions o;
       o.mode = mode;
       o.spec_head = variant.head;
+      if (variant.store != "inproc") {
+        if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
+        if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
+        // UCX reads UCX_TLS when the engine's pool client creates its context.
+        if (variant.store == "ucx-tcp") setenv("UCX_TLS", "tcp", 1);
+        if (variant.store == "ucx-sm") setenv("UCX_TLS", "sm,self", 1);
+        o.kv_store = (variant.store == "shm" ? "shm://" : "ucx://") + pool->address();
+        o.kv_store_token = dd::kvpool::testing_util::kAlice;
+      }
       o.sparse.budget_tokens = budget;
       o.device_memory_bytes = *device_memory;
       auto engine = Engine::Create(model, o);
@@ -167,8 +182,9 @@ int main(int argc, char** argv) {
         return fail(st);
       }
       t0 = dd::engine::Argmax(step_logits.data(), V);
-      std::vector<std::string> links = {"inmem"};
-      if (mode != DecodeMode::kFull) links.push_back("pcie5");
+      // inproc: the link models; a pool store: the real transport, labelled by its name.
+      std::vector<std::string> links = {variant.store == "inproc" ? "inmem" : variant.store};
+      if (mode != DecodeMode::kFull && variant.store == "inproc") links.push_back("pcie5");
       for (const std::string& link : links) {
         dd::kvpool::LinkModel lm;
         if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
@@ -194,8 +210,10 @@ int main(int argc, char** argv) {
                        static_cast<long long>(b), link.c_str(), (*r)["tokens_per_s"].get<double>(),
                        (*r)["step_ms_p50"].get<double>(), (*r)["hit_rate"].get<double>(),
                        (*r)["wait_ms_per_step"].get<double>());
-          if (mode == DecodeMode::kFull && b == 1 && pcie_gbps == 0) {
-            // Calibrate the pcie5 link: one sparse layer's budget for one request per layer-time.
+          if (mode == DecodeMode::kSparse && link == "inmem" && b == 1 && pcie_gbps == 0) {
+            // Calibrate the pcie5 link: one sparse layer's budget for one request moves in the time
+            // a sparse step spends per layer (so prefetch can just hide a layer's fetch behind a
+            // layer's compute; docs/decisions.md).
             const double layer_ms = (*r)["step_ms_p50"].get<double>() / model.config.n_layer;
             const double bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 *
                                  model.config.head_dim * 4;

@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "eval"))
+import haystack  # noqa: E402
 import models  # noqa: E402
 
 TOKEN = "prefix-bench-token-0123456789"
@@ -32,7 +33,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--bin", default=str(ROOT / "build" / "bin"))
     ap.add_argument("--model", help="model file or short name gemma|smollm2 (default $DD_MODEL, else gemma)")
-    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--text", default=haystack.license_path("GPL-3"))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--mode", default="dualdecoder")

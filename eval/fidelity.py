@@ -17,11 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
+import haystack  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GFDL-1.3",
-         "/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/MPL-2.0",
-         "/usr/share/common-licenses/LGPL-2.1", "/usr/share/common-licenses/GPL-2"]
+TEXTS = list(haystack.NATURAL_TEXTS)
 
 
 def main():

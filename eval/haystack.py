@@ -15,6 +15,14 @@ HAYSTACK_FILES = (
 )
 
 
+# The license texts whole, for natural-text prompts (predictors, fidelity, benchmarks).
+def license_path(name):
+    return os.path.join(LICENSE_DIR, name)
+
+
+NATURAL_TEXTS = tuple(license_path(n) for n in ("GPL-3", "GFDL-1.3", "Apache-2.0", "MPL-2.0", "LGPL-2.1", "GPL-2"))
+
+
 class HaystackMissing(Exception):
     """A haystack source file is absent or unreadable."""
 

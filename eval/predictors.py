@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
+import haystack  # noqa: E402
 import models  # noqa: E402
 import tasks  # noqa: E402
 
@@ -36,8 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREDICTORS = ["speculative", "speculative-fullhead", "previous", "union", "random", "oracle"]
 # ddctl flags per predictor name (the others are --predictor NAME with the default head).
 PREDICTOR_FLAGS = {"speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"]}
-TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GFDL-1.3",
-         "/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/MPL-2.0"]
+TEXTS = list(haystack.NATURAL_TEXTS[:4])
 
 
 def prompt_of(eng, length):

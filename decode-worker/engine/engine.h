@@ -1,4 +1,7 @@
-// The CPU decode engine in `full` mode: sequences in slots, chunked prefill, batched decode.
+// The CPU decode engine: sequences in slots, chunked prefill, batched decode, in one of three
+// modes (DESIGN §5): `full` (dense KV), `sparse` (top-k chunks fetched on demand from a KV
+// store) and `dualdecoder` (sparse plus a speculative row per request that predicts the next
+// step's chunks, prefetched in the background; real rows bit-identical to `sparse`).
 //
 // Prefill runs a prompt in chunks of `prefill_chunk` tokens; DecodeStep advances several
 // sequences by one token in one batched forward (continuous batching builds on this).
@@ -54,7 +57,7 @@ struct EngineOptions {
   // sequence's own tokens; kFull the whole vocabulary.
   SpecHead spec_head = SpecHead::kContext;
   // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
-  int64_t spec_head_common = 4096;
+  int64_t spec_head_common = 0;
 };
 
 struct GenerateOptions {

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,15 @@
 namespace dd::engine::testing_util {
 
 inline std::string RealModelPath(const char* name) { return *model::KnownModelPath(name); }
+
+// Long natural English every Debian machine has (package base-files): the GPL-3 text.
+inline std::string LicenseText() {
+  std::ifstream f("/usr/share/common-licenses/GPL-3");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_GT(ss.str().size(), 30000u) << "/usr/share/common-licenses/GPL-3 is missing or short";
+  return ss.str();
+}
 inline std::string GemmaPath() { return RealModelPath("gemma"); }
 
 template <const char* kName>

@@ -2,8 +2,6 @@
 // admission against --device-memory, on the real Gemma 3 270M.
 #include "decode-worker/engine/memory_plan.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -17,10 +15,7 @@ using testing_util::GemmaTest;
 class MemoryPlanTest : public GemmaTest {
  protected:
   std::vector<int32_t> Prompt(size_t n) {
-    std::ifstream f("/usr/share/common-licenses/GPL-3");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::vector<int32_t> ids = Encode(ss.str());
+    std::vector<int32_t> ids = Encode(testing_util::LicenseText());
     EXPECT_GE(ids.size(), n);
     ids.resize(n);
     return ids;

@@ -4,8 +4,6 @@
 #include "decode-worker/engine/prefix_reuse.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -22,10 +20,7 @@ using testing_util::GemmaTest;
 class PrefixReuseTest : public GemmaTest {
  protected:
   std::vector<int32_t> Text(size_t from, size_t n) {
-    std::ifstream f("/usr/share/common-licenses/GPL-3");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::vector<int32_t> ids = Encode(ss.str());
+    std::vector<int32_t> ids = Encode(testing_util::LicenseText());
     return std::vector<int32_t>(ids.begin() + from, ids.begin() + from + n);
   }
   static EngineOptions Options(DecodeMode mode, const std::string& store, int64_t block) {

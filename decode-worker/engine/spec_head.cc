@@ -86,9 +86,7 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
     std::vector<float> row(d);
     for (int64_t i = b; i < e; ++i) {
       kernels::DequantizeRow(out.type, out.data + ids[i] * out.row_bytes, row.data(), d);
-      float acc = 0.0f;
-      for (int64_t j = 0; j < d; ++j) acc += row[j] * hidden[j];
-      score[i] = acc;
+      score[i] = kernels::Dot(row.data(), hidden, d);
     }
   };
   // About 1 µs per row: split only when there are enough rows to pay for the wake-ups.

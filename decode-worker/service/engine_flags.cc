@@ -30,7 +30,7 @@ ABSL_FLAG(std::string, predictor, "speculative",
 ABSL_FLAG(std::string, spec_head, "context",
           "dualdecoder: the speculative row's LM head: context (score only the sequence's own tokens, cheap) or "
           "full (the whole vocabulary); changes the hit rate, never the results");
-ABSL_FLAG(int64_t, spec_head_common, 4096,
+ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
 ABSL_FLAG(int64_t, prefetch_buffers, 2,
           "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
