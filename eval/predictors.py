@@ -108,8 +108,11 @@ def main():
             sys.exit(f"predictors: haystack text {p} is missing (Debian package base-files)")
     try:
         eng = Ddctl(a.ddctl, a.model)
-        if max(lengths) + a.steps > eng.context_length():
-            sys.exit(f"predictors: {max(lengths)} + {a.steps} tokens exceed the model context {eng.context_length()}")
+        # A model with a shorter context (SmolLM2: 8192) is measured just below its limit.
+        limit = eng.context_length() - a.steps - 8
+        if min(lengths) > limit:
+            sys.exit(f"predictors: {min(lengths)} + {a.steps} tokens exceed the model context {eng.context_length()}")
+        lengths = sorted({min(n, limit) for n in lengths})
         if a.families:
             task_list = tasks.generate(tasks.FAMILIES, lengths, 1, 0, eng.count_tokens)
             contexts = [({"family": t.family, "context": t.length}, t.prompt) for t in task_list]
