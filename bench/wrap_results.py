@@ -26,7 +26,9 @@ def machine():
 def git_sha():
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        # Results files written by earlier benchmarks of the same run do not make the code dirty.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!bench/results"],
+                               capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
