@@ -3,8 +3,8 @@
 greedy dualdecoder generations of --steps tokens, once per predictor — the shipped
 speculative token, "reuse the previous step's selection", their union at the same transfer
 budget, a random token, and the oracle token (the true next token, replaying the speculative
-run's output); "speculative" uses the shipped context head (the speculative row scores only the
-sequence's own tokens), "speculative-fullhead" the whole LM head. Tokens are identical across
+run's output); "speculative" uses the context head (the speculative row scores only the
+sequence's own tokens), "speculative-fullhead" the whole LM head (the engine's default). Tokens are identical across
 predictors (checked); only hits change. Reports
 the hit rate |P' ∩ S| / |S| without the pre-decoded first step (which is a hit by
 construction), per layer, per context, through the public CLI.
@@ -36,7 +36,8 @@ import wrap_results  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PREDICTORS = ["speculative", "speculative-fullhead", "previous", "union", "random", "oracle"]
 # ddctl flags per predictor name (the others are --predictor NAME with the default head).
-PREDICTOR_FLAGS = {"speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"]}
+PREDICTOR_FLAGS = {"speculative": ["--predictor", "speculative", "--spec_head", "context"],
+                   "speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"]}
 TEXTS = list(haystack.NATURAL_TEXTS[:4])
 
 

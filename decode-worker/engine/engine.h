@@ -53,9 +53,10 @@ struct EngineOptions {
   // request's projected footprint (MemoryPlan) must fit, else admission is refused.
   int64_t device_memory_bytes = 0;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
-  // dualdecoder: the speculative row's LM head (spec_head.h). kContext scores only the
-  // sequence's own tokens; kFull the whole vocabulary.
-  SpecHead spec_head = SpecHead::kContext;
+  // dualdecoder: the speculative row's LM head (spec_head.h). kFull: the whole vocabulary (the
+  // default: higher hit rate, bench/results/eval-predictors*.md); kContext: only the sequence's
+  // own tokens (cheaper where the head is compute bound).
+  SpecHead spec_head = SpecHead::kFull;
   // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
   int64_t spec_head_common = 0;
 };

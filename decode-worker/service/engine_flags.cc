@@ -27,9 +27,9 @@ ABSL_FLAG(int64_t, prefix_block, 0,
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
-ABSL_FLAG(std::string, spec_head, "context",
-          "dualdecoder: the speculative row's LM head: context (score only the sequence's own tokens, cheap) or "
-          "full (the whole vocabulary); changes the hit rate, never the results");
+ABSL_FLAG(std::string, spec_head, "full",
+          "dualdecoder: the speculative row's LM head: full (the whole vocabulary) or context (score only the "
+          "sequence's own tokens: cheaper, lower hit rate); changes the hit rate, never the results");
 ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
 ABSL_FLAG(int64_t, prefetch_buffers, 2,
