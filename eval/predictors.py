@@ -36,8 +36,11 @@ import wrap_results  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PREDICTORS = ["speculative", "speculative-fullhead", "previous", "union", "random", "oracle"]
 # ddctl flags per predictor name (the others are --predictor NAME with the default head).
+# The union mixes the speculative ranking in, so its head is pinned too: the context head, with
+# which the committed results were measured.
 PREDICTOR_FLAGS = {"speculative": ["--predictor", "speculative", "--spec_head", "context"],
-                   "speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"]}
+                   "speculative-fullhead": ["--predictor", "speculative", "--spec_head", "full"],
+                   "union": ["--predictor", "union", "--spec_head", "context"]}
 TEXTS = list(haystack.NATURAL_TEXTS[:4])
 
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
@@ -95,34 +96,12 @@ TEST_F(GemmaEngineTest, DecodeAfterLongPrefillMatchesPrefill) {
 
 // DESIGN §5: a request alone and the same request in a batch of 8 give identical logits.
 TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
-  const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,",
-                                            "def main():", "Water boils at", "The quick brown fox",
-                                            "In 1969, the first", "Roses are red,"};
-  Engine batched(*model_, {});
-  std::vector<int32_t> seqs, tokens;
-  for (int s = 0; s < 8; ++s) {
-    auto l = batched.Prefill(s, Encode(prompts[s]));
-    ASSERT_TRUE(l.ok());
-    seqs.push_back(s);
-    tokens.push_back(Argmax(l->data(), model_->config.n_vocab));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : {"The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def main():", "Water boils at",
+                        "The quick brown fox", "In 1969, the first", "Roses are red,"}) {
+    prompts.push_back(Encode(p));
   }
-  std::vector<float> batch_logits;
-  for (int step = 0; step < 3; ++step) {
-    ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
-    for (int s = 0; s < 8; ++s) tokens[s] = Argmax(&batch_logits[s * model_->config.n_vocab], model_->config.n_vocab);
-  }
-  // Replay request 5 alone, with a different thread count.
-  Engine alone(*model_, {.threads = 1});
-  auto l = alone.Prefill(0, Encode(prompts[5]));
-  ASSERT_TRUE(l.ok());
-  int32_t t = Argmax(l->data(), model_->config.n_vocab);
-  std::vector<float> one;
-  for (int step = 0; step < 3; ++step) {
-    const int32_t seq0 = 0;
-    ASSERT_TRUE(alone.DecodeStep({&seq0, 1}, {&t, 1}, &one).ok());
-    t = Argmax(one.data(), model_->config.n_vocab);
-  }
-  EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[5 * model_->config.n_vocab], one.size() * 4));
+  testing_util::ExpectDecodeBatchInvariant(*model_, prompts, 5);
 }
 
 // Several prompts prefilled in shared forward passes give the logits of separate prefills.

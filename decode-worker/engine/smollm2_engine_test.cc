@@ -9,6 +9,7 @@
 #include "decode-worker/engine/spec_head.h"
 
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
@@ -68,33 +69,12 @@ TEST_F(SmolLM2EngineTest, GreedyChatAnswers) {
 // DESIGN §5: a request alone and the same request in a batch of 6 give identical logits (the
 // Q4_1 int8 kernels included).
 TEST_F(SmolLM2EngineTest, DecodeIsBatchInvariant) {
-  const std::vector<std::string> prompts = {"The capital of France is", "Once upon a time", "1, 2, 3, 4,",
-                                            "def main():", "Water boils at", "The quick brown fox"};
-  const int64_t V = model_->config.n_vocab;
-  Engine batched(*model_, {});
-  std::vector<int32_t> seqs, tokens;
-  for (int s = 0; s < 6; ++s) {
-    auto l = batched.Prefill(s, Encode(prompts[s]));
-    ASSERT_TRUE(l.ok());
-    seqs.push_back(s);
-    tokens.push_back(Argmax(l->data(), V));
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : {"The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def main():", "Water boils at",
+                        "The quick brown fox"}) {
+    prompts.push_back(Encode(p));
   }
-  std::vector<float> batch_logits;
-  for (int step = 0; step < 3; ++step) {
-    ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
-    for (int s = 0; s < 6; ++s) tokens[s] = Argmax(&batch_logits[s * V], V);
-  }
-  Engine alone(*model_, {.threads = 1});
-  auto l = alone.Prefill(0, Encode(prompts[4]));
-  ASSERT_TRUE(l.ok());
-  int32_t t = Argmax(l->data(), V);
-  std::vector<float> one;
-  for (int step = 0; step < 3; ++step) {
-    const int32_t seq0 = 0;
-    ASSERT_TRUE(alone.DecodeStep({&seq0, 1}, {&t, 1}, &one).ok());
-    t = Argmax(one.data(), V);
-  }
-  EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[4 * V], one.size() * 4));
+  testing_util::ExpectDecodeBatchInvariant(*model_, prompts, 4);
 }
 
 // The context head: the shortlist holds each seen token once, in first-seen order, and its

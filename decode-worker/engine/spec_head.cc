@@ -1,7 +1,6 @@
 #include "decode-worker/engine/spec_head.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "dd/kernels/cpu_ops.h"
@@ -14,8 +13,6 @@ absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name) {
   if (name == "context") return SpecHead::kContext;
   return absl::InvalidArgumentError(absl::StrCat("unknown speculative head '", name, "' (full, context)"));
 }
-
-absl::string_view SpecHeadName(SpecHead h) { return h == SpecHead::kFull ? "full" : "context"; }
 
 std::vector<int32_t> CommonTokens(const model::Tokenizer& tokenizer, int64_t common) {
   const model::TokenizerSpec& spec = tokenizer.spec();

@@ -23,7 +23,6 @@ namespace dd::engine {
 // own tokens.
 enum class SpecHead { kFull, kContext };
 absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name);  // "full", "context"
-absl::string_view SpecHeadName(SpecHead h);
 
 // The `common` most frequent normal tokens of a vocabulary: the highest SentencePiece scores
 // (log-probabilities) when the vocabulary has scores, else the lowest ids (byte-level BPE

@@ -31,15 +31,6 @@ std::optional<std::string> KnownModelPath(std::string_view name) {
   return std::nullopt;
 }
 
-std::string KnownModelNames() {
-  std::string out;
-  for (const KnownModel& m : kKnownModels) {
-    if (!out.empty()) out += ", ";
-    out += m.name;
-  }
-  return out;
-}
-
 std::string ResolveModelArg(std::string_view arg) {
   if (auto known = KnownModelPath(arg)) return *known;
   return std::string(arg);

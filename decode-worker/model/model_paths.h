@@ -17,8 +17,6 @@ inline constexpr std::string_view kDefaultModelName = "gemma";
 std::string ModelCacheDir();
 // The cache path of a known short name; nullopt for anything else.
 std::optional<std::string> KnownModelPath(std::string_view name);
-// "gemma, smollm2": for error messages and flag help.
-std::string KnownModelNames();
 // A --model value: a known short name becomes its cache path, anything else is a path as is.
 std::string ResolveModelArg(std::string_view arg);
 

@@ -22,21 +22,6 @@ void DequantQ8_0(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-void DequantQ5_0(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / 32; ++b, src += 22, dst += 32) {
-    const float d = F16ToF32(LoadU16(src));
-    uint32_t qh;
-    std::memcpy(&qh, src + 2, 4);
-    const uint8_t* qs = src + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int lo = (qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10);
-      const int hi = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
-      dst[j] = d * static_cast<float>(lo - 16);
-      dst[j + 16] = d * static_cast<float>(hi - 16);
-    }
-  }
-}
-
 // Q4_0 (d | 16 bytes of nibbles) and Q4_1 (d | m | nibbles): element j < 16 is the low nibble
 // of byte j, element j + 16 its high nibble; x = d·(q − 8) or d·q + m.
 template <bool kHasMin>
@@ -58,19 +43,27 @@ void DequantQ4(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-// Q5_1: d | m | 32 high bits | nibbles, x = d·q + m with q = nibble | high bit << 4.
-void DequantQ5_1(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t b = 0; b < n / 32; ++b, src += 24, dst += 32) {
+// Q5_0 (d | 32 high bits | nibbles) and Q5_1 (d | m | high bits | nibbles): q = nibble | high
+// bit << 4, x = d·(q − 16) or d·q + m.
+template <bool kHasMin>
+void DequantQ5(const uint8_t* src, float* dst, int64_t n) {
+  constexpr int64_t kHead = kHasMin ? 8 : 6;
+  for (int64_t b = 0; b < n / 32; ++b, src += kHead + 16, dst += 32) {
     const float d = F16ToF32(LoadU16(src));
-    const float m = F16ToF32(LoadU16(src + 2));
+    const float m = kHasMin ? F16ToF32(LoadU16(src + 2)) : 0.0f;
     uint32_t qh;
-    std::memcpy(&qh, src + 4, 4);
-    const uint8_t* qs = src + 8;
+    std::memcpy(&qh, src + kHead - 4, 4);
+    const uint8_t* qs = src + kHead;
     for (int j = 0; j < 16; ++j) {
       const int lo = (qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10);
       const int hi = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
-      dst[j] = d * static_cast<float>(lo) + m;
-      dst[j + 16] = d * static_cast<float>(hi) + m;
+      if (kHasMin) {
+        dst[j] = d * static_cast<float>(lo) + m;
+        dst[j + 16] = d * static_cast<float>(hi) + m;
+      } else {
+        dst[j] = d * static_cast<float>(lo - 16);
+        dst[j + 16] = d * static_cast<float>(hi - 16);
+      }
     }
   }
 }
@@ -167,8 +160,8 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
     case DType::kQ8_0: DequantQ8_0(src, dst, n); return;
     case DType::kQ4_0: DequantQ4<false>(src, dst, n); return;
     case DType::kQ4_1: DequantQ4<true>(src, dst, n); return;
-    case DType::kQ5_0: DequantQ5_0(src, dst, n); return;
-    case DType::kQ5_1: DequantQ5_1(src, dst, n); return;
+    case DType::kQ5_0: DequantQ5<false>(src, dst, n); return;
+    case DType::kQ5_1: DequantQ5<true>(src, dst, n); return;
     case DType::kQ4_K: DequantQ4_K(src, dst, n); return;
     case DType::kQ5_K: DequantQ5_K(src, dst, n); return;
     case DType::kQ6_K: DequantQ6_K(src, dst, n); return;

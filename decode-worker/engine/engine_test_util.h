@@ -1,0 +1,45 @@
+// Checks shared by the real-model engine tests (engine_test.cc, smollm2_engine_test.cc).
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "decode-worker/engine/engine.h"
+#include "gtest/gtest.h"
+
+namespace dd::engine::testing_util {
+
+// DESIGN §5: a request alone and the same request in a batch give identical logits. Prefills
+// `prompts` into one engine and greedy-decodes them together for 3 steps, then replays prompt
+// `replay` alone on an engine with a different thread count and compares the last step's
+// logits bit for bit.
+inline void ExpectDecodeBatchInvariant(const model::LoadedModel& model,
+                                       const std::vector<std::vector<int32_t>>& prompts, size_t replay) {
+  const int64_t V = model.config.n_vocab;
+  Engine batched(model, {});
+  std::vector<int32_t> seqs, tokens;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    auto l = batched.Prefill(static_cast<int32_t>(s), prompts[s]);
+    ASSERT_TRUE(l.ok()) << l.status();
+    seqs.push_back(static_cast<int32_t>(s));
+    tokens.push_back(Argmax(l->data(), V));
+  }
+  std::vector<float> batch_logits;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
+    for (size_t s = 0; s < prompts.size(); ++s) tokens[s] = Argmax(&batch_logits[s * V], V);
+  }
+  Engine alone(model, {.threads = 1});
+  auto l = alone.Prefill(0, prompts[replay]);
+  ASSERT_TRUE(l.ok()) << l.status();
+  int32_t t = Argmax(l->data(), V);
+  std::vector<float> one;
+  for (int step = 0; step < 3; ++step) {
+    const int32_t seq0 = 0;
+    ASSERT_TRUE(alone.DecodeStep({&seq0, 1}, {&t, 1}, &one).ok());
+    t = Argmax(one.data(), V);
+  }
+  EXPECT_EQ(0, std::memcmp(one.data(), &batch_logits[replay * V], one.size() * 4));
+}
+
+}  // namespace dd::engine::testing_util
