@@ -17,9 +17,9 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       options_(options),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
-      shortlist_(model.config.n_vocab),
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)),
-      plan_(model, options.mode, options.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
+      plan_(model, options.mode, options.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
+      shortlist_(model.config.n_vocab) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
     shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));

@@ -32,7 +32,9 @@
 
 #include "dd/kernels/cpu_ops.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+// DD_INT8_PORTABLE forces the portable fallback (the matmul_int8_portable_test build), so that
+// path is compiled with -Werror and tested on AVX-512 machines too.
+#if !defined(DD_INT8_PORTABLE) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__AVX512BITALG__) && defined(__AVX512VBMI2__) && defined(__F16C__)
 #define DD_INT8_AVX512 1
 #else
@@ -64,11 +66,6 @@ int32_t ZeroPoint(DType t) {
     case DType::kQ6_K: return 32;
     default: return 0;
   }
-}
-
-// Types whose blocks carry an additive min: x = d·q + m (Q4_1, Q5_1) or d·sc·q − dmin·mn (K).
-bool HasMin(DType t) {
-  return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
 }
 
 // Quantized activation rows. Per row (stride a multiple of 64 bytes):
@@ -484,6 +481,11 @@ void RunTile(Kernel kernel, int64_t prefetch_units, int64_t ahead, const WeightV
 }
 
 #else  // portable fallback: same arithmetic per element, one weight row at a time
+
+// Types whose blocks carry an additive min: x = d·q + m (Q4_1, Q5_1) or d·sc·q − dmin·mn (K).
+bool HasMin(DType t) {
+  return t == DType::kQ4_1 || t == DType::kQ5_1 || t == DType::kQ4_K || t == DType::kQ5_K;
+}
 
 inline uint16_t LoadU16(const uint8_t* p) {
   uint16_t v;
