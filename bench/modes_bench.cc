@@ -1,14 +1,17 @@
-// Decode-modes benchmark (DESIGN §5, issue "sparse KV + dual-token"): full vs sparse vs
-// dualdecoder, side by side in one run, per context, batch and link. Writes one JSON object.
+// Decode-modes benchmark (DESIGN §5, issues 11 and 18): full, sparse, sparse-cached (chunks
+// resident across steps, misses fetched: the paper's ShadowKV-style baseline), dualdecoder on
+// the resident set and dualdecoder-ring (the whole prediction prefetched into a ring every
+// step), side by side in one run, per context, batch and link. Writes one JSON object.
 //
 // Each (mode, context) prefills one sequence once, decodes it one step (so it holds its
 // steady decode state) and forks it into the batch's slots, so a figure is the decode cost at
 // that context. Every engine runs under one device-memory budget (--device_memory); each
 // mode's maximum batch comes from its MemoryPlan (room left for one more request's prefill)
-// and is run too, with every slot admitted by the engine. The `pcie5` link is calibrated in this run so
-// that fetching one sparse layer's budget for one request takes as long as one layer of
-// `full` compute at batch 1 (the design's "link time comparable to compute" regime,
-// docs/decisions.md); `inmem` is an infinitely fast link.
+// and is run too, with every slot admitted by the engine. The `pcie5` link is calibrated in this
+// run so that one sparse layer's miss traffic under sparse-cached (one request, measured on the
+// infinite link) takes as long as one layer of a sparse-cached step's compute at batch 1 (the
+// paper's "transfer time comparable to compute" regime, docs/decisions.md); `inmem` is an
+// infinitely fast link.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -51,7 +54,7 @@ using Totals = dd::engine::SparseKvCache::LayerStats;
 Totals Sum(const Engine& e) { return e.sparse_cache() ? e.sparse_cache()->total_stats() : Totals(); }
 
 struct RunSpec {
-  std::string label;  // the mode's name, or dualdecoder-fullhead
+  std::string label;  // the mode's name, or dualdecoder-fullhead / dualdecoder-ring
   DecodeMode mode;
   int64_t ctx, batch, budget_tokens, max_batch;
   std::string link;
@@ -89,6 +92,12 @@ absl::StatusOr<nlohmann::json> RunBatch(Engine& e, const RunSpec& r, int32_t t0,
       {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
       {"urgent_bytes", (after.urgent - before.urgent) * bb},
       {"wasted_bytes", (after.wasted - before.wasted) * bb},
+      {"reused_chunks", after.reused - before.reused},
+      {"selected_chunks", after.selected - before.selected},
+      {"evictions", after.evictions - before.evictions},
+      // Bytes per step: on the critical path (urgent) and in the background (prefetch).
+      {"urgent_bytes_per_step", static_cast<double>((after.urgent - before.urgent) * bb) / steps},
+      {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
       {"wait_ms_per_step", (e.transfer_wait_ns() - wait0) / 1e6 / steps},
       {"device_bytes_per_request", dev_per_req},
       {"max_batch_in_budget", r.max_batch}};
@@ -127,6 +136,7 @@ int main(int argc, char** argv) {
       DecodeMode mode;
       dd::engine::SpecHead head;
       std::string store;  // inproc, shm, ucx-tcp, ucx-sm
+      bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
     };
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : absl::GetFlag(FLAGS_stores)) {
@@ -134,6 +144,8 @@ int main(int argc, char** argv) {
         return fail(absl::InvalidArgumentError(absl::StrCat("--stores: unknown store '", store,
                                                             "' (inproc, shm, ucx-tcp, ucx-sm)")));
       }
+      // sparse-cached first: its infinite-link run calibrates the pcie5 link.
+      variants.push_back({"sparse-cached", DecodeMode::kSparseCached, dd::engine::SpecHead::kContext, store});
       variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store});
       // Every head on the in-process store; a pool store runs the first head only (CPU time).
       for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
@@ -143,6 +155,11 @@ int main(int argc, char** argv) {
                             DecodeMode::kDualDecoder, *head, store});
         if (store != "inproc") break;
       }
+      if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
+        // The cacheless dualdecoder (ring of prefetch buffers), with the first head.
+        const auto first = dd::engine::ParseSpecHead(absl::GetFlag(FLAGS_spec_heads).front());
+        variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, *first, store, /*step_cache=*/false});
+      }
     }
     for (const Variant& variant : variants) {
       const DecodeMode mode = variant.mode;
@@ -150,6 +167,7 @@ int main(int argc, char** argv) {
       dd::engine::EngineOptions o;
       o.mode = mode;
       o.spec_head = variant.head;
+      o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
       if (variant.store != "inproc") {
         if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
         if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
@@ -210,22 +228,27 @@ int main(int argc, char** argv) {
                        static_cast<long long>(b), link.c_str(), (*r)["tokens_per_s"].get<double>(),
                        (*r)["step_ms_p50"].get<double>(), (*r)["hit_rate"].get<double>(),
                        (*r)["wait_ms_per_step"].get<double>());
-          if (mode == DecodeMode::kSparse && link == "inmem" && b == 1 && pcie_gbps == 0) {
-            // Calibrate the pcie5 link: one sparse layer's budget for one request moves in the time
-            // a sparse step spends per layer (so prefetch can just hide a layer's fetch behind a
-            // layer's compute; docs/decisions.md).
+          if (mode == DecodeMode::kSparseCached && link == "inmem" && b == 1 && pcie_gbps == 0) {
+            // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
+            // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
+            // fetch behind a layer's compute; docs/decisions.md). With no misses at all, the
+            // whole budget is the traffic.
+            int64_t sparse_layers = 0;
+            for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
             const double layer_ms = (*r)["step_ms_p50"].get<double>() / model.config.n_layer;
-            const double bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 *
-                                 model.config.head_dim * 4;
+            double bytes = (*r)["urgent_bytes_per_step"].get<double>() / std::max<int64_t>(1, sparse_layers);
+            if (bytes <= 0) {
+              bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 * model.config.head_dim * 4;
+            }
             pcie_gbps = bytes / (layer_ms * 1e6);
-            std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB per sparse layer in %.3f ms)\n", pcie_gbps,
-                         bytes / 1024, layer_ms);
+            std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB of misses per sparse layer in %.3f ms)\n",
+                         pcie_gbps, bytes / 1024, layer_ms);
           }
         }
       }
     }
   }
-  nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps},
+  nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";

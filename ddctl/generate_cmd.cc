@@ -106,7 +106,14 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
         const auto& st = sc->layer_stats()[l];
         if (st.selected > 0 || st.prefetched > 0) {
-          per_layer.push_back({{"layer", l}, {"hit_rate", st.hit_rate()}, {"hit_rate_after_first", st.hit_rate_after_first()}});
+          nlohmann::json e = {{"layer", l},           {"selected_chunks", st.selected}, {"urgent_chunks", st.urgent},
+                              {"reused_chunks", st.reused}, {"evictions", st.evictions}};
+          if (cfg.engine.mode == engine::DecodeMode::kDualDecoder) {
+            e["hit_rate"] = st.hit_rate();
+            e["hit_rate_after_first"] = st.hit_rate_after_first();
+            e["prefetched_chunks"] = st.prefetched;
+          }
+          per_layer.push_back(std::move(e));
         }
       }
       const auto total = sc->total_stats();
@@ -114,8 +121,15 @@ absl::Status RunGenerate(const CliConfig& cfg) {
         j["hit_rate"] = total.hit_rate();
         j["hit_rate_after_first"] = total.hit_rate_after_first();  // without the pre-decoded first step
         j["predictor"] = std::string(engine::PredictorName(cfg.engine.sparse.predictor));
-        j["per_layer"] = per_layer;
       }
+      j["step_cache"] = cfg.engine.sparse.step_cache;
+      j["per_layer"] = per_layer;
+      j["reused_chunks"] = total.reused;
+      j["evictions"] = total.evictions;
+      // Bytes per decode step: on the critical path (urgent) and in the background (prefetch).
+      const double steps = r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) : 1.0;
+      j["bytes_per_step"] = {{"urgent", total.urgent * sc->block_bytes() / steps},
+                             {"prefetch", total.prefetched * sc->block_bytes() / steps}};
       j["prefetch_bytes"] = total.prefetched * sc->block_bytes();
       j["urgent_bytes"] = total.urgent * sc->block_bytes();
       j["wasted_bytes"] = total.wasted * sc->block_bytes();

@@ -12,13 +12,19 @@ namespace dd::engine {
 
 using model::BatchRow;
 
+EngineOptions Engine::Normalized(EngineOptions o) {
+  if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
+  if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
+  return o;
+}
+
 Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     : model_(model),
-      options_(options),
+      options_(Normalized(options)),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)),
-      plan_(model, options.mode, options.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
+      plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
       shortlist_(model.config.n_vocab) {
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
@@ -42,7 +48,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   if (options_.prefix_block_tokens != 0) {
     const int64_t B = options_.prefix_block_tokens, C = options_.sparse.chunk_tokens;
     if (options_.mode == DecodeMode::kFull) {
-      init_status_ = absl::InvalidArgumentError("prefix reuse needs a sparse mode (sparse or dualdecoder)");
+      init_status_ = absl::InvalidArgumentError("prefix reuse needs a sparse mode (sparse, sparse-cached or dualdecoder)");
       return;
     }
     if (B < 0 || C <= 0 || B % C != 0) {
@@ -207,14 +213,17 @@ absl::Status Engine::Fork(int32_t src, int32_t dst) {
 absl::StatusOr<DecodeMode> ParseDecodeMode(absl::string_view name) {
   if (name == "full") return DecodeMode::kFull;
   if (name == "sparse") return DecodeMode::kSparse;
+  if (name == "sparse-cached") return DecodeMode::kSparseCached;
   if (name == "dualdecoder") return DecodeMode::kDualDecoder;
-  return absl::InvalidArgumentError(absl::StrCat("unknown decode mode '", name, "' (full, sparse, dualdecoder)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown decode mode '", name, "' (full, sparse, sparse-cached, dualdecoder)"));
 }
 
 absl::string_view DecodeModeName(DecodeMode mode) {
   switch (mode) {
     case DecodeMode::kFull: return "full";
     case DecodeMode::kSparse: return "sparse";
+    case DecodeMode::kSparseCached: return "sparse-cached";
     case DecodeMode::kDualDecoder: return "dualdecoder";
   }
   return "unknown";

@@ -1,6 +1,7 @@
-// The CPU decode engine: sequences in slots, chunked prefill, batched decode, in one of three
+// The CPU decode engine: sequences in slots, chunked prefill, batched decode, in one of four
 // modes (DESIGN §5): `full` (dense KV), `sparse` (top-k chunks fetched on demand from a KV
-// store) and `dualdecoder` (sparse plus a speculative row per request that predicts the next
+// store), `sparse-cached` (the same with chunks kept resident across steps, fetching only the
+// misses) and `dualdecoder` (sparse plus a speculative row per request that predicts the next
 // step's chunks, prefetched in the background; real rows bit-identical to `sparse`).
 //
 // Prefill runs a prompt in chunks of `prefill_chunk` tokens; DecodeStep advances several
@@ -171,6 +172,8 @@ class Engine {
                                           const std::function<void(absl::string_view)>& on_text);
 
  private:
+  // The options as the engine runs them: sparse-cached turns the step cache on, sparse off.
+  static EngineOptions Normalized(EngineOptions o);
   const model::LoadedModel& model_;
   EngineOptions options_;
   ThreadPool pool_;

@@ -57,7 +57,9 @@ int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
       ++sparse_layers;
     }
   }
-  if (mode_ == DecodeMode::kDualDecoder) {  // the prefetch buffers, shared by the sparse layers
+  if (sparse_.step_cache && mode_ != DecodeMode::kFull) {  // a resident set per sparse layer
+    total += sparse_layers * (sparse_.budget_tokens + sparse_.resident_margin_tokens) * row;
+  } else if (mode_ == DecodeMode::kDualDecoder) {  // the prefetch buffers, shared by the sparse layers
     total += std::min(sparse_.prefetch_buffers, sparse_layers) * sparse_.budget_tokens * row;
   }
   return total;

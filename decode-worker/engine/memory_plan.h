@@ -5,9 +5,11 @@
 //   weights    every matrix and vector of the model, as stored;
 //   workspace  activations and logits per batch row (a dualdecoder request has two rows), plus
 //              the sparse gather buffers shared by all requests;
-//   kv         full: every position of every global layer. sparse/dualdecoder: sinks, local
+//   kv         full: every position of every global layer. sparse modes: sinks, local
 //              window + tail chunk and one landmark per chunk per KV head on global layers,
-//              plus (dualdecoder) `prefetch_buffers` buffers of `budget` tokens (ping-pong).
+//              plus, with the step cache (sparse-cached, dualdecoder by default), a resident
+//              set of `budget + resident_margin` tokens per global layer, or else
+//              (dualdecoder) `prefetch_buffers` buffers of `budget` tokens (ping-pong).
 //              Sliding-window layers keep a ring of window + 1 positions in every mode.
 // Prefill is dense in every mode, so a request being prefilled transiently holds its whole
 // prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +
@@ -24,7 +26,9 @@
 
 namespace dd::engine {
 
-enum class DecodeMode { kFull, kSparse, kDualDecoder };
+// kSparseCached is `sparse` with the step cache (SparseOptions::step_cache, issue 18): the
+// ShadowKV-style baseline that keeps the last steps' chunks resident and fetches the misses.
+enum class DecodeMode { kFull, kSparse, kSparseCached, kDualDecoder };
 
 struct RequestBytes {
   int64_t kv = 0;             // steady decode state at the request's final length

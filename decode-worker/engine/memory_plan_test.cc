@@ -31,9 +31,17 @@ class MemoryPlanTest : public GemmaTest {
 
 TEST_F(MemoryPlanTest, ProjectionBoundsWhatTheCacheHolds) {
   const std::vector<int32_t> prompt = Prompt(1300);
-  for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
-    SCOPED_TRACE(std::string(DecodeModeName(mode)));
-    auto e = Engine::Create(*model_, Options(mode));
+  // dualdecoder twice: with the prefetch ring, then on the resident set (step cache).
+  const std::vector<std::pair<DecodeMode, bool>> modes = {{DecodeMode::kFull, false},
+                                                          {DecodeMode::kSparse, false},
+                                                          {DecodeMode::kSparseCached, true},
+                                                          {DecodeMode::kDualDecoder, false},
+                                                          {DecodeMode::kDualDecoder, true}};
+  for (auto [mode, step_cache] : modes) {
+    SCOPED_TRACE(std::string(DecodeModeName(mode)) + (step_cache ? " (step cache)" : ""));
+    EngineOptions o = Options(mode);
+    o.sparse.step_cache = step_cache;
+    auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
     auto logits = (*e)->Prefill(0, prompt);
@@ -62,6 +70,14 @@ TEST_F(MemoryPlanTest, SparseModesNeedLessThanFullAtLongContext) {
   const int64_t n = 32000;
   EXPECT_LT(sparse.DecodeKvBytes(n), full.DecodeKvBytes(n) / 4);
   EXPECT_LT(sparse.DecodeKvBytes(n), dual.DecodeKvBytes(n));  // the prefetch buffers
+  // The resident sets (one budget per global layer) still leave room for 4× the requests.
+  SparseOptions cached_options = so;
+  cached_options.step_cache = true;
+  const MemoryPlan cached(*model_, DecodeMode::kSparseCached, cached_options),
+      dual_cached(*model_, DecodeMode::kDualDecoder, cached_options);
+  EXPECT_LT(cached.DecodeKvBytes(n), full.DecodeKvBytes(n) / 4);
+  EXPECT_EQ(cached.DecodeKvBytes(n), dual_cached.DecodeKvBytes(n));  // the prefetch lands in the resident set
+  EXPECT_GT(cached.DecodeKvBytes(n), sparse.DecodeKvBytes(n));
   // Prefill holds the prompt densely, so a sparse request's peak matches full's.
   const RequestBytes rs = sparse.Request(n, n), rf = full.Request(n, n);
   EXPECT_GE(rs.kv + rs.prefill_extra, rf.kv - 3 * (16 + 64 + 8) * 2 * 256 * 4);

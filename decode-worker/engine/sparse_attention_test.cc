@@ -1,5 +1,5 @@
 // The sparse caches driven directly with random q/k/v (no model), so it runs fast and under
-// ThreadSanitizer: `full`/`sparse`/`dualdecoder` exactness and the prefetch concurrency
+// ThreadSanitizer: `full`/`sparse`/`sparse-cached`/`dualdecoder` exactness and the prefetch concurrency
 // rules with a slow, injected link.
 #include <cstring>
 #include <random>
@@ -151,6 +151,68 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Buffers, PrefetchBuffersTest, ::testing::Values(1, 2, 3, 8));
+
+// The step cache (resident chunk set, issue 18): sparse-cached and dualdecoder on it, with and
+// without an LRU margin, on a slow link (prefetches in flight while the urgent path races
+// them): bit-identical to `sparse`; every selected chunk was reused, fetched on the urgent path
+// or prefetched; fewer chunks move than without the cache. Run under TSan in CI.
+struct StepCacheCase {
+  bool dual;
+  int64_t margin_tokens;
+};
+class StepCacheTest : public ::testing::TestWithParam<StepCacheCase> {};
+
+TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
+  const auto c = TinyConfig();
+  const StepCacheCase p = GetParam();
+  ThreadPool pool(2);
+  SparseOptions o;
+  o.budget_tokens = 64;  // 8 of ~40 selectable chunks
+  auto store_a = kvpool::NewInProcessKvStore();
+  auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
+  auto store_c = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
+  auto plain = SparseKvCache::Create(c, o, store_a.get(), pool);  // no cache: sparse, or the ring
+  o.step_cache = true;
+  o.resident_margin_tokens = p.margin_tokens;
+  auto cached = SparseKvCache::Create(c, o, store_b.get(), pool);
+  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), pool);
+  ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
+  constexpr int kSteps = 25;
+  const auto want = Driver(c, sparse->get(), false).Run(kSteps);
+  const auto a = Driver(c, plain->get(), p.dual).Run(kSteps);
+  const auto b = Driver(c, cached->get(), p.dual).Run(kSteps);
+  ASSERT_EQ(want.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(want.data(), a.data(), a.size() * 4));
+  EXPECT_EQ(0, std::memcmp(want.data(), b.data(), b.size() * 4));
+  const auto t = (*cached)->total_stats();
+  EXPECT_EQ(t.selected, kSteps * 2 * 2 * 2 * 8);  // steps × seqs × layers × kv heads × chunks
+  EXPECT_GT(t.reused, 0);
+  if (p.dual) {
+    EXPECT_EQ(t.predicted_for, (kSteps - 1) * 2 * 2 * 2 * 8);  // all but the first step's reads
+    EXPECT_GT(t.urgent, 0);                  // random speculative queries miss
+    // What was neither reused nor urgent came from this step's prefetch.
+    EXPECT_LE(t.urgent + t.reused, t.selected);
+    EXPECT_GE(t.prefetched - t.wasted, t.selected - t.urgent - t.reused);
+    EXPECT_GT(store_b->wait_ns(), 0);
+  } else {
+    EXPECT_EQ(t.urgent + t.reused, t.selected);
+    EXPECT_EQ((*cached)->fetched_chunks(), t.urgent);
+    EXPECT_EQ(t.prefetched, 0);
+  }
+  EXPECT_LT((*cached)->fetched_chunks(), (*plain)->fetched_chunks());
+  EXPECT_GT(t.evictions, 0);
+  // The resident sets are device memory: a layer's slots per sequence.
+  EXPECT_GE((*cached)->device_bytes() - (*sparse)->device_bytes(),
+            2 * 2 * (64 + p.margin_tokens) / 8 * 2 * (*cached)->block_bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StepCacheTest,
+                         ::testing::Values(StepCacheCase{false, 0}, StepCacheCase{false, 32}, StepCacheCase{true, 0},
+                                           StepCacheCase{true, 32}),
+                         [](const auto& info) {
+                           return std::string(info.param.dual ? "Dual" : "SparseCached") + "Margin" +
+                                  std::to_string(info.param.margin_tokens);
+                         });
 
 // A forked sequence continues exactly like the original (sparse state, store blocks, dense
 // layers all copied).

@@ -24,6 +24,10 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
     return absl::InvalidArgumentError(absl::StrCat("sink tokens ", sink_tokens, " must be a non-negative multiple of the chunk size"));
   }
   if (window_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("window tokens must be >= 1, got ", window_tokens));
+  if (resident_margin_tokens < 0 || resident_margin_tokens % chunk_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("resident margin ", resident_margin_tokens,
+                                                   " tokens must be a non-negative multiple of the chunk size"));
+  }
   if (prefetch_buffers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch buffers must be >= 1, got ", prefetch_buffers));
   }
@@ -61,6 +65,8 @@ SparseKvCache::LayerStats SparseKvCache::total_stats() const {
     t.wasted += s.wasted;
     t.seeded_hits += s.seeded_hits;
     t.seeded_for += s.seeded_for;
+    t.reused += s.reused;
+    t.evictions += s.evictions;
   }
   return t;
 }
@@ -117,6 +123,7 @@ int64_t SparseKvCache::device_bytes() const {
       total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.size()) * sizeof(float);
     }
     for (const Buffer& b : s.buffers) total += b.data.size() * sizeof(float);
+    for (const LayerState& st : s.layers) total += st.resident.bytes();
   }
   return total;
 }
@@ -462,6 +469,7 @@ absl::Status SparseKvCache::FinishRead(Seq& s, int64_t layer) {
 
 void SparseKvCache::WaitAll(Seq& s) {
   for (Buffer& b : s.buffers) (void)WaitBuffer(b);
+  for (LayerState& st : s.layers) (void)WaitPrefetch(st);
 }
 
 absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
@@ -525,13 +533,13 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
   }
 }
 
-absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
-                                            bool spec_follows) {
-  LayerState& st = s.layers[call.layer];
+SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
+                                                         int64_t row, bool spec_follows, Window* window) {
   st.decoded = true;
   const int64_t kv_dim = config_.n_head_kv * config_.head_dim, q_dim = config_.n_head * config_.head_dim;
   const int64_t n = call.rows[row].pos + 1;
   const Window w = WindowFor(n);
+  *window = w;
   // Drop device rows that left the window: they are offloaded and have landmarks.
   if (w.dense_from > st.dev_base) {
     const int64_t drop = w.dense_from - st.dev_base;
@@ -543,9 +551,18 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       st.v.shrink_to_fit();
     }
   }
-  const float* q = call.q + row * q_dim;
   const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
-  Selection sel = Select(st, q, w, rank ? &last_ranked_ : nullptr);
+  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr);
+}
+
+absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
+                                            bool spec_follows) {
+  if (options_.step_cache) return AttendDecodeRowResident(s, call, row, spec_follows);
+  LayerState& st = s.layers[call.layer];
+  const int64_t q_dim = config_.n_head * config_.head_dim;
+  Window w;
+  Selection sel = PrepareDecodeRow(st, call, row, spec_follows, &w);
+  const float* q = call.q + row * q_dim;
   LayerStats& stats = stats_[call.layer];
   const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
   const int64_t this_buffer = s.reads % static_cast<int64_t>(s.buffers.size());
@@ -637,10 +654,15 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     st.decoded = true;
     const Window w = WindowFor(pos);
     const Selection now = Select(st, q, w);
-    RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
-    BlockPointers(gathered_, &block_ptrs_);
+    if (options_.step_cache) {
+      RETURN_IF_ERROR(FetchResident(s, call.layer, now, /*count=*/false));
+    } else {
+      RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
+      BlockPointers(gathered_, &block_ptrs_);
+    }
     AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
   }
+  if (options_.step_cache) return IssueResidentPrefetch(s, call.layer, std::move(predicted), !after_real);
   // The real row's blocks are no longer read: its buffer goes to the read `buffers` later.
   if (after_real) RETURN_IF_ERROR(FinishRead(s, call.layer));
   // The prediction goes out in the background as soon as its buffer is free; the next step's

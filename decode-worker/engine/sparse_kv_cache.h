@@ -27,6 +27,13 @@
 // waited before attention reads it and before a new prefetch is issued into it. Not
 // thread-safe (one compute thread); the store's transfer thread writes only into buffers
 // handed to it until the matching Wait.
+//
+// With `step_cache` (issue 18; `sparse-cached` mode, and dualdecoder by default) each
+// (sequence, sparse layer) keeps a ResidentSet: the chunks earlier steps attended stay on the
+// device, a real row fetches only S \ resident on the urgent path, and dualdecoder's
+// speculative row prefetches only P' \ resident, straight into resident slots, as soon as
+// the row is done with its layer (no ring: the lead is a whole step). Which chunks are
+// attended, and in which order, never changes: results are bit-identical to `sparse`.
 #pragma once
 
 #include <memory>
@@ -36,6 +43,7 @@
 #include "common/thread_pool.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
+#include "decode-worker/engine/resident_set.h"
 #include "kv-pool/client/kv_store.h"
 
 namespace dd::engine {
@@ -66,6 +74,12 @@ struct SparseOptions {
   // issued as soon as the layer this many reads before it has been read (wrapping across
   // steps); >= the number of sparse layers means every prediction goes out at once.
   int64_t prefetch_buffers = 2;
+  // Keep attended chunks resident across steps (see above). Off: every step gathers its whole
+  // selection (`sparse`) or prefetches its whole prediction into the ring (dualdecoder).
+  bool step_cache = false;
+  // Resident slots per KV head beyond the budget (in tokens, a multiple of the chunk): chunks
+  // a step stops selecting stay this much longer, least recently used evicted first.
+  int64_t resident_margin_tokens = 0;
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;
@@ -110,6 +124,10 @@ class SparseKvCache : public KvCache {
     // The part of hits / predicted_for from predictions seeded by pre-decoding (the first
     // decode step after prefill, where P' is exactly S by construction).
     int64_t seeded_hits = 0, seeded_for = 0;
+    // step_cache: chunks of S already resident from earlier steps (not this step's prefetch),
+    // and resident chunks evicted to make room.
+    int64_t reused = 0;
+    int64_t evictions = 0;
     double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
     double hit_rate_after_first() const {
       const int64_t d = predicted_for - seeded_for;
@@ -137,6 +155,15 @@ class SparseKvCache : public KvCache {
     bool has_prediction = false;
     bool seeded = false;         // the prediction came from pre-decoding
     std::vector<std::vector<int64_t>> predicted;  // P' per KV head, ascending
+    // step_cache state: the resident chunks, the background gather writing its in-flight
+    // slots, the prediction last issued (P', for hit statistics) and the part of it that
+    // was actually fetched (P' \ resident).
+    ResidentSet resident;
+    int64_t stamp = 0;  // real reads so far (least-recently-used clock)
+    kvpool::TransferId prefetch_tid = 0;
+    bool prefetch_pending = false;
+    bool issued = false, issued_seeded = false;
+    std::vector<std::vector<int64_t>> issued_sel, prefetch_chunks;
   };
   // A prefetch buffer: P' blocks of one sparse layer, heads in order, in flight until waited.
   struct Buffer {
@@ -200,6 +227,20 @@ class SparseKvCache : public KvCache {
                   const float* own_k, const float* own_v);
   void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
   absl::Status AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
+  // A decode row's window (dropping device rows that left it) and selection S.
+  Selection PrepareDecodeRow(LayerState& st, const model::AttentionCall& call, int64_t row, bool spec_follows,
+                             Window* w);
+
+  // step_cache (sparse_kv_cache_resident.cc).
+  absl::Status AttendDecodeRowResident(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
+  // Makes every chunk of `sel` resident (the missing ones on the urgent path), waits for what
+  // the row reads, and points block_ptrs_ at the blocks in order; counts into the layer's
+  // stats when `count`.
+  absl::Status FetchResident(Seq& s, int64_t layer, const Selection& sel, bool count);
+  // Prefetches P' \ resident into resident slots at background priority.
+  absl::Status IssueResidentPrefetch(Seq& s, int64_t layer, Selection predicted, bool seeded);
+  absl::Status WaitPrefetch(LayerState& st);
+  void EnsureResident(LayerState& st) const;
   absl::Status AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool after_real);
   void AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1);
   const float* DevK(const LayerState& st, int64_t pos) const;

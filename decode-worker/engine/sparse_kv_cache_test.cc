@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -124,7 +125,9 @@ TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemor
 // a slow background link (one KV head's 64-chunk gather takes 3 ms on SmolLM2, 10 ms on Gemma)
 // so that prefetches are still in flight when their layer is read and the urgent path races
 // them. Prediction only changes what is fetched when. Also checks the fetch accounting: every
-// selected chunk is a hit or an urgent fetch.
+// selected chunk is a hit or an urgent fetch. The step cache (issue 18) runs the same way:
+// `sparse-cached` and dualdecoder on the resident set are bit-identical to `sparse` too, and
+// move fewer chunks than their cacheless versions.
 TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   constexpr int kSteps = 48, kSlowFrom = 24;
   constexpr int64_t kChunks = 512 / 8;
@@ -154,6 +157,42 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   const int64_t issued_ahead = std::min<int64_t>(SparseOptions().prefetch_buffers, layers);
   EXPECT_EQ(t.prefetched - t.wasted - 2 * issued_ahead * heads * kChunks, t.hits);
   EXPECT_GT(t.hits, t.selected / 2) << "hit rate " << t.hit_rate();
+
+  // The step cache: sparse-cached, and dualdecoder on the resident set.
+  const int64_t sparse_chunks = (*sparse)->sparse_cache()->fetched_chunks();
+  const int64_t ring_chunks = (*dual)->sparse_cache()->fetched_chunks();
+  sparse->reset();
+  dual->reset();
+  o.mode = DecodeMode::kSparseCached;
+  auto cached = Engine::Create(*this->model_, o);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  const auto c = this->RunForked(**cached, kSteps, [&](int i) {
+    if (i == kSlowFrom) (*cached)->SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
+  });
+  EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+  const auto tc = (*cached)->sparse_cache()->total_stats();
+  EXPECT_EQ(tc.urgent + tc.reused, tc.selected);
+  const int64_t cached_chunks = (*cached)->sparse_cache()->fetched_chunks();
+  cached->reset();
+  o.mode = DecodeMode::kDualDecoder;
+  o.sparse.step_cache = true;
+  auto resident = Engine::Create(*this->model_, o);
+  ASSERT_TRUE(resident.ok()) << resident.status();
+  const auto d = this->RunForked(**resident, kSteps, [&](int i) {
+    if (i == kSlowFrom) (*resident)->SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
+  });
+  EXPECT_EQ(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
+  const auto td = (*resident)->sparse_cache()->total_stats();
+  EXPECT_EQ(td.selected, t.selected);
+  EXPECT_EQ(td.hits, t.hits);  // the same predictions
+  EXPECT_LE(td.urgent, t.urgent);  // resident chunks cover some of the ring's misses
+  const int64_t resident_chunks = (*resident)->sparse_cache()->fetched_chunks();
+  // Chunks moved (prefill restore excluded: none here). Figures in the closing note of issue 18.
+  EXPECT_LT(cached_chunks, sparse_chunks * 3 / 4) << cached_chunks << " vs " << sparse_chunks;
+  EXPECT_LT(resident_chunks, ring_chunks * 3 / 4) << resident_chunks << " vs " << ring_chunks;
+  std::printf("chunks moved: sparse %lld, sparse-cached %lld, dualdecoder ring %lld, resident %lld\n",
+              static_cast<long long>(sparse_chunks), static_cast<long long>(cached_chunks),
+              static_cast<long long>(ring_chunks), static_cast<long long>(resident_chunks));
 }
 
 TYPED_TEST(SparseModeTest, InvalidConfigurationsAreClearErrors) {
@@ -170,6 +209,13 @@ TYPED_TEST(SparseModeTest, InvalidConfigurationsAreClearErrors) {
   EXPECT_EQ(ParseDecodeMode("bogus").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(*ParseDecodeMode("dualdecoder"), DecodeMode::kDualDecoder);
   EXPECT_TRUE(ParseDecodeMode("sparse").ok());
+  EXPECT_EQ(*ParseDecodeMode("sparse-cached"), DecodeMode::kSparseCached);
+  o.mode = DecodeMode::kSparseCached;
+  o.sparse.budget_tokens = 512;
+  o.sparse.resident_margin_tokens = 12;
+  auto margin = Engine::Create(*this->model_, o);
+  ASSERT_FALSE(margin.ok());
+  EXPECT_NE(std::string(margin.status().message()).find("resident margin"), std::string::npos);
 }
 
 }  // namespace

@@ -13,7 +13,10 @@ ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
           "Weight matmul kernels: int8 (fast, activations quantized per 32) or f32 (exact)");
-ABSL_FLAG(std::string, mode, "full", "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand) or dualdecoder (sparse with speculative-token prefetch)");
+ABSL_FLAG(std::string, mode, "full",
+          "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand), sparse-cached (the same, "
+          "chunks kept resident across steps: only misses fetched) or dualdecoder (sparse with speculative-token "
+          "prefetch)");
 ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
 ABSL_FLAG(std::string, device_memory, "0",
           "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "
@@ -32,6 +35,12 @@ ABSL_FLAG(std::string, spec_head, "full",
           "sequence's own tokens: cheaper, lower hit rate); changes the hit rate, never the results");
 ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
+ABSL_FLAG(bool, step_cache, true,
+          "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
+          "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
+ABSL_FLAG(int64_t, resident_margin, 0,
+          "sparse-cached, dualdecoder: resident slots per KV head beyond the budget, in tokens (multiple of 8); "
+          "chunks leave least recently used first");
 ABSL_FLAG(int64_t, prefetch_buffers, 2,
           "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
 
@@ -94,6 +103,9 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--spec_head_common must be >= 0, got ", o.spec_head_common));
   }
   o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
+  o.sparse.step_cache = o.mode == engine::DecodeMode::kSparseCached ||
+                        (o.mode == engine::DecodeMode::kDualDecoder && absl::GetFlag(FLAGS_step_cache));
+  o.sparse.resident_margin_tokens = absl::GetFlag(FLAGS_resident_margin);
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
   return o;
 }

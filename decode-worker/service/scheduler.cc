@@ -405,6 +405,7 @@ void Scheduler::PublishStats() {
     stats_.kv_prefetch_bytes = t.prefetched * sc->block_bytes();
     stats_.kv_urgent_bytes = t.urgent * sc->block_bytes();
     stats_.kv_wasted_bytes = t.wasted * sc->block_bytes();
+    stats_.kv_layers = sc->layer_stats();
   }
 }
 

@@ -80,6 +80,7 @@ struct SchedulerStats {
   double hit_rate = 0;
   int64_t transfer_wait_ns = 0;
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
+  std::vector<engine::SparseKvCache::LayerStats> kv_layers;  // sparse modes: per model layer
 };
 
 // Callbacks for metrics, run on the scheduler thread.

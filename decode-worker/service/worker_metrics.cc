@@ -52,6 +52,21 @@ class SchedulerCollectable : public prometheus::Collectable {
       kv.metric.push_back(Value({{"path", path}}, static_cast<double>(v), true));
     }
     out.push_back(std::move(kv));
+    prometheus::MetricFamily chunks{"dd_kv_chunks_total",
+                                    "KV chunks per sparse layer: selected, reused (resident from earlier steps), "
+                                    "urgent (misses fetched on the critical path), prefetched, prefetch_hit "
+                                    "(predicted and selected), wasted (prefetched, not selected), evicted",
+                                    MetricType::Counter, {}};
+    for (size_t l = 0; l < st.kv_layers.size(); ++l) {
+      const auto& ls = st.kv_layers[l];
+      if (ls.selected == 0 && ls.prefetched == 0) continue;
+      for (auto [event, v] : {std::pair{"selected", ls.selected}, {"reused", ls.reused}, {"urgent", ls.urgent},
+                              {"prefetched", ls.prefetched}, {"prefetch_hit", ls.hits}, {"wasted", ls.wasted},
+                              {"evicted", ls.evictions}}) {
+        chunks.metric.push_back(Value({{"layer", std::to_string(l)}, {"event", event}}, static_cast<double>(v), true));
+      }
+    }
+    out.push_back(std::move(chunks));
     prometheus::MetricFamily mem{"dd_device_memory_bytes", "Device memory by kind", MetricType::Gauge, {}};
     for (auto [kind, v] : {std::pair{"budget", e.device_memory_bytes()}, {"weights", e.memory_plan().weight_bytes()},
                            {"workspace", e.memory_plan().shared_workspace_bytes()}, {"reserved", st.reserved_bytes},

@@ -23,6 +23,20 @@ absl::Status NeverWritten(const ChunkRef& r) {
                                           " was never written"));
 }
 
+absl::StatusOr<TransferId> KvStore::Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
+                                           Priority priority) {
+  ASSIGN_OR_RETURN(const KvLayout layout, Layout(seq));
+  std::vector<float*> dsts(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) dsts[i] = dst + static_cast<int64_t>(i) * layout.block_floats();
+  return GatherTo(seq, refs, dsts, priority);
+}
+
+absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts) {
+  if (refs.size() == dsts.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("KvStore: ", refs.size(), " chunk refs but ", dsts.size(), " destinations"));
+}
+
 namespace {
 
 class InProcessKvStore : public KvStore {
@@ -54,14 +68,22 @@ class InProcessKvStore : public KvStore {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
-                                    Priority priority) override {
+  absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    return it->second.layout;
+  }
+
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                      Priority priority) override {
+    RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     std::unique_lock<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
     const Seq& s = it->second;
     // Validate everything now, so a transfer never fails half-way.
-    TransferQueue::Job job{dst, s.layout.block_floats(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_floats(), {}, nullptr};
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
       auto b = s.blocks.find(BlockIndex(s.layout, r));

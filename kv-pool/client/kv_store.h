@@ -60,9 +60,15 @@ class KvStore {
   virtual absl::StatusOr<SequenceId> Open(const KvLayout& layout) = 0;
   // Stores one block (block_floats() floats). InvalidArgument for an out-of-range ref.
   virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) = 0;
-  // Copies refs.size() blocks into dst in order. NotFound for a chunk never written.
-  virtual absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
-                                            Priority priority) = 0;
+  // Copies block i of refs into dsts[i] (each block_floats() floats; the caller's memory, e.g.
+  // a slot of the engine's resident set). NotFound for a chunk never written; InvalidArgument
+  // when the sizes differ.
+  virtual absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs,
+                                              absl::Span<float* const> dsts, Priority priority) = 0;
+  // Copies refs.size() blocks into dst in order (GatherTo with consecutive destinations).
+  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst, Priority priority);
+  // The layout the sequence was opened with. NotFound for an unknown sequence.
+  virtual absl::StatusOr<KvLayout> Layout(SequenceId seq) const = 0;
   virtual absl::Status Wait(TransferId id) = 0;
   // Frees the sequence's blocks. NotFound for an unknown sequence.
   virtual absl::Status Release(SequenceId seq) = 0;
@@ -100,5 +106,6 @@ std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>>
 // never written.
 absl::Status CheckChunkRef(const KvLayout& layout, const ChunkRef& ref);
 absl::Status NeverWritten(const ChunkRef& ref);
+absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts);
 
 }  // namespace dd::kvpool

@@ -25,6 +25,21 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
   ASSERT_TRUE(store->Wait(*t).ok());
   EXPECT_EQ(dst[0], 4.5f);
   EXPECT_EQ(dst[bf], 0.5f);
+  // Scattered destinations, on the infinite link and through the transfer thread.
+  for (double gbps : {0.0, 1.0}) {
+    store->SetLink({.bandwidth_gbps = gbps});
+    std::vector<float> a(bf, -1.0f), b(bf, -1.0f);
+    std::vector<float*> dsts = {b.data(), a.data()};
+    auto s = store->GatherTo(*seq, refs, dsts, Priority::kBackground);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(store->Wait(*s).ok());
+    EXPECT_EQ(b[0], 4.5f);
+    EXPECT_EQ(a[bf - 1], 0.5f);
+  }
+  std::vector<float*> one = {dst.data()};
+  EXPECT_EQ(store->GatherTo(*seq, refs, one, Priority::kUrgent).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Layout(*seq)->block_floats(), bf);
+  EXPECT_EQ(store->Layout(*seq + 100).status().code(), absl::StatusCode::kNotFound);
   // Never written, out of layout, unknown sequence.
   std::vector<ChunkRef> missing = {{0, 0, 1}};
   EXPECT_EQ(store->Gather(*seq, missing, dst.data(), Priority::kBackground).status().code(), absl::StatusCode::kNotFound);

@@ -118,12 +118,20 @@ class PoolKvStore : public KvStore {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
-                                    Priority priority) override {
+  absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    return it->second.layout;
+  }
+
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                      Priority priority) override {
+    RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
-    TransferQueue::Job job{dst, s->layout.block_floats(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s->layout.block_floats(), {}, nullptr};
     std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
       RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
@@ -137,8 +145,8 @@ class PoolKvStore : public KvStore {
       for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
     } else {
       const int64_t bytes = job.block_floats * static_cast<int64_t>(sizeof(float));
-      job.fetch = [this, offsets = std::move(offsets), bytes, dst]() {
-        absl::Status st = data_->Get(offsets, bytes, dst);
+      job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst]() {
+        absl::Status st = data_->Get(offsets, bytes, dsts);
         return st.ok() ? st : Lost(st);
       };
     }

@@ -1,6 +1,6 @@
 // Layers striped over several stores (DESIGN §7 "sharding"): layer l of every sequence lives
 // in shard l % N. A gather is split into runs of consecutive refs on the same shard, each
-// issued to its shard into its place in dst; Wait waits for all of them.
+// issued to its shard with its own destinations; Wait waits for all of them.
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -39,17 +39,22 @@ class ShardedKvStore : public KvStore {
     return shards_[k]->Write(s.ids[k], ref, block);
   }
 
-  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
-                                    Priority priority) override {
+  absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
+    ASSIGN_OR_RETURN(const Seq s, Find(seq));
+    return s.layout;
+  }
+
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                      Priority priority) override {
+    RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
     std::vector<std::pair<size_t, TransferId>> parts;
-    const int64_t bf = s.layout.block_floats();
     for (size_t i = 0; i < refs.size();) {
       const size_t k = refs[i].layer % shards_.size();
       size_t j = i + 1;
       while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
-      auto id = shards_[k]->Gather(s.ids[k], refs.subspan(i, j - i), dst + i * bf, priority);
+      auto id = shards_[k]->GatherTo(s.ids[k], refs.subspan(i, j - i), dsts.subspan(i, j - i), priority);
       if (!id.ok()) {
         for (auto [shard, tid] : parts) (void)shards_[shard]->Wait(tid);  // nothing left writing dst
         return id.status();

@@ -19,9 +19,9 @@ class ShmDataPath : public DataPath {
     std::memcpy(base_ + offset, src, bytes);
     return absl::OkStatus();
   }
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, void* dst) override {
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) override {
     for (size_t i = 0; i < offsets.size(); ++i) {
-      std::memcpy(static_cast<uint8_t*>(dst) + i * block_bytes, base_ + offsets[i], block_bytes);
+      std::memcpy(dsts[i], base_ + offsets[i], block_bytes);
     }
     return absl::OkStatus();
   }

@@ -23,7 +23,7 @@ TransferQueue::~TransferQueue() {
 absl::Status TransferQueue::Run(const Job& job) {
   if (job.fetch) return job.fetch();
   for (size_t i = 0; i < job.src.size(); ++i) {
-    std::memcpy(job.dst + i * job.block_floats, job.src[i], job.block_floats * sizeof(float));
+    std::memcpy(job.dst[i], job.src[i], job.block_floats * sizeof(float));
   }
   return absl::OkStatus();
 }
@@ -85,7 +85,7 @@ void TransferQueue::Loop() {
     const LinkModel link = link_;
     lock.unlock();
     // The link: latency plus size over bandwidth, then the data is there.
-    const double bytes = static_cast<double>(item.job.src.size() * item.job.block_floats * sizeof(float));
+    const double bytes = static_cast<double>(item.job.dst.size() * item.job.block_floats * sizeof(float));
     const auto until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(
                                           link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
     absl::Status st = Run(item.job);

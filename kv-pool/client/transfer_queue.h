@@ -23,9 +23,9 @@ namespace dd::kvpool {
 class TransferQueue {
  public:
   struct Job {
-    float* dst = nullptr;
+    std::vector<float*> dst;  // one per block
     int64_t block_floats = 0;
-    std::vector<const float*> src;  // one per block, copied to dst in order
+    std::vector<const float*> src;  // one per block, copied to dst[i]
     // When set, run instead of the copy (a remote get); its error is what Wait returns.
     std::function<absl::Status()> fetch;
   };

@@ -84,7 +84,7 @@ class UcxDataPath : public DataPath {
     return Keep(st);
   }
 
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, void* dst) override {
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) return broken_;
     ucp_request_param_t p{};
@@ -95,8 +95,7 @@ class UcxDataPath : public DataPath {
     std::vector<ucs_status_ptr_t> reqs;
     reqs.reserve(offsets.size());
     for (size_t i = 0; i < offsets.size(); ++i) {
-      reqs.push_back(ucp_get_nbx(ep_, static_cast<uint8_t*>(dst) + i * block_bytes, block_bytes, base_ + offsets[i],
-                                 rkey_, &p));
+      reqs.push_back(ucp_get_nbx(ep_, dsts[i], block_bytes, base_ + offsets[i], rkey_, &p));
     }
     return Keep(WaitAll(reqs));
   }

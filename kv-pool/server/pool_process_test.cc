@@ -107,12 +107,18 @@ TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
         for (int i = 0; i < 12; ++i) {
           refs.push_back({static_cast<int32_t>(g() % 3), static_cast<int32_t>(g() % 2), static_cast<int64_t>(g() % chunks)});
         }
-        std::vector<float> dst(refs.size() * kLayout.block_floats());
-        auto id = store->Gather(*seq, refs, dst.data(), round % 2 ? Priority::kUrgent : Priority::kBackground);
+        // Even rounds gather in order; odd rounds scatter block i to slot n-1-i (GatherTo).
+        const size_t n = refs.size();
+        const bool scatter = round % 2 == 1;
+        std::vector<float> dst(n * kLayout.block_floats());
+        std::vector<float*> dsts;
+        for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(scatter ? n - 1 - i : i) * kLayout.block_floats()]);
+        auto id = scatter ? store->GatherTo(*seq, refs, dsts, Priority::kUrgent)
+                          : store->Gather(*seq, refs, dst.data(), Priority::kBackground);
         if (!id.ok() || !store->Wait(*id).ok()) return void(++errors);
-        for (size_t i = 0; i < refs.size(); ++i) {
+        for (size_t i = 0; i < n; ++i) {
           const std::vector<float> want = BlockFor(t, refs[i]);
-          if (std::memcmp(want.data(), &dst[i * want.size()], want.size() * sizeof(float)) != 0) ++mismatches;
+          if (std::memcmp(want.data(), dsts[i], want.size() * sizeof(float)) != 0) ++mismatches;
         }
       }
       if (!store->Release(*seq).ok()) ++errors;
@@ -191,11 +197,15 @@ TEST(PoolProcessTest, LayersStripedOverTwoPools) {
       ASSERT_TRUE((*store)->Write(*seq, refs.back(), BlockFor(3, refs.back()).data()).ok());
     }
   }
-  std::vector<float> dst(refs.size() * kLayout.block_floats());
-  auto id = (*store)->Gather(*seq, refs, dst.data(), Priority::kBackground);
+  // Scattered destinations (block i to slot n-1-i), split between the two pools' gathers.
+  const size_t n = refs.size();
+  std::vector<float> dst(n * kLayout.block_floats());
+  std::vector<float*> dsts;
+  for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(n - 1 - i) * kLayout.block_floats()]);
+  auto id = (*store)->GatherTo(*seq, refs, dsts, Priority::kBackground);
   ASSERT_TRUE(id.ok() && (*store)->Wait(*id).ok());
-  for (size_t i = 0; i < refs.size(); ++i) {
-    EXPECT_EQ(std::memcmp(&dst[i * kLayout.block_floats()], BlockFor(3, refs[i]).data(),
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(std::memcmp(dsts[i], BlockFor(3, refs[i]).data(),
                           kLayout.block_floats() * sizeof(float)), 0) << i;
   }
   // Both pools hold part of it.

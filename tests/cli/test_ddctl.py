@@ -135,6 +135,32 @@ def test_dualdecoder_mode_matches_sparse_tokens(tiny):
     assert 0.0 <= jd["hit_rate"] <= 1.0 and jd["prefetch_bytes"] > 0
 
 
+def test_step_cache_modes_match_sparse_and_move_fewer_bytes(tiny):
+    """sparse-cached and dualdecoder on the resident set (the default) give sparse's tokens and
+    report what they reused; the cacheless dualdecoder (--step_cache=false) moves more."""
+    import json
+    args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
+            "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64"]
+    runs = {name: ddctl(*args, *extra) for name, extra in {
+        "sparse": ["--mode", "sparse"], "cached": ["--mode", "sparse-cached"],
+        "dual": ["--mode", "dualdecoder"], "ring": ["--mode", "dualdecoder", "--step_cache=false"]}.items()}
+    for name, r in runs.items():
+        assert r.returncode == 0, name + r.stderr
+    j = {name: json.loads(r.stdout) for name, r in runs.items()}
+    assert all(j[n]["tokens"] == j["sparse"]["tokens"] for n in j)
+    assert j["cached"]["mode"] == "sparse-cached" and j["cached"]["step_cache"] is True
+    assert j["sparse"]["step_cache"] is False and j["ring"]["step_cache"] is False
+    assert 0 < j["cached"]["reused_chunks"] and j["sparse"]["reused_chunks"] == 0
+    assert j["cached"]["fetched_chunks"] < j["sparse"]["fetched_chunks"]
+    assert j["dual"]["fetched_chunks"] < j["ring"]["fetched_chunks"]
+    assert j["dual"]["hit_rate"] == j["ring"]["hit_rate"]  # same predictions, fewer bytes
+    layer = j["cached"]["per_layer"][0]
+    assert layer["selected_chunks"] == layer["urgent_chunks"] + layer["reused_chunks"]
+    assert j["cached"]["bytes_per_step"]["urgent"] > 0 and j["cached"]["bytes_per_step"]["prefetch"] == 0
+    bad = ddctl(*args, "--mode", "sparse-cached", "--resident_margin", "5")
+    assert bad.returncode != 0 and "resident margin" in bad.stderr, bad.stderr
+
+
 @pytest.mark.parametrize("mode", ["full", "dualdecoder"])
 def test_device_memory_budget(tiny, mode):
     """A budget is parsed with units, reported in --json, and one too small for a single

@@ -70,6 +70,14 @@ def test_sixteen_concurrent_streams_match_one_at_a_time(cluster):
                  "dd_device_memory_bytes", "dd_prefetch_hit_ratio", "dd_kv_bytes_total"):
         assert name in wpage, name
     assert metric(wpage, "dd_decode_tokens_total") > 0
+    # dualdecoder keeps chunks resident across steps (issue 18): some selected chunks were reused.
+    chunks = {}
+    for line in wpage.splitlines():
+        if line.startswith("dd_kv_chunks_total{"):
+            event = line.split('event="', 1)[1].split('"', 1)[0]
+            chunks[event] = chunks.get(event, 0) + float(line.rsplit(" ", 1)[1])
+    assert chunks.get("selected", 0) > 0, chunks
+    assert 0 < chunks.get("reused", 0) <= chunks["selected"], chunks
 
 
 @pytest.mark.parametrize("args,field", [

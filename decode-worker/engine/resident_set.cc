@@ -1,0 +1,88 @@
+#include "decode-worker/engine/resident_set.h"
+
+#include <algorithm>
+
+namespace dd::engine {
+
+void ResidentSet::Init(int64_t heads, int64_t slots_per_head, int64_t block_floats) {
+  slots_per_head_ = slots_per_head;
+  block_floats_ = block_floats;
+  data_.assign(heads * slots_per_head * block_floats, 0.0f);
+  heads_.assign(heads, Head());
+  for (Head& h : heads_) {
+    h.chunk.assign(slots_per_head, -1);
+    h.last_use.assign(slots_per_head, -1);
+    h.inflight.assign(slots_per_head, false);
+  }
+  any_inflight_ = false;
+}
+
+void ResidentSet::Clear() {
+  for (Head& h : heads_) {
+    std::fill(h.chunk.begin(), h.chunk.end(), -1);
+    std::fill(h.last_use.begin(), h.last_use.end(), -1);
+    std::fill(h.inflight.begin(), h.inflight.end(), false);
+    h.slot_of.clear();
+  }
+  any_inflight_ = false;
+}
+
+int32_t ResidentSet::Find(int64_t g, int64_t c) const {
+  const Head& h = heads_[g];
+  return c >= 0 && c < static_cast<int64_t>(h.slot_of.size()) ? h.slot_of[c] : -1;
+}
+
+void ResidentSet::Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight,
+                          std::vector<int32_t>* out) const {
+  const Head& h = heads_[g];
+  out->clear();
+  for (int32_t s = 0; s < slots_per_head_; ++s) {
+    if (h.inflight[s] && !allow_inflight) continue;
+    if (h.chunk[s] >= 0 && std::binary_search(keep.begin(), keep.end(), h.chunk[s])) continue;
+    out->push_back(s);
+  }
+  // Empty slots first (last_use -1 as well, but an empty slot may have been used before).
+  std::stable_sort(out->begin(), out->end(), [&h](int32_t a, int32_t b) {
+    const bool ea = h.chunk[a] < 0, eb = h.chunk[b] < 0;
+    if (ea != eb) return ea;
+    return h.last_use[a] < h.last_use[b];
+  });
+}
+
+int64_t ResidentSet::Available(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight) const {
+  std::vector<int32_t> v;
+  Victims(g, keep, allow_inflight, &v);
+  return static_cast<int64_t>(v.size());
+}
+
+bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,
+                         bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted) {
+  if (incoming.empty()) return true;
+  std::vector<int32_t> victims;
+  Victims(g, keep, allow_inflight, &victims);
+  if (victims.size() < incoming.size()) return false;
+  Head& h = heads_[g];
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const int32_t s = victims[i];
+    if (h.chunk[s] >= 0) {
+      h.slot_of[h.chunk[s]] = -1;
+      ++*evicted;
+    }
+    const int64_t c = incoming[i];
+    if (c >= static_cast<int64_t>(h.slot_of.size())) h.slot_of.resize(c + 1, -1);
+    h.slot_of[c] = s;
+    h.chunk[s] = c;
+    h.inflight[s] = inflight;
+    any_inflight_ = any_inflight_ || inflight;
+    slots->push_back(s);
+  }
+  return true;
+}
+
+void ResidentSet::Landed() {
+  if (!any_inflight_) return;
+  for (Head& h : heads_) std::fill(h.inflight.begin(), h.inflight.end(), false);
+  any_inflight_ = false;
+}
+
+}  // namespace dd::engine

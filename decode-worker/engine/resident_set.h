@@ -1,0 +1,67 @@
+// ResidentSet: the chunks one (sequence, sparse layer) keeps on the device across decode steps
+// (issue 18; docs/decisions.md "Resident chunk set"). Each KV head has a fixed number of block
+// slots ([K | V], one chunk each). A step looks its selection up here, fetches only the chunks
+// that are not resident, straight into slots freed for them, and reads every selected block
+// where it sits. Slots are recycled by one stated policy: a slot whose chunk the caller still
+// needs (`keep`) is never taken; among the others, empty slots first, then the least recently
+// used (lowest stamp), lower slot index on ties. A slot can be "in flight" (a background
+// prefetch is still writing it); such a slot is taken only when the caller allows it (after
+// waiting for that transfer). Chunks are immutable once offloaded, so a resident block never
+// goes stale. Not thread-safe (the engine's compute thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dd::engine {
+
+class ResidentSet {
+ public:
+  // `heads` KV heads of `slots_per_head` slots of `block_floats` floats each; empties the set.
+  void Init(int64_t heads, int64_t slots_per_head, int64_t block_floats);
+  bool initialized() const { return slots_per_head_ > 0; }
+  int64_t heads() const { return static_cast<int64_t>(heads_.size()); }
+  int64_t slots_per_head() const { return slots_per_head_; }
+  int64_t bytes() const { return static_cast<int64_t>(data_.size() * sizeof(float)); }
+
+  // The slot holding chunk `c` of head `g`, or -1.
+  int32_t Find(int64_t g, int64_t c) const;
+  float* Block(int64_t g, int32_t slot) { return &data_[((g * slots_per_head_) + slot) * block_floats_]; }
+  const float* Block(int64_t g, int32_t slot) const {
+    return &data_[((g * slots_per_head_) + slot) * block_floats_];
+  }
+  bool inflight(int64_t g, int32_t slot) const { return heads_[g].inflight[slot]; }
+
+  // Gives each chunk of `incoming` (head g, none of them resident) a slot, in order, evicting
+  // by the policy above; slots holding a chunk of `keep` (ascending) are never taken, in-flight
+  // slots only if `allow_inflight`. Returns false and changes nothing when there are not enough
+  // slots; else appends the slots to *slots, marks them in flight if `inflight`, and adds the
+  // number of resident chunks it evicted to *evicted.
+  bool Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,
+              bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted);
+  // How many slots of head g Assign could take with these arguments.
+  int64_t Available(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight) const;
+  // Marks the slot used at `stamp` (for least-recently-used eviction).
+  void Touch(int64_t g, int32_t slot, int64_t stamp) { heads_[g].last_use[slot] = stamp; }
+  // Every in-flight slot has landed (the caller waited for the transfer writing them).
+  void Landed();
+  // Forgets every chunk (slots become empty); keeps the memory.
+  void Clear();
+
+ private:
+  struct Head {
+    std::vector<int64_t> chunk;     // per slot: the chunk it holds, -1 = empty
+    std::vector<int64_t> last_use;  // per slot
+    std::vector<bool> inflight;     // per slot
+    std::vector<int32_t> slot_of;   // per chunk index: its slot, -1 = not resident
+  };
+  // Candidates for eviction in policy order.
+  void Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight, std::vector<int32_t>* out) const;
+
+  std::vector<Head> heads_;
+  int64_t slots_per_head_ = 0, block_floats_ = 0;
+  std::vector<float> data_;
+  bool any_inflight_ = false;
+};
+
+}  // namespace dd::engine

@@ -1,0 +1,210 @@
+// SparseKvCache with the step cache (issue 18): chunks stay resident across decode steps in a
+// ResidentSet per (sequence, sparse layer); only what is not resident moves. See the class
+// comment in sparse_kv_cache.h and docs/decisions.md "Resident chunk set".
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "decode-worker/engine/sparse_kv_cache.h"
+
+namespace dd::engine {
+namespace {
+
+int64_t Total(const std::vector<std::vector<int64_t>>& sel) {
+  int64_t n = 0;
+  for (const auto& v : sel) n += static_cast<int64_t>(v.size());
+  return n;
+}
+
+int64_t CountCommon(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {  // both ascending
+  int64_t n = 0;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    if (a[i] < b[j]) {
+      ++i;
+    } else if (b[j] < a[i]) {
+      ++j;
+    } else {
+      ++n, ++i, ++j;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+void SparseKvCache::EnsureResident(LayerState& st) const {
+  if (st.resident.initialized()) return;
+  const int64_t slots = (options_.budget_tokens + options_.resident_margin_tokens) / options_.chunk_tokens;
+  st.resident.Init(config_.n_head_kv, slots, 2 * options_.chunk_tokens * config_.head_dim);
+}
+
+absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
+  if (!st.prefetch_pending) return absl::OkStatus();
+  st.prefetch_pending = false;
+  absl::Status status = store_->Wait(st.prefetch_tid);
+  st.resident.Landed();
+  if (!status.ok()) st.resident.Clear();  // the slots it was writing hold nothing usable
+  return status;
+}
+
+absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection& sel, bool count) {
+  LayerState& st = s.layers[layer];
+  EnsureResident(st);
+  ResidentSet& res = st.resident;
+  const int64_t heads = static_cast<int64_t>(sel.size());
+  Selection misses(heads);
+  int64_t reused = 0;
+  bool reads_inflight = false, short_of_slots = false;
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int64_t c : sel[g]) {
+      const int32_t slot = res.Find(g, c);
+      if (slot < 0) {
+        misses[g].push_back(c);
+        continue;
+      }
+      reads_inflight = reads_inflight || res.inflight(g, slot);
+      const bool prefetched = g < static_cast<int64_t>(st.prefetch_chunks.size()) &&
+                              std::binary_search(st.prefetch_chunks[g].begin(), st.prefetch_chunks[g].end(), c);
+      reused += prefetched ? 0 : 1;
+    }
+    if (res.Available(g, sel[g], /*allow_inflight=*/false) < static_cast<int64_t>(misses[g].size())) {
+      short_of_slots = true;
+    }
+  }
+  // Misses go only into slots no transfer is writing: when too few are free, the layer's
+  // prefetch is waited first (it has landed by now in the common case).
+  if (short_of_slots) RETURN_IF_ERROR(WaitPrefetch(st));
+  std::vector<kvpool::ChunkRef> refs;
+  std::vector<float*> dsts;
+  int64_t evicted = 0;
+  for (int64_t g = 0; g < heads; ++g) {
+    std::vector<int32_t> slots;
+    if (!res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted)) {
+      res.Clear();
+      return absl::InternalError(absl::StrCat("resident set of layer ", layer, " has ", res.slots_per_head(),
+                                              " slots per head, fewer than the selection needs"));
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), misses[g][i]});
+      dsts.push_back(res.Block(g, slots[i]));
+    }
+  }
+  kvpool::TransferId urgent = 0;
+  if (!refs.empty()) {
+    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kUrgent);
+    if (!tid.ok()) {
+      res.Clear();
+      return tid.status();
+    }
+    urgent = *tid;
+    fetched_chunks_ += static_cast<int64_t>(refs.size());
+  }
+  absl::Status status = reads_inflight ? WaitPrefetch(st) : absl::OkStatus();
+  if (urgent != 0) {
+    absl::Status st_urgent = store_->Wait(urgent);
+    if (!st_urgent.ok()) res.Clear();
+    status.Update(st_urgent);
+  }
+  RETURN_IF_ERROR(status);
+  const int64_t stamp = ++st.stamp;
+  block_ptrs_.clear();
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int64_t c : sel[g]) {
+      const int32_t slot = res.Find(g, c);
+      res.Touch(g, slot, stamp);
+      block_ptrs_.push_back(res.Block(g, slot));
+    }
+  }
+  if (count) {
+    LayerStats& stats = stats_[layer];
+    stats.urgent += static_cast<int64_t>(refs.size());
+    stats.reused += reused;
+    stats.evictions += evicted;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::AttendDecodeRowResident(Seq& s, const model::AttentionCall& call, int64_t row,
+                                                    bool spec_follows) {
+  LayerState& st = s.layers[call.layer];
+  const int64_t q_dim = config_.n_head * config_.head_dim;
+  Window w;
+  Selection sel = PrepareDecodeRow(st, call, row, spec_follows, &w);
+  LayerStats& stats = stats_[call.layer];
+  if (st.issued) {  // how good the prediction was, and what of its transfer went unused
+    for (size_t g = 0; g < sel.size(); ++g) {
+      const int64_t hits = CountCommon(sel[g], st.issued_sel[g]);
+      const int64_t n = static_cast<int64_t>(sel[g].size());
+      stats.hits += hits;
+      stats.predicted_for += n;
+      if (st.issued_seeded) {
+        stats.seeded_hits += hits;
+        stats.seeded_for += n;
+      } else {
+        s.hits += hits;
+        s.predicted_for += n;
+      }
+      stats.wasted += static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
+    }
+  }
+  absl::Status fetched = FetchResident(s, call.layer, sel, /*count=*/true);
+  st.issued = false;
+  st.prefetch_chunks.clear();
+  st.issued_sel.clear();
+  RETURN_IF_ERROR(fetched);
+  stats.selected += Total(sel);
+  AttendOver(st, call.q + row * q_dim, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr,
+             nullptr);
+  if (spec_follows) last_selection_ = std::move(sel);  // the speculative row reads the same blocks
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selection predicted, bool seeded) {
+  LayerState& st = s.layers[layer];
+  EnsureResident(st);
+  RETURN_IF_ERROR(WaitPrefetch(st));  // an earlier prediction no real row read
+  ResidentSet& res = st.resident;
+  const int64_t heads = static_cast<int64_t>(predicted.size());
+  Selection incoming(heads);
+  std::vector<kvpool::ChunkRef> refs;
+  std::vector<float*> dsts;
+  int64_t evicted = 0;
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int64_t c : predicted[g]) {
+      if (res.Find(g, c) < 0) incoming[g].push_back(c);
+    }
+    // Never more than the slots outside P' (only with a budget above the slots; kept safe).
+    const int64_t room = res.Available(g, predicted[g], /*allow_inflight=*/false);
+    if (static_cast<int64_t>(incoming[g].size()) > room) incoming[g].resize(room);
+    std::vector<int32_t> slots;
+    (void)res.Assign(g, incoming[g], predicted[g], /*allow_inflight=*/false, /*inflight=*/true, &slots, &evicted);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), incoming[g][i]});
+      dsts.push_back(res.Block(g, slots[i]));
+    }
+  }
+  st.prefetch_tid = 0;
+  if (!refs.empty()) {
+    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kBackground);
+    if (!tid.ok()) {
+      res.Clear();
+      return tid.status();
+    }
+    st.prefetch_tid = *tid;
+    st.prefetch_pending = true;
+    fetched_chunks_ += static_cast<int64_t>(refs.size());
+  } else {
+    res.Landed();
+  }
+  LayerStats& stats = stats_[layer];
+  stats.prefetched += static_cast<int64_t>(refs.size());
+  stats.evictions += evicted;
+  st.issued = true;
+  st.issued_seeded = seeded;
+  st.issued_sel = std::move(predicted);
+  st.prefetch_chunks = std::move(incoming);
+  return absl::OkStatus();
+}
+
+}  // namespace dd::engine
