@@ -34,6 +34,7 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "4"}
           "Batch sizes; 'max' = the mode's largest batch under --device_memory");
 ABSL_FLAG(int64_t, budget, 1024, "Sparse budget in tokens");
 ABSL_FLAG(int32_t, steps, 12, "Timed decode steps per run");
+ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores)");
 ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)");
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
       dd::engine::EngineOptions o;
       o.mode = mode;
       o.spec_head = variant.head;
+      o.threads = absl::GetFlag(FLAGS_threads);
       o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
       if (variant.store != "inproc") {
         if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");

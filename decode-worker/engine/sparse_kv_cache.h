@@ -160,7 +160,7 @@ class SparseKvCache : public KvCache {
     // was actually fetched (P' \ resident).
     ResidentSet resident;
     int64_t stamp = 0;  // real reads so far (least-recently-used clock)
-    kvpool::TransferId prefetch_tid = 0;
+    std::vector<kvpool::TransferId> prefetch_tids;  // pieces of the background gather
     bool prefetch_pending = false;
     bool issued = false, issued_seeded = false;
     std::vector<std::vector<int64_t>> issued_sel, prefetch_chunks;

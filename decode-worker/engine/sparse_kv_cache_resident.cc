@@ -11,6 +11,10 @@
 namespace dd::engine {
 namespace {
 
+// A prefetch goes out in pieces of at most this many bytes: the store's link serves one job at
+// a time without interrupting it, so an urgent miss waits for at most one piece.
+constexpr int64_t kPrefetchPieceBytes = 32 << 10;
+
 int64_t Total(const std::vector<std::vector<int64_t>>& sel) {
   int64_t n = 0;
   for (const auto& v : sel) n += static_cast<int64_t>(v.size());
@@ -42,7 +46,9 @@ void SparseKvCache::EnsureResident(LayerState& st) const {
 absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
   if (!st.prefetch_pending) return absl::OkStatus();
   st.prefetch_pending = false;
-  absl::Status status = store_->Wait(st.prefetch_tid);
+  absl::Status status;
+  for (kvpool::TransferId tid : st.prefetch_tids) status.Update(store_->Wait(tid));
+  st.prefetch_tids.clear();
   st.resident.Landed();
   if (!status.ok()) st.resident.Clear();  // the slots it was writing hold nothing usable
   return status;
@@ -184,19 +190,22 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
       dsts.push_back(res.Block(g, slots[i]));
     }
   }
-  st.prefetch_tid = 0;
-  if (!refs.empty()) {
-    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kBackground);
+  const size_t piece = static_cast<size_t>(std::max<int64_t>(1, kPrefetchPieceBytes / block_bytes()));
+  for (size_t i = 0; i < refs.size(); i += piece) {
+    const size_t n = std::min(piece, refs.size() - i);
+    auto tid = store_->GatherTo(s.store_id, absl::MakeConstSpan(refs).subspan(i, n),
+                                absl::MakeConstSpan(dsts).subspan(i, n), kvpool::Priority::kBackground);
     if (!tid.ok()) {
+      st.prefetch_pending = true;
+      (void)WaitPrefetch(st);  // the pieces already out, then forget the set
       res.Clear();
       return tid.status();
     }
-    st.prefetch_tid = *tid;
+    st.prefetch_tids.push_back(*tid);
     st.prefetch_pending = true;
-    fetched_chunks_ += static_cast<int64_t>(refs.size());
-  } else {
-    res.Landed();
   }
+  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  if (refs.empty()) res.Landed();
   LayerStats& stats = stats_[layer];
   stats.prefetched += static_cast<int64_t>(refs.size());
   stats.evictions += evicted;

@@ -81,6 +81,13 @@ class SparseModeTest : public ModelFixture {
   }
 };
 
+// A RunForked hook that slows the engine's link from step `from` on.
+std::function<void(int)> SlowLinkFrom(Engine& e, int from) {
+  return [&e, from](int i) {
+    if (i == from) e.SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
+  };
+}
+
 using Models = ::testing::Types<testing_util::GemmaTest, testing_util::SmolLM2Test>;
 class ModelNames {
  public:
@@ -142,9 +149,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   auto dual = Engine::Create(*this->model_, o);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const auto a = this->RunForked(**sparse, kSteps, [](int) {});
-  const auto b = this->RunForked(**dual, kSteps, [&](int i) {
-    if (i == kSlowFrom) (*dual)->SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
-  });
+  const auto b = this->RunForked(**dual, kSteps, SlowLinkFrom(**dual, kSlowFrom));
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
   const auto t = (*dual)->sparse_cache()->total_stats();
@@ -166,9 +171,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   o.mode = DecodeMode::kSparseCached;
   auto cached = Engine::Create(*this->model_, o);
   ASSERT_TRUE(cached.ok()) << cached.status();
-  const auto c = this->RunForked(**cached, kSteps, [&](int i) {
-    if (i == kSlowFrom) (*cached)->SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
-  });
+  const auto c = this->RunForked(**cached, kSteps, SlowLinkFrom(**cached, kSlowFrom));
   EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
   const auto tc = (*cached)->sparse_cache()->total_stats();
   EXPECT_EQ(tc.urgent + tc.reused, tc.selected);
@@ -178,9 +181,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   o.sparse.step_cache = true;
   auto resident = Engine::Create(*this->model_, o);
   ASSERT_TRUE(resident.ok()) << resident.status();
-  const auto d = this->RunForked(**resident, kSteps, [&](int i) {
-    if (i == kSlowFrom) (*resident)->SetLink(kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50});
-  });
+  const auto d = this->RunForked(**resident, kSteps, SlowLinkFrom(**resident, kSlowFrom));
   EXPECT_EQ(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
   const auto td = (*resident)->sparse_cache()->total_stats();
   EXPECT_EQ(td.selected, t.selected);

@@ -23,6 +23,10 @@ absl::Status NeverWritten(const ChunkRef& r) {
                                           " was never written"));
 }
 
+absl::Status UnknownSequence(SequenceId seq) {
+  return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+}
+
 absl::StatusOr<TransferId> KvStore::Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
                                            Priority priority) {
   ASSIGN_OR_RETURN(const KvLayout layout, Layout(seq));
@@ -59,7 +63,7 @@ class InProcessKvStore : public KvStore {
   absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     Seq& s = it->second;
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
     std::vector<float>& b = s.blocks[BlockIndex(s.layout, ref)];
@@ -71,7 +75,7 @@ class InProcessKvStore : public KvStore {
   absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     return it->second.layout;
   }
 
@@ -80,7 +84,7 @@ class InProcessKvStore : public KvStore {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     std::unique_lock<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     const Seq& s = it->second;
     // Validate everything now, so a transfer never fails half-way.
     TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_floats(), {}, nullptr};
@@ -102,7 +106,7 @@ class InProcessKvStore : public KvStore {
     queue_.Drain();  // transfers may still read this sequence's blocks
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     bytes_ -= static_cast<int64_t>(it->second.blocks.size()) * it->second.layout.block_floats() * sizeof(float);
     seqs_.erase(it);
     return absl::OkStatus();

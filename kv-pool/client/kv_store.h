@@ -106,6 +106,7 @@ std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>>
 // never written.
 absl::Status CheckChunkRef(const KvLayout& layout, const ChunkRef& ref);
 absl::Status NeverWritten(const ChunkRef& ref);
+absl::Status UnknownSequence(SequenceId seq);
 absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts);
 
 }  // namespace dd::kvpool

@@ -121,7 +121,7 @@ class PoolKvStore : public KvStore {
   absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     return it->second.layout;
   }
 
@@ -254,7 +254,7 @@ class PoolKvStore : public KvStore {
   }
   absl::StatusOr<Seq*> Find(SequenceId seq) {
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     return &it->second;
   }
   void AddExtent(Seq& s, const v1::Extent& e) {

@@ -90,7 +90,7 @@ class ShardedKvStore : public KvStore {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = seqs_.find(seq);
-      if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+      if (it == seqs_.end()) return UnknownSequence(seq);
       s = std::move(it->second);
       seqs_.erase(it);
     }
@@ -124,7 +124,7 @@ class ShardedKvStore : public KvStore {
   absl::StatusOr<Seq> Find(SequenceId seq) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
+    if (it == seqs_.end()) return UnknownSequence(seq);
     return it->second;
   }
 

@@ -1,5 +1,6 @@
 #include "kv-pool/client/transfer_queue.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -41,7 +42,7 @@ TransferId TransferQueue::Submit(Job job, Priority priority) {
     return id;
   }
   pending_.insert(id);
-  (priority == Priority::kUrgent ? urgent_ : background_).push_back({id, std::move(job)});
+  (priority == Priority::kUrgent ? urgent_ : background_).push_back({id, std::move(job), Clock::now()});
   cv_.notify_all();
   return id;
 }
@@ -84,10 +85,15 @@ void TransferQueue::Loop() {
     q.pop_front();
     const LinkModel link = link_;
     lock.unlock();
-    // The link: latency plus size over bandwidth, then the data is there.
+    // The link: latency plus size over bandwidth, then the data is there. A job starts when the
+    // link finished the previous one or when it was submitted, whichever is later — on the
+    // link's own clock, not when this thread woke up: sleep_until overshoots by tens of µs,
+    // which would otherwise add up over many small transfers into a slower link than modelled.
     const double bytes = static_cast<double>(item.job.dst.size() * item.job.block_floats * sizeof(float));
-    const auto until = Clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(
-                                          link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
+    const auto start = std::max(link_free_, item.submitted);
+    const auto until = start + std::chrono::nanoseconds(static_cast<int64_t>(
+                                   link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
+    link_free_ = until;
     absl::Status st = Run(item.job);
     std::this_thread::sleep_until(until);
     lock.lock();

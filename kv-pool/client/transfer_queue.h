@@ -5,6 +5,7 @@
 // Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,6 +46,7 @@ class TransferQueue {
   struct Queued {
     TransferId id;
     Job job;
+    std::chrono::steady_clock::time_point submitted;
   };
   static absl::Status Run(const Job& job);
   void Loop();
@@ -60,6 +62,7 @@ class TransferQueue {
   int64_t wait_ns_ = 0;
   bool stop_ = false;
   std::thread worker_;
+  std::chrono::steady_clock::time_point link_free_{};  // Loop's thread only: when the link is next idle
 };
 
 }  // namespace dd::kvpool
