@@ -79,14 +79,12 @@ def summary_modes(doc, out_dir):
              "| mode | context | batch | link | tok/s | p50 ms | hit rate | wait ms/step | urgent MB/step | "
              "prefetch MB/step | reused | wasted MB | device MB/request | max batch |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    def per_step(x, key, total):
-        return x[key] if key in x else x[total] / max(1, doc["results"].get("steps", 1))
     for x in runs:
         reused = f"{x['reused_chunks'] / x['selected_chunks']:.0%}" if x.get("selected_chunks") else "–"
         lines.append(f"| {x['mode']} | {x['context']} | {x['batch']} | {x['link']} | {x['tokens_per_s']:.1f} | "
                      f"{x['step_ms_p50']:.1f} | {x['hit_rate']:.3f} | {x['wait_ms_per_step']:.2f} | "
-                     f"{per_step(x, 'urgent_bytes_per_step', 'urgent_bytes') / 1e6:.2f} | "
-                     f"{per_step(x, 'prefetch_bytes_per_step', 'prefetch_bytes') / 1e6:.2f} | {reused} | "
+                     f"{x['urgent_bytes_per_step'] / 1e6:.2f} | "
+                     f"{x['prefetch_bytes_per_step'] / 1e6:.2f} | {reused} | "
                      f"{x['wasted_bytes'] / 1e6:.1f} | "
                      f"{x['device_bytes_per_request'] / 1e6:.1f} | {x['max_batch_in_budget']} |")
     mb = r.get("max_batch", [])
@@ -103,8 +101,8 @@ def summary_modes(doc, out_dir):
             lines.append(f"| {ctx} | {f} | {got.get('sparse', 0)} | {sc} | {got.get('dualdecoder', 0)} | "
                          f"{ratio(got.get('sparse', 0))} | {ratio(sc)} | {ratio(got.get('dualdecoder', 0))} |")
     # Bytes moved per step (urgent + prefetch), infinite link: the step cache's saving.
-    moved = {(x["mode"], x["context"], x["batch"]): per_step(x, "urgent_bytes_per_step", "urgent_bytes") +
-             per_step(x, "prefetch_bytes_per_step", "prefetch_bytes") for x in runs if x["link"] == "inmem"}
+    moved = {(x["mode"], x["context"], x["batch"]): x["urgent_bytes_per_step"] +
+             x["prefetch_bytes_per_step"] for x in runs if x["link"] == "inmem"}
     brows = []
     for ctx, b in sorted({(c, b) for (m, c, b) in moved if m == "sparse"}):
         def r(a, z):

@@ -33,7 +33,7 @@ int32_t ResidentSet::Find(int64_t g, int64_t c) const {
 }
 
 void ResidentSet::Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight,
-                          std::vector<int32_t>* out) const {
+                          size_t first, std::vector<int32_t>* out) const {
   const Head& h = heads_[g];
   out->clear();
   for (int32_t s = 0; s < slots_per_head_; ++s) {
@@ -41,17 +41,20 @@ void ResidentSet::Victims(int64_t g, const std::vector<int64_t>& keep, bool allo
     if (h.chunk[s] >= 0 && std::binary_search(keep.begin(), keep.end(), h.chunk[s])) continue;
     out->push_back(s);
   }
-  // Empty slots first (last_use -1 as well, but an empty slot may have been used before).
-  std::stable_sort(out->begin(), out->end(), [&h](int32_t a, int32_t b) {
+  // Only the first `first` are ordered (all a caller takes): empty slots first (an empty slot
+  // may have been used before), then least recently used, then lower slot.
+  const auto mid = out->begin() + static_cast<std::ptrdiff_t>(std::min(first, out->size()));
+  std::partial_sort(out->begin(), mid, out->end(), [&h](int32_t a, int32_t b) {
     const bool ea = h.chunk[a] < 0, eb = h.chunk[b] < 0;
     if (ea != eb) return ea;
-    return h.last_use[a] < h.last_use[b];
+    if (h.last_use[a] != h.last_use[b]) return h.last_use[a] < h.last_use[b];
+    return a < b;
   });
 }
 
 int64_t ResidentSet::Available(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight) const {
   std::vector<int32_t> v;
-  Victims(g, keep, allow_inflight, &v);
+  Victims(g, keep, allow_inflight, /*first=*/0, &v);
   return static_cast<int64_t>(v.size());
 }
 
@@ -59,7 +62,7 @@ bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const 
                          bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted) {
   if (incoming.empty()) return true;
   std::vector<int32_t> victims;
-  Victims(g, keep, allow_inflight, &victims);
+  Victims(g, keep, allow_inflight, incoming.size(), &victims);
   if (victims.size() < incoming.size()) return false;
   Head& h = heads_[g];
   for (size_t i = 0; i < incoming.size(); ++i) {

@@ -10,6 +10,7 @@
 // goes stale. Not thread-safe (the engine's compute thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -55,8 +56,9 @@ class ResidentSet {
     std::vector<bool> inflight;     // per slot
     std::vector<int32_t> slot_of;   // per chunk index: its slot, -1 = not resident
   };
-  // Candidates for eviction in policy order.
-  void Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight, std::vector<int32_t>* out) const;
+  // Candidates for eviction; the first `first` of them in policy order.
+  void Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight, size_t first,
+               std::vector<int32_t>* out) const;
 
   std::vector<Head> heads_;
   int64_t slots_per_head_ = 0, block_floats_ = 0;

@@ -28,6 +28,12 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
     return absl::InvalidArgumentError(absl::StrCat("resident margin ", resident_margin_tokens,
                                                    " tokens must be a non-negative multiple of the chunk size"));
   }
+  // Bounded before the resident sets are sized from it (budget + margin slots per head).
+  if (resident_margin_tokens > model_context) {
+    return absl::InvalidArgumentError(absl::StrCat("resident margin ", resident_margin_tokens,
+                                                   " tokens is larger than the model context (", model_context,
+                                                   " tokens)"));
+  }
   if (prefetch_buffers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch buffers must be >= 1, got ", prefetch_buffers));
   }

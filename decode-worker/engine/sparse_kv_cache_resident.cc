@@ -61,7 +61,7 @@ absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection
   const int64_t heads = static_cast<int64_t>(sel.size());
   Selection misses(heads);
   int64_t reused = 0;
-  bool reads_inflight = false, short_of_slots = false;
+  bool reads_inflight = false;
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : sel[g]) {
       const int32_t slot = res.Find(g, c);
@@ -74,19 +74,20 @@ absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection
                               std::binary_search(st.prefetch_chunks[g].begin(), st.prefetch_chunks[g].end(), c);
       reused += prefetched ? 0 : 1;
     }
-    if (res.Available(g, sel[g], /*allow_inflight=*/false) < static_cast<int64_t>(misses[g].size())) {
-      short_of_slots = true;
-    }
   }
-  // Misses go only into slots no transfer is writing: when too few are free, the layer's
-  // prefetch is waited first (it has landed by now in the common case).
-  if (short_of_slots) RETURN_IF_ERROR(WaitPrefetch(st));
   std::vector<kvpool::ChunkRef> refs;
   std::vector<float*> dsts;
   int64_t evicted = 0;
   for (int64_t g = 0; g < heads; ++g) {
     std::vector<int32_t> slots;
-    if (!res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted)) {
+    // Misses go only into slots no transfer is writing: when too few are free, the layer's
+    // prefetch is waited first (it has landed by now in the common case), then every slot is.
+    bool assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
+    if (!assigned && st.prefetch_pending) {
+      RETURN_IF_ERROR(WaitPrefetch(st));
+      assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
+    }
+    if (!assigned) {
       res.Clear();
       return absl::InternalError(absl::StrCat("resident set of layer ", layer, " has ", res.slots_per_head(),
                                               " slots per head, fewer than the selection needs"));

@@ -217,6 +217,10 @@ TYPED_TEST(SparseModeTest, InvalidConfigurationsAreClearErrors) {
   auto margin = Engine::Create(*this->model_, o);
   ASSERT_FALSE(margin.ok());
   EXPECT_NE(std::string(margin.status().message()).find("resident margin"), std::string::npos);
+  o.sparse.resident_margin_tokens = int64_t{1} << 40;  // refused before any slot is allocated
+  auto huge = Engine::Create(*this->model_, o);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(std::string(huge.status().message()).find("larger than the model context"), std::string::npos);
 }
 
 }  // namespace
