@@ -30,6 +30,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
     shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
   }
+  if (UsesShortlist()) plan_.AddSharedWorkspace(shortlist_.cache_cap_bytes());
   if (options_.device_memory_bytes < 0) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options_.device_memory_bytes));

@@ -4,7 +4,8 @@
 // The projection mirrors what the KV caches hold (tests compare it with their actual bytes):
 //   weights    every matrix and vector of the model, as stored;
 //   workspace  activations and logits per batch row (a dualdecoder request has two rows), plus
-//              the sparse gather buffers shared by all requests;
+//              the sparse gather buffers and the context head's row cache (spec_head.h)
+//              shared by all requests;
 //   kv         full: every position of every global layer. sparse modes: sinks, local
 //              window + tail chunk and one landmark per chunk per KV head on global layers,
 //              plus, with the step cache (sparse-cached, dualdecoder by default), a resident
@@ -44,6 +45,8 @@ class MemoryPlan {
 
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t shared_workspace_bytes() const { return shared_workspace_; }
+  // Memory every request shares beyond the caches' buffers (the context head's row cache).
+  void AddSharedWorkspace(int64_t bytes) { shared_workspace_ += bytes; }
   // A request whose prompt has `prompt_tokens` and that may grow to `total_tokens`.
   RequestBytes Request(int64_t prompt_tokens, int64_t total_tokens) const;
   // KV bytes the cache holds for one decoding sequence of `length` positions.

@@ -113,6 +113,16 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   EXPECT_TRUE(none.empty());
   ThreadPool two(2);
   EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);
+  EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));  // every row cached once
+  EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);          // from the cache
+  EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));
+  // A cap below the set: the first rows cached, the rest dequantized per call, same answer.
+  for (int64_t cap_rows : {int64_t{0}, int64_t{3}}) {
+    ContextShortlist capped(V, cap_rows * d * static_cast<int64_t>(sizeof(float)));
+    capped.Note(3, prompt);
+    EXPECT_EQ(capped.Argmax(3, *model_, hidden.data(), two), want) << cap_rows;
+    EXPECT_EQ(capped.cached_rows(), cap_rows);
+  }
   ContextShortlist copy = list;
   copy.Copy(3, 5);
   EXPECT_EQ(copy.Argmax(5, *model_, hidden.data(), two), want);

@@ -29,9 +29,15 @@ absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name);  // "full", "con
 // vocabularies are ordered by merge, i.e. roughly by frequency). Control tokens excluded.
 std::vector<int32_t> CommonTokens(const model::Tokenizer& tokenizer, int64_t common);
 
+// One shortlist serves one model: it keeps the output-matrix rows it has dequantized (shared by
+// every slot, up to `cache_bytes`), so a step dequantizes only the tokens new since the last
+// one. Rows past the cap are dequantized on every call, as without the cache; the scores, and
+// so the argmax, are the same either way.
 class ContextShortlist {
  public:
-  explicit ContextShortlist(int64_t n_vocab) : n_vocab_(n_vocab) {}
+  static constexpr int64_t kDefaultCacheBytes = int64_t{16} << 20;
+  explicit ContextShortlist(int64_t n_vocab, int64_t cache_bytes = kDefaultCacheBytes)
+      : n_vocab_(n_vocab), cache_bytes_(cache_bytes) {}
   // Tokens every slot's set starts with (CommonTokens), scored before the slot's own.
   void SetBase(std::vector<int32_t> base) { base_ = std::move(base); }
   // Adds tokens to slot `seq`'s set (ids outside the vocabulary are ignored).
@@ -42,7 +48,10 @@ class ContextShortlist {
   // The token of `seq`'s set whose output-matrix row has the largest dot product with
   // `hidden` (n_embd floats, already normalized); ties go to the token seen first. -1 when
   // the set is empty.
-  int32_t Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden, ThreadPool& pool) const;
+  int32_t Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden, ThreadPool& pool);
+  // Rows held dequantized (for tests and the memory report).
+  int64_t cached_rows() const { return static_cast<int64_t>(cached_.size()); }
+  int64_t cache_cap_bytes() const { return cache_bytes_; }
 
  private:
   struct Slot {
@@ -54,6 +63,10 @@ class ContextShortlist {
   int64_t n_vocab_;
   std::vector<int32_t> base_;
   std::vector<Slot> slots_;
+  int64_t cache_bytes_;
+  std::vector<int32_t> cache_index_;  // per vocabulary id: its row in cache_rows_, or -1
+  std::vector<int32_t> cached_;       // the ids held, in the order cached
+  std::vector<float> cache_rows_;     // cached_.size() rows of n_embd floats
 };
 
 }  // namespace dd::engine
