@@ -1,15 +1,25 @@
-"""Side-by-side CPU comparison with llama.cpp on the same GGUF file, in one run.
+"""CPU decode against llama.cpp on the same GGUF files, side by side in one run.
 
-Needs the optional `llama-cpp-python` package (it compiles llama.cpp, ~15 min on 2 cores;
-not installed by scripts/install-deps):  python3 -m pip install llama-cpp-python
-Then:  python3 bench/compare_llamacpp.py [--model PATH] [--threads 2]
+llama.cpp's own batched benchmark (llama-batched-bench) is built from the llama.cpp tree pinned
+by bench/build-llamacpp (outside the repository, ~15 min on 2 cores once). For each model it is
+run in two configurations:
+  like-for-like     flash attention on, sliding-window layers keep only their window (what
+                    DualDecoder's full mode does), the same thread count;
+  library defaults  what llama.cpp's library API does when left alone (llama-cpp-python's
+                    `Llama()`): full-size KV on sliding-window layers (--swa-full), flash
+                    attention auto.
+Beside them, dd-bench-model (DualDecoder's full mode, int8 matmuls). Both engines prefill one
+prompt of C tokens and continue it as B sequences (llama.cpp copies the prompt's KV, -pps;
+dd-bench-model forks it), then time the decode steps: the figure is decode at context C and
+batch B, not B prefills. Rounds alternate the engines; each figure is the best of the rounds.
 
-Measures, for both engines alternately: prefill tokens/s at 1K and 8K prompt tokens and decode
-tokens/s at batch 1 at those contexts (the llama.cpp Python API decodes one sequence), on the
-same natural-text prompt. Writes bench/results/model-cpu-vs-llamacpp.{json,md}.
+  bench/compare_llamacpp.py [--models gemma,smollm2] [--contexts 1024,8192] [--batches 1,8]
+                            [--threads 2] [--steps 32] [--rounds 2]
+Writes bench/results/model-cpu-vs-llamacpp.{json,md}.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,84 +30,129 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "eval"))
-import haystack  # noqa: E402
 import models  # noqa: E402
 import wrap_results  # noqa: E402
 
-
-def llamacpp_run(model, lengths, steps, threads):
-    from llama_cpp import Llama
-    text = Path(haystack.license_path("GPL-3")).read_text()
-    out = {"prefill": [], "decode": []}
-    for n in lengths:
-        llm = Llama(model_path=model, n_ctx=n + steps + 8, n_threads=threads, n_threads_batch=threads,
-                    n_batch=512, verbose=False)
-        toks = llm.tokenize(text.encode(), add_bos=True)
-        while len(toks) < n:
-            toks += toks[1:]
-        toks = toks[:n]
-        t0 = time.perf_counter()
-        llm.eval(toks)
-        t1 = time.perf_counter()
-        out["prefill"].append({"prompt_tokens": n, "tokens_per_s": n / (t1 - t0)})
-        nxt = toks[-1]
-        llm.eval([nxt])  # warm-up step
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            llm.eval([nxt])
-        t1 = time.perf_counter()
-        out["decode"].append({"context": n, "batch": 1, "tokens_per_s": steps / (t1 - t0)})
-        del llm
-    return out
+CONFIGS = {
+    "like-for-like": ["-fa", "on"],
+    "library-defaults": ["-fa", "auto", "--swa-full"],
+}
 
 
-def ours_run(model, lengths, steps, threads):
+def llamacpp_bin():
+    out = subprocess.run([str(REPO / "bench" / "build-llamacpp")], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def llamacpp_run(binary, model, contexts, batches, steps, threads, flags):
+    # Non-unified KV: every sequence has its own cells (pl * (pp + tg) of them).
+    n_ctx = max(batches) * (max(contexts) + steps)
+    n_ctx = int(math.ceil(n_ctx / 256) * 256)
+    cmd = [str(binary / "llama-batched-bench"), "-m", model, "-c", str(n_ctx), "-b", "2048", "-ub", "512",
+           "-t", str(threads), "-tb", str(threads), "-npp", ",".join(map(str, contexts)), "-ntg", str(steps),
+           "-npl", ",".join(map(str, batches)), "-pps", "--output-format", "jsonl", *flags]
+    t0 = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"compare_llamacpp: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("{")]
+    if len(rows) != len(contexts) * len(batches):
+        sys.exit(f"compare_llamacpp: expected {len(contexts) * len(batches)} results from llama-batched-bench, "
+                 f"got {len(rows)}:\n{proc.stderr[-2000:]}")
+    print(f"compare_llamacpp: llama.cpp {' '.join(flags)} {Path(model).name}: {time.time() - t0:.0f} s",
+          file=sys.stderr)
+    return {"command": cmd, "decode": [{"context": r["pp"], "batch": r["pl"], "tokens_per_s": r["speed_tg"]}
+                                       for r in rows],
+            "prefill": [{"prompt_tokens": r["pp"], "tokens_per_s": r["speed_pp"]} for r in rows]}
+
+
+def ours_run(model, contexts, batches, steps, threads):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        lens = ",".join(str(n) for n in lengths)
-        subprocess.run([str(REPO / "build" / "bin" / "dd-bench-model"), "--model", model, "--prefill", lens,
-                        "--contexts", lens, "--batches", "1", "--decode_steps", str(steps),
-                        "--threads", str(threads), "--out", f.name], check=True)
-        return json.load(open(f.name))
+        cmd = [str(REPO / "build" / "bin" / "dd-bench-model"), "--model", model,
+               "--prefill", ",".join(map(str, contexts)), "--contexts", ",".join(map(str, contexts)),
+               "--batches", ",".join(map(str, batches)), "--decode_steps", str(steps),
+               "--threads", str(threads), "--out", f.name]
+        t0 = time.time()
+        subprocess.run(cmd, check=True)
+        print(f"compare_llamacpp: dualdecoder {Path(model).name}: {time.time() - t0:.0f} s", file=sys.stderr)
+        out = json.load(open(f.name))
+        out["command"] = cmd
+        return out
+
+
+def best(runs, engine, kind, key, n, batch):
+    vals = [r2["tokens_per_s"] for r in runs for r2 in r[engine][kind]
+            if r2[key] == n and r2.get("batch", 1) == batch]
+    return max(vals) if vals else None
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", help="model file or short name gemma|smollm2 (default $DD_MODEL, else gemma)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gemma,smollm2", help="short names or paths, comma-separated")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--lengths", default="1024,8192")
+    ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    a.model = str(models.model_path(a.model))
-    lengths = [int(x) for x in a.lengths.split(",")]
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        sys.exit("compare_llamacpp: llama-cpp-python is not installed (python3 -m pip install llama-cpp-python)")
-    runs = []
-    for rnd in range(2):  # alternate the engines to spread machine noise over both
-        runs.append({"round": rnd, "dualdecoder": ours_run(a.model, lengths, a.steps, a.threads),
-                     "llama_cpp": llamacpp_run(a.model, lengths, a.steps, a.threads)})
-    rows = []
-    for kind, key in (("prefill", "prompt_tokens"), ("decode", "context")):
-        for n in lengths:
-            ours = max(r2["tokens_per_s"] for r in runs for r2 in r["dualdecoder"][kind]
-                       if r2[key] == n and r2.get("batch", 1) == 1)
-            theirs = max(r2["tokens_per_s"] for r in runs for r2 in r["llama_cpp"][kind] if r2[key] == n)
-            rows.append({"what": kind, "tokens": n, "dualdecoder_tokens_per_s": ours,
-                         "llama_cpp_tokens_per_s": theirs, "ratio": ours / theirs})
-    doc = {"benchmark": "model-cpu-vs-llamacpp", "git_sha": wrap_results.git_sha(),
-           "machine": wrap_results.machine(), "threads": a.threads,
-           "llama_cpp_python": __import__("llama_cpp").__version__, "model": a.model,
-           "summary": rows, "runs": runs}
+    contexts = [int(x) for x in a.contexts.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    if min(contexts) < 16 or min(batches) < 1 or a.steps < 1 or a.rounds < 1 or a.threads < 1:
+        sys.exit("compare_llamacpp: contexts >= 16, batches, steps, rounds and threads >= 1")
+    if not (REPO / "build" / "bin" / "dd-bench-model").exists():
+        sys.exit("compare_llamacpp: build/bin/dd-bench-model is missing (run scripts/build)")
+    binary = llamacpp_bin()
+    per_model = []
+    for name in a.models.split(","):
+        path = str(models.model_path(name))
+        runs = []
+        for rnd in range(a.rounds):
+            run = {"round": rnd, "dualdecoder": ours_run(path, contexts, batches, a.steps, a.threads)}
+            for cfg, flags in CONFIGS.items():
+                run[cfg] = llamacpp_run(binary, path, contexts, batches, a.steps, a.threads, flags)
+            runs.append(run)
+        rows = []
+        for c in contexts:
+            for b in batches:
+                ours = best(runs, "dualdecoder", "decode", "context", c, b)
+                row = {"context": c, "batch": b, "dualdecoder_tokens_per_s": ours}
+                for cfg in CONFIGS:
+                    theirs = best(runs, cfg, "decode", "context", c, b)
+                    row[f"{cfg}_tokens_per_s"] = theirs
+                    row[f"ratio_vs_{cfg}"] = ours / theirs if ours and theirs else None
+                rows.append(row)
+        prefill = []
+        for c in contexts:
+            ours = best(runs, "dualdecoder", "prefill", "prompt_tokens", c, 1)
+            theirs = best(runs, "like-for-like", "prefill", "prompt_tokens", c, 1)
+            prefill.append({"prompt_tokens": c, "dualdecoder_tokens_per_s": ours, "llama_cpp_tokens_per_s": theirs,
+                            "ratio": ours / theirs if ours and theirs else None})
+        per_model.append({"model": name, "path": path, "decode": rows, "prefill": prefill, "runs": runs})
+    doc = {"benchmark": "model-cpu-vs-llamacpp", "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(),
+           "command": " ".join([sys.argv[0], *sys.argv[1:]]), "threads": a.threads, "steps": a.steps,
+           "llamacpp_source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp (bench/build-llamacpp)",
+           "llamacpp_configs": CONFIGS, "models": per_model}
     out = REPO / "bench" / "results" / "model-cpu-vs-llamacpp.json"
     out.write_text(json.dumps(doc, indent=2))
-    md = ["# DualDecoder vs llama.cpp, CPU, same GGUF, one run (best of 2 alternating rounds)", "",
-          f"{doc['machine']['cpu']}, {a.threads} threads, llama-cpp-python {doc['llama_cpp_python']}, "
-          f"git {doc['git_sha'][:12]}", "",
-          "| | tokens | DualDecoder tok/s | llama.cpp tok/s | ratio |", "|---|---:|---:|---:|---:|"]
-    for r in rows:
-        md.append(f"| {r['what']} | {r['tokens']} | {r['dualdecoder_tokens_per_s']:.1f} | "
-                  f"{r['llama_cpp_tokens_per_s']:.1f} | {r['ratio']:.2f} |")
+    md = ["# CPU decode: DualDecoder (full mode) vs llama.cpp, same GGUF, one run", "",
+          f"{doc['machine']['cpu']}, {a.threads} threads, git {doc['git_sha'][:12]}, "
+          f"best of {a.rounds} alternating rounds, {a.steps} decode steps; `{doc['command']}`", "",
+          "like-for-like: llama.cpp `-fa on`, windowed sliding-window cache; library defaults: "
+          "`-fa auto --swa-full` (what `Llama()` does). Both engines prefill once and continue B copies.", "",
+          "| model | context | batch | DualDecoder tok/s | llama.cpp like-for-like | ratio | "
+          "llama.cpp defaults | ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in per_model:
+        for r in m["decode"]:
+            md.append(f"| {m['model']} | {r['context']} | {r['batch']} | {r['dualdecoder_tokens_per_s']:.1f} | "
+                      f"{r['like-for-like_tokens_per_s']:.1f} | {r['ratio_vs_like-for-like']:.2f} | "
+                      f"{r['library-defaults_tokens_per_s']:.1f} | {r['ratio_vs_library-defaults']:.2f} |")
+    md += ["", "Prefill of the same runs (one prompt; issue 16 owns prefill):", "",
+           "| model | prompt tokens | DualDecoder tok/s | llama.cpp like-for-like tok/s | ratio |",
+           "|---|---:|---:|---:|---:|"]
+    for m in per_model:
+        for r in m["prefill"]:
+            md.append(f"| {m['model']} | {r['prompt_tokens']} | {r['dualdecoder_tokens_per_s']:.1f} | "
+                      f"{r['llama_cpp_tokens_per_s']:.1f} | {r['ratio']:.2f} |")
     md.append("")
     (REPO / "bench" / "results" / "model-cpu-vs-llamacpp.md").write_text("\n".join(md))
     print("\n".join(md))
