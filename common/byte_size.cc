@@ -23,10 +23,16 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view text, absl::string_view 
   else if (unit == "k" || unit == "kib" || unit == "kb") scale = 1024.0;
   else if (unit == "m" || unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
   else if (unit == "g" || unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
-  if (end == s.c_str() || scale == 0 || !(value >= 0) || value * scale > 9.0e18) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " = '", text,
-                                                   "': expected a size such as 8GiB, 512MiB or 1073741824 (bytes)"));
+  else if (unit == "t" || unit == "tib" || unit == "tb") scale = 1024.0 * 1024 * 1024 * 1024;
+  const std::string prefix = absl::StrCat("--", flag, " = '", text, "': ");
+  if (end == s.c_str() || !(value >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "expected a non-negative size such as 8GiB, 512MiB or 1073741824 (bytes)"));
   }
+  if (scale == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "unknown unit '", unit, "' (B, KiB, MiB, GiB, TiB)"));
+  }
+  if (value * scale > 9.0e18) return absl::InvalidArgumentError(absl::StrCat(prefix, "larger than 8 EiB"));
   return static_cast<int64_t>(value * scale);
 }
 

@@ -2,6 +2,8 @@
 // admission against --device-memory, on the real Gemma 3 270M.
 #include "decode-worker/engine/memory_plan.h"
 
+#include <utility>
+#include <vector>
 
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -149,10 +151,17 @@ TEST(ParseByteSizeTest, UnitsAndErrors) {
   EXPECT_EQ(*ParseByteSize("512MiB", "device_memory"), int64_t{512} << 20);
   EXPECT_EQ(*ParseByteSize("1.5G", "device_memory"), int64_t{3} << 29);
   EXPECT_EQ(*ParseByteSize("2 gib", "device_memory"), int64_t{2} << 30);
-  for (const char* bad : {"", "abc", "-1G", "12TiB", "1e30"}) {
+  EXPECT_EQ(*ParseByteSize("12TiB", "device_memory"), int64_t{12} << 40);
+  // Each refusal names the flag and the actual reason.
+  for (auto [bad, reason] : std::vector<std::pair<const char*, const char*>>{{"", "non-negative size"},
+                                                                            {"abc", "non-negative size"},
+                                                                            {"-1G", "non-negative size"},
+                                                                            {"12PiB", "unknown unit 'pib'"},
+                                                                            {"1e30", "larger than 8 EiB"}}) {
     auto r = ParseByteSize(bad, "device_memory");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("--device_memory"), std::string::npos);
+    EXPECT_NE(r.status().message().find(reason), std::string::npos) << r.status();
   }
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -14,12 +16,22 @@ namespace {
 int64_t BlockBytes(const KvLayout& l) { return l.block_floats() * static_cast<int64_t>(sizeof(float)); }
 int64_t ChunkBytes(const KvLayout& l) { return l.n_layers * l.n_kv_heads * BlockBytes(l); }
 
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& path) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("tenant config ", path, " cannot be read"));
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON (byte ", e.byte, "): ", e.what()));
+  }
   if (!j.is_array() || j.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of tenants"));
   }
@@ -36,7 +48,8 @@ absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& pa
       return absl::InvalidArgumentError(absl::StrCat(where, ": name must be non-empty and token at least 16 characters"));
     }
     auto q = ParseByteSize(e["quota"].get<std::string>(), "quota");
-    if (!q.ok() || *q <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": quota must be a positive size such as 4GiB"));
+    if (!q.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", q.status().message()));
+    if (*q <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": quota must be a positive size such as 4GiB"));
     t.quota_bytes = *q;
     for (const TenantConfig& o : out) {
       if (o.name == t.name || o.token == t.token) {
@@ -49,7 +62,24 @@ absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& pa
 }
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(std::vector<TenantConfig> tenants, const PoolOptions& options) {
-  if (options.lease_ttl.count() <= 0) return absl::InvalidArgumentError("lease TTL must be positive");
+  if (options.lease_ttl < kMinLeaseTtl || options.lease_ttl > kMaxLeaseTtl) {
+    // The reaper wakes at a quarter of the TTL: a tiny TTL would spin a core.
+    return absl::InvalidArgumentError(absl::StrCat("lease TTL must be in [", kMinLeaseTtl.count(), ", ",
+                                                   kMaxLeaseTtl.count(), "] ms, got ", options.lease_ttl.count()));
+  }
+  // Regions are sized by the quotas: quotas the host cannot hold are refused at start, not
+  // discovered when a tenant's writes fault.
+  int64_t total = 0;
+  for (const TenantConfig& t : tenants) {
+    if (t.quota_bytes <= 0 || __builtin_add_overflow(total, t.quota_bytes, &total)) {
+      return absl::InvalidArgumentError(absl::StrCat("tenant ", t.name, ": quota must be positive and the total fit in 63 bits"));
+    }
+  }
+  const int64_t host = HostMemoryBytes();
+  if (host > 0 && total > host) {
+    return absl::InvalidArgumentError(absl::StrCat("tenant quotas total ", MiB(total), ", more than this host's ",
+                                                   MiB(host), " of memory"));
+  }
   std::unique_ptr<Pool> pool(new Pool(options));
   for (TenantConfig& t : tenants) {
     auto region = ShmRegion::Create(options.shm_prefix, t.quota_bytes, options.region);
@@ -79,7 +109,13 @@ absl::StatusOr<Pool::Seq*> Pool::Find(Tenant& tn, SequenceId seq) {
 }
 
 absl::StatusOr<Extent> Pool::AllocateExtent(Tenant& tn, Seq& s, int64_t chunks) {
-  const int64_t bytes = chunks * ChunkBytes(s.layout);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(chunks, ChunkBytes(s.layout), &bytes) || bytes > tn.alloc.size()) {
+    // Refused before anything is evicted: no eviction could make it fit.
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tn.config.name, ": ", chunks, " chunks of ",
+                                                     ChunkBytes(s.layout), " bytes can never fit its quota of ",
+                                                     MiB(tn.alloc.size())));
+  }
   int64_t off = tn.alloc.Allocate(bytes);
   while (off < 0 && !tn.lru.empty()) {  // evict unleased committed sequences, oldest first
     const SequenceId victim = tn.lru.front();
@@ -95,6 +131,7 @@ absl::StatusOr<Extent> Pool::AllocateExtent(Tenant& tn, Seq& s, int64_t chunks) 
   const int64_t first = s.extents.empty() ? 0 : s.extents.back().first_chunk + s.extents.back().chunks;
   s.extents.push_back({first, chunks, off});
   s.bytes += (bytes + 4095) / 4096 * 4096;
+  s.chunks += chunks;
   return s.extents.back();
 }
 
@@ -109,7 +146,9 @@ absl::StatusOr<std::pair<SequenceId, Extent>> Pool::Open(int t, const KvLayout& 
   }
   std::lock_guard<std::mutex> lock(mu_);
   Tenant& tn = *tenants_[t];
-  const SequenceId id = ++next_seq_;
+  // Random, per tenant: an id says nothing about other tenants' activity and cannot be guessed.
+  SequenceId id = 0;
+  while (id == 0 || tn.seqs.count(id) != 0) id = rng_() >> 11;  // 53 bits: exact in JSON too
   Seq& s = tn.seqs[id];
   s.layout = layout;
   s.expires = now + options_.lease_ttl;
@@ -139,6 +178,25 @@ absl::Status Pool::Commit(int t, SequenceId seq, absl::Span<const uint64_t> keys
   auto s = Find(tn, seq);
   if (!s.ok()) return s.status();
   if ((*s)->leases == 0) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has no lease"));
+  // Key i stands for the sequence's first i + 1 blocks: there are never more keys than blocks.
+  if (static_cast<int64_t>(keys.size()) > (*s)->chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(keys.size(), " prefix keys for sequence ", seq, " of ",
+                                                   (*s)->chunks, " chunks (at most one key per chunk)"));
+  }
+  // Keys are metadata the pool holds for the tenant: at most KeyCap(quota) of them, room made
+  // by evicting unleased committed sequences (with their keys), oldest first.
+  int64_t fresh = 0;
+  for (uint64_t k : keys) fresh += tn.prefix.count(k) == 0 ? 1 : 0;
+  const int64_t cap = KeyCap(tn.alloc.size());
+  while (static_cast<int64_t>(tn.prefix.size()) + fresh > cap && !tn.lru.empty()) {
+    Free(tn, tn.lru.front());
+    ++tn.stats.evictions;
+  }
+  if (static_cast<int64_t>(tn.prefix.size()) + fresh > cap) {
+    return absl::ResourceExhaustedError(absl::StrCat("tenant ", tn.config.name, " holds ", tn.prefix.size(),
+                                                     " prefix keys; ", fresh, " more exceed its cap of ", cap,
+                                                     " (one per 4 KiB of quota)"));
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     auto [it, inserted] = tn.prefix.try_emplace(keys[i], seq, static_cast<int64_t>(i + 1));
     if (inserted) (*s)->keys.push_back(keys[i]);

@@ -4,11 +4,13 @@
 // only. Time is passed in, so lease expiry is tested without sleeping. Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +30,9 @@ struct TenantConfig {
 
 // Reads `[{"name": ..., "token": ..., "quota": "4GiB"}, ...]`; errors name the file and entry.
 absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& path);
+
+inline constexpr std::chrono::milliseconds kMinLeaseTtl{100};
+inline constexpr std::chrono::milliseconds kMaxLeaseTtl{24 * 3600 * 1000};
 
 struct PoolOptions {
   std::chrono::milliseconds lease_ttl{30000};
@@ -57,6 +62,10 @@ class Pool {
   int64_t region_bytes(int t) const { return tenants_[t]->region.size(); }  // mapped size (>= quota)
   uint8_t* region_data(int t) const { return tenants_[t]->region.data(); }
   std::chrono::milliseconds lease_ttl() const { return options_.lease_ttl; }
+  // Committed prefix keys a tenant may hold: one per 4 KiB of quota, at least 1024. Real
+  // chunks are far larger (SmolLM2: 360 KiB), so the cap only binds on junk; it keeps the
+  // pool's metadata under ~3% of the quota whatever the layout.
+  static int64_t KeyCap(int64_t quota) { return std::max<int64_t>(1024, quota / 4096); }
 
   absl::StatusOr<std::pair<SequenceId, Extent>> Open(int t, const KvLayout& layout, int64_t chunks, Clock::time_point now);
   absl::StatusOr<Extent> Extend(int t, SequenceId seq, int64_t chunks);
@@ -87,6 +96,7 @@ class Pool {
     Clock::time_point expires;
     std::vector<uint64_t> keys;  // committed prefix keys
     std::list<SequenceId>::iterator lru;  // valid when leases == 0 && committed
+    int64_t chunks = 0;          // allocated, over all extents
   };
   struct Tenant {
     TenantConfig config;
@@ -106,7 +116,7 @@ class Pool {
   PoolOptions options_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Tenant>> tenants_;
-  SequenceId next_seq_ = 0;
+  std::mt19937_64 rng_{std::random_device{}()};
 };
 
 }  // namespace dd::kvpool

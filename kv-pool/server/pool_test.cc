@@ -112,12 +112,95 @@ TEST(PoolTest, TenantConfigErrorsNameTheEntry) {
   EXPECT_NE(r.status().message().find("tenant 0"), std::string::npos) << r.status();
   std::ofstream(path) << R"([{"name": "a", "token": "0123456789abcdef", "quota": "lots"}])";
   EXPECT_FALSE(LoadTenantConfig(path).ok());
+  std::ofstream(path) << R"([{"name": "a", "token": "0123456789abcdef", "quota": "2XiB"}])";
+  r = LoadTenantConfig(path);
+  EXPECT_NE(r.status().message().find("unknown unit 'xib'"), std::string::npos) << r.status();
   std::ofstream(path) << "not json";
-  EXPECT_EQ(LoadTenantConfig(path).status().code(), absl::StatusCode::kInvalidArgument);
+  r = LoadTenantConfig(path);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not valid JSON (byte"), std::string::npos) << r.status();
   std::ofstream(path) << R"([{"name": "a", "token": "0123456789abcdef", "quota": "2MiB"}])";
   auto ok = LoadTenantConfig(path);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)[0].quota_bytes, 2 << 20);
+}
+
+// Issue 14, finding 3: one tenant's requests cannot overflow the byte counts, grow the pool's
+// metadata past its quota, or flush its own cache with a request that can never fit.
+TEST(PoolTest, HugeLayoutIsRefusedWithoutOverflowOrEviction) {
+  auto pool = MakePool(1 << 20);
+  const auto now = Pool::Clock::now();
+  auto committed = pool->Open(0, kLayout, 8, now);
+  ASSERT_TRUE(committed.ok());
+  const uint64_t keys[] = {5};
+  ASSERT_TRUE(pool->Commit(0, committed->first, keys).ok());
+  ASSERT_TRUE(pool->Release(0, committed->first).ok());
+  // chunks × chunk bytes = 2^32 × 2^55: overflows int64 unless checked.
+  const KvLayout huge{.n_layers = 4096, .n_kv_heads = 4096, .head_dim = 65536, .chunk_tokens = 4096};
+  for (int64_t chunks : {int64_t{1}, int64_t{1} << 32}) {
+    auto r = pool->Open(0, huge, chunks, now);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+    EXPECT_NE(r.status().message().find("can never fit"), std::string::npos) << r.status();
+  }
+  auto big = pool->Open(0, kLayout, 65, now);  // 65 chunks of 16 KiB > 1 MiB
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  const PoolStats st = pool->Stats(0);
+  EXPECT_EQ(st.evictions, 0);  // the cached prefix survived every refusal
+  EXPECT_GE(st.leased_bytes, 0);
+  EXPECT_EQ(pool->Lookup(0, keys).blocks, 1);
+}
+
+TEST(PoolTest, PrefixKeysAreBounded) {
+  auto pool = MakePool(1 << 20);  // key cap: max(1024, 1 MiB / 4 KiB) = 1024
+  ASSERT_EQ(Pool::KeyCap(1 << 20), 1024);
+  const auto now = Pool::Clock::now();
+  // 8-byte chunks: a junk layout that could otherwise commit 131072 keys into 1 MiB.
+  const KvLayout tiny{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .chunk_tokens = 1};
+  auto a = pool->Open(0, tiny, 2000, now);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<uint64_t> keys(2001);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + i;
+  auto r = pool->Commit(0, a->first, keys);  // more keys than chunks
+  EXPECT_EQ(r.code(), absl::StatusCode::kInvalidArgument) << r;
+  keys.resize(1025);
+  r = pool->Commit(0, a->first, keys);  // over the cap, nothing evictable
+  EXPECT_EQ(r.code(), absl::StatusCode::kResourceExhausted) << r;
+  EXPECT_NE(r.message().find("cap of 1024"), std::string::npos) << r;
+  keys.resize(1024);
+  ASSERT_TRUE(pool->Commit(0, a->first, keys).ok());
+  ASSERT_TRUE(pool->Release(0, a->first).ok());  // committed: cached, evictable
+  // Another sequence's keys make room by evicting the oldest cached one, keys and all.
+  auto b = pool->Open(0, tiny, 2000, now);
+  ASSERT_TRUE(b.ok());
+  std::vector<uint64_t> other(10);
+  for (size_t i = 0; i < other.size(); ++i) other[i] = 900000 + i;
+  ASSERT_TRUE(pool->Commit(0, b->first, other).ok());
+  EXPECT_EQ(pool->Stats(0).evictions, 1);
+  EXPECT_EQ(pool->Lookup(0, keys).blocks, 0);
+  EXPECT_EQ(pool->Lookup(0, other).blocks, 10);
+  EXPECT_EQ(pool->Stats(0).sequences, 1);
+}
+
+TEST(PoolTest, SequenceIdsArePerTenantAndUnguessable) {
+  auto pool = MakePool();
+  const auto now = Pool::Clock::now();
+  auto a1 = pool->Open(0, kLayout, 1, now), b = pool->Open(1, kLayout, 1, now), a2 = pool->Open(0, kLayout, 1, now);
+  ASSERT_TRUE(a1.ok() && b.ok() && a2.ok());
+  // Not a shared counter: alice's next id does not reveal that bob opened one in between.
+  EXPECT_NE(a2->first, a1->first + 2);
+  EXPECT_NE(a2->first, a1->first + 1);
+  EXPECT_GT(a1->first, uint64_t{1} << 20);  // drawn from 53 bits; a small id has odds 2^-33
+}
+
+TEST(PoolTest, ImpossibleSettingsAreRefusedAtStart) {
+  std::vector<TenantConfig> t = {{"alice", "alice-token-0123456789", 1 << 20}};
+  auto tiny_ttl = Pool::Create(t, PoolOptions{.lease_ttl = milliseconds(3), .region = {}, .shm_prefix = "dd-kvpool-test"});
+  EXPECT_EQ(tiny_ttl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tiny_ttl.status().message().find("lease TTL"), std::string::npos) << tiny_ttl.status();
+  t[0].quota_bytes = int64_t{1} << 62;  // 4 EiB: more than any host has
+  auto huge = Pool::Create(t, PoolOptions{.lease_ttl = milliseconds(1000), .region = {}, .shm_prefix = "dd-kvpool-test"});
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("more than this host's"), std::string::npos) << huge.status();
 }
 
 }  // namespace
