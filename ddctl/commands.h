@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "decode-worker/engine/engine.h"
+#include "proto/tls.h"
 
 namespace dd::ddctl {
 
@@ -26,6 +27,9 @@ struct CliConfig {
   std::string worker;           // stats: a worker's address
   std::string model_name;       // generate --server: the model to ask for (empty = any)
   std::string listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0";  // serve
+  std::string internal_listen = "127.0.0.1:0";  // serve: router registry + worker service
+  std::string cluster_secret;                   // --cluster_secret_file, loaded
+  TlsFiles tls;                                 // --tls_cert/--tls_key/--tls_ca, loaded
   int64_t deadline_ms = 0;      // client deadline (0 = none for generate, 10 s for the others)
   bool events = false;          // generate --server: one JSON line per streamed message
 };

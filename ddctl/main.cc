@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "ddctl/commands.h"
 #include "decode-worker/service/engine_flags.h"
+#include "proto/cluster_auth.h"
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text");
 ABSL_FLAG(std::string, prompt_file, "", "Read the prompt from this file");
@@ -36,6 +37,9 @@ ABSL_FLAG(std::string, worker, "", "stats: a decode worker at HOST:PORT");
 ABSL_FLAG(std::string, model_name, "", "generate --server: the model to ask for (default: the one served)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "serve: gRPC address for clients (port 0 = pick one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "serve: Prometheus /metrics address (empty = off)");
+ABSL_FLAG(std::string, internal_listen, "127.0.0.1:0",
+          "serve: address of the internal services (worker registry, Worker.Submit/Cancel/Stats), apart from the "
+          "public API; they require the cluster secret");
 ABSL_FLAG(int64_t, deadline_ms, 0, "generate --server: request deadline in ms (0 = none)");
 ABSL_FLAG(bool, events, false, "generate --server: print each streamed message as a JSON line, then the summary");
 
@@ -112,8 +116,21 @@ int main(int argc, char** argv) {
   cfg.model_name = absl::GetFlag(FLAGS_model_name);
   cfg.listen = absl::GetFlag(FLAGS_listen);
   cfg.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  cfg.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   cfg.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   cfg.events = absl::GetFlag(FLAGS_events);
+  if (auto tls = dd::TlsFilesFromFlags(); tls.ok()) {
+    cfg.tls = *std::move(tls);
+  } else {
+    std::cerr << "ddctl: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (auto secret = dd::ClusterSecretFromFlags(); secret.ok()) {
+    cfg.cluster_secret = *secret;
+  } else {
+    std::cerr << "ddctl: " << secret.status().message() << "\n";
+    return 2;
+  }
 
   absl::Status st;
   if (cmd == "generate" && !cfg.server.empty()) st = dd::ddctl::RunRemoteGenerate(cfg);

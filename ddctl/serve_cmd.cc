@@ -16,6 +16,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/exposer.h"
+#include "proto/cluster_auth.h"
+#include "proto/tls.h"
 #include "proto/generate.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "router/router_flags.h"
@@ -38,8 +40,8 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
-std::shared_ptr<grpc::Channel> Dial(const std::string& addr) {
-  return grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+std::shared_ptr<grpc::Channel> Dial(const CliConfig& cfg, const std::string& addr) {
+  return grpc::CreateChannel(addr, ChannelCredentials(cfg.tls));
 }
 
 void SetDeadline(grpc::ClientContext* ctx, int64_t ms) {
@@ -74,7 +76,7 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   for (int32_t id : cfg.generate.stop_ids) req.add_stop_token_ids(id);
   req.set_ignore_eos(!cfg.generate.stop_at_eos);
   req.set_raw_prompt(cfg.raw_prompt);
-  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   grpc::ClientContext ctx;
   if (cfg.deadline_ms > 0) SetDeadline(&ctx, cfg.deadline_ms);
   auto reader = stub->Generate(&ctx, req);
@@ -115,7 +117,7 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
 
 absl::Status RunHealth(const CliConfig& cfg) {
   if (cfg.server.empty()) return absl::InvalidArgumentError("health needs --server HOST:PORT (a router)");
-  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, cfg.deadline_ms);
   dd::v1::HealthResponse resp;
@@ -128,14 +130,15 @@ absl::Status RunStats(const CliConfig& cfg) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, cfg.deadline_ms);
   if (!cfg.worker.empty()) {
-    auto stub = dd::worker::v1::Worker::NewStub(Dial(cfg.worker));
+    auto stub = dd::worker::v1::Worker::NewStub(Dial(cfg, cfg.worker));
+    AttachClusterSecret(&ctx, cfg.cluster_secret);
     dd::worker::v1::WorkerStats resp;
     RETURN_IF_ERROR(FromGrpc(stub->Stats(&ctx, {}, &resp), absl::StrCat("stats of worker ", cfg.worker)));
     std::printf("%s\n", Json(resp).c_str());
     return absl::OkStatus();
   }
   if (cfg.server.empty()) return absl::InvalidArgumentError("stats needs --server HOST:PORT (router) or --worker HOST:PORT");
-  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   dd::v1::StatsResponse resp;
   RETURN_IF_ERROR(FromGrpc(stub->Stats(&ctx, {}, &resp), absl::StrCat("stats of ", cfg.server)));
   std::printf("%s\n", Json(resp).c_str());
@@ -144,7 +147,7 @@ absl::Status RunStats(const CliConfig& cfg) {
 
 absl::Status RunWorkers(const CliConfig& cfg) {
   if (cfg.server.empty()) return absl::InvalidArgumentError("workers needs --server HOST:PORT (a router)");
-  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg.server));
+  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, cfg.deadline_ms);
   dd::v1::ListWorkersResponse resp;
@@ -166,19 +169,36 @@ absl::Status RunWorkers(const CliConfig& cfg) {
 absl::Status RunServe(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(auto model, Load(cfg));
   BlockTermSignals();
-  router::RouterService router(router::RouterOptionsFromFlags());
+  // The router and the worker share this process: without a configured secret they share a
+  // random one, so the internal port answers nobody else.
+  const std::string secret = cfg.cluster_secret.empty() ? RandomClusterSecret() : cfg.cluster_secret;
+  router::RouterOptions options = router::RouterOptionsFromFlags();
+  options.cluster_secret = secret;
+  options.worker_credentials = ChannelCredentials(cfg.tls);
+  router::RouterService router(options);
   worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
   ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, worker::SchedulerOptionsFromFlags(), id));
+  node->service().set_cluster_secret(secret);
+  // The public API alone on --listen; the registry and the worker service on --internal_listen.
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(cfg.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(cfg.listen, ServerCredentials(cfg.tls), &port);
   builder.RegisterService(&router);
-  builder.RegisterService(router.registry_service());
-  builder.RegisterService(&node->service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", cfg.listen));
+  grpc::ServerBuilder internal_builder;
+  int internal_port = 0;
+  internal_builder.AddListeningPort(cfg.internal_listen, ServerCredentials(cfg.tls), &internal_port);
+  internal_builder.RegisterService(router.registry_service());
+  internal_builder.RegisterService(&node->service());
+  std::unique_ptr<grpc::Server> internal = internal_builder.BuildAndStart();
+  if (!internal || internal_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", cfg.internal_listen, " (--internal_listen)"));
+  }
   const std::string self = absl::StrCat(cfg.listen.substr(0, cfg.listen.rfind(':')), ":", port);
-  node->service().set_address(self);
+  const std::string inside =
+      absl::StrCat(cfg.internal_listen.substr(0, cfg.internal_listen.rfind(':')), ":", internal_port);
+  node->service().set_address(inside);
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_at = "off";
   if (!cfg.metrics_listen.empty()) {
@@ -192,17 +212,18 @@ absl::Status RunServe(const CliConfig& cfg) {
     metrics_at = absl::StrCat(cfg.metrics_listen.substr(0, cfg.metrics_listen.rfind(':')), ":",
                               exposer->GetListeningPorts().front());
   }
-  node->StartHeartbeats(self, std::chrono::milliseconds(500));
+  node->StartHeartbeats(inside, std::chrono::milliseconds(500), ChannelCredentials(cfg.tls));
   // Ready once the worker has registered with the in-process router.
   for (int i = 0; i < 500 && router.registry().workers_up() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (router.registry().workers_up() == 0) return absl::InternalError("the embedded worker did not register");
   std::fprintf(stderr, "[ddctl] serving %s (%s mode) with the embedded router, worker and in-process pool\n",
                model->config.name.c_str(), std::string(engine::DecodeModeName(cfg.engine.mode)).c_str());
-  std::printf("ddctl serve: listening on %s metrics %s\n", self.c_str(), metrics_at.c_str());
+  std::printf("ddctl serve: listening on %s metrics %s internal %s\n", self.c_str(), metrics_at.c_str(), inside.c_str());
   std::fflush(stdout);
   const int sig = WaitForTermSignal();
   std::fprintf(stderr, "ddctl serve: signal %d, shutting down\n", sig);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  internal->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   exposer.reset();
   node.reset();
   return absl::OkStatus();

@@ -11,6 +11,8 @@
 #include "common/signals.h"
 #include "glog/logging.h"
 #include "prometheus/exposer.h"
+#include "proto/cluster_auth.h"
+#include "proto/tls.h"
 #include "router/router_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address for clients and workers (port 0 = pick one)");
@@ -22,11 +24,27 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   dd::BlockTermSignals();
-  dd::router::RouterService router(dd::router::RouterOptionsFromFlags());
+  dd::router::RouterOptions options = dd::router::RouterOptionsFromFlags();
+  auto secret = dd::ClusterSecretFromFlags();
+  if (!secret.ok()) {
+    std::cerr << "dd-router: " << secret.status().message() << "\n";
+    return 2;
+  }
+  options.cluster_secret = *secret;
+  auto tls = dd::TlsFilesFromFlags();
+  if (!tls.ok()) {
+    std::cerr << "dd-router: " << tls.status().message() << "\n";
+    return 2;
+  }
+  options.worker_credentials = dd::ChannelCredentials(*tls);
+  if (secret->empty()) {
+    LOG(WARNING) << "no --cluster_secret_file: anyone who reaches this port can register a worker";
+  }
+  dd::router::RouterService router(options);
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, dd::ServerCredentials(*tls), &port);
   builder.RegisterService(&router);
   builder.RegisterService(router.registry_service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -11,16 +11,42 @@ namespace dd::router {
 absl::Status WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
   if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
   if (req.address().empty()) return absl::InvalidArgumentError("address is empty");
+  for (const auto& [name, value] : {std::pair<const char*, const std::string*>{"worker_id", &req.worker_id()},
+                                    {"address", &req.address()},
+                                    {"model", &req.model()},
+                                    {"mode", &req.mode()},
+                                    {"kv_store", &req.kv_store()}}) {
+    if (value->size() > kMaxFieldBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " is ", value->size(), " bytes (at most ", kMaxFieldBytes, ")"));
+    }
+  }
   std::lock_guard<std::mutex> lk(mu_);
+  if (workers_.count(req.worker_id()) == 0) {
+    Purge(Clock::now());
+    if (workers_.size() >= max_workers_) {
+      return absl::ResourceExhaustedError(absl::StrCat("the router already knows ", workers_.size(),
+                                                       " workers (its limit); none has been silent long enough to forget"));
+    }
+  }
   Entry& e = workers_[req.worker_id()];
   if (e.info.address() != req.address() || !e.stub) {
-    e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), grpc::InsecureChannelCredentials()));
+    e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), credentials_));
   }
   e.info = req;
   e.load = req.load();
   e.last_seen = Clock::now();
   e.marked_down = false;
   return absl::OkStatus();
+}
+
+void WorkerRegistry::Purge(Clock::time_point now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.inflight == 0 && now - it->second.last_seen > forget_after_) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 bool WorkerRegistry::Heartbeat(const dd::worker::v1::HeartbeatRequest& req) {

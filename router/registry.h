@@ -2,6 +2,7 @@
 // placement (DESIGN §1). Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/generate.pb.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -26,9 +28,20 @@ struct Placement {
 
 class WorkerRegistry {
  public:
-  // A worker missing heartbeats for `timeout` is down (not placed on) until it reports again.
-  explicit WorkerRegistry(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  // A worker missing heartbeats for `timeout` is down (not placed on) until it reports again;
+  // one silent for `forget_after` (default: 10 × timeout, at least a minute) with no request
+  // of the router on it is forgotten. At most `max_workers` entries: a registration beyond
+  // that, after the forgotten ones are purged, is RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxFieldBytes = 256;  // worker_id, address, model, mode, kv_store
+  explicit WorkerRegistry(std::chrono::milliseconds timeout, int max_workers = 256,
+                          std::chrono::milliseconds forget_after = std::chrono::milliseconds(0))
+      : timeout_(timeout),
+        max_workers_(static_cast<size_t>(std::max(max_workers, 1))),
+        forget_after_(forget_after.count() > 0 ? forget_after
+                                               : std::max<std::chrono::milliseconds>(10 * timeout, std::chrono::minutes(1))) {}
 
+  // How the router dials workers (plaintext unless set; proto/tls.h).
+  void set_channel_credentials(std::shared_ptr<grpc::ChannelCredentials> c) { credentials_ = std::move(c); }
   absl::Status Register(const dd::worker::v1::RegisterRequest& req);
   // False when the worker is unknown (it must register again).
   bool Heartbeat(const dd::worker::v1::HeartbeatRequest& req);
@@ -60,7 +73,11 @@ class WorkerRegistry {
   bool Up(const Entry& e, Clock::time_point now) const {
     return !e.marked_down && now - e.last_seen <= timeout_;
   }
+  void Purge(Clock::time_point now);  // forgets long-silent idle workers; mu_ held
   std::chrono::milliseconds timeout_;
+  size_t max_workers_;
+  std::chrono::milliseconds forget_after_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_ = grpc::InsecureChannelCredentials();
   mutable std::mutex mu_;
   std::map<std::string, Entry> workers_;
   std::map<uint64_t, std::string> affinity_;  // prefix key → worker that last served it

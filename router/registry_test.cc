@@ -2,9 +2,11 @@
 // pure bookkeeping; tests/serve covers it with real workers).
 #include "router/registry.h"
 
+#include <set>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "router/router_service.h"
 
 namespace dd::router {
 namespace {
@@ -82,6 +84,47 @@ TEST(RegistryTest, PrefixLocalityKeepsAWorkerWhenNearlyIdle) {
   EXPECT_EQ(second->worker_id, first->worker_id);
   auto other = reg.Pick("m", {}, 7);  // no locality: least loaded
   EXPECT_NE(other->worker_id, first->worker_id);
+}
+
+// Issue 14, finding 3: junk registrations cannot grow the router without bound.
+TEST(RegistryTest, RegistryIsBoundedAndForgetsSilentWorkers) {
+  WorkerRegistry reg(std::chrono::milliseconds(20), /*max_workers=*/3, /*forget_after=*/std::chrono::milliseconds(200));
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(reg.Register(Worker(id, "m", 4, 0)).ok());
+  auto full = reg.Register(Worker("d", "m", 4, 0));
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());  // re-registering a known id is fine
+  auto big = Worker(std::string(WorkerRegistry::kMaxFieldBytes + 1, 'x'), "m", 4, 0);
+  auto r = reg.Register(big);
+  EXPECT_TRUE(absl::IsInvalidArgument(r)) << r;
+  EXPECT_NE(r.message().find("worker_id"), std::string::npos) << r;
+  auto placed = reg.Pick("m", {"b", "c"}, 0);  // a request in flight on "a" keeps it known
+  ASSERT_TRUE(placed.ok());
+  ASSERT_EQ(placed->worker_id, "a");
+  // Once b (registered first) has been silent past forget_after, "d" takes its place.
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  absl::Status d = full;
+  while (!d.ok() && Clock::now() < until) {
+    std::this_thread::yield();
+    d = reg.Register(Worker("d", "m", 4, 0));
+  }
+  EXPECT_TRUE(d.ok()) << d;
+  std::set<std::string> known;
+  for (const auto& w : reg.Snapshot()) known.insert(w.worker_id());
+  EXPECT_TRUE(known.count("a") && known.count("d") && !known.count("b")) << known.size();
+  EXPECT_LE(known.size(), 3u);
+}
+
+TEST(RequestIdTest, IdsAreRandomAndUnique) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = NewRequestId();
+    ASSERT_EQ(id.size(), 4u + 32u) << id;
+    ASSERT_EQ(id.rfind("req-", 0), 0u) << id;
+    EXPECT_TRUE(seen.insert(id).second) << "repeated id " << id;
+  }
+  // Consecutive ids share no long prefix beyond "req-" (a counter's would).
+  const std::string a = NewRequestId(), b = NewRequestId();
+  EXPECT_NE(a.substr(0, 12), b.substr(0, 12));
 }
 
 }  // namespace

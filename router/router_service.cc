@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "proto/cluster_auth.h"
+#include "proto/request_check.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -44,18 +46,23 @@ uint64_t PrefixKey(const dd::v1::GenerateRequest& req) {
 
 class RegistryService final : public dd::worker::v1::Registry::Service {
  public:
-  RegistryService(WorkerRegistry& registry, std::chrono::milliseconds interval)
-      : registry_(registry), interval_(interval) {}
-  grpc::Status Register(grpc::ServerContext*, const dd::worker::v1::RegisterRequest* req,
+  RegistryService(WorkerRegistry& registry, std::chrono::milliseconds interval, std::string secret)
+      : registry_(registry), interval_(interval), secret_(std::move(secret)) {}
+  grpc::Status Register(grpc::ServerContext* ctx, const dd::worker::v1::RegisterRequest* req,
                         dd::worker::v1::RegisterResponse* resp) override {
+    if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) {
+      LOG(WARNING) << "refused a registration without the cluster secret from " << ctx->peer();
+      return auth;
+    }
     if (absl::Status st = registry_.Register(*req); !st.ok()) return ToGrpc(st);
     LOG(INFO) << "worker " << req->worker_id() << " at " << req->address() << " registered (" << req->model() << ", "
               << req->mode() << ")";
     resp->set_heartbeat_interval_ms(interval_.count());
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const dd::worker::v1::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const dd::worker::v1::HeartbeatRequest* req,
                          dd::worker::v1::HeartbeatResponse* resp) override {
+    if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
     resp->set_known(registry_.Heartbeat(*req));
     return grpc::Status::OK;
   }
@@ -63,6 +70,7 @@ class RegistryService final : public dd::worker::v1::Registry::Service {
  private:
   WorkerRegistry& registry_;
   std::chrono::milliseconds interval_;
+  std::string secret_;
 };
 
 class RouterCollectable : public prometheus::Collectable {
@@ -106,11 +114,12 @@ class RouterCollectable : public prometheus::Collectable {
 
 RouterService::RouterService(const RouterOptions& options)
     : options_(options),
-      registry_(options.heartbeat_timeout),
-      registry_service_(std::make_unique<RegistryService>(registry_, options.heartbeat_interval)),
+      registry_(options.heartbeat_timeout, options.max_workers),
+      registry_service_(std::make_unique<RegistryService>(registry_, options.heartbeat_interval, options.cluster_secret)),
       metrics_(std::make_shared<prometheus::Registry>()) {
   requests_ = &prometheus::BuildCounter().Name("dd_requests_total").Help("Generate calls by final status code")
                    .Register(*metrics_);
+  if (options.worker_credentials) registry_.set_channel_credentials(options.worker_credentials);
   watcher_ = std::thread([this] { WatchCancellations(); });
 }
 
@@ -145,38 +154,18 @@ void RouterService::WatchCancellations() {
   }
 }
 
+// 128 bits from the OS's random source (std::random_device is getrandom on Linux, not a
+// seeded generator whose state other ids would reveal): an id cannot be guessed or claimed
+// ahead by another client.
+std::string NewRequestId() {
+  std::random_device rd;
+  std::string id = "req-";
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(rd(), absl::kZeroPad8));
+  return id;
+}
+
 absl::Status RouterService::Validate(const dd::v1::GenerateRequest& req) const {
-  switch (req.prompt_case()) {
-    case dd::v1::GenerateRequest::kText:
-      if (req.text().empty()) return absl::InvalidArgumentError("prompt: text is empty");
-      break;
-    case dd::v1::GenerateRequest::kTokenIds:
-      if (req.token_ids().ids_size() == 0) return absl::InvalidArgumentError("prompt: token_ids is empty");
-      for (int32_t t : req.token_ids().ids()) {
-        if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt: token id ", t, " is negative"));
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError("prompt: empty (give text or token_ids)");
-  }
-  if (req.has_max_new_tokens() &&
-      (req.max_new_tokens() <= 0 || req.max_new_tokens() > options_.max_new_tokens_limit)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be in [1, ", options_.max_new_tokens_limit,
-                                                   "], got ", req.max_new_tokens()));
-  }
-  const dd::v1::Sampling& s = req.sampling();
-  if (!(s.temperature() >= 0) || !std::isfinite(s.temperature())) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.temperature must be >= 0, got ", s.temperature()));
-  }
-  if (s.top_k() < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", s.top_k()));
-  if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in (0, 1], got ", s.top_p()));
-  }
-  for (const std::string& stop : req.stop()) {
-    if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
-  }
-  if (req.request_id().size() > 128) return absl::InvalidArgumentError("request_id is longer than 128 bytes");
-  return absl::OkStatus();
+  return ValidateGenerateRequest(req, options_.max_new_tokens_limit);
 }
 
 grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
@@ -203,10 +192,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
   const Clock::time_point arrival = Clock::now();
   const double arrival_unix = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
   dd::v1::GenerateRequest req = in;
-  if (req.request_id().empty()) {
-    static const uint64_t salt = std::random_device{}();
-    req.set_request_id(absl::StrCat("req-", salt % 100000, "-", next_id_++));
-  }
+  if (req.request_id().empty()) req.set_request_id(NewRequestId());
   const uint64_t prefix_key = PrefixKey(req);
   std::vector<int32_t> streamed;  // every token the client has, in order
   int64_t text_bytes = 0;
@@ -240,6 +226,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     sub.set_resume_text_bytes(text_bytes);
     sub.set_arrival_unix_seconds(arrival_unix);
     grpc::ClientContext wctx;
+    AttachClusterSecret(&wctx, options_.cluster_secret);
     if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());
     {
       std::lock_guard<std::mutex> lk(watch_mu_);
@@ -301,6 +288,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     if (client_gone || ctx->IsCancelled()) {
       unqueue();
       grpc::ClientContext cctx;
+      AttachClusterSecret(&cctx, options_.cluster_secret);
       cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
       dd::worker::v1::CancelRequest creq;
       creq.set_request_id(req.request_id());

@@ -29,12 +29,18 @@ class Exposer;
 
 namespace dd::router {
 
+// A fresh request id: "req-" and 32 hex digits of OS randomness.
+std::string NewRequestId();
+
 struct RouterOptions {
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{3000};
   int64_t max_new_tokens_limit = 8192;
   int64_t max_inflight = 256;   // requests the router holds at once; more → RESOURCE_EXHAUSTED
   int32_t max_resumes = 3;      // moves to another worker per request after failures
+  int32_t max_workers = 256;    // registry entries; long-silent idle workers are forgotten
+  std::string cluster_secret;   // shown to and required from workers (proto/cluster_auth.h); "" = off
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;  // dialing workers; null = plaintext
 };
 
 class RouterService final : public dd::v1::DualDecoder::Service {
@@ -68,7 +74,7 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   RouterOptions options_;
   WorkerRegistry registry_;
   std::unique_ptr<dd::worker::v1::Registry::Service> registry_service_;
-  std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0}, next_id_{0};
+  std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0};
   // Worker calls to cancel when their client goes away.
   struct Watch {
     grpc::ServerContext* server;

@@ -14,6 +14,8 @@
 #include "decode-worker/service/engine_flags.h"
 #include "decode-worker/service/worker_node.h"
 #include "glog/logging.h"
+#include "proto/cluster_auth.h"
+#include "proto/tls.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
 ABSL_FLAG(std::string, advertise_host, "", "Host the router should dial (default: the --listen host)");
@@ -44,13 +46,18 @@ int main(int argc, char** argv) {
     id.worker_id = absl::StrCat(host, "-", getpid());
   }
   id.model = (*model)->config.name;
+  auto secret = dd::ClusterSecretFromFlags();
+  if (!secret.ok()) return fail(secret.status());
+  auto tls = dd::TlsFilesFromFlags();
+  if (!tls.ok()) return fail(tls.status());
   auto node = dd::worker::WorkerNode::Create(**model, *engine_options, dd::worker::SchedulerOptionsFromFlags(), id);
   if (!node.ok()) return fail(node.status());
+  (*node)->service().set_cluster_secret(*secret);
 
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, dd::ServerCredentials(*tls), &port);
   builder.RegisterService(&(*node)->service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
@@ -63,7 +70,8 @@ int main(int argc, char** argv) {
     metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", (*node)->metrics().port());
   }
   if (const std::string router = absl::GetFlag(FLAGS_router); !router.empty()) {
-    (*node)->StartHeartbeats(router, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)));
+    (*node)->StartHeartbeats(router, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),
+                             dd::ChannelCredentials(*tls));
   }
   std::printf("dd-decode-worker: listening on %s metrics %s\n", (*node)->service().identity().address.c_str(),
               metrics_at.c_str());

@@ -69,6 +69,7 @@ struct SchedulerOptions {
   int32_t max_waiting = 32;      // queued beyond that; more → RESOURCE_EXHAUSTED
   int64_t step_tokens = 512;     // tokens per iteration: decode rows plus prefill rows
   int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
+  int64_t max_new_tokens_limit = 8192;  // the largest max_new_tokens a request may ask for
 };
 
 struct SchedulerStats {

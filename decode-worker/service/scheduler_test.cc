@@ -1,6 +1,7 @@
 // Continuous batching on the real model: requests that share the batch, join mid-way and are
 // prefilled in pieces between decode steps give exactly the tokens they give alone.
 #include "decode-worker/service/scheduler.h"
+#include "decode-worker/service/worker_service.h"
 
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
@@ -208,6 +209,31 @@ TEST_F(SchedulerTest, BadRequestsNameTheProblem) {
   RequestSpec huge = Spec("d", "x", 30000);  // fits the context, not the 600 MiB budget
   auto g = sched.Submit(huge);
   EXPECT_TRUE(absl::IsResourceExhausted(g.status())) << g.status();
+}
+
+// Issue 14, finding 2: Worker.Submit reached without the router refuses what the router
+// refuses (e.g. max_new_tokens 10^12), with the field named.
+TEST_F(SchedulerTest, WorkerServiceValidatesLikeTheRouter) {
+  auto eng = engine::Engine::Create(*model_, {.threads = 2});
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  Scheduler sched(**eng, {.max_new_tokens_limit = 100});
+  WorkerService service(sched, {.worker_id = "w", .model = model_->config.name});
+  dd::worker::v1::SubmitRequest sub;
+  dd::v1::GenerateRequest& req = *sub.mutable_request();
+  req.set_request_id("r1");
+  req.set_text("hello");
+  req.set_max_new_tokens(100);
+  ASSERT_TRUE(service.ToSpec(sub).ok());
+  for (int64_t bad : {int64_t{1000000000000}, int64_t{101}, int64_t{0}}) {
+    req.set_max_new_tokens(bad);
+    auto r = service.ToSpec(sub);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_NE(r.status().message().find("max_new_tokens"), std::string::npos) << r.status();
+  }
+  req.set_max_new_tokens(8);
+  for (int i = 0; i < 17; ++i) req.add_stop("x");
+  auto many = service.ToSpec(sub);
+  EXPECT_NE(many.status().message().find("stop: 17 strings"), std::string::npos) << many.status();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/status_macros.h"
+#include "proto/request_check.h"
 
 ABSL_FLAG(int32_t, max_batch, 16, "serve: requests decoded together at most (batch slots)");
 ABSL_FLAG(int32_t, max_waiting, 32, "serve: requests queued beyond the batch; more are refused (RESOURCE_EXHAUSTED)");
@@ -16,6 +17,7 @@ SchedulerOptions SchedulerOptionsFromFlags() {
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
+  o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   return o;
 }
 
@@ -36,8 +38,9 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const model::Load
   return node;
 }
 
-void WorkerNode::StartHeartbeats(const std::string& router, std::chrono::milliseconds interval) {
-  heartbeater_ = std::make_unique<Heartbeater>(router, *service_, *scheduler_, interval);
+void WorkerNode::StartHeartbeats(const std::string& router, std::chrono::milliseconds interval,
+                                 std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  heartbeater_ = std::make_unique<Heartbeater>(router, *service_, *scheduler_, interval, std::move(credentials));
 }
 
 WorkerNode::~WorkerNode() {

@@ -29,7 +29,8 @@ class WorkerNode {
   WorkerMetrics& metrics() { return *metrics_; }
   Scheduler& scheduler() { return *scheduler_; }
   // Registers at `router` (HOST:PORT) once `service().identity().address` is final.
-  void StartHeartbeats(const std::string& router, std::chrono::milliseconds interval);
+  void StartHeartbeats(const std::string& router, std::chrono::milliseconds interval,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials());
 
  private:
   WorkerNode() = default;

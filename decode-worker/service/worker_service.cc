@@ -1,7 +1,10 @@
 #include "decode-worker/service/worker_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
+#include "proto/cluster_auth.h"
+#include "proto/request_check.h"
 
 namespace dd::worker {
 
@@ -29,6 +32,8 @@ void FillLoad(const Scheduler& scheduler, dd::worker::v1::WorkerLoad* load) {
 absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRequest& sub) const {
   const dd::v1::GenerateRequest& req = sub.request();
   const engine::Engine& engine = scheduler_.engine();
+  // The same checks as the router's: the worker may be reached without it.
+  RETURN_IF_ERROR(ValidateGenerateRequest(req, scheduler_.options().max_new_tokens_limit));
   RequestSpec spec;
   spec.id = req.request_id();
   if (spec.id.empty()) return absl::InvalidArgumentError("request_id is empty");
@@ -74,6 +79,7 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
 
 grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
                                    grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+  if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
   absl::StatusOr<RequestSpec> spec = ToSpec(*req);
   if (!spec.ok()) return ToGrpc(spec.status());
   const auto deadline = ctx->deadline();
@@ -116,14 +122,16 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
   }
 }
 
-grpc::Status WorkerService::Cancel(grpc::ServerContext*, const dd::worker::v1::CancelRequest* req,
+grpc::Status WorkerService::Cancel(grpc::ServerContext* ctx, const dd::worker::v1::CancelRequest* req,
                                    dd::worker::v1::CancelResponse* resp) {
+  if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
   resp->set_found(scheduler_.Cancel(req->request_id()));
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Stats(grpc::ServerContext*, const dd::worker::v1::WorkerStatsRequest*,
+grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const dd::worker::v1::WorkerStatsRequest*,
                                   dd::worker::v1::WorkerStats* resp) {
+  if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
   const SchedulerStats s = scheduler_.Stats();
   resp->set_worker_id(identity_.worker_id);
   FillLoad(scheduler_, resp->mutable_load());
@@ -139,8 +147,8 @@ grpc::Status WorkerService::Stats(grpc::ServerContext*, const dd::worker::v1::Wo
 }
 
 Heartbeater::Heartbeater(const std::string& router, const WorkerService& service, const Scheduler& scheduler,
-                         std::chrono::milliseconds interval)
-    : stub_(dd::worker::v1::Registry::NewStub(grpc::CreateChannel(router, grpc::InsecureChannelCredentials()))),
+                         std::chrono::milliseconds interval, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : stub_(dd::worker::v1::Registry::NewStub(grpc::CreateChannel(router, std::move(credentials)))),
       service_(service),
       scheduler_(scheduler),
       interval_(interval) {
@@ -162,6 +170,7 @@ void Heartbeater::Loop() {
   for (;;) {
     const WorkerIdentity& id = service_.identity();
     grpc::ClientContext ctx;
+    AttachClusterSecret(&ctx, service_.cluster_secret());
     ctx.set_deadline(std::chrono::system_clock::now() + std::max(interval_, std::chrono::milliseconds(1000)));
     grpc::Status st;
     if (!registered) {
@@ -190,7 +199,13 @@ void Heartbeater::Loop() {
       if (!st.ok()) registered = false;
     }
     if (!st.ok() && !warned) {
-      LOG(WARNING) << "router unreachable (" << st.error_message() << "); retrying every " << interval_.count() << " ms";
+      if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        LOG(ERROR) << "the router refused this worker (UNAUTHENTICATED: " << st.error_message()
+                   << "); check --cluster_secret_file; retrying every " << interval_.count() << " ms";
+      } else {
+        LOG(WARNING) << "router unreachable (" << st.error_message() << "); retrying every " << interval_.count()
+                     << " ms";
+      }
       warned = true;
     }
     std::unique_lock<std::mutex> lk(mu_);

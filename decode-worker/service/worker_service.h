@@ -35,6 +35,9 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   WorkerService(Scheduler& scheduler, WorkerIdentity identity)
       : scheduler_(scheduler), identity_(std::move(identity)) {}
   void set_address(std::string address) { identity_.address = std::move(address); }
+  // Required on Submit/Cancel/Stats and shown to the router (proto/cluster_auth.h); "" = off.
+  void set_cluster_secret(std::string secret) { secret_ = std::move(secret); }
+  const std::string& cluster_secret() const { return secret_; }
   const WorkerIdentity& identity() const { return identity_; }
 
   grpc::Status Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
@@ -51,13 +54,15 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
  private:
   Scheduler& scheduler_;
   WorkerIdentity identity_;
+  std::string secret_;
 };
 
 // Registers with the router at `router` and sends a heartbeat with the load every interval.
 class Heartbeater {
  public:
   Heartbeater(const std::string& router, const WorkerService& service, const Scheduler& scheduler,
-              std::chrono::milliseconds interval);
+              std::chrono::milliseconds interval,
+              std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials());
   ~Heartbeater();
 
  private:

@@ -18,6 +18,30 @@ BIN = Path(os.environ.get("DD_BIN_DIR", REPO / "build" / "bin"))
 TOKEN = "serve-test-token-0123456789"
 
 
+def make_certs(directory):
+    """A throwaway CA and one certificate it signs for 127.0.0.1 (server and client use)."""
+    d = Path(directory)
+    ca_key, ca, key, csr, cert = (d / n for n in ("ca.key", "ca.pem", "node.key", "node.csr", "node.pem"))
+    ext = d / "node.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for cmd in (["openssl", "req", "-x509", *ec, "-days", "1", "-subj", "/CN=dd-test-ca", "-keyout", ca_key, "-out", ca],
+                ["openssl", "req", *ec, "-subj", "/CN=dd-node", "-keyout", key, "-out", csr],
+                ["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+                 "-extfile", ext, "-out", cert]):
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+def secret_file(directory, secret):
+    """A cluster secret file as the services expect it: one line, mode 0600."""
+    path = Path(directory) / f"secret-{abs(hash(secret)) % 10**8}"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def require_model():
     p = models.model_path()
     if not p.is_file():
@@ -45,6 +69,7 @@ class Proc:
         words = line.split()
         self.addr = words[words.index("on") + 1]
         self.metrics = words[words.index("metrics") + 1]
+        self.internal = words[words.index("internal") + 1] if "internal" in words else None
 
     def kill(self):
         if self.proc.poll() is None:

@@ -8,7 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from serving import BIN, Proc, ddctl, ddctl_json, start_worker, wait_for, workers_up
+from serving import (BIN, Proc, ddctl, ddctl_json, make_certs, require_model, secret_file, start_worker, wait_for,
+                     workers_up)
+from conftest import CLUSTER_SECRET
 
 
 def prompt(i):
@@ -20,8 +22,8 @@ def generate(router, text, n, *extra):
                       *extra)
 
 
-def worker_stats(addr):
-    r = ddctl("stats", "--worker", addr)
+def worker_stats(addr, secret=None):
+    r = ddctl("stats", "--worker", addr, *([f"--cluster_secret_file={secret}"] if secret else []))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -108,7 +110,7 @@ def stream_until_tokens(router, text, n, min_tokens, *extra):
 
 
 def idle(cluster):
-    stats = [worker_stats(w.addr) for w in cluster["workers"].values() if w.proc.poll() is None]
+    stats = [worker_stats(w.addr, cluster["secret"]) for w in cluster["workers"].values() if w.proc.poll() is None]
     if all(s["load"]["active_requests"] == 0 and s["reserved_device_bytes"] == "0" for s in stats):
         return stats
     return None
@@ -116,7 +118,7 @@ def idle(cluster):
 
 def test_cancel_frees_worker_state(cluster):
     router = cluster["router"].addr
-    before = sum(int(worker_stats(w.addr)["requests_cancelled"]) for w in cluster["workers"].values())
+    before = sum(int(worker_stats(w.addr, cluster["secret"])["requests_cancelled"]) for w in cluster["workers"].values())
     p = stream_until_tokens(router, prompt(3), 2000, 2)
     p.kill()  # the client goes away mid-stream
     p.wait()
@@ -175,6 +177,90 @@ def test_stop_ids_and_stop_strings_end_the_stream(cluster):
     assert by_text["text"] == ref["text"][:ref["text"].index(cut)]
 
 
+def test_internal_calls_need_the_cluster_secret(cluster):
+    """Issue 14, finding 2: without the cluster secret nobody can call a worker (stats, submit,
+    cancel) or register a worker with the router, not even under a real worker's id."""
+    router, w1 = cluster["router"].addr, cluster["workers"]["w1"]
+    wrong = secret_file(cluster["logs"], "not-the-cluster-secret-0123456789abcdef")
+    for extra in ([], [f"--cluster_secret_file={wrong}"]):
+        r = ddctl("stats", "--worker", w1.addr, *extra)
+        assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr, r.stderr
+    assert worker_stats(w1.addr, cluster["secret"])["worker_id"] == "w1"
+    # An impostor claiming w1's id with a wrong secret is refused; w1 keeps its place.
+    (cluster["logs"] / "impostor").mkdir(exist_ok=True)
+    impostor = start_worker("w1", router, cluster["logs"] / "impostor", f"--cluster_secret_file={wrong}")
+    try:
+        wait_for("the router's refusal", lambda: "UNAUTHENTICATED" in impostor.log.read_text(), timeout=30)
+        listed = {w["worker_id"]: w for w in ddctl_json("workers", "--server", router)["workers"]}
+        assert set(listed) == {"w1", "w2"} and listed["w1"]["address"] == w1.addr, listed
+    finally:
+        impostor.stop()
+    # The secret file is checked: too short or readable by others is refused at start.
+    short = secret_file(cluster["logs"], "short")
+    loose = secret_file(cluster["logs"], CLUSTER_SECRET + "-loose")
+    loose.chmod(0o644)
+    for path, why in ((short, "at least 32"), (loose, "group or others")):
+        r = subprocess.run([str(BIN / "dd-router"), f"--cluster_secret_file={path}"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+def test_embedded_server_keeps_internal_services_off_the_public_port(tmp_path):
+    """ddctl serve: the public port has the API only; the worker and registry services are on the
+    internal port and answer only with the cluster secret (a random one unless configured)."""
+    model = require_model()
+    secret = secret_file(tmp_path, CLUSTER_SECRET)
+    for configured in (False, True):
+        extra = [f"--cluster_secret_file={secret}"] if configured else []
+        serve = Proc(f"serve-{configured}", ["ddctl", "serve", f"--model={model}", "--threads=1", *extra], tmp_path)
+        try:
+            public = serve.addr
+            internal = serve.internal
+            assert internal and internal != public
+            r = ddctl("stats", "--worker", public)
+            assert r.returncode != 0 and "UNIMPLEMENTED" in r.stderr, r.stderr
+            r = ddctl("stats", "--worker", internal)
+            assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr, r.stderr
+            if configured:
+                assert worker_stats(internal, secret)["worker_id"] == "embedded"
+            out = ddctl_json("generate", "--server", public, "--prompt", "Hello", "--max_new_tokens", "2",
+                             "--ignore_eos")
+            assert len(out["tokens"]) == 2, out
+        finally:
+            serve.stop()
+
+
+def test_router_and_worker_over_mutual_tls(tmp_path):
+    """Issue 14, finding 2: --tls_cert/--tls_key/--tls_ca put the router, the worker and ddctl on
+    mutual TLS: a client without the CA, or without a certificate, is refused; so is a worker."""
+    certs = make_certs(tmp_path)
+    tls = [f"--tls_ca={certs['ca']}", f"--tls_cert={certs['cert']}", f"--tls_key={certs['key']}"]
+    router = Proc("tls-router", ["dd-router", "--heartbeat_timeout_ms=1500", *tls], tmp_path)
+    workers = []
+    try:
+        workers.append(start_worker("tls-w", router.addr, tmp_path, *tls))
+        workers.append(start_worker("plain-w", router.addr, tmp_path))  # no TLS: cannot register
+
+        def up():
+            r = ddctl("workers", "--server", router.addr, "--json", *tls)
+            return r.returncode == 0 and [w["worker_id"] for w in json.loads(r.stdout)["workers"] if w["up"]]
+        assert wait_for("the TLS worker up", up) == ["tls-w"]
+        out = ddctl_json("generate", "--server", router.addr, "--prompt", "Hello", "--max_new_tokens", "2",
+                         "--ignore_eos", *tls)
+        assert len(out["tokens"]) == 2 and out["usage"]["worker_id"] == "tls-w", out
+        for extra in ([], [f"--tls_ca={certs['ca']}"]):  # plaintext; TLS without a client certificate
+            r = ddctl("generate", "--server", router.addr, "--prompt", "Hello", "--max_new_tokens", "2", *extra,
+                      "--deadline_ms=5000")
+            assert r.returncode != 0 and "UNAVAILABLE" in r.stderr, r.stderr
+        assert [w["worker_id"] for w in ddctl_json("workers", "--server", router.addr, *tls)["workers"]] == ["tls-w"]
+        r = ddctl("stats", "--server", router.addr, "--tls_cert", str(certs["cert"]))  # cert without key
+        assert r.returncode == 2 and "--tls_cert and --tls_key go together" in r.stderr, r.stderr
+    finally:
+        for w in workers:
+            w.stop()
+        router.stop()
+
+
 def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
     """Runs last in the module: it kills a worker. Every stream completes with exactly the
     tokens of an uninterrupted run: none repeated, none missing."""
@@ -196,8 +282,8 @@ def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
         t.start()
     # Kill the worker once it is streaming.
     victim = cluster["workers"]["w1"]
-    wait_for("w1 decoding", lambda: int(worker_stats(victim.addr)["decode_tokens_total"]) > 0 and
-             worker_stats(victim.addr)["load"]["active_requests"] > 0)
+    wait_for("w1 decoding", lambda: int(worker_stats(victim.addr, cluster["secret"])["decode_tokens_total"]) > 0 and
+             worker_stats(victim.addr, cluster["secret"])["load"]["active_requests"] > 0)
     victim.kill()
     for t in threads:
         t.join(timeout=300)
