@@ -30,6 +30,7 @@ struct CliConfig {
   std::string internal_listen = "127.0.0.1:0";  // serve: router registry + worker service
   std::string cluster_secret;                   // --cluster_secret_file, loaded
   TlsFiles tls;                                 // --tls_cert/--tls_key/--tls_ca, loaded
+  std::string api_key;                          // --api_key_file or $DD_API_KEY: router calls
   int64_t deadline_ms = 0;      // client deadline (0 = none for generate, 10 s for the others)
   bool events = false;          // generate --server: one JSON line per streamed message
 };

@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, worker, "", "stats: a decode worker at HOST:PORT");
 ABSL_FLAG(std::string, model_name, "", "generate --server: the model to ask for (default: the one served)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "serve: gRPC address for clients (port 0 = pick one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "serve: Prometheus /metrics address (empty = off)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "generate/stats/workers --server: file holding the API key (tenant or operator; one line, mode 0600); "
+          "default $DD_API_KEY");
 ABSL_FLAG(std::string, internal_listen, "127.0.0.1:0",
           "serve: address of the internal services (worker registry, Worker.Submit/Cancel/Stats), apart from the "
           "public API; they require the cluster secret");
@@ -124,6 +127,16 @@ int main(int argc, char** argv) {
   } else {
     std::cerr << "ddctl: " << tls.status().message() << "\n";
     return 2;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_api_key_file); !path.empty()) {
+    auto key = dd::LoadClusterSecret(path);  // same format and checks as the cluster secret
+    if (!key.ok()) {
+      std::cerr << "ddctl: --api_key_file: " << key.status().message() << "\n";
+      return 2;
+    }
+    cfg.api_key = *key;
+  } else if (const char* env = std::getenv("DD_API_KEY"); env != nullptr) {
+    cfg.api_key = env;
   }
   if (auto secret = dd::ClusterSecretFromFlags(); secret.ok()) {
     cfg.cluster_secret = *secret;

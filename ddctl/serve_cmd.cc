@@ -44,6 +44,11 @@ std::shared_ptr<grpc::Channel> Dial(const CliConfig& cfg, const std::string& add
   return grpc::CreateChannel(addr, ChannelCredentials(cfg.tls));
 }
 
+// The API key of router calls (--api_key_file or $DD_API_KEY), when there is one.
+void AttachApiKey(grpc::ClientContext* ctx, const CliConfig& cfg) {
+  if (!cfg.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + cfg.api_key);
+}
+
 void SetDeadline(grpc::ClientContext* ctx, int64_t ms) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms > 0 ? ms : 10000));
 }
@@ -79,6 +84,7 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   grpc::ClientContext ctx;
   if (cfg.deadline_ms > 0) SetDeadline(&ctx, cfg.deadline_ms);
+  AttachApiKey(&ctx, cfg);
   auto reader = stub->Generate(&ctx, req);
   dd::v1::GenerateResponse resp;
   std::vector<int32_t> tokens;
@@ -139,6 +145,7 @@ absl::Status RunStats(const CliConfig& cfg) {
   }
   if (cfg.server.empty()) return absl::InvalidArgumentError("stats needs --server HOST:PORT (router) or --worker HOST:PORT");
   auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
+  AttachApiKey(&ctx, cfg);
   dd::v1::StatsResponse resp;
   RETURN_IF_ERROR(FromGrpc(stub->Stats(&ctx, {}, &resp), absl::StrCat("stats of ", cfg.server)));
   std::printf("%s\n", Json(resp).c_str());
@@ -150,6 +157,7 @@ absl::Status RunWorkers(const CliConfig& cfg) {
   auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, cfg.deadline_ms);
+  AttachApiKey(&ctx, cfg);
   dd::v1::ListWorkersResponse resp;
   RETURN_IF_ERROR(FromGrpc(stub->ListWorkers(&ctx, {}, &resp), absl::StrCat("workers of ", cfg.server)));
   if (cfg.json) {
@@ -175,6 +183,7 @@ absl::Status RunServe(const CliConfig& cfg) {
   router::RouterOptions options = router::RouterOptionsFromFlags();
   options.cluster_secret = secret;
   options.worker_credentials = ChannelCredentials(cfg.tls);
+  ASSIGN_OR_RETURN(options.auth, router::ApiAuthFromFlags());
   router::RouterService router(options);
   worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
   ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, worker::SchedulerOptionsFromFlags(), id));

@@ -37,6 +37,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.worker_credentials = dd::ChannelCredentials(*tls);
+  auto auth = dd::router::ApiAuthFromFlags();
+  if (!auth.ok()) {
+    std::cerr << "dd-router: " << auth.status().message() << "\n";
+    return 2;
+  }
+  options.auth = *std::move(auth);
   if (secret->empty()) {
     LOG(WARNING) << "no --cluster_secret_file: anyone who reaches this port can register a worker";
   }

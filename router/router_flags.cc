@@ -1,12 +1,19 @@
 #include "router/router_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "router: a worker silent this long is down (not placed on)");
 ABSL_FLAG(int64_t, max_inflight, 256, "router: requests in flight at once; more are refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int32_t, max_resumes, 3, "router: times a request may move to another worker after failures");
 ABSL_FLAG(int32_t, max_workers, 256, "router: workers it keeps track of; more registrations are refused");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "router: tenant API keys, JSON [{\"tenant\": NAME, \"key\": KEY}] (mode 0600); Generate and ListModels "
+          "then need 'authorization: Bearer KEY'");
+ABSL_FLAG(std::string, operator_key_file, "",
+          "router: the operator key (one line, mode 0600) that ListWorkers and Stats need once any key is set");
 
 namespace dd::router {
 
@@ -18,6 +25,15 @@ RouterOptions RouterOptionsFromFlags() {
   o.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   o.max_workers = absl::GetFlag(FLAGS_max_workers);
   return o;
+}
+
+absl::StatusOr<ApiAuth> ApiAuthFromFlags() {
+  absl::StatusOr<std::vector<ApiKey>> keys = LoadApiKeys(absl::GetFlag(FLAGS_api_keys_file));
+  if (!keys.ok()) return keys.status();
+  // The operator key file has the cluster secret's format and checks.
+  absl::StatusOr<std::string> op = LoadClusterSecret(absl::GetFlag(FLAGS_operator_key_file));
+  if (!op.ok()) return absl::InvalidArgumentError(absl::StrCat("--operator_key_file: ", op.status().message()));
+  return ApiAuth(*std::move(keys), *std::move(op));
 }
 
 }  // namespace dd::router

@@ -6,5 +6,7 @@
 namespace dd::router {
 
 RouterOptions RouterOptionsFromFlags();
+// --api_keys_file and --operator_key_file, loaded (errors name the file and the problem).
+absl::StatusOr<ApiAuth> ApiAuthFromFlags();
 
 }  // namespace dd::router

@@ -170,8 +170,11 @@ absl::Status RouterService::Validate(const dd::v1::GenerateRequest& req) const {
 
 grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
                                      grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
-  grpc::Status st;
-  if (absl::Status v = Validate(*req); !v.ok()) {
+  std::string tenant;
+  grpc::Status st = options_.auth.Tenant(ctx, &tenant);
+  if (!st.ok()) {
+    // Refused before anything else is looked at.
+  } else if (absl::Status v = Validate(*req); !v.ok()) {
     st = ToGrpc(v);
   } else if (inflight_.fetch_add(1) >= options_.max_inflight) {
     inflight_--;
@@ -335,19 +338,23 @@ grpc::Status RouterService::Health(grpc::ServerContext*, const dd::v1::HealthReq
   return grpc::Status::OK;
 }
 
-grpc::Status RouterService::ListModels(grpc::ServerContext*, const dd::v1::ListModelsRequest*,
+grpc::Status RouterService::ListModels(grpc::ServerContext* ctx, const dd::v1::ListModelsRequest*,
                                        dd::v1::ListModelsResponse* resp) {
+  std::string tenant;
+  if (grpc::Status auth = options_.auth.Tenant(ctx, &tenant); !auth.ok()) return auth;
   for (dd::v1::ModelInfo& m : registry_.Models()) *resp->add_models() = std::move(m);
   return grpc::Status::OK;
 }
 
-grpc::Status RouterService::ListWorkers(grpc::ServerContext*, const dd::v1::ListWorkersRequest*,
+grpc::Status RouterService::ListWorkers(grpc::ServerContext* ctx, const dd::v1::ListWorkersRequest*,
                                         dd::v1::ListWorkersResponse* resp) {
+  if (grpc::Status auth = options_.auth.Operator(ctx); !auth.ok()) return auth;
   for (dd::v1::WorkerInfo& w : registry_.Snapshot()) *resp->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
-grpc::Status RouterService::Stats(grpc::ServerContext*, const dd::v1::StatsRequest*, dd::v1::StatsResponse* resp) {
+grpc::Status RouterService::Stats(grpc::ServerContext* ctx, const dd::v1::StatsRequest*, dd::v1::StatsResponse* resp) {
+  if (grpc::Status auth = options_.auth.Operator(ctx); !auth.ok()) return auth;
   resp->set_inflight(inflight_.load());
   resp->set_requests_ok(ok_.load());
   resp->set_requests_failed(failed_.load());

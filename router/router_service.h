@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/generate.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "router/api_keys.h"
 #include "router/registry.h"
 
 namespace prometheus {
@@ -41,6 +42,7 @@ struct RouterOptions {
   int32_t max_workers = 256;    // registry entries; long-silent idle workers are forgotten
   std::string cluster_secret;   // shown to and required from workers (proto/cluster_auth.h); "" = off
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;  // dialing workers; null = plaintext
+  ApiAuth auth;                 // tenant API keys and the operator key (api_keys.h); default: open
 };
 
 class RouterService final : public dd::v1::DualDecoder::Service {

@@ -261,6 +261,43 @@ def test_router_and_worker_over_mutual_tls(tmp_path):
         router.stop()
 
 
+def test_api_keys_and_the_operator_key(tmp_path):
+    """Issue 14, finding 2: with --api_keys_file, Generate and ListModels need a tenant key; the
+    operator calls (ListWorkers, Stats) need --operator_key_file's key; Health stays open."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]))
+    keys.chmod(0o600)
+    op = secret_file(tmp_path, "o" * 40)
+    tenant_key, op_key = secret_file(tmp_path, "a" * 40), op
+    router = Proc("keyed-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}",
+                                   f"--operator_key_file={op}"], tmp_path)
+    worker = None
+    try:
+        worker = start_worker("keyed-w", router.addr, tmp_path)
+        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)  # no key needed
+        gen = ["generate", "--server", router.addr, "--prompt", "Hello", "--max_new_tokens", "2", "--ignore_eos"]
+        r = ddctl(*gen)
+        assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr and "missing API key" in r.stderr, r.stderr
+        wrong = secret_file(tmp_path, "w" * 40)
+        r = ddctl(*gen, f"--api_key_file={wrong}")
+        assert r.returncode != 0 and "unknown API key" in r.stderr, r.stderr
+        out = ddctl_json(*gen, f"--api_key_file={tenant_key}")
+        assert len(out["tokens"]) == 2, out
+        r = ddctl("workers", "--server", router.addr, f"--api_key_file={tenant_key}")
+        assert r.returncode != 0 and "PERMISSION_DENIED" in r.stderr, r.stderr
+        r = ddctl("stats", "--server", router.addr)
+        assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr, r.stderr
+        listed = ddctl_json("workers", "--server", router.addr, f"--api_key_file={op_key}")
+        assert [w["worker_id"] for w in listed["workers"]] == ["keyed-w"], listed
+    finally:
+        if worker:
+            worker.stop()
+        router.stop()
+    keys.chmod(0o644)
+    r = subprocess.run([str(BIN / "dd-router"), f"--api_keys_file={keys}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "group or others" in r.stderr, r.stderr
+
+
 def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
     """Runs last in the module: it kills a worker. Every stream completes with exactly the
     tokens of an uninterrupted run: none repeated, none missing."""

@@ -1,0 +1,118 @@
+#include "router/api_keys.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "proto/cluster_auth.h"
+
+namespace dd::router {
+namespace {
+
+// Compares every configured key in full whatever matches, so timing says nothing about which
+// prefix of which key was right.
+bool SameKey(const std::string& want, const char* got, size_t got_size) {
+  unsigned char diff = want.size() == got_size ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(want[i] ^ (i < got_size ? got[i] : 0));
+  return diff == 0;
+}
+
+// The bearer token of the call, or false when there is none.
+bool Bearer(const grpc::ServerContext* ctx, const char** token, size_t* size) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return false;
+  const grpc::string_ref v = it->second;
+  constexpr char kPrefix[] = "Bearer ";
+  constexpr size_t kLen = sizeof(kPrefix) - 1;
+  if (v.size() <= kLen || std::string(v.data(), kLen) != kPrefix) return false;
+  *token = v.data() + kLen;
+  *size = v.size() - kLen;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
+  if (path.empty()) return std::vector<ApiKey>();
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " cannot be read"));
+  if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+    return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is accessible to group or others (chmod 600 it)"));
+  }
+  if (st.st_size > (1 << 20)) return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is over 1 MiB"));
+  std::ifstream f(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON (byte ", e.byte, "): ", e.what()));
+  }
+  if (!j.is_array() || j.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of {tenant, key}"));
+  }
+  std::vector<ApiKey> keys;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    const std::string where = absl::StrCat(path, ": entry ", i);
+    if (!e.is_object() || !e.contains("tenant") || !e["tenant"].is_string() || !e.contains("key") ||
+        !e["key"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": needs string fields tenant and key"));
+    }
+    ApiKey k{e["tenant"].get<std::string>(), e["key"].get<std::string>()};
+    if (k.tenant.empty() || k.tenant.size() > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tenant must be 1 to 64 characters"));
+    }
+    if (k.key.size() < kMinClusterSecretBytes || k.key.size() > 256) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": key must be ", kMinClusterSecretBytes, " to 256 characters"));
+    }
+    for (unsigned char c : k.key) {
+      if (c < 0x21 || c > 0x7e) return absl::InvalidArgumentError(absl::StrCat(where, ": key has a character outside printable ASCII"));
+    }
+    for (const ApiKey& o : keys) {
+      if (o.key == k.key) return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate key"));
+    }
+    keys.push_back(std::move(k));
+  }
+  return keys;
+}
+
+grpc::Status ApiAuth::Tenant(const grpc::ServerContext* ctx, std::string* tenant) const {
+  tenant->clear();
+  if (!enabled()) return grpc::Status::OK;
+  const char* token = nullptr;
+  size_t size = 0;
+  if (!Bearer(ctx, &token, &size)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing API key (metadata 'authorization: Bearer <key>')");
+  }
+  const std::string* found = nullptr;
+  for (const ApiKey& k : keys_) {
+    if (SameKey(k.key, token, size)) found = &k.tenant;
+  }
+  static const std::string kOperator = "operator";
+  if (!operator_key_.empty() && SameKey(operator_key_, token, size)) found = &kOperator;
+  if (found == nullptr) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown API key");
+  *tenant = *found;
+  return grpc::Status::OK;
+}
+
+grpc::Status ApiAuth::Operator(const grpc::ServerContext* ctx) const {
+  if (!enabled()) return grpc::Status::OK;
+  if (operator_key_.empty()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "operator calls are off: the router has tenant API keys but no --operator_key_file");
+  }
+  const char* token = nullptr;
+  size_t size = 0;
+  if (!Bearer(ctx, &token, &size)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing operator key (metadata 'authorization: Bearer <key>')");
+  }
+  if (!SameKey(operator_key_, token, size)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "this call needs the operator key");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace dd::router

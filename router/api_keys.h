@@ -1,0 +1,43 @@
+// Who may call the router's public API (issue 14). Two credentials, both sent as gRPC metadata
+// `authorization: Bearer <key>`:
+//   tenant API keys (--api_keys_file: a JSON array [{"tenant": NAME, "key": KEY}, ...], keys of
+//   at least 32 printable characters, file mode 0600) for Generate and ListModels;
+//   the operator key (--operator_key_file: one line, 0600, like the cluster secret) for the
+//   operator calls ListWorkers and Stats.
+// Health stays open (it says only whether the router can serve; probes use it). With neither
+// file the API is open, as for the local embedded default. With tenant keys but no operator
+// key, the operator calls are refused outright: nothing about the fleet leaks to a tenant.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace dd::router {
+
+struct ApiKey {
+  std::string tenant, key;
+};
+
+absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path);
+
+class ApiAuth {
+ public:
+  ApiAuth() = default;
+  ApiAuth(std::vector<ApiKey> keys, std::string operator_key)
+      : keys_(std::move(keys)), operator_key_(std::move(operator_key)) {}
+  bool enabled() const { return !keys_.empty() || !operator_key_.empty(); }
+  // A tenant call: OK with the tenant's name in `tenant` ("" when the API is open), else
+  // UNAUTHENTICATED. The operator key is accepted too (tenant "operator").
+  grpc::Status Tenant(const grpc::ServerContext* ctx, std::string* tenant) const;
+  // An operator call: OK only with the operator key when any credential is configured.
+  grpc::Status Operator(const grpc::ServerContext* ctx) const;
+
+ private:
+  std::vector<ApiKey> keys_;
+  std::string operator_key_;
+};
+
+}  // namespace dd::router
