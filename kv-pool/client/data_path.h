@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -31,7 +32,8 @@ class DataPath {
   const std::atomic<bool>* abort_ = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs);
+// Receives the region's descriptor from the pool's socket (hs.fd_socket), showing `token`.
+absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs, const std::string& token);
 absl::StatusOr<std::unique_ptr<DataPath>> NewUcxDataPath(const v1::HandshakeResponse& hs, int64_t timeout_ms);
 
 }  // namespace dd::kvpool

@@ -54,7 +54,7 @@ class PoolKvStore : public KvStore {
   absl::Status Connect() {
     v1::HandshakeResponse hs;
     RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, {}, &hs); }));
-    auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs)
+    auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs, options_.token)
                                                           : NewUcxDataPath(hs, options_.rpc_timeout_ms);
     if (!path.ok()) return path.status();
     data_ = std::move(*path);

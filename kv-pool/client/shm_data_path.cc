@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kv-pool/client/data_path.h"
+#include "kv-pool/client/fd_passing.h"
 
 namespace dd::kvpool {
 namespace {
@@ -34,14 +35,14 @@ class ShmDataPath : public DataPath {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs) {
-  const int fd = shm_open(hs.shm_name().c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("kv pool region ", hs.shm_name(), " cannot be opened (",
-                                                      std::strerror(errno), "): shm:// needs the pool on this host"));
+absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs, const std::string& token) {
+  if (hs.fd_socket().empty()) {
+    return absl::FailedPreconditionError("the kv pool offers no region socket (an older pool?); shm:// needs it");
   }
-  void* p = mmap(nullptr, hs.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  absl::StatusOr<int> fd = ReceiveRegionFd(hs.fd_socket(), token);
+  if (!fd.ok()) return fd.status();
+  void* p = mmap(nullptr, hs.region_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  close(*fd);
   if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap of the kv pool region: ", std::strerror(errno)));
   return std::make_unique<ShmDataPath>(static_cast<uint8_t*>(p), hs.region_bytes());
 }

@@ -1,7 +1,8 @@
 // dd-kv-pool: a host-memory KV pool process (DESIGN §7). Tenants, tokens and quotas come from
 // --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT" on stdout
-// once serving, so a caller that asked for port 0 learns the ports. SIGTERM / SIGINT shut it down cleanly and
-// remove its shared-memory objects; objects left by a killed pool are removed at the next start.
+// once serving, so a caller that asked for port 0 learns the ports. SIGTERM / SIGINT shut it down cleanly.
+// Regions are anonymous memory files handed to same-host workers over --fd_socket: nothing is
+// left in /dev/shm, even by a killed pool.
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,7 +10,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -19,10 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
+#include "kv-pool/client/fd_passing.h"
 #include "kv-pool/server/metrics.h"
 #include "kv-pool/server/service.h"
 #include "kv-pool/server/ucx_server.h"
@@ -36,25 +35,13 @@ ABSL_FLAG(bool, huge_pages, false, "Back regions with huge pages (MAP_HUGETLB)")
 ABSL_FLAG(bool, lock_memory, false, "mlock the regions");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
 ABSL_FLAG(bool, ucx, true, "Serve the ucx:// data path (register the regions with UCX)");
+ABSL_FLAG(std::string, fd_socket, "",
+          "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
+          "abstract socket with a fresh name");
 
 namespace {
 
 constexpr char kShmPrefix[] = "dd-kvpool";
-
-// Removes /dev/shm/dd-kvpool-<pid>-* objects whose pool process is gone.
-void RemoveStaleRegions() {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    std::vector<std::string> parts = absl::StrSplit(name, '-');
-    int pid = 0;
-    if (parts.size() != 4 || parts[0] != "dd" || parts[1] != "kvpool" || !absl::SimpleAtoi(parts[2], &pid)) continue;
-    if (kill(pid, 0) != 0 && errno == ESRCH) {
-      std::filesystem::remove(e.path(), ec);
-      std::fprintf(stderr, "dd-kv-pool: removed stale region %s\n", name.c_str());
-    }
-  }
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("no file given");
@@ -79,7 +66,6 @@ int main(int argc, char** argv) {
     std::cerr << "dd-kv-pool: " << tenants.status().message() << "\n";
     return 2;
   }
-  RemoveStaleRegions();
   dd::kvpool::PoolOptions options;
   options.lease_ttl = std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ttl_ms));
   options.region = {absl::GetFlag(FLAGS_huge_pages), absl::GetFlag(FLAGS_lock_memory)};
@@ -117,7 +103,17 @@ int main(int argc, char** argv) {
     ucx_info.worker_address = ucx->worker_address();
     ucx->Start();
   }
-  dd::kvpool::KvPoolService service(**pool, ucx_info);
+  // shm://: regions are anonymous; a worker gets its tenant's descriptor here, for its token.
+  dd::kvpool::Pool& pool_ref = **pool;
+  auto fds = dd::kvpool::FdServer::Start(absl::GetFlag(FLAGS_fd_socket), [&pool_ref](absl::string_view token) {
+    auto t = pool_ref.Authenticate(absl::StrCat("Bearer ", token));
+    return t.ok() ? pool_ref.region_fd(*t) : -1;
+  });
+  if (!fds.ok()) {
+    std::cerr << "dd-kv-pool: " << fds.status().message() << "\n";
+    return 1;
+  }
+  dd::kvpool::KvPoolService service(**pool, ucx_info, (*fds)->address());
   grpc::ServerBuilder builder;
   int port = 0;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -175,9 +171,8 @@ int main(int argc, char** argv) {
   }
   cv.notify_all();
   reaper.join();
-  // The metrics server takes seconds to stop politely; nothing is left to flush, so remove
-  // the regions' names and leave without running destructors.
-  (*pool)->UnlinkRegions();
+  // The metrics server takes seconds to stop politely; nothing is left to flush (regions are
+  // anonymous and vanish with the process), so leave without running destructors.
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(0);

@@ -286,11 +286,6 @@ int64_t Pool::ExpireLeases(Clock::time_point now) {
   return n;
 }
 
-void Pool::UnlinkRegions() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& tn : tenants_) tn->region.Unlink();
-}
-
 PoolStats Pool::Stats(int t) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Tenant& tn = *tenants_[t];

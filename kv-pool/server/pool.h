@@ -61,6 +61,7 @@ class Pool {
   const std::string& shm_name(int t) const { return tenants_[t]->region.name(); }
   int64_t region_bytes(int t) const { return tenants_[t]->region.size(); }  // mapped size (>= quota)
   uint8_t* region_data(int t) const { return tenants_[t]->region.data(); }
+  int region_fd(int t) const { return tenants_[t]->region.fd(); }
   std::chrono::milliseconds lease_ttl() const { return options_.lease_ttl; }
   // Committed prefix keys a tenant may hold: one per 4 KiB of quota, at least 1024. Real
   // chunks are far larger (SmolLM2: 360 KiB), so the cap only binds on junk; it keeps the
@@ -85,7 +86,6 @@ class Pool {
   int64_t ExpireLeases(Clock::time_point now);
   PoolStats Stats(int t) const;
   // Removes every tenant region's name (for a fast exit that skips destructors).
-  void UnlinkRegions();
 
  private:
   struct Seq {

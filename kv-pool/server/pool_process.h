@@ -63,13 +63,6 @@ class PoolProcess {
     kill(pid_, sig);
     int status = 0;
     waitpid(pid_, &status, 0);
-    if (sig == SIGKILL) {  // a killed pool leaves its regions behind: remove them
-      std::error_code ec;
-      const std::string prefix = "dd-kvpool-" + std::to_string(pid_) + "-";
-      for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-        if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
-      }
-    }
     pid_ = -1;
   }
   const std::string& address() const { return address_; }

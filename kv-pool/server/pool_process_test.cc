@@ -6,6 +6,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +19,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kv-pool/client/fd_passing.h"
 #include "kv-pool/client/pool_kv_store.h"
 #include "kv-pool/server/pool_process.h"
 #include "proto/kvpool.grpc.pb.h"
@@ -164,6 +167,45 @@ TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
   v1::OpenResponse orsp;
   EXPECT_EQ(stub->Open(&ctx2, open, &orsp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(bob->Write(*seq, {5, 0, 0}, block.data()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 14, finding 4: regions have no name anyone on the host could open; a tenant's region
+// descriptor is handed out only for its token, and each token gets its own tenant's region.
+TEST(PoolProcessTest, RegionsAreAnonymousAndHandedOutOnlyForTheToken) {
+  PoolProcess pool;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    EXPECT_EQ(e.path().filename().string().rfind("dd-kvpool", 0), std::string::npos) << e.path();
+  }
+  auto stub = pool.Stub();
+  v1::HandshakeResponse hs;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
+  ASSERT_TRUE(stub->Handshake(&ctx, {}, &hs).ok());
+  ASSERT_FALSE(hs.fd_socket().empty());
+  auto wrong = ReceiveRegionFd(hs.fd_socket(), "wrong-token-000000000");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
+  EXPECT_FALSE(ReceiveRegionFd(hs.fd_socket(), std::string(600, 'x')).ok());  // oversized: refused here
+  auto alice = ReceiveRegionFd(hs.fd_socket(), kAlice), bob = ReceiveRegionFd(hs.fd_socket(), kBob);
+  ASSERT_TRUE(alice.ok() && bob.ok()) << alice.status() << bob.status();
+  struct stat a, b;
+  ASSERT_EQ(fstat(*alice, &a), 0);
+  ASSERT_EQ(fstat(*bob, &b), 0);
+  EXPECT_EQ(a.st_size, hs.region_bytes());
+  EXPECT_NE(a.st_ino, b.st_ino);  // different files: bob's token never yields alice's region
+  close(*alice);
+  close(*bob);
+  // A client that connects and says nothing does not stall the pool past its 2 s read timeout.
+  const int idle = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, hs.fd_socket().data() + 1, hs.fd_socket().size() - 1);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&addr),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + hs.fd_socket().size())), 0);
+  auto after = ReceiveRegionFd(hs.fd_socket(), kAlice);
+  EXPECT_TRUE(after.ok()) << after.status();
+  if (after.ok()) close(*after);
+  close(idle);
 }
 
 TEST(PoolProcessTest, MetricsReflectThePool) {

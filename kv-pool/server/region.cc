@@ -28,23 +28,16 @@ absl::StatusOr<ShmRegion> ShmRegion::Create(const std::string& prefix, int64_t b
   if (bytes <= 0) return absl::InvalidArgumentError(absl::StrCat("region size must be positive, got ", bytes));
   ShmRegion r;
   r.size_ = (bytes + k2M - 1) / k2M * k2M;
-  r.name_ = absl::StrCat("/", prefix, "-", getpid(), "-", RandomHex());
-  const int fd = shm_open(r.name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("shm_open ", r.name_, ": ", std::strerror(errno)));
-  if (ftruncate(fd, r.size_) != 0) {
-    const int err = errno;
-    close(fd);
-    shm_unlink(r.name_.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat("cannot size ", r.name_, " to ", r.size_, " bytes: ", std::strerror(err)));
+  r.name_ = absl::StrCat(prefix, "-", getpid(), "-", RandomHex());
+  r.fd_ = memfd_create(r.name_.c_str(), MFD_CLOEXEC | (options.huge_pages ? MFD_HUGETLB : 0));
+  if (r.fd_ < 0) return absl::InternalError(absl::StrCat("memfd_create ", r.name_, ": ", std::strerror(errno)));
+  if (ftruncate(r.fd_, r.size_) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot size ", r.name_, " to ", r.size_, " bytes: ", std::strerror(errno)));
   }
-  int flags = MAP_SHARED | (options.huge_pages ? MAP_HUGETLB : 0);
-  void* p = mmap(nullptr, r.size_, PROT_READ | PROT_WRITE, flags, fd, 0);
-  close(fd);
+  void* p = mmap(nullptr, r.size_, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd_, 0);
   if (p == MAP_FAILED) {
-    const int err = errno;
-    shm_unlink(r.name_.c_str());
     return absl::ResourceExhaustedError(absl::StrCat("mmap of ", r.size_, " bytes", options.huge_pages ? " with huge pages" : "",
-                                                     " failed: ", std::strerror(err)));
+                                                     " failed: ", std::strerror(errno)));
   }
   r.data_ = static_cast<uint8_t*>(p);
   if (options.lock_memory && mlock(p, r.size_) != 0) {
@@ -58,19 +51,15 @@ ShmRegion::ShmRegion(ShmRegion&& o) noexcept { *this = std::move(o); }
 
 ShmRegion& ShmRegion::operator=(ShmRegion&& o) noexcept {
   std::swap(name_, o.name_);
+  std::swap(fd_, o.fd_);
   std::swap(size_, o.size_);
   std::swap(data_, o.data_);
   return *this;
 }
 
-void ShmRegion::Unlink() {
-  if (!name_.empty()) shm_unlink(name_.c_str());
-  name_.clear();
-}
-
 ShmRegion::~ShmRegion() {
   if (data_ != nullptr) munmap(data_, size_);
-  if (!name_.empty()) shm_unlink(name_.c_str());
+  if (fd_ >= 0) close(fd_);
 }
 
 RangeAllocator::RangeAllocator(int64_t size, int64_t align) : size_(size / align * align), align_(align) {

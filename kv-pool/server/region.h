@@ -1,7 +1,9 @@
-// A tenant's host-memory region: one POSIX shared-memory object, mapped here, that same-host
+// A tenant's host-memory region: one anonymous memory file (memfd), mapped here, that same-host
 // workers map too (the shm:// data path), plus a first-fit allocator of byte ranges in it.
-// Each tenant gets its own object (mode 0600, unguessable name) so that a leaked name or key
-// exposes only that tenant's KV (DESIGN §7). Not thread-safe: the pool serializes access.
+// Each tenant gets its own file; it has no name anyone could open: a worker receives its
+// descriptor over the pool's Unix-domain socket after showing the tenant's token (kv-pool/client/fd_passing.h),
+// and the memory goes away with the pool and the last mapping (issue 14, finding 4). Not
+// thread-safe: the pool serializes access.
 #pragma once
 
 #include <cstdint>
@@ -18,21 +20,21 @@ class ShmRegion {
     bool huge_pages = false;   // MAP_HUGETLB; fails clearly if none are reserved
     bool lock_memory = false;  // mlock the region (needs RLIMIT_MEMLOCK)
   };
-  // Creates and maps `bytes` (rounded up to 2 MiB) under a fresh name with `prefix`.
+  // Creates and maps `bytes` (rounded up to 2 MiB); `prefix` labels it in /proc/PID/fd.
   static absl::StatusOr<ShmRegion> Create(const std::string& prefix, int64_t bytes, const Options& options);
   ShmRegion(ShmRegion&& other) noexcept;
   ShmRegion& operator=(ShmRegion&& other) noexcept;
-  ~ShmRegion();  // unmaps and unlinks
+  ~ShmRegion();  // unmaps and closes
 
-  const std::string& name() const { return name_; }
-  // Removes the name now (the mapping stays valid); the destructor then only unmaps.
-  void Unlink();
+  const std::string& name() const { return name_; }  // a label, not a path
+  int fd() const { return fd_; }                      // what the fd server hands out
   int64_t size() const { return size_; }
   uint8_t* data() const { return data_; }
 
  private:
   ShmRegion() = default;
   std::string name_;
+  int fd_ = -1;
   int64_t size_ = 0;
   uint8_t* data_ = nullptr;
 };

@@ -38,6 +38,7 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   DD_TENANT(t, ctx);
   resp->set_tenant(pool_.tenant_name(t));
   resp->set_shm_name(pool_.shm_name(t));
+  resp->set_fd_socket(fd_socket_);
   resp->set_region_bytes(pool_.region_bytes(t));
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
   resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));

@@ -16,7 +16,9 @@ struct UcxInfo {
 
 class KvPoolService final : public v1::KvPool::Service {
  public:
-  KvPoolService(Pool& pool, UcxInfo ucx) : pool_(pool), ucx_(std::move(ucx)) {}
+  // `fd_socket`: the FdServer's address, returned by Handshake for the shm:// data path.
+  KvPoolService(Pool& pool, UcxInfo ucx, std::string fd_socket = "")
+      : pool_(pool), ucx_(std::move(ucx)), fd_socket_(std::move(fd_socket)) {}
   grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override;
   grpc::Status Open(grpc::ServerContext* ctx, const v1::OpenRequest* req, v1::OpenResponse* resp) override;
   grpc::Status Extend(grpc::ServerContext* ctx, const v1::ExtendRequest* req, v1::ExtendResponse* resp) override;
@@ -32,6 +34,7 @@ class KvPoolService final : public v1::KvPool::Service {
   absl::StatusOr<int> Tenant(grpc::ServerContext* ctx) const;
   Pool& pool_;
   UcxInfo ucx_;
+  std::string fd_socket_;
 };
 
 grpc::Status ToGrpc(const absl::Status& st);

@@ -1,0 +1,160 @@
+#include "kv-pool/client/fd_passing.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace dd::kvpool {
+namespace {
+
+constexpr size_t kMaxTokenBytes = 512;
+
+absl::StatusOr<sockaddr_un> Address(const std::string& address, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const bool abstract = !address.empty() && address[0] == '@';
+  if (address.size() >= sizeof(a.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("unix socket address too long: ", address));
+  }
+  std::memcpy(a.sun_path, address.data(), address.size());
+  if (abstract) a.sun_path[0] = '\0';
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size() + (abstract ? 0 : 1));
+  return a;
+}
+
+void SetTimeouts(int fd, int seconds) {
+  timeval tv{seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+std::string RandomHex() {
+  uint64_t v = 0;
+  std::ifstream f("/dev/urandom", std::ios::binary);
+  f.read(reinterpret_cast<char*>(&v), sizeof(v));
+  return absl::StrCat(absl::Hex(v, absl::kZeroPad16));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, Lookup lookup) {
+  std::unique_ptr<FdServer> s(new FdServer());
+  s->lookup_ = std::move(lookup);
+  s->address_ = path.empty() ? absl::StrCat("@dd-kvpool-", getpid(), "-", RandomHex()) : path;
+  if (!path.empty()) s->path_ = path;
+  socklen_t len = 0;
+  auto addr = Address(s->address_, &len);
+  if (!addr.ok()) return addr.status();
+  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (!s->path_.empty()) unlink(s->path_.c_str());  // a socket file left by an earlier pool
+  if (bind(s->listen_fd_, reinterpret_cast<const sockaddr*>(&*addr), len) != 0 || listen(s->listen_fd_, 64) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix socket ", s->address_, ": ", std::strerror(errno)));
+  }
+  s->wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (s->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  s->thread_ = std::thread([p = s.get()] { p->Serve(); });
+  return s;
+}
+
+FdServer::~FdServer() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (!path_.empty()) unlink(path_.c_str());
+}
+
+void FdServer::Serve() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    SetTimeouts(c, 2);
+    std::string token;
+    char buf[128];
+    bool complete = false;
+    while (!complete && token.size() <= kMaxTokenBytes) {
+      const ssize_t n = read(c, buf, sizeof(buf));
+      if (n <= 0) break;
+      token.append(buf, static_cast<size_t>(n));
+      complete = token.find('\n') != std::string::npos;
+    }
+    const int fd = complete && token.size() <= kMaxTokenBytes ? lookup_(token.substr(0, token.find('\n'))) : -1;
+    if (fd >= 0) {
+      char byte = 'K';
+      iovec iov{&byte, 1};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+      (void)sendmsg(c, &msg, MSG_NOSIGNAL);
+    }
+    close(c);
+  }
+}
+
+absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::string& token) {
+  if (token.empty() || token.size() >= kMaxTokenBytes || token.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError("kv pool token must be 1 to 511 bytes without a newline");
+  }
+  socklen_t len = 0;
+  auto addr = Address(address, &len);
+  if (!addr.ok()) return addr.status();
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  SetTimeouts(s, 5);
+  if (connect(s, reinterpret_cast<const sockaddr*>(&*addr), len) != 0) {
+    const int err = errno;
+    close(s);
+    return absl::FailedPreconditionError(absl::StrCat("kv pool region socket ", address, " cannot be reached (",
+                                                      std::strerror(err), "): shm:// needs the pool on this host"));
+  }
+  const std::string line = token + "\n";
+  if (send(s, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    close(s);
+    return absl::UnavailableError(absl::StrCat("kv pool region socket ", address, ": send failed"));
+  }
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  close(s);
+  const cmsghdr* cm = n == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (cm == nullptr || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+    return absl::PermissionDeniedError("the kv pool refused the region descriptor (unknown token)");
+  }
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+  return fd;
+}
+
+}  // namespace dd::kvpool
