@@ -13,7 +13,7 @@ prompt of C tokens and continue it as B sequences (llama.cpp copies the prompt's
 dd-bench-model forks it), then time the decode steps: the figure is decode at context C and
 batch B, not B prefills. Rounds alternate the engines; each figure is the best of the rounds.
 
-  bench/compare_llamacpp.py [--models gemma,smollm2] [--contexts 1024,8192] [--batches 1,8]
+  bench/compare_llamacpp.py [--models gemma,smollm2] [--contexts 1024,8000] [--batches 1,8]
                             [--threads 2] [--steps 32] [--rounds 2]
 Writes bench/results/model-cpu-vs-llamacpp.{json,md}.
 """
@@ -91,7 +91,8 @@ def main():
     ap.add_argument("--models", default="gemma,smollm2", help="short names or paths, comma-separated")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--contexts", default="1024,8000",
+                    help="8000, not 8192: SmolLM2's context is 8192 tokens and the decode steps need room")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()

@@ -1,0 +1,139 @@
+"""Writes the seed corpus of the fuzz targets (fuzz/corpus/<target>/seed-*): small inputs made
+here, valid and broken, that reach deep into each reader. Run from the repo root:
+    python3 fuzz/make_corpus.py
+Crashes found later are added beside them as crash-<sha1> files (scripts/fuzz keeps them)."""
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def put(target, name, data):
+    d = HERE / "corpus" / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def gguf_seeds():
+    import gguf  # the gguf package from scripts/requirements.txt
+    tmp = HERE / "corpus" / "gguf" / ".tmp.gguf"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    n_embd, n_vocab, n_ff = 8, 6, 16
+    w.add_context_length(64)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "ab", "<s>", "</s>", "Ġ"])
+    w.add_token_types([1, 1, 1, 3, 3, 1])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(3)
+    w.add_eos_token_id(4)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (n_vocab, n_embd), "output_norm.weight": (n_embd,),
+              "blk.0.attn_norm.weight": (n_embd,), "blk.0.attn_q.weight": (n_embd, n_embd),
+              "blk.0.attn_k.weight": (n_embd // 2, n_embd), "blk.0.attn_v.weight": (n_embd // 2, n_embd),
+              "blk.0.attn_output.weight": (n_embd, n_embd), "blk.0.ffn_norm.weight": (n_embd,),
+              "blk.0.ffn_gate.weight": (n_ff, n_embd), "blk.0.ffn_up.weight": (n_ff, n_embd),
+              "blk.0.ffn_down.weight": (n_embd, n_ff)}
+    for name, shape in shapes.items():
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    good = tmp.read_bytes()
+    tmp.unlink()
+    put("gguf", "seed-tiny-llama", good)
+    put("gguf", "seed-truncated-header", good[:40])
+    put("gguf", "seed-truncated-data", good[:len(good) - 64])
+    # Header claiming 2^40 tensors and 2^40 metadata entries.
+    put("gguf", "seed-huge-counts", b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 1 << 40))
+    put("gguf", "seed-not-gguf", b"GGUX" + bytes(60))
+
+
+def safetensors_seeds():
+    def st(header, payload):
+        h = json.dumps(header).encode()
+        return struct.pack("<Q", len(h)) + h + payload
+    put("safetensors", "seed-valid", st({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                                         "__metadata__": {"format": "pt"}}, bytes(16)))
+    put("safetensors", "seed-bf16", st({"b": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}, bytes(8)))
+    put("safetensors", "seed-offsets-past-end", st({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 64]}},
+                                                   bytes(16)))
+    put("safetensors", "seed-overflowing-shape",
+        st({"w": {"dtype": "F32", "shape": [1 << 62, 1 << 62], "data_offsets": [0, 16]}}, bytes(16)))
+    put("safetensors", "seed-huge-header-length", struct.pack("<Q", 1 << 60) + b"{}")
+
+
+def tokenizer_json_seeds():
+    vocab = {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "<s>": 4}
+    tj = {"version": "1.0", "added_tokens": [{"id": 4, "content": "<s>", "special": True}],
+          "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+          "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}}
+    put("tokenizer_json", "seed-bpe", json.dumps(tj))
+    tj2 = dict(tj, model={"type": "BPE", "vocab": vocab, "merges": [["a", "b"]]})
+    put("tokenizer_json", "seed-bpe-merge-pairs", json.dumps(tj2))
+    put("tokenizer_json", "seed-wordpiece", json.dumps(dict(tj, model={"type": "WordPiece", "vocab": vocab})))
+    put("tokenizer_json", "seed-not-json", "{\"model\": [")
+
+
+def tenants_seeds():
+    put("tenants", "seed-valid", json.dumps([{"name": "a", "token": "0123456789abcdef0123", "quota": "2MiB"},
+                                              {"name": "b", "token": "fedcba98765432100123", "quota": "1TiB"}]))
+    put("tenants", "seed-bad-quota", json.dumps([{"name": "a", "token": "0123456789abcdef", "quota": "-1G"}]))
+    put("tenants", "seed-api-keys", json.dumps([{"tenant": "t", "key": "k" * 40}]))
+    put("tenants", "seed-not-json", "[{\"name\": ")
+
+
+def prompt_seeds():
+    for i, text in enumerate(["Hello, world!", "<start_of_turn>user\nhi<end_of_turn>\n", "<|im_start|>system\n",
+                              "\u2581\u2581 spaces  and\ttabs\n", "数字 123 ünïcödé 🤖"]):
+        put("prompt", f"seed-{i}", text)
+    put("prompt", "seed-invalid-utf8", b"\xff\xfe\xc3(\xe2\x82 \xf0\x9f")
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(num, wire, payload):
+    key = varint((num << 3) | wire)
+    if wire == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def request_seeds():
+    # GenerateRequest: request_id=1, model=2, text=3, token_ids=4 (TokenIds{ids=1}), sampling=5,
+    # max_new_tokens=6, stop=7, stop_token_ids=8.
+    put("request", "seed-text", field(3, 2, b"Hello") + field(6, 0, 16))
+    put("request", "seed-tokens", field(4, 2, field(1, 2, b"".join(varint(t) for t in (2, 818, 5279)))))
+    put("request", "seed-huge-max", field(3, 2, b"x") + field(6, 0, 10**12))
+    put("request", "seed-many-stops", field(3, 2, b"x") + b"".join(field(7, 2, b"s") for _ in range(20)))
+    put("request", "seed-negative-token", field(4, 2, field(1, 0, (1 << 64) - 5)))
+
+
+def main():
+    for f in (gguf_seeds, safetensors_seeds, tokenizer_json_seeds, tenants_seeds, prompt_seeds, request_seeds):
+        f()
+    n = sum(1 for _ in (HERE / "corpus").rglob("seed-*"))
+    print(f"make_corpus: {n} seed files under {HERE / 'corpus'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
