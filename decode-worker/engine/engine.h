@@ -143,6 +143,9 @@ class Engine {
   absl::Status Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tokens);
   // Frees the slot's KV and its reservation.
   void Release(int32_t seq);
+  // After a step failed with UNAVAILABLE because the KV pool was lost: reconnects the store
+  // (KvStore::Recover). Release every sequence first; they are rebuilt by prefilling again.
+  absl::Status RecoverKvStore() { return store_ != nullptr ? store_->Recover() : absl::OkStatus(); }
   const MemoryPlan& memory_plan() const { return plan_; }
   // Whether a request of `prompt_tokens` growing to `total_tokens` fits the device-memory budget
   // with nothing else admitted (RESOURCE_EXHAUSTED with the numbers if not). Reads only what

@@ -1,6 +1,7 @@
 #include "decode-worker/service/scheduler.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -166,6 +167,7 @@ void Scheduler::Loop() {
       }
     }
     Reap();
+    RebuildLost();
     AdmitWaiting();
     const int64_t decoded = DecodeIteration();
     Reap();
@@ -302,7 +304,9 @@ void Scheduler::PrefillIteration(int64_t decoded) {
 void Scheduler::Emit(Request& r, const float* logits) {
   const int32_t token = r.sampler->Sample(logits, engine_.config().n_vocab);
   const Clock::time_point now = Clock::now();
-  const bool first = r.generated == static_cast<int64_t>(r.spec.resumed.size());
+  // The first token of this request on this worker (tokens a rebuild put back in the prompt
+  // were generated here: they do not count as resumed).
+  const bool first = r.generated == static_cast<int64_t>(r.spec.resumed.size()) - r.rebuilt_tokens;
   if (first) {
     r.first_token = now;
     if (observer_) observer_->OnFirstToken(std::chrono::duration<double>(now - r.spec.arrival).count());
@@ -313,6 +317,7 @@ void Scheduler::Emit(Request& r, const float* logits) {
   std::string stop = r.text->Push(token);
   if (stop.empty()) {
     e.tokens.push_back(token);
+    r.fresh.push_back(token);
     ++r.generated;
     if (r.generated >= r.spec.max_new_tokens) {
       stop = "max_tokens";
@@ -336,7 +341,7 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
   e.prompt_tokens = static_cast<int64_t>(r.spec.prompt.size()) - resumed;
   e.completion_tokens = r.generated;
   e.prefix_reused_tokens = r.prefix_reused;
-  const int64_t fresh = r.generated - resumed;
+  const int64_t fresh = r.generated - (resumed - r.rebuilt_tokens);
   if (fresh > 0) {
     e.ttft_s = std::chrono::duration<double>(r.first_token - r.spec.arrival).count();
     if (fresh > 1) e.tpot_s = std::chrono::duration<double>(r.last_token - r.first_token).count() / (fresh - 1);
@@ -353,10 +358,69 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
 void Scheduler::Fail(std::vector<Request*> reqs, const absl::Status& st) {
   LOG(ERROR) << "engine step failed for " << reqs.size() << " requests: " << st;
   for (Request* r : reqs) {
+    // The KV pool went away: keep the request, rebuild its KV once the pool is back.
+    if (absl::IsUnavailable(st) && !r->done && r->rebuilds < options_.max_rebuilds) {
+      if (!r->lost) r->lost_at = Clock::now();
+      r->lost = true;
+      continue;
+    }
     // Running out of pool or device memory stays RESOURCE_EXHAUSTED (the router may place the
     // request elsewhere); anything else is an internal failure of this worker.
     const absl::StatusCode code = absl::IsResourceExhausted(st) ? st.code() : absl::StatusCode::kInternal;
     if (!r->done) Finish(*r, absl::Status(code, absl::StrCat("engine step failed: ", st.message())), "");
+  }
+}
+
+void Scheduler::RebuildLost() {
+  bool any = false;
+  for (auto& r : active_) any |= !r->done && r->lost;
+  if (!any) return;
+  // The pool held every running request's KV, not only the ones whose step failed: all of
+  // them are rebuilt.
+  std::vector<Request*> lost;
+  for (auto& r : active_) {
+    if (r->done) continue;
+    if (!r->lost) r->lost_at = Clock::now();
+    r->lost = true;
+    lost.push_back(r.get());
+  }
+  // Every sequence of the lost connection goes before the store reconnects (idempotent).
+  for (Request* r : lost) engine_.Release(r->slot);
+  if (absl::Status st = engine_.RecoverKvStore(); !st.ok()) {
+    const Clock::time_point now = Clock::now();
+    for (Request* r : lost) {
+      if (now - r->lost_at >= options_.pool_recovery_timeout) {
+        Finish(*r, absl::UnavailableError(absl::StrCat("kv pool lost and not back within ",
+                                                       options_.pool_recovery_timeout.count(), " ms: ", st.message())),
+               "");
+      }
+    }
+    // Nothing can decode meanwhile (every sparse sequence lived in that pool): don't spin.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return;
+  }
+  for (Request* r : lost) {
+    // What the client has is now part of the prompt, exactly as for a resumed request.
+    r->spec.prompt.insert(r->spec.prompt.end(), r->fresh.begin(), r->fresh.end());
+    r->spec.resumed.insert(r->spec.resumed.end(), r->fresh.begin(), r->fresh.end());
+    r->rebuilt_tokens += static_cast<int64_t>(r->fresh.size());
+    r->fresh.clear();
+    r->pending = -1;
+    r->lost = false;
+    ++r->rebuilds;
+    absl::Status st = engine_.Admit(r->slot, static_cast<int64_t>(r->spec.prompt.size()), TotalTokens(r->spec));
+    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(r->slot, r->spec.prompt) : absl::StatusOr<int64_t>(st);
+    if (!started.ok()) {
+      Finish(*r, absl::UnavailableError(absl::StrCat("rebuilding the KV after the pool was lost: ",
+                                                     started.status().message())),
+             "");
+      continue;
+    }
+    r->prefilled = *started;
+    LOG(WARNING) << "request " << r->spec.id << ": KV pool lost; rebuilding " << r->spec.prompt.size()
+                 << " tokens (rebuild " << r->rebuilds << ")";
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.rebuilt;
   }
 }
 

@@ -70,6 +70,13 @@ struct SchedulerOptions {
   int64_t step_tokens = 512;     // tokens per iteration: decode rows plus prefill rows
   int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
   int64_t max_new_tokens_limit = 8192;  // the largest max_new_tokens a request may ask for
+  // When the KV pool is lost mid-request, the worker waits this long for it to come back
+  // (reconnecting at the same address) and then rebuilds each request's KV by prefilling its
+  // prompt and the tokens it has streamed; the stream continues as if nothing happened (greedy:
+  // the same tokens). Past this, or after `max_rebuilds` per request, the request fails with
+  // UNAVAILABLE (the router resumes it elsewhere).
+  std::chrono::milliseconds pool_recovery_timeout{30000};
+  int32_t max_rebuilds = 3;
 };
 
 struct SchedulerStats {
@@ -78,6 +85,7 @@ struct SchedulerStats {
   int64_t reserved_bytes = 0, kv_bytes = 0, free_bytes = -1;  // free: -1 = unlimited budget
   int64_t decode_tokens = 0, prefill_tokens = 0, steps = 0;
   int64_t finished = 0, cancelled = 0, failed = 0;
+  int64_t rebuilt = 0;  // requests whose KV was rebuilt after the pool was lost
   double hit_rate = 0;
   int64_t transfer_wait_ns = 0;
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
@@ -122,6 +130,11 @@ class Scheduler {
     Clock::time_point first_token{}, last_token{};
     int64_t prefix_reused = 0;  // prompt tokens restored from the pool
     bool done = false;          // finished; Reap frees the slot, then sends final_event
+    std::vector<int32_t> fresh;  // tokens streamed since the request last started prefilling
+    bool lost = false;           // its KV went with a lost pool: RebuildLost prefills it again
+    Clock::time_point lost_at{};
+    int32_t rebuilds = 0;
+    int64_t rebuilt_tokens = 0;  // of spec.resumed, those a rebuild added (generated here)
     StreamEvent final_event{};
   };
   void Loop();
@@ -137,6 +150,8 @@ class Scheduler {
   void Finish(Request& r, absl::Status status, const std::string& stop_reason);
   void Fail(std::vector<Request*> reqs, const absl::Status& st);
   void Reap();  // removes finished/cancelled requests and frees their slots
+  // Reconnects a lost KV pool and prefills the lost requests again (SchedulerOptions).
+  void RebuildLost();
   // The stream of a resumed request that has nothing left to generate.
   std::shared_ptr<RequestStream> FinishedResume(const RequestSpec& spec, const std::string& stop);
 

@@ -1,5 +1,7 @@
 #include "decode-worker/service/worker_node.h"
 
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "common/status_macros.h"
 #include "proto/request_check.h"
@@ -9,6 +11,9 @@ ABSL_FLAG(int32_t, max_waiting, 32, "serve: requests queued beyond the batch; mo
 ABSL_FLAG(int64_t, step_tokens, 512,
           "serve: tokens per scheduler iteration (decode rows + prefill chunk); long prompts are prefilled in "
           "pieces between decode steps");
+ABSL_FLAG(int64_t, pool_recovery_ms, 30000,
+          "serve: how long running requests wait for a lost KV pool to come back (same address) before they "
+          "fail; their KV is then rebuilt by prefilling the prompt and the tokens already streamed");
 
 namespace dd::worker {
 
@@ -18,6 +23,7 @@ SchedulerOptions SchedulerOptionsFromFlags() {
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
   o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  o.pool_recovery_timeout = std::chrono::milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_pool_recovery_ms)));
   return o;
 }
 

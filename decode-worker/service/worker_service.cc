@@ -141,6 +141,7 @@ grpc::Status WorkerService::Stats(grpc::ServerContext* ctx, const dd::worker::v1
   resp->set_requests_finished(s.finished);
   resp->set_requests_cancelled(s.cancelled);
   resp->set_requests_failed(s.failed);
+  resp->set_requests_rebuilt(s.rebuilt);
   resp->set_prefetch_hit_rate(s.hit_rate);
   resp->set_steps(s.steps);
   return grpc::Status::OK;

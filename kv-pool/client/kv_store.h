@@ -78,6 +78,13 @@ class KvStore {
   // Changes the link model for transfers issued from now on.
   virtual void SetLink(const LinkModel& link) = 0;
 
+  // After the store failed with UNAVAILABLE (its pool was lost): connects again (a fresh
+  // handshake at the same address). Every sequence of the old connection is gone; callers
+  // release theirs first and rebuild them. OK at once when the store is healthy; an error
+  // (the pool is not back yet) leaves it broken, to be tried again. Call with no transfer in
+  // flight from the caller.
+  virtual absl::Status Recover() { return absl::OkStatus(); }
+
   // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
   // sequence's first keys.size() blocks, whose chunks are all written: they become findable
   // and outlive the sequence's lease until evicted. Stores without reuse ignore it.

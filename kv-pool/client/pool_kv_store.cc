@@ -51,6 +51,33 @@ class PoolKvStore : public KvStore {
     for (SequenceId id : ids) (void)Release(id);
   }
 
+  absl::Status Recover() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_.ok()) return absl::OkStatus();
+      stop_ = true;
+    }
+    renew_cv_.notify_all();
+    if (renewer_.joinable()) renewer_.join();
+    queue_.Drain();  // transfers of the old connection fail fast (the data path is aborted)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seqs_.clear();  // they lived in the lost pool (its leases expire there, if it comes back)
+      bytes_ = 0;
+      stop_ = false;
+    }
+    data_.reset();
+    lost_.store(false, std::memory_order_release);
+    absl::Status st = Connect();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) {
+      lost_.store(true, std::memory_order_release);
+      return absl::UnavailableError(absl::StrCat("kv pool at ", options_.address, " not back yet: ", st.message()));
+    }
+    broken_ = absl::OkStatus();
+    return absl::OkStatus();
+  }
+
   absl::Status Connect() {
     v1::HandshakeResponse hs;
     RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, {}, &hs); }));
@@ -169,6 +196,7 @@ class PoolKvStore : public KvStore {
       bytes_ -= freed;
       remote = s->remote;
       seqs_.erase(seq);
+      if (!broken_.ok()) return absl::OkStatus();  // nothing to tell a lost pool
     }
     v1::ReleaseRequest req;
     req.set_sequence(remote);

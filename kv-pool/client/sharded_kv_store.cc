@@ -102,6 +102,11 @@ class ShardedKvStore : public KvStore {
     return result;
   }
 
+  absl::Status Recover() override {
+    for (auto& s : shards_) RETURN_IF_ERROR(s->Recover());  // the caller released its sequences first
+    return absl::OkStatus();
+  }
+
   int64_t bytes_stored() const override {
     int64_t n = 0;
     for (const auto& s : shards_) n += s->bytes_stored();

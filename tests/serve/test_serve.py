@@ -1,6 +1,7 @@
 """Router + two decode workers + one pool, all real processes on loopback (issue 6):
 concurrency, resume after a worker dies, cancellation, bad requests, overload, metrics."""
 import json
+import os
 import subprocess
 import threading
 import urllib.request
@@ -296,6 +297,45 @@ def test_api_keys_and_the_operator_key(tmp_path):
     keys.chmod(0o644)
     r = subprocess.run([str(BIN / "dd-router"), f"--api_keys_file={keys}"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "group or others" in r.stderr, r.stderr
+
+
+def test_pool_killed_mid_stream_loses_no_request(tmp_path):
+    """Issue 14: the KV pool is SIGKILLed while three greedy streams decode from it and a new pool
+    starts at the same address. The worker rebuilds each request's KV (prompt + tokens already
+    streamed) and every stream ends with exactly the tokens of an uninterrupted run."""
+    from serving import TOKEN
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "1GiB"}]))
+    procs = []
+    try:
+        pool = Proc("pool", ["dd-kv-pool", f"--tenants={cfg}", "--lease_ttl_ms=3000"], tmp_path)
+        procs.append(pool)
+        router = Proc("rb-router", ["dd-router", "--heartbeat_timeout_ms=1500"], tmp_path)
+        procs.append(router)
+        env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
+        worker = start_worker("rb-w", router.addr, tmp_path, "--mode=dualdecoder", "--budget=256",
+                              f"--kv_store=shm://{pool.addr}", "--max_batch=4", "--pool_recovery_ms=60000", env=env)
+        procs.append(worker)
+        wait_for("worker up", lambda: workers_up(router.addr) == 1)
+        n = 96  # long enough that the lost pool is noticed (lease renewal, 1 s) mid-stream
+        want = [generate(router.addr, prompt(20 + i), n) for i in range(3)]
+        streams = [stream_until_tokens(router.addr, prompt(20 + i), n, 2) for i in range(3)]
+        pool.kill()
+        pool2 = Proc("pool2", ["dd-kv-pool", f"--tenants={cfg}", f"--listen={pool.addr}", "--lease_ttl_ms=3000"],
+                     tmp_path)
+        procs.append(pool2)
+        for i, p in enumerate(streams):
+            lines = [json.loads(line) for line in p.stdout]
+            assert p.wait(timeout=300) == 0, p.stderr.read()
+            tokens = [t for m in lines[:-1] for t in m.get("token_ids", [])]
+            assert tokens == want[i]["tokens"], f"stream {i}"
+            assert lines[-1]["text"] == want[i]["text"]
+            assert lines[-1]["usage"]["resumes"] == 0, "rebuilt on the same worker, not resumed elsewhere"
+        stats = worker_stats(worker.addr)
+        assert int(stats["requests_rebuilt"]) >= 1 and int(stats["requests_failed"]) == 0, stats
+    finally:
+        for p in reversed(procs):
+            p.stop()
 
 
 def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
