@@ -244,7 +244,7 @@ int64_t Scheduler::DecodeIteration() {
   std::vector<int32_t> seqs, tokens;
   std::vector<Request*> reqs;
   for (auto& r : active_) {
-    if (r->done || r->pending < 0) continue;
+    if (r->done || r->lost || r->pending < 0) continue;
     seqs.push_back(r->slot);
     tokens.push_back(r->pending);
     reqs.push_back(r.get());
@@ -275,7 +275,7 @@ void Scheduler::PrefillIteration(int64_t decoded) {
   std::vector<Request*> reqs;
   for (auto& r : active_) {
     const int64_t n = static_cast<int64_t>(r->spec.prompt.size());
-    if (r->done || r->prefilled >= n) continue;
+    if (r->done || r->lost || r->prefilled >= n) continue;
     const int64_t take = std::min(budget, n - r->prefilled);
     pieces.push_back({.seq = r->slot, .prompt = r->spec.prompt, .begin = r->prefilled, .end = r->prefilled + take});
     reqs.push_back(r.get());
