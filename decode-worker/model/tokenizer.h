@@ -10,7 +10,10 @@
 //    and merged by merge rank.
 // Control and user-defined tokens are split out of the text before either algorithm runs.
 //
-// Decode(Encode(s)) == s for any byte string s, valid UTF-8 or not. To keep that promise a
+// Decode(Encode(s)) == s for any byte string s, valid UTF-8 or not, whose bytes the vocabulary
+// can all represent (SPM with byte fallback: every byte; byte-level BPE: the bytes that have a
+// token — SmolLM2's vocabulary lacks 21, e.g. 0xC0, 0xF5-0xFF, which are dropped; fuzz/prompt
+// checks this). To keep that promise a
 // literal U+2581 in SPM input is encoded with byte tokens rather than with a '▁' piece (which
 // decodes as a space), and the add_space_prefix space goes only before text at the very start
 // of the input (as SentencePiece does; llama.cpp also adds one after every special token).
