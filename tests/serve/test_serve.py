@@ -319,7 +319,9 @@ def test_pool_killed_mid_stream_loses_no_request(tmp_path):
         wait_for("worker up", lambda: workers_up(router.addr) == 1)
         n = 96  # long enough that the lost pool is noticed (lease renewal, 1 s) mid-stream
         want = [generate(router.addr, prompt(20 + i), n) for i in range(3)]
-        streams = [stream_until_tokens(router.addr, prompt(20 + i), n, 2) for i in range(3)]
+        streams = [stream_until_tokens(router.addr, prompt(20 + i), n, 0) for i in range(3)]
+        before = int(worker_stats(worker.addr)["decode_tokens_total"])
+        wait_for("streams decoding", lambda: int(worker_stats(worker.addr)["decode_tokens_total"]) > before + 3)
         pool.kill()
         pool2 = Proc("pool2", ["dd-kv-pool", f"--tenants={cfg}", f"--listen={pool.addr}", "--lease_ttl_ms=3000"],
                      tmp_path)
