@@ -31,6 +31,8 @@ absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& pa
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON (byte ", e.byte, "): ", e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range (found by fuzz/tenants)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
   }
   if (!j.is_array() || j.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of tenants"));
