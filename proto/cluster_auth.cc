@@ -3,11 +3,11 @@
 #include <sys/stat.h>
 
 #include <fstream>
-#include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "File holding the secret the router and its workers show each other (one line, >= 32 characters, "
@@ -47,10 +47,7 @@ absl::StatusOr<std::string> LoadClusterSecret(const std::string& path) {
 absl::StatusOr<std::string> ClusterSecretFromFlags() { return LoadClusterSecret(absl::GetFlag(FLAGS_cluster_secret_file)); }
 
 std::string RandomClusterSecret() {
-  std::random_device rd;
-  std::string s;
-  for (int i = 0; i < 8; ++i) absl::StrAppend(&s, absl::Hex(rd(), absl::kZeroPad8));
-  return s;
+  return RandomHex(4);
 }
 
 grpc::Status CheckClusterSecret(const grpc::ServerContext* ctx, const std::string& secret) {

@@ -2,9 +2,9 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_file.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster_auth.h"
 
@@ -43,15 +43,9 @@ absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is accessible to group or others (chmod 600 it)"));
   }
   if (st.st_size > (1 << 20)) return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is over 1 MiB"));
-  std::ifstream f(path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON (byte ", e.byte, "): ", e.what()));
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range (found by fuzz/tenants)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<nlohmann::json> parsed = ReadJsonFile(path, "API keys file");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_array() || j.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of {tenant, key}"));
   }

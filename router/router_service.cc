@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "common/random.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 #include "prometheus/client_metric.h"
@@ -158,10 +159,7 @@ void RouterService::WatchCancellations() {
 // seeded generator whose state other ids would reveal): an id cannot be guessed or claimed
 // ahead by another client.
 std::string NewRequestId() {
-  std::random_device rd;
-  std::string id = "req-";
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(rd(), absl::kZeroPad8));
-  return id;
+  return "req-" + RandomHex(2);
 }
 
 absl::Status RouterService::Validate(const dd::v1::GenerateRequest& req) const {

@@ -8,9 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 
 namespace dd::kvpool {
 namespace {
@@ -36,12 +36,6 @@ void SetTimeouts(int fd, int seconds) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-std::string RandomHex() {
-  uint64_t v = 0;
-  std::ifstream f("/dev/urandom", std::ios::binary);
-  f.read(reinterpret_cast<char*>(&v), sizeof(v));
-  return absl::StrCat(absl::Hex(v, absl::kZeroPad16));
-}
 
 }  // namespace
 

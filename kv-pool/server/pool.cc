@@ -1,13 +1,14 @@
 #include "kv-pool/server/pool.h"
 
 #include <algorithm>
-#include <fstream>
 
 #include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "common/json_file.h"
+#include "common/random.h"
 #include "nlohmann/json.hpp"
 
 namespace dd::kvpool {
@@ -24,16 +25,9 @@ int64_t HostMemoryBytes() {
 }  // namespace
 
 absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("tenant config ", path, " cannot be read"));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON (byte ", e.byte, "): ", e.what()));
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range (found by fuzz/tenants)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
-  }
+  absl::StatusOr<nlohmann::json> parsed = ReadJsonFile(path, "tenant config");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_array() || j.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected a non-empty JSON array of tenants"));
   }
@@ -150,7 +144,7 @@ absl::StatusOr<std::pair<SequenceId, Extent>> Pool::Open(int t, const KvLayout& 
   Tenant& tn = *tenants_[t];
   // Random, per tenant: an id says nothing about other tenants' activity and cannot be guessed.
   SequenceId id = 0;
-  while (id == 0 || tn.seqs.count(id) != 0) id = rng_() >> 11;  // 53 bits: exact in JSON too
+  while (id == 0 || tn.seqs.count(id) != 0) id = RandomU64() >> 11;  // 53 bits: exact in JSON too
   Seq& s = tn.seqs[id];
   s.layout = layout;
   s.expires = now + options_.lease_ttl;

@@ -10,7 +10,6 @@
 #include <list>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -116,7 +115,6 @@ class Pool {
   PoolOptions options_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Tenant>> tenants_;
-  std::mt19937_64 rng_{std::random_device{}()};
 };
 
 }  // namespace dd::kvpool

@@ -6,23 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
 
 namespace dd::kvpool {
-namespace {
-
-std::string RandomHex() {
-  uint64_t v = 0;
-  std::ifstream f("/dev/urandom", std::ios::binary);
-  f.read(reinterpret_cast<char*>(&v), sizeof(v));
-  return absl::StrCat(absl::Hex(v, absl::kZeroPad16));
-}
-
-}  // namespace
-
 absl::StatusOr<ShmRegion> ShmRegion::Create(const std::string& prefix, int64_t bytes, const Options& options) {
   constexpr int64_t k2M = int64_t{2} << 20;
   if (bytes <= 0) return absl::InvalidArgumentError(absl::StrCat("region size must be positive, got ", bytes));
