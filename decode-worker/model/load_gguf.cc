@@ -81,6 +81,7 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& f) {
       return absl::UnimplementedError(absl::StrCat(f.path(), ": rope scaling type '", type, "' is not supported"));
     }
   }
+  RETURN_IF_ERROR(Annotate(c.CheckShape(), f.path()));  // before anything is sized from it
   std::vector<float> factors;
   if (const GgufTensor* rf = f.FindTensorOrNull("rope_freqs.weight")) {
     if (rf->shape.size() != 1 || rf->shape[0] != c.rope_dim / 2) return ShapeError(f, *rf, c.rope_dim / 2, 1);

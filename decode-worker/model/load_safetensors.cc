@@ -174,8 +174,9 @@ absl::StatusOr<ModelConfig> ReadConfig(const std::string& path) {
 
   c.rope_neox = true;  // HF checkpoints keep q/k in rotate-half layout
   c.rope_dim = c.head_dim;
-  if (c.rope_dim > 0 && c.rope_dim % 2 == 0) RETURN_IF_ERROR(ReadRopeScaling(j, path, theta, c));
-  c.layer_is_swa.assign(std::max<int64_t>(c.n_layer, 0), false);
+  RETURN_IF_ERROR(Annotate(c.CheckShape(), path));  // before anything is sized from it
+  if (c.rope_dim % 2 == 0) RETURN_IF_ERROR(ReadRopeScaling(j, path, theta, c));
+  c.layer_is_swa.assign(c.n_layer, false);
   c.attn_scale = c.head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(c.head_dim)) : 0.0f;
   c.qkv_bias = c.arch == Arch::kQwen2;
   RETURN_IF_ERROR(Annotate(c.Validate(), path));

@@ -3,22 +3,35 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace dd::model {
 
+absl::Status ModelConfig::CheckShape() const {
+  auto bad = [&](absl::string_view field, int64_t v, int64_t max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: ", field, " = ", v, " is invalid (must be in 1..", max, ")"));
+  };
+  if (n_layer <= 0 || n_layer > kMaxLayers) return bad("n_layer", n_layer, kMaxLayers);
+  if (n_embd <= 0 || n_embd > kMaxWidth) return bad("n_embd", n_embd, kMaxWidth);
+  if (n_ff <= 0 || n_ff > kMaxWidth * 8) return bad("n_ff", n_ff, kMaxWidth * 8);
+  if (n_head <= 0 || n_head > kMaxHeads) return bad("n_head", n_head, kMaxHeads);
+  if (n_head_kv <= 0 || n_head_kv > n_head) return bad("n_head_kv", n_head_kv, n_head);
+  if (head_dim <= 0 || head_dim > kMaxHeadDim) return bad("head_dim", head_dim, kMaxHeadDim);
+  if (rope_dim <= 0 || rope_dim > head_dim) return bad("rope_dim", rope_dim, head_dim);
+  if (n_ctx_train <= 0 || n_ctx_train > kMaxContext) return bad("n_ctx_train", n_ctx_train, kMaxContext);
+  return absl::OkStatus();
+}
+
 absl::Status ModelConfig::Validate() const {
+  RETURN_IF_ERROR(CheckShape());
   auto bad = [&](absl::string_view field, int64_t v) {
     return absl::InvalidArgumentError(absl::StrCat("model config: ", field, " = ", v, " is invalid"));
   };
-  if (n_layer <= 0 || n_layer > 1024) return bad("n_layer", n_layer);
-  if (n_embd <= 0) return bad("n_embd", n_embd);
-  if (n_head <= 0) return bad("n_head", n_head);
-  if (n_head_kv <= 0 || n_head % n_head_kv != 0) return bad("n_head_kv (must divide n_head)", n_head_kv);
-  if (head_dim <= 0 || head_dim % 2 != 0) return bad("head_dim", head_dim);
-  if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 != 0) return bad("rope_dim", rope_dim);
-  if (n_ff <= 0) return bad("n_ff", n_ff);
-  if (n_vocab <= 0) return bad("n_vocab", n_vocab);
-  if (n_ctx_train <= 0) return bad("n_ctx_train", n_ctx_train);
+  if (n_head % n_head_kv != 0) return bad("n_head_kv (must divide n_head)", n_head_kv);
+  if (head_dim % 2 != 0) return bad("head_dim", head_dim);
+  if (rope_dim % 2 != 0) return bad("rope_dim", rope_dim);
+  if (n_vocab <= 0 || n_vocab > kMaxVocab) return bad("n_vocab", n_vocab);
   if (static_cast<int64_t>(layer_is_swa.size()) != n_layer) return bad("layer_is_swa size", layer_is_swa.size());
   for (bool swa : layer_is_swa) {
     if (swa && sliding_window <= 0) return bad("sliding_window", sliding_window);

@@ -13,6 +13,14 @@ namespace dd::model {
 enum class Arch { kLlama, kQwen2, kGemma3 };
 
 struct ModelConfig {
+  // Upper bounds on what a file may claim (CheckShape); the largest open models are far below.
+  static constexpr int64_t kMaxLayers = 1024;
+  static constexpr int64_t kMaxWidth = 1 << 17;     // n_embd; n_ff up to 8x this
+  static constexpr int64_t kMaxHeads = 1024;
+  static constexpr int64_t kMaxHeadDim = 1024;
+  static constexpr int64_t kMaxContext = 1 << 24;   // 16M positions
+  static constexpr int64_t kMaxVocab = 1 << 23;
+
   Arch arch = Arch::kLlama;
   std::string arch_name;        // "llama", "qwen2", "gemma3"
   std::string name;             // general.name or the HF model type, for display
@@ -47,7 +55,11 @@ struct ModelConfig {
   bool tied_embeddings = false;
   float final_logit_softcap = 0.0f;  // > 0: logits = cap * tanh(logits / cap)
 
-  // Checks internal consistency (divisibility, positive sizes); errors name the field.
+  // Bounds the shape fields a file sets (layers, widths, heads, head and RoPE dims, context)
+  // before anything is sized from them: a hostile file must not make the loader allocate
+  // gigabytes or overflow a product. Limits are far above any model this serves.
+  absl::Status CheckShape() const;
+  // Checks internal consistency (CheckShape, divisibility, positive sizes); errors name the field.
   absl::Status Validate() const;
 };
 

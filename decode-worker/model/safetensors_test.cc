@@ -359,6 +359,15 @@ TEST_F(SafetensorsTest, BadModelContentIsRejected) {
   WriteModel(qwen, ModelTensors(good, true));
   ExpectError(Load().status(), absl::StatusCode::kUnimplemented, {"use_sliding_window"});
 
+  // Shapes a file claims are bounded before anything is sized from them (the GGUF fuzzer found a
+  // 2^31 RoPE dimension allocating 4 GiB before validation; the same path exists here).
+  WriteModel(with("head_dim", int64_t{1} << 31), ModelTensors(good));
+  ExpectError(Load().status(), absl::StatusCode::kInvalidArgument, {"config.json", "head_dim = 2147483648", "1..1024"});
+  WriteModel(with("num_hidden_layers", int64_t{1} << 40), ModelTensors(good));
+  ExpectError(Load().status(), absl::StatusCode::kInvalidArgument, {"n_layer = 1099511627776"});
+  WriteModel(with("num_key_value_heads", 3), ModelTensors(good));
+  ExpectError(Load().status(), absl::StatusCode::kInvalidArgument, {"n_head_kv = 3"});
+
   WriteModel(good, ModelTensors(good));
   fs::remove(Path("tokenizer.json"));
   ExpectError(Load().status(), absl::StatusCode::kNotFound, {"tokenizer.json"});
