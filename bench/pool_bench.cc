@@ -1,8 +1,11 @@
 // KV-pool gather benchmark (issue "KV-pool service"): gather bandwidth and per-gather latency
 // for blocks of the real model's size, versus blocks per gather and concurrent gatherers, per
 // transport — in-process, shm://, ucx:// over tcp and over shared memory — next to a plain
-// memcpy of the same random gather pattern in the same run (the machine's limit). Starts its
-// own dd-kv-pool. Writes one JSON object.
+// memcpy of the same random gather pattern in the same run (the machine's limit). ucx:// is
+// measured on both data paths (ucx-tcp, ucx-sm: active messages; ...-rma: one-sided gets, from
+// the same pool run with --ucx_rma), next to UCX's own ceiling measured in the same run:
+// ucx_perftest's tagged bandwidth at each gather's size over the same UCX_TLS. Starts its own
+// dd-kv-pool. Writes one JSON object.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +14,11 @@
 #include <iostream>
 #include <random>
 #include <thread>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -23,8 +31,11 @@ ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", 
 ABSL_FLAG(int64_t, head_dim, 256, "Head dim (block = 2 × 8 tokens × head_dim f32; Gemma 3 270M: 256 → 16 KiB)");
 ABSL_FLAG(int64_t, chunks, 2048, "Chunks stored per gatherer (random blocks are drawn from them)");
 ABSL_FLAG(double, seconds, 0.5, "Time per measurement (at least 3 gathers)");
-ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"memcpy", "inproc", "shm", "ucx-tcp", "ucx-sm"}),
-          "Transports to measure");
+ABSL_FLAG(std::vector<std::string>, transports,
+          std::vector<std::string>({"memcpy", "inproc", "shm", "ucx-tcp", "ucx-sm", "ucx-tcp-rma", "ucx-sm-rma"}),
+          "Transports to measure (ucx-*: active messages; ucx-*-rma: one-sided gets)");
+ABSL_FLAG(bool, pool_busy_poll, false, "Start the pool with --ucx_busy_poll (its progress thread spins)");
+ABSL_FLAG(bool, perftest, true, "Measure ucx_perftest tag_bw (tcp, sm) at each gather size as the ceiling");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 
 namespace {
@@ -83,6 +94,55 @@ Result Measure(int threads, int64_t blocks, int64_t block_bytes, int64_t chunks,
   return r;
 }
 
+// A loopback port free right now (ucx_perftest needs one named; the race is harmless here).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// ucx_perftest tag_bw at `bytes` per message over `tls`: GB/s (UCX reports MiB/s), or -1.
+double PerftestGbps(const std::string& tls, int64_t bytes) {
+  const int port = FreePort();
+  const std::string p = std::to_string(port), size = std::to_string(bytes);
+  const pid_t server = fork();
+  if (server == 0) {
+    setenv("UCX_TLS", tls.c_str(), 1);
+    freopen("/dev/null", "w", stdout);
+    execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  double gbps = -1;
+  const int64_t iters = std::clamp<int64_t>((int64_t{2} << 30) / bytes, 200, 20000);  // ~2 GiB
+  const std::string cmd = "UCX_TLS=" + tls + " ucx_perftest 127.0.0.1 -p " + p + " -t tag_bw -s " + size + " -n " +
+                          std::to_string(iters) + " -w 50 2>/dev/null";
+  for (int attempt = 0; attempt < 50 && gbps < 0; ++attempt) {  // until the server listens (5 s)
+    if (FILE* f = popen(cmd.c_str(), "r")) {
+      char line[512];
+      while (fgets(line, sizeof(line), f) != nullptr) {
+        double it, p50, avg, overall, bw_avg, bw_overall;
+        if (std::sscanf(line, "Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &overall, &bw_avg, &bw_overall) == 6) {
+          gbps = bw_overall * 1048576.0 / 1e9;
+        }
+      }
+      pclose(f);
+    }
+    if (gbps < 0) usleep(100000);
+  }
+  kill(server, SIGTERM);
+  waitpid(server, nullptr, 0);
+  return gbps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,7 +154,9 @@ int main(int argc, char** argv) {
   const auto conc_list = Ints(absl::GetFlag(FLAGS_concurrency));
   const int max_threads = static_cast<int>(*std::max_element(conc_list.begin(), conc_list.end()));
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
-  dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB");
+  std::vector<std::string> pool_flags{"--ucx_rma"};
+  if (absl::GetFlag(FLAGS_pool_busy_poll)) pool_flags.push_back("--ucx_busy_poll");
+  dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB", pool_flags);
   if (pool.address().empty()) {
     std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";
     return 1;
@@ -113,10 +175,12 @@ int main(int argc, char** argv) {
         s = dd::kvpool::NewInProcessKvStore();
       } else {
         const bool ucx = transport.rfind("ucx-", 0) == 0;
-        if (ucx) setenv("UCX_TLS", transport == "ucx-tcp" ? "tcp" : "sm,self", 1);  // read at ucp_init
-        s = dd::kvpool::ConnectPoolKvStore({.address = pool.address(), .token = dd::kvpool::testing_util::kAlice,
-                                            .transport = ucx ? dd::kvpool::PoolTransport::kUcx
-                                                             : dd::kvpool::PoolTransport::kShm});
+        const bool rma = transport.size() > 4 && transport.substr(transport.size() - 4) == "-rma";
+        if (ucx) setenv("UCX_TLS", transport.rfind("ucx-tcp", 0) == 0 ? "tcp" : "sm,self", 1);  // read at ucp_init
+        s = dd::kvpool::ConnectPoolKvStore(
+            {.address = pool.address(), .token = dd::kvpool::testing_util::kAlice,
+             .transport = ucx ? dd::kvpool::PoolTransport::kUcx : dd::kvpool::PoolTransport::kShm,
+             .ucx_path = rma ? dd::kvpool::UcxPath::kRma : dd::kvpool::UcxPath::kActiveMessages});
       }
       if (!s.ok()) {
         std::cerr << "pool_bench: " << transport << ": " << s.status().message() << "\n";
@@ -157,7 +221,20 @@ int main(int argc, char** argv) {
     }
     for (auto id : seqs) (void)store->Release(id);
   }
-  nlohmann::json doc = {{"runs", runs}, {"block_bytes", block_bytes}, {"chunks_per_gatherer", chunks}};
+  nlohmann::json ceilings = nlohmann::json::array();
+  if (absl::GetFlag(FLAGS_perftest)) {
+    for (const char* tls : {"tcp", "sm,self"}) {
+      for (int64_t blocks : blocks_list) {
+        const double gbps = PerftestGbps(tls, blocks * block_bytes);
+        ceilings.push_back({{"tool", "ucx_perftest tag_bw"}, {"ucx_tls", tls}, {"message_bytes", blocks * block_bytes},
+                            {"blocks_per_gather", blocks}, {"gbps", gbps}});
+        std::fprintf(stderr, "ucx_perftest tag_bw %-7s %8lld bytes: %7.2f GB/s\n", tls,
+                     static_cast<long long>(blocks * block_bytes), gbps);
+      }
+    }
+  }
+  nlohmann::json doc = {{"runs", runs}, {"ucx_ceiling", ceilings}, {"block_bytes", block_bytes},
+                        {"chunks_per_gatherer", chunks}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";
   else std::ofstream(out) << doc.dump(2) << "\n";

@@ -1,7 +1,7 @@
 // How a pool client moves block bytes (internal to kv-pool/client): the shared-memory path
-// maps the tenant's region and copies; the UCX path does one-sided puts and gets against the
-// region's remote key. Offsets are bytes into the tenant's region. Implementations serialize
-// their own calls.
+// maps the tenant's region and copies; the UCX path sends active messages the pool answers
+// from the tenant's region (or, against a pool run with --ucx_rma, does one-sided puts and
+// gets). Offsets are bytes into the tenant's region. Implementations serialize their own calls.
 #pragma once
 
 #include <atomic>
@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kv-pool/client/pool_kv_store.h"
 #include "proto/kvpool.pb.h"
 
 namespace dd::kvpool {
@@ -34,6 +35,8 @@ class DataPath {
 
 // Receives the region's descriptor from the pool's socket (hs.fd_socket), showing `token`.
 absl::StatusOr<std::unique_ptr<DataPath>> NewShmDataPath(const v1::HandshakeResponse& hs, const std::string& token);
-absl::StatusOr<std::unique_ptr<DataPath>> NewUcxDataPath(const v1::HandshakeResponse& hs, int64_t timeout_ms);
+// `pool_is_local`: the pool's address names this host (loopback or its hostname).
+absl::StatusOr<std::unique_ptr<DataPath>> NewUcxDataPath(const v1::HandshakeResponse& hs, int64_t timeout_ms,
+                                                         UcxPath mode, bool pool_is_local);
 
 }  // namespace dd::kvpool

@@ -1,5 +1,7 @@
 #include "kv-pool/client/pool_kv_store.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -82,7 +84,8 @@ class PoolKvStore : public KvStore {
     v1::HandshakeResponse hs;
     RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, {}, &hs); }));
     auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs, options_.token)
-                                                          : NewUcxDataPath(hs, options_.rpc_timeout_ms);
+                                                          : NewUcxDataPath(hs, options_.rpc_timeout_ms, options_.ucx_path,
+                                                                           NamesThisHost(options_.address));
     if (!path.ok()) return path.status();
     data_ = std::move(*path);
     data_->set_abort(&lost_);
@@ -361,6 +364,14 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
   return store;
 }
 
+bool NamesThisHost(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host == "localhost" || host == "::1" || absl::StartsWith(host, "127.")) return true;
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 && host == name;
+}
+
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link) {
   if (uri.empty() || uri == "inproc://") return NewInProcessKvStore(link);
@@ -381,11 +392,19 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
     ss << f.rdbuf();
     ca = ss.str();
   }
+  UcxPath ucx_path = UcxPath::kAuto;
+  if (const char* p = std::getenv("DD_UCX_PATH"); p != nullptr && *p != '\0') {
+    const std::string v(p);
+    if (v == "am") ucx_path = UcxPath::kActiveMessages;
+    else if (v == "rma") ucx_path = UcxPath::kRma;
+    else if (v != "auto") return absl::InvalidArgumentError(absl::StrCat("DD_UCX_PATH '", v, "': expected am, rma or auto"));
+  }
   for (auto [scheme, transport] : {std::pair{"shm://", PoolTransport::kShm}, std::pair{"ucx://", PoolTransport::kUcx}}) {
     const std::string prefix(scheme);
     if (absl::StartsWith(uri, prefix) && uri.size() > prefix.size()) {
       return ConnectPoolKvStore(PoolClientOptions{.address = uri.substr(prefix.size()), .token = token,
-                                                  .transport = transport, .link = link, .tls_ca_pem = ca});
+                                                  .transport = transport, .ucx_path = ucx_path, .link = link,
+                                                  .tls_ca_pem = ca});
     }
   }
   return absl::InvalidArgumentError(

@@ -1,8 +1,9 @@
 // KvStore backed by a dd-kv-pool process (DESIGN §7): control calls (open, extend, renew,
 // release) go over gRPC with the tenant's bearer token; data never does. `shm://` (same host)
-// maps the tenant's shared-memory region and copies blocks directly; `ucx://` does one-sided
-// UCX puts and gets against the region's remote key (tcp, shared memory or RDMA, whatever UCX
-// picks; UCX_TLS narrows it). Either way the pool's CPU is off the data path. Gathers run on a TransferQueue (link
+// maps the tenant's shared-memory region and copies blocks directly; `ucx://` sends UCX active
+// messages that the pool's progress thread answers from the tenant's region (tcp, shared memory
+// or RDMA, whatever UCX picks; UCX_TLS narrows it), or one-sided gets and puts when the pool
+// offers them (--ucx_rma; UcxPath). Gathers run on a TransferQueue (link
 // model, urgent before background). A thread renews the leases at a third of the TTL; when the
 // pool stops answering, the store turns broken and every later call fails with UNAVAILABLE
 // naming the pool (transfers already queued complete from the mapping, which stays valid).
@@ -17,11 +18,15 @@
 namespace dd::kvpool {
 
 enum class PoolTransport { kShm, kUcx };
+// ucx://: active messages (the pool bounds each request by the tenant's region), one-sided
+// RMA (only offered by a pool run with --ucx_rma), or RMA when offered else active messages.
+enum class UcxPath { kAuto, kActiveMessages, kRma };
 
 struct PoolClientOptions {
   std::string address;          // host:port of the pool's gRPC endpoint
   std::string token;            // the tenant's bearer token
   PoolTransport transport = PoolTransport::kShm;
+  UcxPath ucx_path = UcxPath::kAuto;  // ucx:// only
   LinkModel link{};
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
@@ -34,7 +39,11 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // "ucx://HOST:PORT" → a pool reached over UCX (HOST:PORT is its gRPC endpoint); several
 // pool URIs separated by commas → layers striped over them (NewShardedKvStore).
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
-// When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA.
+// When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA. $DD_UCX_PATH
+// (am, rma, auto; default auto) picks the ucx:// data path.
+// Whether host:port names this machine (loopback or its hostname).
+bool NamesThisHost(const std::string& address);
+
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link);
 

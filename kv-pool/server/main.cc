@@ -34,7 +34,12 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
 ABSL_FLAG(bool, huge_pages, false, "Back regions with huge pages (MAP_HUGETLB)");
 ABSL_FLAG(bool, lock_memory, false, "mlock the regions");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
-ABSL_FLAG(bool, ucx, true, "Serve the ucx:// data path (register the regions with UCX)");
+ABSL_FLAG(bool, ucx, true, "Serve the ucx:// data path (active messages bounded by each tenant's region)");
+ABSL_FLAG(bool, ucx_rma, false,
+          "Also register the regions for one-sided UCX gets and puts. Fast on RDMA, whose keys the NIC "
+          "confines to a region; over tcp and shared-memory transports UCX cannot, so a tenant could reach "
+          "other tenants' regions: only for trusted tenants");
+ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
           "abstract socket with a fresh name");
@@ -83,24 +88,17 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  dd::kvpool::UcxInfo ucx_info;
   std::unique_ptr<dd::kvpool::UcxServer> ucx;
   if (absl::GetFlag(FLAGS_ucx)) {
-    auto server = dd::kvpool::UcxServer::Create();
+    std::vector<dd::kvpool::UcxRegion> regions;
+    for (int t = 0; t < (*pool)->tenants(); ++t) regions.push_back({(*pool)->region_data(t), (*pool)->region_bytes(t)});
+    auto server = dd::kvpool::UcxServer::Create(std::move(regions), {.rma = absl::GetFlag(FLAGS_ucx_rma),
+                                                                     .busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll)});
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;
     }
     ucx = std::move(*server);
-    for (int t = 0; t < (*pool)->tenants(); ++t) {
-      auto rkey = ucx->Register((*pool)->region_data(t), (*pool)->region_bytes(t));
-      if (!rkey.ok()) {
-        std::cerr << "dd-kv-pool: " << rkey.status().message() << "\n";
-        return 1;
-      }
-      ucx_info.rkeys.push_back(*std::move(rkey));
-    }
-    ucx_info.worker_address = ucx->worker_address();
     ucx->Start();
   }
   // shm://: regions are anonymous; a worker gets its tenant's descriptor here, for its token.
@@ -113,7 +111,7 @@ int main(int argc, char** argv) {
     std::cerr << "dd-kv-pool: " << fds.status().message() << "\n";
     return 1;
   }
-  dd::kvpool::KvPoolService service(**pool, ucx_info, (*fds)->address());
+  dd::kvpool::KvPoolService service(**pool, ucx.get(), (*fds)->address());
   grpc::ServerBuilder builder;
   int port = 0;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -138,7 +136,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<dd::kvpool::PoolMetrics> metrics;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
-    auto started = dd::kvpool::PoolMetrics::Start(**pool, m);
+    auto started = dd::kvpool::PoolMetrics::Start(**pool, m, ucx.get());
     if (!started.ok()) {
       std::cerr << "dd-kv-pool: " << started.status().message() << "\n";
       return 1;

@@ -14,7 +14,7 @@ namespace {
 
 class PoolCollectable : public prometheus::Collectable {
  public:
-  explicit PoolCollectable(const Pool& pool) : pool_(pool) {}
+  PoolCollectable(const Pool& pool, const UcxServer* ucx) : pool_(pool), ucx_(ucx) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
@@ -36,7 +36,19 @@ class PoolCollectable : public prometheus::Collectable {
       expired.metric.push_back(Counter({{"tenant", name}}, static_cast<double>(s.expired_leases)));
       hits.metric.push_back(Counter({{"tenant", name}}, static_cast<double>(s.prefix_hits)));
     }
-    return {bytes, seqs, evictions, expired, hits};
+    if (ucx_ == nullptr) return {bytes, seqs, evictions, expired, hits};
+    const UcxCounters& c = ucx_->counters();
+    prometheus::MetricFamily requests{"dd_pool_ucx_requests_total", "UCX active-message requests served or refused",
+                                      MetricType::Counter, {}};
+    prometheus::MetricFamily moved{"dd_pool_ucx_bytes_total", "Bytes served over UCX active messages",
+                                   MetricType::Counter, {}};
+    for (auto [op, v] : {std::pair{"get", &c.gets}, {"put", &c.puts}, {"refused", &c.refused}}) {
+      requests.metric.push_back(Counter({{"op", op}}, static_cast<double>(v->load(std::memory_order_relaxed))));
+    }
+    for (auto [op, v] : {std::pair{"get", &c.get_bytes}, {"put", &c.put_bytes}}) {
+      moved.metric.push_back(Counter({{"op", op}}, static_cast<double>(v->load(std::memory_order_relaxed))));
+    }
+    return {bytes, seqs, evictions, expired, hits, requests, moved};
   }
 
  private:
@@ -53,18 +65,20 @@ class PoolCollectable : public prometheus::Collectable {
     return m;
   }
   const Pool& pool_;
+  const UcxServer* ucx_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PoolMetrics>> PoolMetrics::Start(const Pool& pool, const std::string& listen) {
+absl::StatusOr<std::unique_ptr<PoolMetrics>> PoolMetrics::Start(const Pool& pool, const std::string& listen,
+                                                                const UcxServer* ucx) {
   std::unique_ptr<PoolMetrics> m(new PoolMetrics());
   try {
     m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", listen, ": ", e.what()));
   }
-  auto collectable = std::make_shared<PoolCollectable>(pool);
+  auto collectable = std::make_shared<PoolCollectable>(pool, ucx);
   m->exposer_->RegisterCollectable(collectable);
   m->collectable_ = collectable;
   const std::vector<int> ports = m->exposer_->GetListeningPorts();

@@ -1,7 +1,8 @@
 // The pool's /metrics (DESIGN §9), computed from Pool::Stats at scrape time:
 //   dd_pool_bytes{tenant, state="quota|used|leased"}, dd_pool_sequences{tenant},
 //   dd_pool_evictions_total{tenant}, dd_pool_expired_leases_total{tenant},
-//   dd_pool_prefix_hits_total{tenant}.
+//   dd_pool_prefix_hits_total{tenant}; with UCX, dd_pool_ucx_requests_total{op="get|put|refused"}
+//   and dd_pool_ucx_bytes_total{op="get|put"} (the active-message data path).
 #pragma once
 
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "kv-pool/server/pool.h"
+#include "kv-pool/server/ucx_server.h"
 
 namespace prometheus {
 class Exposer;
@@ -19,7 +21,9 @@ namespace dd::kvpool {
 // Serves the pool's metrics over HTTP at `listen` (port 0 picks one); keep it alive.
 class PoolMetrics {
  public:
-  static absl::StatusOr<std::unique_ptr<PoolMetrics>> Start(const Pool& pool, const std::string& listen);
+  // `ucx` may be null (the pool runs without UCX); it must outlive this.
+  static absl::StatusOr<std::unique_ptr<PoolMetrics>> Start(const Pool& pool, const std::string& listen,
+                                                           const UcxServer* ucx = nullptr);
   ~PoolMetrics();
   int port() const { return port_; }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "grpcpp/grpcpp.h"
 #include "proto/kvpool.grpc.pb.h"
@@ -24,7 +25,9 @@ inline constexpr char kAlice[] = "alice-token-0123456789", kBob[] = "bob-token-0
 // Starts dd-kv-pool (next to this test binary) and reads the port it prints.
 class PoolProcess {
  public:
-  explicit PoolProcess(int64_t lease_ttl_ms = 30000, const std::string& alice_quota = "8MiB") {
+  // `extra`: more dd-kv-pool flags (e.g. "--ucx_rma").
+  explicit PoolProcess(int64_t lease_ttl_ms = 30000, const std::string& alice_quota = "8MiB",
+                       const std::vector<std::string>& extra = {}) {
     const std::string dir = std::filesystem::temp_directory_path().string();
     const std::string cfg = dir + "/tenants-" + std::to_string(getpid()) + ".json";
     std::ofstream(cfg) << R"([{"name": "alice", "token": ")" << kAlice << R"(", "quota": ")" << alice_quota << R"("},
@@ -40,7 +43,10 @@ class PoolProcess {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       const std::string ttl = "--lease_ttl_ms=" + std::to_string(lease_ttl_ms), tenants = "--tenants=" + cfg;
-      execl(exe.c_str(), exe.c_str(), tenants.c_str(), ttl.c_str(), static_cast<char*>(nullptr));
+      std::vector<const char*> argv{exe.c_str(), tenants.c_str(), ttl.c_str()};
+      for (const std::string& f : extra) argv.push_back(f.c_str());
+      argv.push_back(nullptr);
+      execv(exe.c_str(), const_cast<char* const*>(argv.data()));
       _exit(127);
     }
     close(out[1]);

@@ -224,6 +224,49 @@ TEST(PoolProcessTest, MetricsReflectThePool) {
   body = Scrape(pool.metrics());
   EXPECT_EQ(Sample(body, used), 0);
   EXPECT_EQ(Sample(body, R"(dd_pool_sequences{tenant="alice"})"), 0);
+
+  // The UCX data path's traffic: one block written and gathered back over active messages.
+  auto ucx = Connect(pool, kAlice, {}, PoolTransport::kUcx);
+  ASSERT_NE(ucx, nullptr);
+  auto useq = ucx->Open(kLayout);
+  ASSERT_TRUE(useq.ok());
+  const ChunkRef ref{0, 0, 0};
+  ASSERT_TRUE(ucx->Write(*useq, ref, BlockFor(1, ref).data()).ok());
+  std::vector<float> back(kLayout.block_floats());
+  auto id = ucx->Gather(*useq, {ref}, back.data(), Priority::kUrgent);
+  ASSERT_TRUE(id.ok() && ucx->Wait(*id).ok());
+  body = Scrape(pool.metrics());
+  const double block = static_cast<double>(kLayout.block_floats() * sizeof(float));
+  EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="put"})"), 1) << body;
+  EXPECT_EQ(Sample(body, R"(dd_pool_ucx_bytes_total{op="put"})"), block);
+  EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="get"})"), 1);
+  EXPECT_EQ(Sample(body, R"(dd_pool_ucx_bytes_total{op="get"})"), block);
+  EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="refused"})"), 0);
+}
+
+// A pool run with --ucx_rma offers one-sided access (trusted tenants, RDMA); the client uses it
+// when asked and the bytes round-trip the same.
+TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
+  PoolProcess pool(30000, "8MiB", {"--ucx_rma"});
+  auto s = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                               .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto seq = (*s)->Open(kLayout);
+  ASSERT_TRUE(seq.ok());
+  std::vector<ChunkRef> refs;
+  for (int64_t c = 0; c < 6; ++c) {
+    refs.push_back({1, 1, c});
+    ASSERT_TRUE((*s)->Write(*seq, refs.back(), BlockFor(3, refs.back()).data()).ok());
+  }
+  std::vector<float> dst(refs.size() * kLayout.block_floats());
+  auto id = (*s)->Gather(*seq, refs, dst.data(), Priority::kUrgent);
+  ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    EXPECT_TRUE(std::equal(dst.begin() + i * kLayout.block_floats(), dst.begin() + (i + 1) * kLayout.block_floats(),
+                           BlockFor(3, refs[i]).begin())) << i;
+  }
+  // No request went through the active-message path.
+  EXPECT_EQ(Sample(Scrape(pool.metrics()), R"(dd_pool_ucx_requests_total{op="get"})"), 0);
 }
 
 TEST(PoolProcessTest, LayersStripedOverTwoPools) {

@@ -41,10 +41,13 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   resp->set_fd_socket(fd_socket_);
   resp->set_region_bytes(pool_.region_bytes(t));
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
-  resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));
-  if (!ucx_.worker_address.empty()) {
-    resp->set_ucx_worker_address(ucx_.worker_address);
-    resp->set_ucx_rkey(ucx_.rkeys[t]);
+  if (ucx_ != nullptr && !ucx_->rkey(t).empty()) {  // only one-sided access needs the address
+    resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));
+  }
+  if (ucx_ != nullptr) {
+    resp->set_ucx_worker_address(ucx_->worker_address());
+    resp->set_ucx_session(ucx_->NewSession(t));
+    resp->set_ucx_rkey(ucx_->rkey(t));  // empty unless the pool runs with --ucx_rma
   }
   return grpc::Status::OK;
 }

@@ -4,21 +4,17 @@
 #pragma once
 
 #include "kv-pool/server/pool.h"
+#include "kv-pool/server/ucx_server.h"
 #include "proto/kvpool.grpc.pb.h"
 
 namespace dd::kvpool {
 
-// What Handshake tells a tenant about the pool's UCX side (empty when it runs without).
-struct UcxInfo {
-  std::string worker_address;
-  std::vector<std::string> rkeys;  // per tenant
-};
-
 class KvPoolService final : public v1::KvPool::Service {
  public:
   // `fd_socket`: the FdServer's address, returned by Handshake for the shm:// data path.
-  KvPoolService(Pool& pool, UcxInfo ucx, std::string fd_socket = "")
-      : pool_(pool), ucx_(std::move(ucx)), fd_socket_(std::move(fd_socket)) {}
+  // `ucx`: the pool's UCX side (null without it); Handshake hands out a session on it.
+  KvPoolService(Pool& pool, UcxServer* ucx, std::string fd_socket = "")
+      : pool_(pool), ucx_(ucx), fd_socket_(std::move(fd_socket)) {}
   grpc::Status Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req, v1::HandshakeResponse* resp) override;
   grpc::Status Open(grpc::ServerContext* ctx, const v1::OpenRequest* req, v1::OpenResponse* resp) override;
   grpc::Status Extend(grpc::ServerContext* ctx, const v1::ExtendRequest* req, v1::ExtendResponse* resp) override;
@@ -33,7 +29,7 @@ class KvPoolService final : public v1::KvPool::Service {
  private:
   absl::StatusOr<int> Tenant(grpc::ServerContext* ctx) const;
   Pool& pool_;
-  UcxInfo ucx_;
+  UcxServer* ucx_;
   std::string fd_socket_;
 };
 

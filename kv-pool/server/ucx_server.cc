@@ -2,22 +2,190 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstring>
+
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "kv-pool/client/ucx_protocol.h"
 
 namespace dd::kvpool {
+
+using namespace ucxproto;  // NOLINT(build/namespaces): the wire structs
 
 struct UcxServer::Impl {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::vector<ucp_mem_h> memh;
+  UcxServer* server = nullptr;
+
+  // A reply in flight: its header and iov live until UCX is done with them.
+  struct Outgoing {
+    Reply reply;
+    std::vector<ucp_dt_iov_t> iov;     // the blocks where they lie in the region, or
+    std::unique_ptr<uint8_t[]> packed;  // copied together (kPackReply)
+    size_t packed_bytes = 0;
+  };
+  // A rendezvous put being received into the region; answered when it lands.
+  struct Landing {
+    Impl* impl;
+    ucp_ep_h ep;
+    uint64_t id;
+  };
+
+  // The tenant a session belongs to, or -1.
+  int TenantOf(const uint8_t* session) {
+    std::lock_guard<std::mutex> lock(server->mu_);
+    auto it = server->sessions_.find(std::string(reinterpret_cast<const char*>(session), kSessionBytes));
+    return it == server->sessions_.end() ? -1 : it->second;
+  }
+
+  // Sends `out` (header, then the blocks as an iov or packed, if any) to `ep`; frees it when UCX is done.
+  void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    if (!out->iov.empty()) {  // a bare answer has no data (UCX wants no iov then)
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      p.datatype = ucp_dt_make_iov();
+    }
+    const void* buffer = out->packed != nullptr ? static_cast<const void*>(out->packed.get())
+                         : out->iov.empty()     ? nullptr
+                                                : out->iov.data();
+    const size_t count = out->packed != nullptr ? out->packed_bytes : out->iov.size();
+    p.cb.send = [](void* req, ucs_status_t, void* user) {
+      delete static_cast<Outgoing*>(user);
+      ucp_request_free(req);
+    };
+    Outgoing* o = out.release();
+    p.user_data = o;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, kReplyId, &o->reply, sizeof(Reply), buffer, count, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) delete o;  // done at once (no callback) or failed
+  }
+
+  void Answer(ucp_ep_h ep, uint64_t id, absl::StatusCode code) {
+    auto out = std::make_unique<Outgoing>();
+    out->reply.id = id;
+    out->reply.code = static_cast<int32_t>(code);
+    if (code != absl::StatusCode::kOk) server->counters_.refused.fetch_add(1, std::memory_order_relaxed);
+    Send(ep, std::move(out));
+  }
+
+  static bool Rndv(const ucp_am_recv_param_t* param) { return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0; }
+
+  static ucs_status_t OnGet(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    UcxServer& s = *self->server;
+    if (Rndv(param)) ucp_am_data_release(self->worker, data);  // requests are small and eager
+    if (header_length != sizeof(GetRequest) || param->reply_ep == nullptr) {
+      s.counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      return UCS_OK;  // nothing to answer to
+    }
+    GetRequest req;
+    std::memcpy(&req, header, sizeof(req));
+    if (req.magic != kMagic) return self->Answer(param->reply_ep, req.id, absl::StatusCode::kInvalidArgument), UCS_OK;
+    const int t = self->TenantOf(req.session);
+    if (t < 0) return self->Answer(param->reply_ep, req.id, absl::StatusCode::kUnauthenticated), UCS_OK;
+    const UcxRegion& region = s.regions_[t];
+    if (Rndv(param) || req.count == 0 || req.count > kMaxBlocksPerGet || length != req.count * sizeof(int64_t) ||
+        req.block_bytes <= 0 || req.block_bytes > kMaxReplyBytes / req.count || req.block_bytes > region.bytes) {
+      return self->Answer(param->reply_ep, req.id, absl::StatusCode::kInvalidArgument), UCS_OK;
+    }
+    auto out = std::make_unique<Outgoing>();
+    out->reply.id = req.id;
+    out->iov.reserve(req.count);
+    const uint8_t* offsets = static_cast<const uint8_t*>(data);
+    for (uint32_t i = 0; i < req.count; ++i) {
+      int64_t off;
+      std::memcpy(&off, offsets + i * sizeof(int64_t), sizeof(off));
+      if (off < 0 || off > region.bytes - req.block_bytes) {  // only the tenant's own region
+        return self->Answer(param->reply_ep, req.id, absl::StatusCode::kOutOfRange), UCS_OK;
+      }
+      if (!out->iov.empty() && static_cast<uint8_t*>(out->iov.back().buffer) + out->iov.back().length ==
+                                   region.base + off) {
+        out->iov.back().length += req.block_bytes;  // adjacent blocks travel as one piece
+      } else {
+        out->iov.push_back({region.base + off, static_cast<size_t>(req.block_bytes)});
+      }
+    }
+    if (req.flags & kPackReply) {
+      out->packed_bytes = static_cast<size_t>(req.count) * req.block_bytes;
+      out->packed.reset(new uint8_t[out->packed_bytes]);
+      uint8_t* at = out->packed.get();
+      for (const ucp_dt_iov_t& piece : out->iov) {
+        std::memcpy(at, piece.buffer, piece.length);
+        at += piece.length;
+      }
+      out->iov.clear();
+    }
+    s.counters_.gets.fetch_add(1, std::memory_order_relaxed);
+    s.counters_.get_blocks.fetch_add(req.count, std::memory_order_relaxed);
+    s.counters_.get_bytes.fetch_add(req.count * req.block_bytes, std::memory_order_relaxed);
+    self->Send(param->reply_ep, std::move(out));
+    return UCS_OK;
+  }
+
+  static ucs_status_t OnPut(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    UcxServer& s = *self->server;
+    auto refuse = [&](uint64_t id, absl::StatusCode code) {
+      if (Rndv(param)) ucp_am_data_release(self->worker, data);
+      if (param->reply_ep != nullptr) self->Answer(param->reply_ep, id, code);
+      return UCS_OK;
+    };
+    if (header_length != sizeof(PutRequest) || param->reply_ep == nullptr) {
+      s.counters_.refused.fetch_add(1, std::memory_order_relaxed);
+      if (Rndv(param)) ucp_am_data_release(self->worker, data);
+      return UCS_OK;
+    }
+    PutRequest req;
+    std::memcpy(&req, header, sizeof(req));
+    if (req.magic != kMagic) return refuse(req.id, absl::StatusCode::kInvalidArgument);
+    const int t = self->TenantOf(req.session);
+    if (t < 0) return refuse(req.id, absl::StatusCode::kUnauthenticated);
+    const UcxRegion& region = s.regions_[t];
+    if (req.bytes <= 0 || req.bytes > kMaxReplyBytes || static_cast<size_t>(req.bytes) != length) {
+      return refuse(req.id, absl::StatusCode::kInvalidArgument);
+    }
+    if (req.offset < 0 || req.offset > region.bytes - req.bytes) return refuse(req.id, absl::StatusCode::kOutOfRange);
+    s.counters_.puts.fetch_add(1, std::memory_order_relaxed);
+    s.counters_.put_bytes.fetch_add(req.bytes, std::memory_order_relaxed);
+    if (!Rndv(param)) {
+      std::memcpy(region.base + req.offset, data, length);
+      self->Answer(param->reply_ep, req.id, absl::StatusCode::kOk);
+      return UCS_OK;
+    }
+    auto* landing = new Landing{self, param->reply_ep, req.id};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.user_data = landing;
+    p.cb.recv_am = [](void* r, ucs_status_t st, size_t, void* user) {
+      std::unique_ptr<Landing> l(static_cast<Landing*>(user));
+      l->impl->Answer(l->ep, l->id, st == UCS_OK ? absl::StatusCode::kOk : absl::StatusCode::kUnavailable);
+      ucp_request_free(r);
+    };
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker, data, region.base + req.offset, length, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {  // landed at once (no callback) or failed
+      self->Answer(landing->ep, landing->id, r == nullptr ? absl::StatusCode::kOk : absl::StatusCode::kUnavailable);
+      delete landing;
+    }
+    return UCS_OK;
+  }
 };
 
-absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create() {
+absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegion> regions, UcxServerOptions options) {
   std::unique_ptr<UcxServer> s(new UcxServer());
   s->impl_ = std::make_unique<Impl>();
+  s->impl_->server = s.get();
+  s->regions_ = std::move(regions);
+  s->options_ = options;
+  s->session_order_.resize(s->regions_.size());
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // Without `rma` the context has no RMA feature, so UCX installs no handler that would serve a
+  // software-emulated get or put against a forged key.
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options.rma ? UCP_FEATURE_RMA : 0);
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
     return absl::InternalError(absl::StrCat("ucp_config_read: ", ucs_status_string(st)));
@@ -31,6 +199,18 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create() {
   if ((st = ucp_worker_create(s->impl_->context, &wp, &s->impl_->worker)) != UCS_OK) {
     return absl::InternalError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
   }
+  for (auto [id, cb] : {std::pair{kGetId, &Impl::OnGet}, std::pair{kPutId, &Impl::OnPut}}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = cb;
+    hp.arg = s->impl_.get();
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    if ((st = ucp_worker_set_am_recv_handler(s->impl_->worker, &hp)) != UCS_OK) {
+      return absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler: ", ucs_status_string(st)));
+    }
+  }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   if ((st = ucp_worker_get_address(s->impl_->worker, &addr, &len)) != UCS_OK) {
@@ -38,27 +218,44 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create() {
   }
   s->address_.assign(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(s->impl_->worker, addr);
+  s->rkeys_.resize(s->regions_.size());
+  if (!options.rma) return s;
+  for (size_t t = 0; t < s->regions_.size(); ++t) {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = s->regions_[t].base;
+    mp.length = s->regions_[t].bytes;
+    ucp_mem_h memh = nullptr;
+    if ((st = ucp_mem_map(s->impl_->context, &mp, &memh)) != UCS_OK) {
+      return absl::InternalError(absl::StrCat("ucp_mem_map of ", mp.length, " bytes: ", ucs_status_string(st)));
+    }
+    s->impl_->memh.push_back(memh);
+    void* rkey = nullptr;
+    size_t rlen = 0;
+    if ((st = ucp_rkey_pack(s->impl_->context, memh, &rkey, &rlen)) != UCS_OK) {
+      return absl::InternalError(absl::StrCat("ucp_rkey_pack: ", ucs_status_string(st)));
+    }
+    s->rkeys_[t].assign(static_cast<const char*>(rkey), rlen);
+    ucp_rkey_buffer_release(rkey);
+  }
   return s;
 }
 
-absl::StatusOr<std::string> UcxServer::Register(void* base, size_t bytes) {
-  ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = base;
-  mp.length = bytes;
-  ucp_mem_h memh = nullptr;
-  if (ucs_status_t st = ucp_mem_map(impl_->context, &mp, &memh); st != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_mem_map of ", bytes, " bytes: ", ucs_status_string(st)));
+std::string UcxServer::NewSession(int t) {
+  std::string session;
+  while (session.size() < static_cast<size_t>(kSessionBytes)) {
+    const uint64_t r = RandomU64();
+    session.append(reinterpret_cast<const char*>(&r), sizeof(r));
   }
-  impl_->memh.push_back(memh);
-  void* rkey = nullptr;
-  size_t len = 0;
-  if (ucs_status_t st = ucp_rkey_pack(impl_->context, memh, &rkey, &len); st != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_rkey_pack: ", ucs_status_string(st)));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::deque<std::string>& order = session_order_[t];
+  if (order.size() >= kMaxSessionsPerTenant) {
+    sessions_.erase(order.front());
+    order.pop_front();
   }
-  std::string packed(static_cast<const char*>(rkey), len);
-  ucp_rkey_buffer_release(rkey);
-  return packed;
+  sessions_[session] = t;
+  order.push_back(session);
+  return session;
 }
 
 void UcxServer::Start() {
@@ -69,6 +266,7 @@ void UcxServer::Progress() {
   while (!stop_.load(std::memory_order_acquire)) {
     while (ucp_worker_progress(impl_->worker) != 0) {
     }
+    if (options_.busy_poll) continue;
     const ucs_status_t st = ucp_worker_arm(impl_->worker);
     if (st == UCS_ERR_BUSY) continue;  // more events arrived meanwhile
     if (stop_.load(std::memory_order_acquire)) break;

@@ -1,36 +1,73 @@
-// The pool's UCX side (DESIGN §7, §12): one UCP context and worker, each tenant region
-// registered separately (its own remote key), and a thread that progresses the worker. Over
-// shared-memory transports a worker's gets are one-sided; over tcp UCX emulates RMA in
-// software and gets complete only as fast as this thread progresses, so it sleeps on the
-// worker's event fd rather than spinning.
+// The pool's UCX side (DESIGN §7, §12; docs/decisions.md "UCX data plane"): one UCP context and
+// worker, and a thread that progresses it. Data moves by active messages (ucx_protocol.h): a
+// worker names its session and region-relative offsets, the progress thread bounds them by the
+// session's tenant region and answers on the same endpoint, so no tenant can address another's
+// region or the pool's heap whatever transport UCX picked. With `rma` the regions are also
+// registered for one-sided gets and puts (fast on RDMA, whose keys the NIC enforces; over tcp
+// and shared memory UCX cannot confine a key to its region, so only for trusted tenants).
+// Over tcp replies complete only as fast as this thread progresses; it sleeps on the worker's
+// event fd unless `busy_poll` (lower latency, one core spent).
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace dd::kvpool {
 
+struct UcxServerOptions {
+  bool rma = false;        // also register regions for one-sided access (trusted tenants / RDMA)
+  bool busy_poll = false;  // spin instead of sleeping on the event fd
+};
+
+struct UcxRegion {
+  uint8_t* base = nullptr;
+  int64_t bytes = 0;
+};
+
+// What the active-message path served and refused (for /metrics and tests).
+struct UcxCounters {
+  std::atomic<int64_t> gets{0}, get_blocks{0}, get_bytes{0}, puts{0}, put_bytes{0}, refused{0};
+};
+
 class UcxServer {
  public:
-  static absl::StatusOr<std::unique_ptr<UcxServer>> Create();
+  // `regions[t]`: tenant t's region; the memory must outlive the server.
+  static absl::StatusOr<std::unique_ptr<UcxServer>> Create(std::vector<UcxRegion> regions,
+                                                          UcxServerOptions options = {});
   ~UcxServer();
-  // Registers [base, base + bytes) for remote access; returns the packed remote key.
-  absl::StatusOr<std::string> Register(void* base, size_t bytes);
-  // Starts the progress thread; call after every Register.
+  // The packed remote key of tenant t's region ("" without `rma`).
+  const std::string& rkey(int t) const { return rkeys_[t]; }
+  // A fresh session for tenant t (kSessionBytes random bytes), handed out by an authenticated
+  // Handshake. Each tenant keeps its newest kMaxSessionsPerTenant sessions.
+  std::string NewSession(int t);
+  static constexpr size_t kMaxSessionsPerTenant = 1024;
   void Start();
   const std::string& worker_address() const { return address_; }
+  const UcxCounters& counters() const { return counters_; }
+
+  struct Impl;  // public for the C callbacks in ucx_server.cc
 
  private:
   UcxServer() = default;
   void Progress();
-  struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::vector<UcxRegion> regions_;
+  std::vector<std::string> rkeys_;
+  UcxServerOptions options_;
   std::string address_;
+  std::mutex mu_;  // sessions (Handshake threads write, the progress thread reads)
+  absl::flat_hash_map<std::string, int> sessions_;
+  std::vector<std::deque<std::string>> session_order_;
+  UcxCounters counters_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -1,0 +1,206 @@
+// Issue 14, finding 1: over UCX a tenant reaches its own region and nothing else, whatever the
+// transport (tcp, shared memory). Runs the real dd-kv-pool; the attacker is tenant bob with his
+// own valid handshake, using the real client and raw active messages he crafts himself.
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "gtest/gtest.h"
+#include "kv-pool/client/data_path.h"
+#include "kv-pool/client/ucx_protocol.h"
+#include "kv-pool/server/pool_process.h"
+
+namespace dd::kvpool {
+namespace {
+
+using testing_util::kAlice;
+using testing_util::kBob;
+using testing_util::PoolProcess;
+namespace wire = ucxproto;
+
+v1::HandshakeResponse Handshake(PoolProcess& pool, const char* token) {
+  v1::HandshakeResponse hs;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", std::string("Bearer ") + token);
+  EXPECT_TRUE(pool.Stub()->Handshake(&ctx, {}, &hs).ok());
+  return hs;
+}
+
+// An attacker's own UCX endpoint to the pool: sends any header and data under any AM id and
+// waits (with a deadline) for the pool's reply code.
+class RawAm {
+ public:
+  explicit RawAm(const std::string& pool_address) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    ucp_config_t* config = nullptr;
+    ucp_config_read(nullptr, nullptr, &config);
+    ok_ = ucp_init(&params, config, &context_) == UCS_OK;
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    ok_ = ok_ && ucp_worker_create(context_, &wp, &worker_) == UCS_OK;
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = wire::kReplyId;
+    hp.arg = this;
+    hp.cb = [](void* arg, const void* header, size_t length, void*, size_t, const ucp_am_recv_param_t*) {
+      wire::Reply r;
+      if (length == sizeof(r)) {
+        std::memcpy(&r, header, sizeof(r));
+        static_cast<RawAm*>(arg)->reply_ = r.code;
+      }
+      return UCS_OK;
+    };
+    ok_ = ok_ && ucp_worker_set_am_recv_handler(worker_, &hp) == UCS_OK;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = reinterpret_cast<const ucp_address_t*>(pool_address.data());
+    ok_ = ok_ && ucp_ep_create(worker_, &ep, &ep_) == UCS_OK;
+  }
+  ~RawAm() {
+    if (ep_ != nullptr) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      Wait(ucp_ep_close_nbx(ep_, &p));
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+  bool ok() const { return ok_; }
+
+  // The pool's reply code, or nullopt when none came within `wait`.
+  std::optional<absl::StatusCode> Send(unsigned id, const void* header, size_t header_bytes, const void* data,
+                                       size_t data_bytes, std::chrono::milliseconds wait = std::chrono::seconds(3)) {
+    reply_.reset();
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    Wait(ucp_am_send_nbx(ep_, id, header, header_bytes, data, data_bytes, &p));
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!reply_ && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
+    if (!reply_) return std::nullopt;
+    return static_cast<absl::StatusCode>(*reply_);
+  }
+
+ private:
+  void Wait(ucs_status_ptr_t r) {
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
+    if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);
+  }
+  bool ok_ = false;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  std::optional<int32_t> reply_;
+};
+
+class UcxIsolationTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }  // read by the pool and the clients
+  void TearDown() override { unsetenv("UCX_TLS"); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxIsolationTest, ::testing::Values("tcp", "sm,self"),
+                         [](const auto& info) { return std::string(info.param[0] == 't' ? "tcp" : "sm"); });
+
+constexpr int64_t kBlock = 4096;
+
+TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
+  PoolProcess pool;
+  ASSERT_FALSE(pool.address().empty());
+  const v1::HandshakeResponse alice_hs = Handshake(pool, kAlice), bob_hs = Handshake(pool, kBob);
+  // No one-sided access is offered: no remote key, no address of the pool's memory.
+  EXPECT_TRUE(bob_hs.ucx_rkey().empty());
+  EXPECT_EQ(bob_hs.remote_base(), 0u);
+  ASSERT_EQ(bob_hs.ucx_session().size(), static_cast<size_t>(wire::kSessionBytes));
+  EXPECT_NE(bob_hs.ucx_session(), alice_hs.ucx_session());
+  EXPECT_EQ(NewUcxDataPath(bob_hs, 3000, UcxPath::kRma, true).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  auto alice = NewUcxDataPath(alice_hs, 3000, UcxPath::kAuto, true);
+  auto bob = NewUcxDataPath(bob_hs, 3000, UcxPath::kAuto, true);
+  ASSERT_TRUE(alice.ok() && bob.ok()) << alice.status() << bob.status();
+  std::vector<float> secret(kBlock / sizeof(float), 42.5f), got(kBlock / sizeof(float), -1.0f);
+  float* dst = got.data();
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+
+  // The same offset names bob's own (still zero) region, never alice's bytes.
+  ASSERT_TRUE((*bob)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, std::vector<float>(got.size(), 0.0f));
+  // Outside his region (past its end, negative, overflowing) is refused, gets and puts alike.
+  const int64_t end = bob_hs.region_bytes();
+  for (int64_t off : {end, end - kBlock + 1, int64_t{-kBlock}, int64_t{1} << 40, INT64_MAX - 8, INT64_MIN}) {
+    EXPECT_EQ((*bob)->Get({off}, kBlock, {&dst, 1}).code(), absl::StatusCode::kOutOfRange) << off;
+    EXPECT_EQ((*bob)->Put(off, secret.data(), kBlock).code(), absl::StatusCode::kOutOfRange) << off;
+  }
+
+  // Raw messages bob crafts himself.
+  RawAm raw(bob_hs.ucx_worker_address());
+  ASSERT_TRUE(raw.ok());
+  wire::GetRequest get;
+  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  get.count = 1;
+  get.block_bytes = kBlock;
+  int64_t offsets[2] = {0, 0};
+  EXPECT_EQ(raw.Send(wire::kGetId, &get, sizeof(get), offsets, 8), absl::StatusCode::kOk);  // well formed
+  wire::GetRequest forged = get;
+  forged.session[0] ^= 1;  // a session the pool never issued
+  EXPECT_EQ(raw.Send(wire::kGetId, &forged, sizeof(forged), offsets, 8), absl::StatusCode::kUnauthenticated);
+  wire::GetRequest huge = get;  // count × block_bytes overflowing 64 bits
+  huge.count = 2;
+  huge.block_bytes = INT64_MAX / 2 + 1;
+  EXPECT_EQ(raw.Send(wire::kGetId, &huge, sizeof(huge), offsets, 16), absl::StatusCode::kInvalidArgument);
+  wire::GetRequest lying = get;  // says 2 offsets, sends 1
+  lying.count = 2;
+  EXPECT_EQ(raw.Send(wire::kGetId, &lying, sizeof(lying), offsets, 8), absl::StatusCode::kInvalidArgument);
+  wire::GetRequest many = get;
+  many.count = wire::kMaxBlocksPerGet + 1;
+  EXPECT_EQ(raw.Send(wire::kGetId, &many, sizeof(many), offsets, 16), absl::StatusCode::kInvalidArgument);
+  wire::GetRequest bad_magic = get;
+  bad_magic.magic = 0;
+  EXPECT_EQ(raw.Send(wire::kGetId, &bad_magic, sizeof(bad_magic), offsets, 8), absl::StatusCode::kInvalidArgument);
+  wire::PutRequest put;
+  std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  put.offset = 0;
+  put.bytes = kBlock * 2;  // more than it carries
+  EXPECT_EQ(raw.Send(wire::kPutId, &put, sizeof(put), secret.data(), kBlock), absl::StatusCode::kInvalidArgument);
+  put.bytes = kBlock;
+  put.offset = end;
+  EXPECT_EQ(raw.Send(wire::kPutId, &put, sizeof(put), secret.data(), kBlock), absl::StatusCode::kOutOfRange);
+  const char junk[3] = {1, 2, 3};  // a header of the wrong size: dropped, no reply
+  EXPECT_EQ(raw.Send(wire::kGetId, junk, sizeof(junk), nullptr, 0, std::chrono::milliseconds(500)), std::nullopt);
+
+  // One-sided access with a key of the right shape (from another pool run with --ucx_rma, at
+  // this pool's own address): the pool has no RMA feature, so nothing serves it.
+  {
+    PoolProcess rma_pool(30000, "8MiB", {"--ucx_rma"});
+    const v1::HandshakeResponse other = Handshake(rma_pool, kBob);
+    ASSERT_FALSE(other.ucx_rkey().empty());
+    v1::HandshakeResponse spliced = bob_hs;
+    spliced.set_ucx_rkey(other.ucx_rkey());
+    spliced.set_remote_base(other.remote_base());
+    auto rma = NewUcxDataPath(spliced, 1000, UcxPath::kRma, true);
+    if (rma.ok()) {
+      std::vector<float> probe(got.size(), -1.0f);
+      float* pdst = probe.data();
+      (void)(*rma)->Get({0}, kBlock, {&pdst, 1});  // fails or times out; must not read alice's bytes
+      EXPECT_NE(probe, secret);
+    }
+  }
+
+  // The pool is alive and alice's bytes are intact.
+  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
+}
+
+}  // namespace
+}  // namespace dd::kvpool
