@@ -5,8 +5,10 @@ bytes, pool sequences, active requests and reserved device memory on the workers
 zero). By hand; it takes a while:
     python3 tests/serve/soak.py [--requests 2000] [--concurrency 8] [--out soak.json]"""
 import argparse
+import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -38,6 +40,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    repo = Path(__file__).resolve().parents[2]
+    git = lambda *args: subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
+    sha = git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    shm_before = set(os.listdir("/dev/shm"))
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "tenants.json"
         cfg.write_text(json.dumps([{"name": "soak", "token": TOKEN, "quota": "2GiB"}]))
@@ -69,12 +75,14 @@ def main():
                 s = json.loads(ddctl("stats", "--worker", w.addr).stdout)
                 left[f"{w.name}_active"] = s["load"]["active_requests"]
                 left[f"{w.name}_reserved_bytes"] = int(s["reserved_device_bytes"])
-            out = {"requests": a.requests, "failed": sum(c != 0 for c in codes), "rss_mib_after_warmup": after_warmup,
+            out = {"command": "python3 tests/serve/soak.py " + " ".join(sys.argv[1:]), "git_sha": sha,
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "requests": a.requests, "failed": sum(c != 0 for c in codes), "rss_mib_after_warmup": after_warmup,
                    "rss_mib_at_end": at_end, "rss_growth": growth, "left_behind": left,
                    "stable_within_10pct": all(g <= 0.10 for g in growth.values())}
         finally:
             for p in procs.values():
                 p.stop()
+    out["shm_entries_left"] = sorted(set(os.listdir("/dev/shm")) - shm_before)
     print(json.dumps(out, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=2))
