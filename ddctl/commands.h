@@ -25,6 +25,7 @@ struct CliConfig {
   // Service commands.
   std::string server;           // a router (or `ddctl serve`): generate goes there when set
   std::string worker;           // stats: a worker's address
+  std::string service;          // grpc-health: the service name ("" = the server)
   std::string model_name;       // generate --server: the model to ask for (empty = any)
   std::string listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0";  // serve
   std::string internal_listen = "127.0.0.1:0";  // serve: router registry + worker service
@@ -51,6 +52,8 @@ absl::Status RunFidelity(const CliConfig& cfg);
 absl::Status RunServe(const CliConfig& cfg);
 absl::Status RunRemoteGenerate(const CliConfig& cfg);
 absl::Status RunHealth(const CliConfig& cfg);
+// grpc.health.v1.Health/Check on any of our servers; prints the status, OK only when SERVING.
+absl::Status RunGrpcHealth(const CliConfig& cfg);
 absl::Status RunStats(const CliConfig& cfg);
 absl::Status RunWorkers(const CliConfig& cfg);
 

@@ -34,6 +34,7 @@ ABSL_FLAG(std::string, out, "", "logits: output .npy path");
 ABSL_FLAG(std::string, text, "", "tokenize: text to tokenize");
 ABSL_FLAG(std::string, server, "", "generate/health/stats/workers: a router or `ddctl serve` at HOST:PORT");
 ABSL_FLAG(std::string, worker, "", "stats: a decode worker at HOST:PORT");
+ABSL_FLAG(std::string, service, "", "grpc-health: the service to ask about (default: the whole server)");
 ABSL_FLAG(std::string, model_name, "", "generate --server: the model to ask for (default: the one served)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "serve: gRPC address for clients (port 0 = pick one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "serve: Prometheus /metrics address (empty = off)");
@@ -58,7 +59,8 @@ constexpr char kUsage[] =
     "  serve      the embedded server: router + worker + in-process pool on --listen (gRPC)\n"
     "  generate --server HOST:PORT   stream a generation from a router or `ddctl serve`\n"
     "  health | stats | workers --server HOST:PORT   router health, counters, worker registry\n"
-    "  stats --worker HOST:PORT      a decode worker's load and counters\n";
+    "  stats --worker HOST:PORT      a decode worker's load and counters\n"
+    "  grpc-health --server HOST:PORT [--service NAME]   gRPC's standard health check (any server)\n";
 
 // Comma-separated token ids into *out; false (after saying which) on anything else.
 bool ParseIds(const std::string& text, const char* flag, std::vector<int32_t>* out) {
@@ -116,6 +118,7 @@ int main(int argc, char** argv) {
 
   cfg.server = absl::GetFlag(FLAGS_server);
   cfg.worker = absl::GetFlag(FLAGS_worker);
+  cfg.service = absl::GetFlag(FLAGS_service);
   cfg.model_name = absl::GetFlag(FLAGS_model_name);
   cfg.listen = absl::GetFlag(FLAGS_listen);
   cfg.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
   else if (cmd == "generate") st = dd::ddctl::RunGenerate(cfg);
   else if (cmd == "serve") st = dd::ddctl::RunServe(cfg);
   else if (cmd == "health") st = dd::ddctl::RunHealth(cfg);
+  else if (cmd == "grpc-health") st = dd::ddctl::RunGrpcHealth(cfg);
   else if (cmd == "stats") st = dd::ddctl::RunStats(cfg);
   else if (cmd == "workers") st = dd::ddctl::RunWorkers(cfg);
   else if (cmd == "logits") st = dd::ddctl::RunLogits(cfg);

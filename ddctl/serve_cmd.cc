@@ -17,8 +17,10 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/exposer.h"
 #include "proto/cluster_auth.h"
+#include "proto/standard_services.h"
 #include "proto/tls.h"
 #include "proto/generate.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "router/router_flags.h"
 
@@ -132,6 +134,22 @@ absl::Status RunHealth(const CliConfig& cfg) {
   return resp.serving() ? absl::OkStatus() : absl::UnavailableError(resp.message());
 }
 
+absl::Status RunGrpcHealth(const CliConfig& cfg) {
+  if (cfg.server.empty()) return absl::InvalidArgumentError("grpc-health needs --server HOST:PORT");
+  auto stub = grpc::health::v1::Health::NewStub(Dial(cfg, cfg.server));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, cfg.deadline_ms);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(cfg.service);
+  grpc::health::v1::HealthCheckResponse resp;
+  RETURN_IF_ERROR(FromGrpc(stub->Check(&ctx, req, &resp), absl::StrCat("grpc health of ", cfg.server)));
+  const std::string status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  std::printf("%s\n", status.c_str());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING
+             ? absl::OkStatus()
+             : absl::UnavailableError(absl::StrCat(cfg.server, " is ", status));
+}
+
 absl::Status RunStats(const CliConfig& cfg) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, cfg.deadline_ms);
@@ -189,6 +207,7 @@ absl::Status RunServe(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, worker::SchedulerOptionsFromFlags(), id));
   node->service().set_cluster_secret(secret);
   // The public API alone on --listen; the registry and the worker service on --internal_listen.
+  EnableStandardServices();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(cfg.listen, ServerCredentials(cfg.tls), &port);
@@ -204,6 +223,8 @@ absl::Status RunServe(const CliConfig& cfg) {
   if (!internal || internal_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", cfg.internal_listen, " (--internal_listen)"));
   }
+  MarkServing(*server, {v1::DualDecoder::service_full_name()});
+  MarkServing(*internal, {worker::v1::Registry::service_full_name(), worker::v1::Worker::service_full_name()});
   const std::string self = absl::StrCat(cfg.listen.substr(0, cfg.listen.rfind(':')), ":", port);
   const std::string inside =
       absl::StrCat(cfg.internal_listen.substr(0, cfg.internal_listen.rfind(':')), ":", internal_port);
@@ -230,7 +251,14 @@ absl::Status RunServe(const CliConfig& cfg) {
   std::printf("ddctl serve: listening on %s metrics %s internal %s\n", self.c_str(), metrics_at.c_str(), inside.c_str());
   std::fflush(stdout);
   const int sig = WaitForTermSignal();
-  std::fprintf(stderr, "ddctl serve: signal %d, shutting down\n", sig);
+  // Drain: the router sends nothing new to a draining worker (and this is the only one), so new
+  // requests get UNAVAILABLE while the running ones finish.
+  const auto grace = worker::DrainGraceFromFlags();
+  std::fprintf(stderr, "ddctl serve: signal %d, draining (up to %lld ms)\n", sig, static_cast<long long>(grace.count()));
+  MarkNotServing(*server);
+  const int left = worker::DrainWorker(node->service(), node->scheduler(), *internal, grace);
+  std::fprintf(stderr, "ddctl serve: %s, shutting down\n",
+               left == 0 ? "drained" : absl::StrCat(left, " requests still running").c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   internal->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   exposer.reset();

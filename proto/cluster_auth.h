@@ -20,6 +20,9 @@ ABSL_DECLARE_FLAG(std::string, cluster_secret_file);
 
 namespace dd {
 
+// Trailing metadata on a worker's UNAVAILABLE answer to Submit: it is draining, not broken.
+inline constexpr char kDrainingTrailer[] = "dd-worker-draining";
+
 inline constexpr char kClusterSecretHeader[] = "x-dd-cluster-secret";
 inline constexpr size_t kMinClusterSecretBytes = 32;
 

@@ -12,7 +12,10 @@
 #include "glog/logging.h"
 #include "prometheus/exposer.h"
 #include "proto/cluster_auth.h"
+#include "proto/standard_services.h"
+#include "proto/generate.grpc.pb.h"
 #include "proto/tls.h"
+#include "proto/worker.grpc.pb.h"
 #include "router/router_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address for clients and workers (port 0 = pick one)");
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
     LOG(WARNING) << "no --cluster_secret_file: anyone who reaches this port can register a worker";
   }
   dd::router::RouterService router(options);
+  dd::EnableStandardServices();
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -58,6 +62,7 @@ int main(int argc, char** argv) {
     std::cerr << "dd-router: cannot listen on " << listen << "\n";
     return 1;
   }
+  dd::MarkServing(*server, {dd::v1::DualDecoder::service_full_name(), dd::worker::v1::Registry::service_full_name()});
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const int sig = dd::WaitForTermSignal();
   std::fprintf(stderr, "dd-router: signal %d, shutting down\n", sig);
+  dd::MarkNotServing(*server);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   exposer.reset();
   return 0;

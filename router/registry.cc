@@ -65,11 +65,17 @@ void WorkerRegistry::MarkDown(const std::string& worker_id) {
   if (it != workers_.end()) it->second.marked_down = true;
 }
 
+void WorkerRegistry::MarkDraining(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end()) it->second.load.set_draining(true);
+}
+
 absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const std::set<std::string>& exclude,
                                                uint64_t prefix_key) {
   std::lock_guard<std::mutex> lk(mu_);
   const Clock::time_point now = Clock::now();
-  bool any_up = false, model_known = model.empty(), any_candidate = false;
+  bool any_up = false, model_known = model.empty(), any_candidate = false, any_draining = false;
   Entry* best = nullptr;
   std::string best_id;
   auto key = [](const Entry& e) {
@@ -80,6 +86,10 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
     if (!Up(e, now)) continue;
     any_up = true;
     if (!model.empty() && e.info.model() != model) continue;
+    if (e.load.draining()) {  // shutting down: finishing its requests, taking no new ones
+      any_draining = true;
+      continue;
+    }
     if (exclude.count(id)) continue;
     any_candidate = true;
     const int32_t capacity = e.load.max_batch() + e.load.max_waiting();
@@ -96,6 +106,9 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
     return absl::InvalidArgumentError(
         absl::StrCat("model: unknown model '", model, "' (served: ", absl::StrJoin(served, ", "), ")"));
   }
+  if (!any_candidate && any_draining) {
+    return absl::UnavailableError("every decode worker for this model is draining (shutting down); retry later");
+  }
   if (!any_candidate) return absl::UnavailableError(absl::StrCat("no live decode worker serves model '", model, "'"));
   if (best == nullptr) {
     return absl::ResourceExhaustedError("every decode worker is at capacity (batch and queue full); retry later");
@@ -103,7 +116,7 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
   // Prefix locality: the worker that served the same prefix keeps it if it is nearly as idle.
   if (auto it = affinity_.find(prefix_key); prefix_key != 0 && it != affinity_.end() && it->second != best_id) {
     auto w = workers_.find(it->second);
-    if (w != workers_.end() && Up(w->second, now) && !exclude.count(w->first) &&
+    if (w != workers_.end() && Up(w->second, now) && !exclude.count(w->first) && !w->second.load.draining() &&
         (model.empty() || w->second.info.model() == model) &&
         w->second.inflight < w->second.load.max_batch() + w->second.load.max_waiting() &&
         w->second.inflight <= best->inflight + 1) {

@@ -47,6 +47,8 @@ class WorkerRegistry {
   bool Heartbeat(const dd::worker::v1::HeartbeatRequest& req);
   // A stream to the worker broke: take it out of placement until its next heartbeat.
   void MarkDown(const std::string& worker_id);
+  // The worker said it is draining (before its next heartbeat could): pick it no more.
+  void MarkDraining(const std::string& worker_id);
 
   // Picks the worker for a request of `model` (empty = any): the up worker with room and the
   // least load (requests the router has on it, then active tokens, then most free device

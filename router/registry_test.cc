@@ -74,6 +74,27 @@ TEST(RegistryTest, ExcludedAndDeadWorkersAreSkipped) {
   EXPECT_TRUE(absl::IsUnavailable(reg.Pick("m", {}, 0).status()));
 }
 
+TEST(RegistryTest, DrainingWorkersGetNothingNew) {
+  WorkerRegistry reg(std::chrono::seconds(10));
+  ASSERT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());     // the idlest
+  ASSERT_TRUE(reg.Register(Worker("b", "m", 4, 500)).ok());
+  dd::worker::v1::HeartbeatRequest hb;
+  hb.set_worker_id("a");
+  hb.mutable_load()->set_max_batch(4);
+  hb.mutable_load()->set_draining(true);
+  ASSERT_TRUE(reg.Heartbeat(hb));
+  for (int i = 0; i < 3; ++i) {
+    auto p = reg.Pick("m", {}, 0);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(p->worker_id, "b");
+    reg.Done("b");
+  }
+  EXPECT_EQ(reg.workers_up(), 2);  // still up: it is finishing its requests
+  auto none = reg.Pick("m", {"b"}, 0);
+  EXPECT_TRUE(absl::IsUnavailable(none.status())) << none.status();
+  EXPECT_NE(none.status().message().find("draining"), std::string::npos) << none.status();
+}
+
 TEST(RegistryTest, PrefixLocalityKeepsAWorkerWhenNearlyIdle) {
   WorkerRegistry reg(std::chrono::seconds(10));
   ASSERT_TRUE(reg.Register(Worker("a", "m", 8, 0)).ok());

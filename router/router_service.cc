@@ -316,6 +316,11 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         // The worker died or failed mid-request: resume elsewhere from what the client has.
         LOG(WARNING) << "request " << req.request_id() << " lost worker " << place->worker_id << " after "
                      << streamed.size() << " tokens (" << st.error_message() << "); resuming";
+        if (const auto& trailers = wctx.GetServerTrailingMetadata(); trailers.find(kDrainingTrailer) != trailers.end()) {
+          registry_.MarkDraining(place->worker_id);  // refused at admission: not a failure
+          exclude.insert(place->worker_id);
+          continue;
+        }
         if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(place->worker_id);
         exclude.insert(place->worker_id);
         if (++resumes > options_.max_resumes) {

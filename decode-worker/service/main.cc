@@ -15,6 +15,7 @@
 #include "decode-worker/service/worker_node.h"
 #include "glog/logging.h"
 #include "proto/cluster_auth.h"
+#include "proto/standard_services.h"
 #include "proto/tls.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   if (!node.ok()) return fail(node.status());
   (*node)->service().set_cluster_secret(*secret);
 
+  dd::EnableStandardServices();
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&(*node)->service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
+  dd::MarkServing(*server, {dd::worker::v1::Worker::service_full_name()});
   std::string host = absl::GetFlag(FLAGS_advertise_host);
   if (host.empty()) host = listen.substr(0, listen.rfind(':'));
   (*node)->service().set_address(absl::StrCat(host, ":", port));
@@ -77,7 +80,11 @@ int main(int argc, char** argv) {
               metrics_at.c_str());
   std::fflush(stdout);
   const int sig = dd::WaitForTermSignal();
-  std::fprintf(stderr, "dd-decode-worker: signal %d, shutting down\n", sig);
+  const auto grace = dd::worker::DrainGraceFromFlags();
+  std::fprintf(stderr, "dd-decode-worker: signal %d, draining (up to %lld ms)\n", sig, static_cast<long long>(grace.count()));
+  const int left = dd::worker::DrainWorker((*node)->service(), (*node)->scheduler(), *server, grace);
+  std::fprintf(stderr, "dd-decode-worker: %s, shutting down\n",
+               left == 0 ? "drained" : absl::StrCat(left, " requests still running").c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   node->reset();
   return 0;

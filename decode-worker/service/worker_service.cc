@@ -1,10 +1,16 @@
 #include "decode-worker/service/worker_service.h"
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
+#include "proto/standard_services.h"
+
+ABSL_FLAG(int64_t, drain_grace_ms, 30000,
+          "On SIGTERM, how long running requests may take to finish before the server stops (new ones are "
+          "refused and go to other workers meanwhile)");
 
 namespace dd::worker {
 
@@ -80,6 +86,10 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
 grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
                                    grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
   if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
+  if (draining()) {
+    ctx->AddTrailingMetadata(kDrainingTrailer, "1");  // the router picks another worker
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining (shutting down); retry elsewhere");
+  }
   absl::StatusOr<RequestSpec> spec = ToSpec(*req);
   if (!spec.ok()) return ToGrpc(spec.status());
   const auto deadline = ctx->deadline();
@@ -183,6 +193,7 @@ void Heartbeater::Loop() {
       req.set_context_tokens(scheduler_.engine().config().n_ctx_train);
       req.set_kv_store(id.kv_store);
       FillLoad(scheduler_, req.mutable_load());
+      req.mutable_load()->set_draining(service_.draining());
       dd::worker::v1::RegisterResponse resp;
       st = stub_->Register(&ctx, req, &resp);
       registered = st.ok();
@@ -194,6 +205,7 @@ void Heartbeater::Loop() {
       dd::worker::v1::HeartbeatRequest req;
       req.set_worker_id(id.worker_id);
       FillLoad(scheduler_, req.mutable_load());
+      req.mutable_load()->set_draining(service_.draining());
       dd::worker::v1::HeartbeatResponse resp;
       st = stub_->Heartbeat(&ctx, req, &resp);
       if (st.ok() && !resp.known()) registered = false;  // the router restarted: register again
@@ -212,6 +224,23 @@ void Heartbeater::Loop() {
     std::unique_lock<std::mutex> lk(mu_);
     if (cv_.wait_for(lk, interval_, [&] { return stop_; })) return;
   }
+}
+
+int DrainWorker(WorkerService& service, const Scheduler& scheduler, grpc::Server& server,
+                std::chrono::milliseconds grace) {
+  service.StartDrain();
+  MarkNotServing(server);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    const SchedulerStats s = scheduler.Stats();
+    const int left = s.active + s.waiting;
+    if (left == 0 || std::chrono::steady_clock::now() >= deadline) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::chrono::milliseconds DrainGraceFromFlags() {
+  return std::chrono::milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_drain_grace_ms)));
 }
 
 }  // namespace dd::worker

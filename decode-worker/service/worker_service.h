@@ -39,6 +39,10 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   void set_cluster_secret(std::string secret) { secret_ = std::move(secret); }
   const std::string& cluster_secret() const { return secret_; }
   const WorkerIdentity& identity() const { return identity_; }
+  // Draining: Submit refuses new requests (UNAVAILABLE, so the router retries elsewhere) and
+  // heartbeats tell the router; requests already running finish.
+  void StartDrain() { draining_.store(true, std::memory_order_release); }
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
 
   grpc::Status Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
                       grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;
@@ -55,7 +59,16 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   Scheduler& scheduler_;
   WorkerIdentity identity_;
   std::string secret_;
+  std::atomic<bool> draining_{false};
 };
+
+// Graceful shutdown (SIGTERM): marks the service draining and the server NOT_SERVING, then
+// waits until the scheduler has no active or waiting request or `grace` passes. Returns how
+// many requests were still running when it gave up (0 = drained).
+int DrainWorker(WorkerService& service, const Scheduler& scheduler, grpc::Server& server,
+                std::chrono::milliseconds grace);
+// --drain_grace_ms (default 30 s).
+std::chrono::milliseconds DrainGraceFromFlags();
 
 // Registers with the router at `router` and sends a heartbeat with the load every interval.
 class Heartbeater {

@@ -25,6 +25,7 @@
 #include "kv-pool/server/metrics.h"
 #include "kv-pool/server/service.h"
 #include "kv-pool/server/ucx_server.h"
+#include "proto/standard_services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
 ABSL_FLAG(std::string, tenants, "", "Tenant config: JSON array of {name, token, quota}");
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   dd::kvpool::KvPoolService service(**pool, ucx.get(), (*fds)->address());
+  dd::EnableStandardServices();
   grpc::ServerBuilder builder;
   int port = 0;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
     std::cerr << "dd-kv-pool: cannot listen on " << absl::GetFlag(FLAGS_listen) << "\n";
     return 1;
   }
+  dd::MarkServing(*server, {dd::kvpool::v1::KvPool::service_full_name()});
   std::unique_ptr<dd::kvpool::PoolMetrics> metrics;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
@@ -162,6 +165,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "dd-kv-pool: signal %d, shutting down\n", sig);
+  dd::MarkNotServing(*server);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   {
     std::lock_guard<std::mutex> lock(mu);
