@@ -115,10 +115,22 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");
-    std::fprintf(stderr, "[ddctl] %lld tokens (%s) from %s, TTFT %.3f s, TPOT %.1f ms%s\n",
+    const double tps = usage.tpot_seconds() > 0 ? 1.0 / usage.tpot_seconds() : 0;
+    std::fprintf(stderr, "[ddctl] %lld tokens (%s) from %s (%s), TTFT %.3f s, decode %.2f tokens/s (TPOT %.1f ms)%s\n",
                  static_cast<long long>(tokens.size()), usage.stop_reason().c_str(), usage.worker_id().c_str(),
-                 usage.ttft_seconds(), usage.tpot_seconds() * 1e3,
+                 usage.mode().c_str(), usage.ttft_seconds(), tps, usage.tpot_seconds() * 1e3,
                  usage.resumes() ? absl::StrCat(", resumed ", usage.resumes(), "x").c_str() : "");
+    const auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+    if (usage.kv_prefetch_bytes() + usage.kv_urgent_bytes() > 0) {
+      std::fprintf(stderr, "[ddctl] prefetch hit rate %.1f%%; KV moved: %.1f MiB prefetched, %.1f MiB urgent, "
+                   "%.1f MiB wasted\n", usage.prefetch_hit_rate() * 100, mib(usage.kv_prefetch_bytes()),
+                   mib(usage.kv_urgent_bytes()), mib(usage.kv_wasted_bytes()));
+    }
+    if (usage.full_kv_device_bytes() > 0) {
+      std::fprintf(stderr, "[ddctl] device memory for this request's KV: %.1f MiB (full attention: %.1f MiB, %.1fx)\n",
+                   mib(usage.kv_device_bytes()), mib(usage.full_kv_device_bytes()),
+                   static_cast<double>(usage.full_kv_device_bytes()) / std::max<int64_t>(1, usage.kv_device_bytes()));
+    }
   }
   return absl::OkStatus();
 }

@@ -107,6 +107,7 @@ class Engine {
   int64_t prefix_reused_tokens() const { return prefix_reused_tokens_; }
 
   const model::ModelConfig& config() const { return model_.config; }
+  const model::LoadedModel& model() const { return model_; }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
 
   // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the

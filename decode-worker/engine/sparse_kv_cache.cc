@@ -114,6 +114,12 @@ double SparseKvCache::SeqHitRate(int32_t seq) const {
   return s.predicted_for ? static_cast<double>(s.hits) / s.predicted_for : 0.0;
 }
 
+SparseKvCache::SeqKvBytes SparseKvCache::SeqTransfers(int32_t seq) const {
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return {};
+  const Seq& s = seqs_[seq];
+  return {s.prefetched * block_bytes(), s.urgent * block_bytes(), s.wasted * block_bytes()};
+}
+
 int64_t SparseKvCache::Length(int32_t seq) const {
   int64_t n = dense_.Length(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(seqs_.size())) {
@@ -451,7 +457,10 @@ absl::Status SparseKvCache::TryIssue(Seq& s, int64_t layer) {
   b.pending = true;
   b.layer = layer;
   b.seeded = st.seeded;
-  for (const auto& v : st.predicted) stats_[layer].prefetched += static_cast<int64_t>(v.size());
+  for (const auto& v : st.predicted) {
+    stats_[layer].prefetched += static_cast<int64_t>(v.size());
+    s.prefetched += static_cast<int64_t>(v.size());
+  }
   b.sel = std::move(st.predicted);
   st.predicted.clear();
   st.has_prediction = false;
@@ -593,6 +602,7 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
         s.predicted_for += static_cast<int64_t>(sel[g].size());
       }
       stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
+      s.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
     }
     kvpool::TransferId urgent_tid = 0;
     RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent_, &urgent_tid));
@@ -614,11 +624,15 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
       pi += static_cast<int64_t>(predicted[g].size());
       ui += static_cast<int64_t>(misses[g].size());
       stats.urgent += static_cast<int64_t>(misses[g].size());
+      s.urgent += static_cast<int64_t>(misses[g].size());
     }
   } else {
     RETURN_IF_ERROR(Gather(s, call.layer, sel, kvpool::Priority::kUrgent, &gathered_));
     BlockPointers(gathered_, &block_ptrs_);
-    for (const auto& v : sel) stats.urgent += static_cast<int64_t>(v.size());
+    for (const auto& v : sel) {
+      stats.urgent += static_cast<int64_t>(v.size());
+      s.urgent += static_cast<int64_t>(v.size());
+    }
   }
   for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
   AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);

@@ -139,6 +139,11 @@ class SparseKvCache : public KvCache {
   // The slot's own hit rate |P' ∩ S| / |S| since it was opened, first decode step excluded;
   // 0 when it has had no prediction yet (or the slot is unknown).
   double SeqHitRate(int32_t seq) const;
+  // KV bytes one sequence moved so far (prefetched, urgent, wasted = prefetched but unused).
+  struct SeqKvBytes {
+    int64_t prefetched = 0, urgent = 0, wasted = 0;
+  };
+  SeqKvBytes SeqTransfers(int32_t seq) const;
   int64_t block_bytes() const { return 2 * options_.chunk_tokens * config_.head_dim * sizeof(float); }
   int64_t fetched_chunks() const { return fetched_chunks_; }
 
@@ -187,6 +192,8 @@ class SparseKvCache : public KvCache {
     // This request's prediction outcomes after its first decode step (the seeded step is
     // excluded: there P' = S by construction).
     int64_t hits = 0, predicted_for = 0;
+    // Blocks this request moved: prefetched, fetched on the urgent path, prefetched unused.
+    int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                 ThreadPool& pool);

@@ -126,6 +126,7 @@ absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection
   if (count) {
     LayerStats& stats = stats_[layer];
     stats.urgent += static_cast<int64_t>(refs.size());
+    s.urgent += static_cast<int64_t>(refs.size());
     stats.reused += reused;
     stats.evictions += evicted;
   }
@@ -152,7 +153,9 @@ absl::Status SparseKvCache::AttendDecodeRowResident(Seq& s, const model::Attenti
         s.hits += hits;
         s.predicted_for += n;
       }
-      stats.wasted += static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
+      const int64_t unused = static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
+      stats.wasted += unused;
+      s.wasted += unused;
     }
   }
   absl::Status fetched = FetchResident(s, call.layer, sel, /*count=*/true);
@@ -209,6 +212,7 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
   if (refs.empty()) res.Landed();
   LayerStats& stats = stats_[layer];
   stats.prefetched += static_cast<int64_t>(refs.size());
+  s.prefetched += static_cast<int64_t>(refs.size());
   stats.evictions += evicted;
   st.issued = true;
   st.issued_seeded = seeded;

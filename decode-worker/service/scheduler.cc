@@ -26,7 +26,10 @@ std::vector<StreamEvent> RequestStream::Wait(std::chrono::milliseconds timeout) 
 }
 
 Scheduler::Scheduler(engine::Engine& engine, const SchedulerOptions& options, SchedulerObserver* observer)
-    : engine_(engine), options_(options), observer_(observer) {
+    : engine_(engine),
+      full_plan_(engine.model(), engine::DecodeMode::kFull, {}),
+      options_(options),
+      observer_(observer) {
   options_.max_batch = std::max(1, options_.max_batch);
   options_.max_waiting = std::max(0, options_.max_waiting);
   options_.step_tokens = std::max<int64_t>(1, options_.step_tokens);
@@ -349,7 +352,14 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
   // The request's own hit rate (its slot is still held here: Reap frees it).
   if (const engine::SparseKvCache* sc = engine_.sparse_cache(); sc != nullptr && r.slot >= 0) {
     e.hit_rate = sc->SeqHitRate(r.slot);
+    const engine::SparseKvCache::SeqKvBytes moved = sc->SeqTransfers(r.slot);
+    e.kv_prefetch_bytes = moved.prefetched;
+    e.kv_urgent_bytes = moved.urgent;
+    e.kv_wasted_bytes = moved.wasted;
   }
+  const int64_t length = static_cast<int64_t>(r.spec.prompt.size()) + r.generated - resumed;
+  e.kv_device_bytes = engine_.memory_plan().DecodeKvBytes(length);
+  e.full_kv_device_bytes = full_plan_.DecodeKvBytes(length);
   if (observer_) observer_->OnFinished(e);
   r.final_event = std::move(e);  // sent by Reap once the request's state is freed
   r.done = true;

@@ -49,6 +49,10 @@ struct StreamEvent {
   std::string stop_reason{};  // final, ok
   int64_t prompt_tokens = 0, completion_tokens = 0, prefix_reused_tokens = 0;
   double ttft_s = 0, tpot_s = 0, hit_rate = 0;
+  // final: KV bytes the request moved (sparse modes), and the device bytes its KV takes at its
+  // final length in this mode and in full attention.
+  int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;
+  int64_t kv_device_bytes = 0, full_kv_device_bytes = 0;
 };
 
 // Scheduler → RPC thread. Thread-safe.
@@ -156,6 +160,7 @@ class Scheduler {
   std::shared_ptr<RequestStream> FinishedResume(const RequestSpec& spec, const std::string& stop);
 
   engine::Engine& engine_;
+  engine::MemoryPlan full_plan_;  // full attention's, for "device memory against full"
   SchedulerOptions options_;
   SchedulerObserver* observer_;
   mutable std::mutex mu_;

@@ -122,6 +122,11 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
         u->set_worker_id(identity_.worker_id);
         u->set_prefix_reused_tokens(e.prefix_reused_tokens);
         u->set_mode(identity_.mode);
+        u->set_kv_prefetch_bytes(e.kv_prefetch_bytes);
+        u->set_kv_urgent_bytes(e.kv_urgent_bytes);
+        u->set_kv_wasted_bytes(e.kv_wasted_bytes);
+        u->set_kv_device_bytes(e.kv_device_bytes);
+        u->set_full_kv_device_bytes(e.full_kv_device_bytes);
       }
       if (!writer->Write(resp)) {
         scheduler_.Cancel(id);

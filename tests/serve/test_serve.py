@@ -53,6 +53,20 @@ def test_health_models_and_workers(cluster):
     assert all(x["mode"] == "dualdecoder" and x["kv_store"].startswith("shm://") for x in w)
 
 
+def test_usage_reports_kv_traffic_and_memory_against_full(cluster):
+    """The last message's usage says what the request moved and what its KV costs on the device,
+    next to full attention (what scripts/demo prints)."""
+    out = generate(cluster["router"].addr, prompt(3) * 6, 24)
+    u = out["usage"]
+    assert u["mode"] == "dualdecoder"
+    block = 2 * 8 * 64 * 4  # one [K|V] chunk of one KV head (SmolLM2) or a multiple of it (Gemma: 256)
+    for key in ("kv_prefetch_bytes", "kv_urgent_bytes", "kv_wasted_bytes"):
+        assert int(u[key]) >= 0 and int(u[key]) % block == 0, (key, u)
+    assert int(u["kv_prefetch_bytes"]) > 0, u  # beyond the budget: chunks were prefetched
+    assert int(u["kv_wasted_bytes"]) <= int(u["kv_prefetch_bytes"]), u
+    assert 0 < int(u["kv_device_bytes"]) < int(u["full_kv_device_bytes"]), u
+
+
 def test_sixteen_concurrent_streams_match_one_at_a_time(cluster):
     router = cluster["router"].addr
     n = 8
