@@ -18,6 +18,8 @@ struct CliConfig {
   engine::EngineOptions engine;
   bool json = false;
   bool raw_prompt = false;      // tokenize the prompt without BOS
+  bool chat = false;            // generate: the prompt is a user message (model's chat format)
+  std::string system;           // generate --chat: optional system message
   std::string tokens, positions, out;
   std::string text;
   int64_t context = 4096;       // fidelity: prompt tokens taken from the file

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "ddctl/commands.h"
 #include "ddctl/npy.h"
+#include "decode-worker/model/chat_template.h"
 #include "decode-worker/service/engine_flags.h"
 #include "nlohmann/json.hpp"
 
@@ -63,7 +64,16 @@ absl::Status RunGenerate(const CliConfig& cfg) {
   engine::Engine& engine = *engine_ptr;
   const auto& tok = engine.tokenizer();
   const std::string mode_name(engine::DecodeModeName(cfg.engine.mode));
-  std::vector<int32_t> ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
+  std::vector<int32_t> ids;
+  if (cfg.chat) {
+    ASSIGN_OR_RETURN(const model::ChatTemplate chat, model::ChatTemplateFor(*model));
+    std::vector<model::ChatMessage> messages;
+    if (!cfg.system.empty()) messages.push_back({"system", cfg.system});
+    messages.push_back({"user", prompt});
+    ASSIGN_OR_RETURN(ids, model::RenderChat(chat, tok, messages));
+  } else {
+    ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
+  }
   if (!cfg.json) {
     std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, cpu\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),

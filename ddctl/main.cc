@@ -28,6 +28,8 @@ ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scor
 ABSL_FLAG(int64_t, score_tokens, 64, "fidelity: teacher-forced positions scored after --context");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
+ABSL_FLAG(bool, chat, false, "generate: send the prompt as a user message in the model's chat format");
+ABSL_FLAG(std::string, system, "", "generate --chat: a system message before it");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
 ABSL_FLAG(std::string, positions, "", "logits: comma-separated positions (default all)");
 ABSL_FLAG(std::string, out, "", "logits: output .npy path");
@@ -109,6 +111,8 @@ int main(int argc, char** argv) {
   }
   cfg.json = absl::GetFlag(FLAGS_json);
   cfg.raw_prompt = absl::GetFlag(FLAGS_raw_prompt);
+  cfg.chat = absl::GetFlag(FLAGS_chat);
+  cfg.system = absl::GetFlag(FLAGS_system);
   cfg.tokens = absl::GetFlag(FLAGS_tokens);
   cfg.positions = absl::GetFlag(FLAGS_positions);
   cfg.out = absl::GetFlag(FLAGS_out);

@@ -22,6 +22,7 @@
 #include "proto/generate.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "router/openai_http.h"
 #include "router/router_flags.h"
 
 namespace dd::ddctl {
@@ -69,6 +70,16 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
     }
   } else if (cfg.prompt.empty() && cfg.prompt_file.empty()) {
     req.set_text("");
+  } else if (cfg.chat) {
+    ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
+    if (!cfg.system.empty()) {
+      auto* m = req.mutable_messages()->add_messages();
+      m->set_role("system");
+      m->set_content(cfg.system);
+    }
+    auto* m = req.mutable_messages()->add_messages();
+    m->set_role("user");
+    m->set_content(prompt);
   } else {
     ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
     req.set_text(prompt);
@@ -254,13 +265,20 @@ absl::Status RunServe(const CliConfig& cfg) {
     metrics_at = absl::StrCat(cfg.metrics_listen.substr(0, cfg.metrics_listen.rfind(':')), ":",
                               exposer->GetListeningPorts().front());
   }
+  std::unique_ptr<router::OpenAiHttp> http;
+  std::string http_at;
+  if (const std::string h = router::HttpListenFromFlags(); !h.empty()) {
+    ASSIGN_OR_RETURN(http, router::OpenAiHttp::Start(h, server->InProcessChannel(grpc::ChannelArguments())));
+    http_at = absl::StrCat(" http ", h.substr(0, h.rfind(':')), ":", http->port());
+  }
   node->StartHeartbeats(inside, std::chrono::milliseconds(500), ChannelCredentials(cfg.tls));
   // Ready once the worker has registered with the in-process router.
   for (int i = 0; i < 500 && router.registry().workers_up() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (router.registry().workers_up() == 0) return absl::InternalError("the embedded worker did not register");
   std::fprintf(stderr, "[ddctl] serving %s (%s mode) with the embedded router, worker and in-process pool\n",
                model->config.name.c_str(), std::string(engine::DecodeModeName(cfg.engine.mode)).c_str());
-  std::printf("ddctl serve: listening on %s metrics %s internal %s\n", self.c_str(), metrics_at.c_str(), inside.c_str());
+  std::printf("ddctl serve: listening on %s metrics %s internal %s%s\n", self.c_str(), metrics_at.c_str(),
+              inside.c_str(), http_at.c_str());
   std::fflush(stdout);
   const int sig = WaitForTermSignal();
   // Drain: the router sends nothing new to a draining worker (and this is the only one), so new
@@ -271,6 +289,7 @@ absl::Status RunServe(const CliConfig& cfg) {
   const int left = worker::DrainWorker(node->service(), node->scheduler(), *internal, grace);
   std::fprintf(stderr, "ddctl serve: %s, shutting down\n",
                left == 0 ? "drained" : absl::StrCat(left, " requests still running").c_str());
+  http.reset();  // its requests have drained with the worker's
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   internal->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   exposer.reset();

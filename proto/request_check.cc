@@ -9,7 +9,7 @@ ABSL_FLAG(int64_t, max_new_tokens_limit, 8192, "the largest max_new_tokens a req
 
 namespace dd {
 namespace {
-constexpr int kMaxStopStrings = 16, kMaxStopIds = 256;
+constexpr int kMaxStopStrings = 16, kMaxStopIds = 256, kMaxChatMessages = 1024;
 constexpr size_t kMaxStopBytes = 256;
 }  // namespace
 
@@ -24,8 +24,23 @@ absl::Status ValidateGenerateRequest(const dd::v1::GenerateRequest& req, int64_t
         if (t < 0) return absl::InvalidArgumentError(absl::StrCat("prompt: token id ", t, " is negative"));
       }
       break;
+    case dd::v1::GenerateRequest::kMessages: {
+      const auto& ms = req.messages().messages();
+      if (ms.empty()) return absl::InvalidArgumentError("prompt: messages is empty");
+      if (ms.size() > kMaxChatMessages) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt: ", ms.size(), " messages (at most ", kMaxChatMessages, ")"));
+      }
+      for (int i = 0; i < ms.size(); ++i) {
+        const std::string& r = ms[i].role();
+        if (r != "system" && r != "user" && r != "assistant") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("messages[", i, "].role: '", r.substr(0, 32), "' (expected system, user or assistant)"));
+        }
+      }
+      break;
+    }
     default:
-      return absl::InvalidArgumentError("prompt: empty (give text or token_ids)");
+      return absl::InvalidArgumentError("prompt: empty (give text, token_ids or messages)");
   }
   if (req.has_max_new_tokens() &&
       (req.max_new_tokens() <= 0 || req.max_new_tokens() > max_new_tokens_limit)) {

@@ -16,6 +16,7 @@
 #include "proto/generate.grpc.pb.h"
 #include "proto/tls.h"
 #include "proto/worker.grpc.pb.h"
+#include "router/openai_http.h"
 #include "router/router_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address for clients and workers (port 0 = pick one)");
@@ -75,12 +76,24 @@ int main(int argc, char** argv) {
     router.RegisterMetrics(*exposer);
     metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", exposer->GetListeningPorts().front());
   }
-  std::printf("dd-router: listening on %s:%d metrics %s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
-              metrics_at.c_str());
+  std::unique_ptr<dd::router::OpenAiHttp> http;
+  std::string http_at;
+  if (const std::string h = dd::router::HttpListenFromFlags(); !h.empty()) {
+    auto started = dd::router::OpenAiHttp::Start(h, server->InProcessChannel(grpc::ChannelArguments()));
+    if (!started.ok()) {
+      std::cerr << "dd-router: " << started.status().message() << "\n";
+      return 1;
+    }
+    http = std::move(*started);
+    http_at = absl::StrCat(" http ", h.substr(0, h.rfind(':')), ":", http->port());
+  }
+  std::printf("dd-router: listening on %s:%d metrics %s%s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
+              metrics_at.c_str(), http_at.c_str());
   std::fflush(stdout);
   const int sig = dd::WaitForTermSignal();
   std::fprintf(stderr, "dd-router: signal %d, shutting down\n", sig);
   dd::MarkNotServing(*server);
+  http.reset();  // no new HTTP requests; those running end with the gRPC server below
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   exposer.reset();
   return 0;

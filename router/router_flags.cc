@@ -15,7 +15,13 @@ ABSL_FLAG(std::string, api_keys_file, "",
 ABSL_FLAG(std::string, operator_key_file, "",
           "router: the operator key (one line, mode 0600) that ListWorkers and Stats need once any key is set");
 
+ABSL_FLAG(std::string, http_listen, "",
+          "router: OpenAI-compatible HTTP endpoint (/v1/models, /v1/completions, /v1/chat/completions) on "
+          "HOST:PORT (port 0 = pick one); empty = off");
+
 namespace dd::router {
+
+std::string HttpListenFromFlags() { return absl::GetFlag(FLAGS_http_listen); }
 
 RouterOptions RouterOptionsFromFlags() {
   RouterOptions o;

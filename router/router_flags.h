@@ -8,5 +8,7 @@ namespace dd::router {
 RouterOptions RouterOptionsFromFlags();
 // --api_keys_file and --operator_key_file, loaded (errors name the file and the problem).
 absl::StatusOr<ApiAuth> ApiAuthFromFlags();
+// --http_listen: the OpenAI-compatible HTTP endpoint's address ("" = off; router/openai_http.h).
+std::string HttpListenFromFlags();
 
 }  // namespace dd::router

@@ -228,6 +228,9 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadGguf(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer has ", m->tokenizer->vocab_size(),
                                                    " tokens but token_embd.weight has ", c.n_vocab, " rows"));
   }
+  if (f->Has("tokenizer.chat_template")) {
+    ASSIGN_OR_RETURN(m->chat_template, f->GetString("tokenizer.chat_template"));
+  }
   m->storage.push_back(f);
   return m;
 }

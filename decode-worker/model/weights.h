@@ -37,6 +37,7 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
   std::string source_path;
   std::string format;                         // "gguf" or "safetensors"
+  std::string chat_template;                  // the file's Jinja chat template ("" = none)
   std::vector<std::shared_ptr<void>> storage; // mapped files and converted buffers
 };
 

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
+#include "decode-worker/model/chat_template.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 #include "proto/standard_services.h"
@@ -56,6 +57,13 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
     case dd::v1::GenerateRequest::kTokenIds:
       spec.prompt.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
       break;
+    case dd::v1::GenerateRequest::kMessages: {
+      ASSIGN_OR_RETURN(const model::ChatTemplate chat, model::ChatTemplateFor(engine.model()));
+      std::vector<model::ChatMessage> messages;
+      for (const auto& m : req.messages().messages()) messages.push_back({m.role(), m.content()});
+      ASSIGN_OR_RETURN(spec.prompt, model::RenderChat(chat, engine.tokenizer(), messages));
+      break;
+    }
     default:
       return absl::InvalidArgumentError("prompt: give text or token_ids");
   }

@@ -70,6 +70,7 @@ class Proc:
         self.addr = words[words.index("on") + 1]
         self.metrics = words[words.index("metrics") + 1]
         self.internal = words[words.index("internal") + 1] if "internal" in words else None
+        self.http = words[words.index("http") + 1] if "http" in words else None
 
     def kill(self):
         if self.proc.poll() is None:

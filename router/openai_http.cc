@@ -1,0 +1,340 @@
+#include "router/openai_http.h"
+
+#include <CivetServer.h>
+#include <civetweb.h>
+
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "nlohmann/json.hpp"
+#include "proto/generate.grpc.pb.h"
+
+namespace dd::router {
+namespace {
+
+using json = nlohmann::json;
+constexpr size_t kMaxBody = size_t{8} << 20;
+
+struct HttpError {
+  int status = 500;
+  std::string type, message, code;
+};
+
+HttpError BadRequest(std::string message, std::string code = "invalid_request") {
+  return {400, "invalid_request_error", std::move(message), std::move(code)};
+}
+
+HttpError FromGrpc(const grpc::Status& st) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return BadRequest(st.error_message(), "invalid_request");
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return {401, "authentication_error", st.error_message(), "invalid_api_key"};
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return {403, "permission_error", st.error_message(), "permission_denied"};
+    case grpc::StatusCode::NOT_FOUND:
+      return {404, "invalid_request_error", st.error_message(), "not_found"};
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return {429, "rate_limit_error", st.error_message(), "overloaded"};
+    case grpc::StatusCode::UNAVAILABLE:
+      return {503, "server_error", st.error_message(), "unavailable"};
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return {504, "server_error", st.error_message(), "timeout"};
+    default:
+      return {500, "server_error", st.error_message(), "internal"};
+  }
+}
+
+json ErrorBody(const HttpError& e) {
+  return {{"error", {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", e.code}}}};
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void SendJson(mg_connection* c, int status, const json& body) {
+  const std::string text = Dump(body);
+  mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+            status, mg_get_response_code_text(c, status), text.size());
+  mg_write(c, text.data(), text.size());
+}
+
+void SendError(mg_connection* c, const HttpError& e) { SendJson(c, e.status, ErrorBody(e)); }
+
+// The request body as a JSON object, read only up to kMaxBody.
+std::optional<json> ReadBody(mg_connection* c, HttpError* err) {
+  const mg_request_info* ri = mg_get_request_info(c);
+  if (ri->content_length > static_cast<long long>(kMaxBody)) {
+    *err = {413, "invalid_request_error", absl::StrCat("request body of ", ri->content_length, " bytes (at most ",
+                                                       kMaxBody, ")"), "body_too_large"};
+    return std::nullopt;
+  }
+  std::string body;
+  char buf[16384];
+  for (int n; (n = mg_read(c, buf, sizeof(buf))) > 0;) {
+    body.append(buf, static_cast<size_t>(n));
+    if (body.size() > kMaxBody) {
+      *err = {413, "invalid_request_error", absl::StrCat("request body above ", kMaxBody, " bytes"), "body_too_large"};
+      return std::nullopt;
+    }
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    *err = BadRequest("the request body must be a JSON object", "invalid_json");
+    return std::nullopt;
+  }
+  return j;
+}
+
+// The fields both endpoints share, into `req`; an error names the field.
+std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::GenerateRequest* req, bool* stream) {
+  auto bad = [](const std::string& field, const std::string& why) { return BadRequest(field + ": " + why); };
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) return bad("model", "must be a string");
+    req->set_model(j["model"].get<std::string>());
+  }
+  int64_t max_tokens = 16;  // the API's default for completions
+  for (const char* f : {"max_tokens", max_field}) {
+    if (j.contains(f) && !j[f].is_null()) {
+      if (!j[f].is_number_integer()) return bad(f, "must be an integer");
+      max_tokens = j[f].get<int64_t>();
+    }
+  }
+  req->set_max_new_tokens(max_tokens);  // bounds are the router's (INVALID_ARGUMENT names them)
+  double temperature = 1.0, top_p = 1.0;
+  if (j.contains("temperature") && !j["temperature"].is_null()) {
+    if (!j["temperature"].is_number() || j["temperature"].get<double>() < 0 || j["temperature"].get<double>() > 2) {
+      return bad("temperature", "must be a number in [0, 2]");
+    }
+    temperature = j["temperature"].get<double>();
+  }
+  if (j.contains("top_p") && !j["top_p"].is_null()) {
+    if (!j["top_p"].is_number() || !(j["top_p"].get<double>() > 0) || j["top_p"].get<double>() > 1) {
+      return bad("top_p", "must be a number in (0, 1]");
+    }
+    top_p = j["top_p"].get<double>();
+  }
+  req->mutable_sampling()->set_temperature(static_cast<float>(temperature));
+  req->mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0) return bad("seed", "must be an integer >= 0");
+    req->mutable_sampling()->set_seed(j["seed"].get<uint64_t>());
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      req->add_stop(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const json& x : s) {
+        if (!x.is_string()) return bad("stop", "must be a string or up to 4 strings");
+        req->add_stop(x.get<std::string>());
+      }
+    } else {
+      return bad("stop", "must be a string or up to 4 strings");
+    }
+  }
+  if (j.contains("n") && !j["n"].is_null() && !(j["n"].is_number_integer() && j["n"].get<int64_t>() == 1)) {
+    return bad("n", "only 1 is supported");
+  }
+  for (const char* f : {"logprobs", "echo"}) {
+    if (j.contains(f) && !j[f].is_null() && !(j[f].is_boolean() && !j[f].get<bool>())) {
+      return bad(f, "is not supported");
+    }
+  }
+  *stream = false;
+  if (j.contains("stream") && !j["stream"].is_null()) {
+    if (!j["stream"].is_boolean()) return bad("stream", "must be true or false");
+    *stream = j["stream"].get<bool>();
+  }
+  return std::nullopt;
+}
+
+std::string FinishReason(const std::string& stop_reason) {
+  return stop_reason == "max_tokens" || stop_reason == "context_full" ? "length" : "stop";
+}
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct OpenAiHttp::Handler : public CivetHandler {
+  explicit Handler(std::shared_ptr<grpc::Channel> channel) : stub(v1::DualDecoder::NewStub(channel)) {}
+
+  static void Authorize(mg_connection* c, grpc::ClientContext* ctx) {
+    if (const char* auth = mg_get_header(c, "Authorization"); auth != nullptr) ctx->AddMetadata("authorization", auth);
+  }
+
+  bool handleGet(CivetServer*, mg_connection* c) override {
+    const std::string uri = mg_get_request_info(c)->local_uri;
+    if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"}), true;
+    grpc::ClientContext ctx;
+    Authorize(c, &ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListModelsResponse resp;
+    if (grpc::Status st = stub->ListModels(&ctx, {}, &resp); !st.ok()) return SendError(c, FromGrpc(st)), true;
+    json data = json::array();
+    for (const v1::ModelInfo& m : resp.models()) {
+      data.push_back({{"id", m.name()}, {"object", "model"}, {"created", 0}, {"owned_by", "dualdecoder"},
+                      {"context_length", m.context_tokens()}});
+    }
+    SendJson(c, 200, {{"object", "list"}, {"data", data}});
+    return true;
+  }
+
+  bool handlePost(CivetServer*, mg_connection* c) override {
+    const std::string uri = mg_get_request_info(c)->local_uri;
+    const bool chat = uri == "/v1/chat/completions";
+    if (!chat && uri != "/v1/completions") {
+      return SendError(c, {404, "invalid_request_error", "no such endpoint: POST " + uri, "not_found"}), true;
+    }
+    HttpError err;
+    std::optional<json> j = ReadBody(c, &err);
+    if (!j) return SendError(c, err), true;
+    v1::GenerateRequest req;
+    bool stream = false;
+    if (auto e = CommonFields(*j, chat ? "max_completion_tokens" : "max_tokens", &req, &stream)) return SendError(c, *e), true;
+    if (auto e = chat ? Messages(*j, &req) : Prompt(*j, &req)) return SendError(c, *e), true;
+    Generate(c, req, chat, stream);
+    return true;
+  }
+
+  static std::optional<HttpError> Prompt(const json& j, v1::GenerateRequest* req) {
+    if (!j.contains("prompt")) return BadRequest("prompt: missing");
+    const json& p = j["prompt"];
+    if (p.is_string()) {
+      req->set_text(p.get<std::string>());
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      req->set_text(p[0].get<std::string>());
+    } else {
+      return BadRequest("prompt: must be a string (one prompt per request)");
+    }
+    return std::nullopt;
+  }
+
+  static std::optional<HttpError> Messages(const json& j, v1::GenerateRequest* req) {
+    if (!j.contains("messages") || !j["messages"].is_array()) return BadRequest("messages: must be an array");
+    auto* out = req->mutable_messages();
+    for (size_t i = 0; i < j["messages"].size(); ++i) {
+      const json& m = j["messages"][i];
+      const std::string at = absl::StrCat("messages[", i, "]");
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return BadRequest(at + ".role: missing");
+      if (!m.contains("content") || !m["content"].is_string()) return BadRequest(at + ".content: must be a string");
+      auto* msg = out->add_messages();
+      msg->set_role(m["role"].get<std::string>());
+      msg->set_content(m["content"].get<std::string>());
+    }
+    return std::nullopt;
+  }
+
+  json Chunk(const std::string& id, const std::string& model, bool chat, const std::string& delta, bool first,
+             const std::optional<std::string>& finish) const {
+    json choice = {{"index", 0}, {"finish_reason", finish ? json(*finish) : json(nullptr)}};
+    if (chat) {
+      json d = json::object();
+      if (first) d["role"] = "assistant";
+      if (!delta.empty() || !finish) d["content"] = delta;
+      choice["delta"] = d;
+    } else {
+      choice["text"] = delta;
+      choice["logprobs"] = nullptr;
+    }
+    return {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", Now()},
+            {"model", model}, {"choices", json::array({choice})}};
+  }
+
+  void Generate(mg_connection* c, const v1::GenerateRequest& req, bool chat, bool stream) {
+    const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
+    const std::string model = req.model().empty() ? ServedModel(c) : req.model();
+    grpc::ClientContext ctx;
+    Authorize(c, &ctx);
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse resp;
+    std::string text;
+    v1::Usage usage;
+    bool started = false;
+    while (reader->Read(&resp)) {
+      if (resp.has_usage()) usage = resp.usage();
+      text += resp.text();
+      if (!stream) continue;
+      if (!started) {
+        mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     "Connection: close\r\n\r\n");
+      }
+      if (!resp.text().empty() || !started) {
+        if (!Event(c, Chunk(id, model, chat, resp.text(), !started, std::nullopt))) {
+          ctx.TryCancel();  // the client went away
+          break;
+        }
+      }
+      started = true;
+    }
+    const grpc::Status st = reader->Finish();
+    if (!st.ok() && !started) return SendError(c, FromGrpc(st));
+    if (stream) {
+      if (!st.ok()) {
+        Event(c, ErrorBody(FromGrpc(st)));
+      } else {
+        Event(c, Chunk(id, model, chat, "", false, FinishReason(usage.stop_reason())));
+      }
+      const std::string done = "data: [DONE]\n\n";
+      mg_write(c, done.data(), done.size());
+      return;
+    }
+    json choice = {{"index", 0}, {"finish_reason", FinishReason(usage.stop_reason())}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = nullptr;
+    }
+    SendJson(c, 200, {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", Now()},
+                      {"model", model}, {"choices", json::array({choice})},
+                      {"usage", {{"prompt_tokens", usage.prompt_tokens()}, {"completion_tokens", usage.completion_tokens()},
+                                 {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}});
+  }
+
+  static bool Event(mg_connection* c, const json& j) {
+    const std::string line = absl::StrCat("data: ", Dump(j), "\n\n");
+    return mg_write(c, line.data(), line.size()) > 0;
+  }
+
+  // The one model served, for responses to requests that named none.
+  std::string ServedModel(mg_connection* c) {
+    grpc::ClientContext ctx;
+    Authorize(c, &ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListModelsResponse resp;
+    if (!stub->ListModels(&ctx, {}, &resp).ok() || resp.models().empty()) return "";
+    return resp.models(0).name();
+  }
+
+  std::unique_ptr<v1::DualDecoder::Stub> stub;
+};
+
+absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const std::string& listen,
+                                                              std::shared_ptr<grpc::Channel> channel) {
+  std::unique_ptr<OpenAiHttp> h(new OpenAiHttp());
+  h->handler_ = std::make_unique<Handler>(std::move(channel));
+  const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "16",
+                                            "request_timeout_ms", "600000", "enable_keep_alive", "no"};
+  try {
+    h->server_ = std::make_unique<CivetServer>(options);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("http cannot listen on ", listen, ": ", e.what()));
+  }
+  h->server_->addHandler("/v1/", h->handler_.get());
+  const std::vector<int> ports = h->server_->getListeningPorts();
+  h->port_ = ports.empty() ? 0 : ports.front();
+  return h;
+}
+
+OpenAiHttp::~OpenAiHttp() {
+  if (server_) server_->close();
+}
+
+}  // namespace dd::router

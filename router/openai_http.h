@@ -1,0 +1,42 @@
+// An OpenAI-compatible HTTP front (issue 13, part 4) for the router and `ddctl serve`:
+//   GET  /v1/models                the served models
+//   POST /v1/completions           {model, prompt, max_tokens, temperature, top_p, seed, stop, stream}
+//   POST /v1/chat/completions      {model, messages: [{role, content}], ...the same}
+// `stream: true` answers with server-sent events ("data: {chunk}" lines, then "data: [DONE]").
+// Every call goes through the router's own gRPC API on an in-process channel, so admission,
+// validation, API keys ("Authorization: Bearer KEY" is passed on) and metrics are the same as for
+// gRPC clients. Errors use the API's shape {"error": {"message", "type", "code"}} with the HTTP
+// status of the gRPC code. Request bodies above 8 MiB are refused before they are read.
+// Differences from OpenAI's API: one choice (n = 1), no logprobs or echo, and temperature
+// defaults to 1 as there (the gRPC API's default is greedy).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+class CivetServer;
+
+namespace dd::router {
+
+class OpenAiHttp {
+ public:
+  // Listens on `listen` (HOST:PORT, port 0 = pick one) and forwards to `channel` (the router's
+  // public gRPC API; Server::InProcessChannel).
+  static absl::StatusOr<std::unique_ptr<OpenAiHttp>> Start(const std::string& listen,
+                                                          std::shared_ptr<grpc::Channel> channel);
+  ~OpenAiHttp();
+  int port() const { return port_; }
+
+  struct Handler;  // public for the civetweb callback
+
+ private:
+  OpenAiHttp() = default;
+  std::unique_ptr<Handler> handler_;
+  std::unique_ptr<CivetServer> server_;
+  int port_ = 0;
+};
+
+}  // namespace dd::router

@@ -1,0 +1,114 @@
+"""The OpenAI-compatible HTTP endpoint (issue 13, part 4) of `ddctl serve`, driven by the `openai`
+Python client and by curl: models, completions and chat completions, streamed and not, the same
+text as the gRPC API, errors in the API's shape, API keys enforced, oversized bodies refused."""
+import json
+import subprocess
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from serving import Proc, ddctl, ddctl_json, require_model, wait_for
+
+KEY = "k" * 40
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_model()
+    d = tmp_path_factory.mktemp("openai")
+    keys = d / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": KEY}]))
+    keys.chmod(0o600)
+    p = Proc("serve", ["ddctl", "serve", "--model=smollm2", "--http_listen=127.0.0.1:0", f"--api_keys_file={keys}",
+                       "--threads=1"], d)
+    key_file = d / "key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    try:
+        assert p.http, "no http address in the listening line"
+        yield {"proc": p, "http": f"http://{p.http}/v1", "key_file": str(key_file)}
+    finally:
+        p.stop()
+
+
+def client(server, key=KEY):
+    return openai.OpenAI(base_url=server["http"], api_key=key, max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_model(server):
+    models = client(server).models.list()
+    assert [m.id for m in models.data] != [] and all(m.object == "model" for m in models.data)
+
+
+def test_completion_matches_the_grpc_api_streamed_or_not(server):
+    c = client(server)
+    prompt = "The three primary colors are"
+    out = c.completions.create(model="", prompt=prompt, max_tokens=8, temperature=0)
+    text = out.choices[0].text
+    assert out.object == "text_completion" and out.usage.completion_tokens == 8
+    assert out.choices[0].finish_reason == "length"
+    grpc_out = ddctl_json("generate", "--server", server["proc"].addr, "--prompt", prompt, "--max_new_tokens", "8",
+                          f"--api_key_file={server['key_file']}")
+    assert text == grpc_out["text"], (text, grpc_out["text"])
+    chunks = list(c.completions.create(prompt=prompt, max_tokens=8, temperature=0, stream=True, model=""))
+    assert "".join(ch.choices[0].text for ch in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_uses_the_models_template_streamed_or_not(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = c.chat.completions.create(model="", messages=messages, max_tokens=12, temperature=0)
+    answer = out.choices[0].message.content
+    assert out.object == "chat.completion" and out.choices[0].message.role == "assistant"
+    assert answer, out
+    grpc_out = ddctl_json("generate", "--server", server["proc"].addr, "--chat", "--prompt", messages[0]["content"],
+                          "--max_new_tokens", "12", f"--api_key_file={server['key_file']}")
+    assert answer == grpc_out["text"]
+    chunks = list(c.chat.completions.create(model="", messages=messages, max_tokens=12, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == answer
+
+
+def test_errors_have_the_api_shape_and_status(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="", prompt="Hi", max_tokens=0)
+    assert "max_new_tokens" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="", messages=[{"role": "tool", "content": "x"}], max_tokens=2)
+    assert "messages[0].role" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="", prompt="Hi", max_tokens=2, n=2)
+    assert "n: only 1" in str(e.value)
+    with pytest.raises(openai.AuthenticationError):
+        client(server, key="wrong-" + "x" * 40).completions.create(model="", prompt="Hi", max_tokens=2)
+    # curl: no key at all, then malformed JSON, an unknown endpoint and an oversized body.
+    base = server["http"]
+    r = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "-X", "POST", f"{base}/completions", "-d",
+                        '{"prompt": "Hi", "max_tokens": 2}'], capture_output=True, text=True, timeout=60)
+    body, code = r.stdout.rsplit("\n", 1)
+    assert code == "401" and json.loads(body)["error"]["type"] == "authentication_error", r.stdout
+    auth = ["-H", f"Authorization: Bearer {KEY}"]
+    r = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", *auth, "-X", "POST", f"{base}/completions", "-d", "{nope"],
+                       capture_output=True, text=True, timeout=60)
+    body, code = r.stdout.rsplit("\n", 1)
+    assert code == "400" and json.loads(body)["error"]["code"] == "invalid_json", r.stdout
+    r = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", *auth, f"{base}/embeddings"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.rsplit("\n", 1)[1] == "404", r.stdout
+    req = urllib.request.Request(f"{base}/completions", data=b"x" * (9 << 20), method="POST",
+                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 413
+
+
+def test_curl_completion(server):
+    r = subprocess.run(["curl", "-s", "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
+                        "-d", '{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}',
+                        f"{server['http']}/completions"], capture_output=True, text=True, timeout=120)
+    out = json.loads(r.stdout)
+    assert out["usage"]["completion_tokens"] == 4 and out["choices"][0]["text"], out
