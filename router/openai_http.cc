@@ -321,7 +321,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const std::string&
   std::unique_ptr<OpenAiHttp> h(new OpenAiHttp());
   h->handler_ = std::make_unique<Handler>(std::move(channel));
   const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "16",
-                                            "request_timeout_ms", "600000", "enable_keep_alive", "no"};
+                                            "request_timeout_ms", "30000", "enable_keep_alive", "no"};
   try {
     h->server_ = std::make_unique<CivetServer>(options);
   } catch (const std::exception& e) {

@@ -6,7 +6,8 @@
 // Every call goes through the router's own gRPC API on an in-process channel, so admission,
 // validation, API keys ("Authorization: Bearer KEY" is passed on) and metrics are the same as for
 // gRPC clients. Errors use the API's shape {"error": {"message", "type", "code"}} with the HTTP
-// status of the gRPC code. Request bodies above 8 MiB are refused before they are read.
+// status of the gRPC code. Request bodies above 8 MiB are refused before they are read; 16
+// connections are served at once, each network read or write may take 30 s at most.
 // Differences from OpenAI's API: one choice (n = 1), no logprobs or echo, and temperature
 // defaults to 1 as there (the gRPC API's default is greedy).
 #pragma once
