@@ -117,9 +117,10 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     Linear(L.w_gate, xn_.data(), n, d, {}, gate_.data(), c.n_ff);
     Linear(L.w_up, xn_.data(), n, d, {}, up_.data(), c.n_ff);
     pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b * c.n_ff; i < e * c.n_ff; ++i) {
-        gate_[i] = (c.gelu ? kernels::GeluTanh(gate_[i]) : kernels::Silu(gate_[i])) * up_[i];
-      }
+      float* g = gate_.data() + b * c.n_ff;
+      const float* u = up_.data() + b * c.n_ff;
+      if (c.gelu) kernels::GeluTanhMul(g, u, g, (e - b) * c.n_ff);
+      else kernels::SiluMul(g, u, g, (e - b) * c.n_ff);
     });
     Linear(L.w_down, gate_.data(), n, c.n_ff, {}, o_.data(), d);
     if (c.post_norms) RmsNormRows(o_.data(), L.post_ffn_norm, n, o_.data());

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "dd/kernels/cpu_ops.h"
 
@@ -103,5 +105,49 @@ float GeluTanh(float x) {
 }
 
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+namespace {
+
+// e^x for any float x (clamped to [-87, 88]): x = n·ln2 + r with |r| <= ln2/2 (ln2 split in
+// two for an exact n·ln2), e^r by a degree-7 Taylor-Horner polynomial, 2^n put in the exponent
+// bits. Plain arithmetic only, so loops calling it vectorize.
+inline float ExpPoly(float x) {
+  x = x < 88.0f ? x : 88.0f;  // comparisons, not fmin/fmax (libm calls that stop vectorizing)
+  x = x > -87.0f ? x : -87.0f;
+  // Round to nearest by adding and removing 1.5·2^23 (std::floor would not vectorize).
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+}  // namespace
+
+void GeluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    const float y = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    const float t = 1.0f - 2.0f / (ExpPoly(2.0f * y) + 1.0f);  // tanh(y)
+    out[i] = 0.5f * x * (1.0f + t) * up[i];
+  }
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    out[i] = x / (1.0f + ExpPoly(-x)) * up[i];
+  }
+}
 
 }  // namespace dd::kernels
