@@ -179,15 +179,21 @@ def test_no_workers_then_overload(tmp_path):
 
 def test_stop_ids_and_stop_strings_end_the_stream(cluster):
     router = cluster["router"].addr
-    ref = generate(router, prompt(5), 12)
-    toks = ref["tokens"]
-    k = next(i for i in range(2, len(toks)) if toks[i] not in toks[:i])  # first id not seen before
-    by_id = generate(router, prompt(5), 12, "--stop_ids", str(toks[k]))
+    # A prompt whose greedy continuation brings a new token id after the second (a small model
+    # may repeat one token: then the stop id would end the stream earlier than at k).
+    for n in range(5, 15):
+        ref = generate(router, prompt(n), 12)
+        toks = ref["tokens"]
+        k = next((i for i in range(2, len(toks)) if toks[i] not in toks[:i]), None)  # first id not seen before
+        if k is not None:
+            break
+    assert k is not None, "no prompt's continuation had a new token id after the second"
+    by_id = generate(router, prompt(n), 12, "--stop_ids", str(toks[k]))
     assert by_id["tokens"] == toks[:k] and by_id["stop_reason"] == "stop_id", by_id
     half = len(ref["text"]) // 2
     cut = next(ref["text"][j:j + 6] for j in range(half, len(ref["text"]) - 5)
                if "," not in ref["text"][j:j + 6] and ref["text"][j:j + 6].strip())  # --stop splits on commas
-    by_text = generate(router, prompt(5), 12, "--stop", cut)
+    by_text = generate(router, prompt(n), 12, "--stop", cut)
     assert by_text["stop_reason"] == "stop_string", by_text
     assert by_text["text"] == ref["text"][:ref["text"].index(cut)]
 
