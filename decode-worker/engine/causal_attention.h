@@ -22,13 +22,18 @@ struct KvRun {
 };
 
 struct AttentionScratch {
-  std::vector<float> q, scores;
+  std::vector<const float*> keys, values;  // per KV head, one pointer per key position
 };
 
 // Rows [r0, r1) of `call` belong to one sequence. `runs` hold, in order, the positions
 // [lo, call.rows[r1-1].pos]. Row r attends to [first, pos] with first = pos - window + 1
-// (clamped to 0) on sliding calls and 0 otherwise; first must not be below lo. Scores are
-// computed with MatMul per run, softmax and the weighted sum of values in ascending position.
+// (clamped to 0) on sliding calls and 0 otherwise; first must not be below lo.
+//
+// Work goes in blocks of 4 rows × the query heads of one KV head: the block's scores over
+// the keys any of its rows sees (at most 4 × n_keys floats per thread, never rows × keys),
+// softmax per query over its own keys, then the weighted sum of values in ascending position.
+// Each query's bits depend only on its own keys (DESIGN §5 batch invariance), and equal
+// Dot / ScaledSoftmax / Axpy one query at a time, as the sparse cache computes them.
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
                   int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch);
 

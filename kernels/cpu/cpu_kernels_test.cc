@@ -295,5 +295,46 @@ TEST(OpsTest, ScaledSoftmaxMatchesDouble) {
   }
 }
 
+// The blocked attention kernels give the pair-at-a-time reference's bits (Dot; Axpy from
+// zero in ascending key order), for head dims with and without a vector tail and query/key
+// counts that leave partial blocks. A wrong shuffle lane, order or zero-skipping shows here.
+TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t hd : {64, 256, 16, 72, 5}) {
+    for (int64_t nq : {1, 4, 7, 12}) {
+      const int64_t nk = 37, ld = nk + 3;
+      std::vector<float> q(nq * hd), kv(2 * nk * hd);
+      for (auto& v : q) v = nd(rng);
+      for (auto& v : kv) v = nd(rng);
+      std::vector<const float*> keys(nk), values(nk);
+      for (int64_t j = 0; j < nk; ++j) {
+        keys[j] = &kv[j * hd];
+        values[j] = &kv[(nk + j) * hd];
+      }
+      std::vector<float> s(nq * ld, -7.0f);
+      AttentionScores(q.data(), nq, hd, keys.data(), nk, s.data(), ld);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t j = 0; j < nk; ++j) {
+          const float ref = Dot(keys[j], &q[i * hd], hd);
+          ASSERT_EQ(0, std::memcmp(&ref, &s[i * ld + j], sizeof(float))) << hd << " " << nq << " " << i << "," << j;
+        }
+        EXPECT_EQ(s[i * ld + nk], -7.0f);  // nothing written past nk
+        // Probabilities with zeros at both ends, as a causal block masks them.
+        for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = (j < i || j >= nk - i) ? 0.0f : std::fabs(s[i * ld + j]);
+      }
+      std::vector<float> out(nq * hd, 99.0f);
+      std::vector<float*> outs(nq);
+      for (int64_t i = 0; i < nq; ++i) outs[i] = &out[i * hd];
+      AttentionWeightedSum(s.data(), ld, nq, values.data(), nk, hd, outs.data());
+      for (int64_t i = 0; i < nq; ++i) {
+        std::vector<float> ref(hd, 0.0f);
+        for (int64_t j = i; j < nk - i; ++j) Axpy(s[i * ld + j], values[j], ref.data(), hd);
+        ASSERT_EQ(0, std::memcmp(ref.data(), outs[i], hd * sizeof(float))) << hd << " " << nq << " " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dd::kernels

@@ -51,6 +51,16 @@ void ScaledSoftmax(float* x, int64_t n, float scale);
 // give equal bits whichever cache computed them.
 void Axpy(float a, const float* x, float* y, int64_t n);
 
+// Blocked attention (kernels/cpu/attention.cc), bit-identical to the pair-at-a-time
+// reference, so every cache gets the same bits whichever it uses:
+// s[i * ld + j] = Dot(keys[j], q + i * hd, hd) for i < nq, j < nk (queries contiguous).
+void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
+                     int64_t ld);
+// outs[i][0..hd) = sum over ascending j < nk of p[i * ld + j] * values[j], accumulated from zero
+// exactly as repeated Axpy calls would (a zero probability adds nothing).
+void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
+                          int64_t hd, float* const* outs);
+
 float GeluTanh(float x);
 // out[i] = act(gate[i]) * up[i] over n elements (the gated MLP), with GELU (tanh form) or SiLU.
 // exp comes from a vectorizable polynomial (relative error below 3e-7), not libm: these loops

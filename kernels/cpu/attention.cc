@@ -1,0 +1,132 @@
+// Register-blocked attention kernels: query·key scores and the probability-weighted sum of
+// values, for blocks of queries against keys given by pointer.
+//
+// Both give the bits of the one-pair-at-a-time reference (Dot, Axpy) that every other
+// attention path uses, so a cache may switch between them freely:
+// - A score is one 16-lane accumulator walked over the head dimension, reduced by the lane
+//   tree l[i] += l[i + w] for w = 8, 4, 2, 1, then the scalar tail — Dot's order. The 4×4
+//   kernel reduces its 16 accumulators together: each tree level is one vector add of two
+//   shuffles, pairing exactly the lanes the scalar tree pairs (15 adds per 16 scores instead
+//   of 15 per score, which dominated at head_dim 64).
+// - A weighted sum adds p_j·v_j into a zeroed output for ascending j, element by element as
+//   Axpy does; the output block stays in registers across keys instead of going to memory
+//   once per key.
+#include <algorithm>
+#include <cstring>
+
+#include "dd/kernels/cpu_ops.h"
+
+namespace dd::kernels {
+namespace {
+
+typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef int32_t I16 __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline V16 Load(const float* p) { return *reinterpret_cast<const V16*>(p); }
+inline void Store(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
+
+// Pairs lanes for one tree level: even(a, b) + odd(a, b) with the index masks below.
+inline V16 Level(V16 a, V16 b, I16 x, I16 y) { return __builtin_shuffle(a, b, x) + __builtin_shuffle(a, b, y); }
+
+// acc[k] for k = 0..15 → lane k holds the tree reduction of acc[k].
+inline V16 ReduceSixteen(const V16 (&acc)[16]) {
+  // w = 8: [a0..7 | b0..7] + [a8..15 | b8..15]; lanes 8t..8t+7 of out[m] belong to pair 2m+t.
+  const I16 x8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const I16 y8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  V16 l1[8];
+  for (int m = 0; m < 8; ++m) l1[m] = Level(acc[2 * m], acc[2 * m + 1], x8, y8);
+  // w = 4: lanes 4t..4t+3 of out[m] belong to pair 4m+t.
+  const I16 x4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const I16 y4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  V16 l2[4];
+  for (int m = 0; m < 4; ++m) l2[m] = Level(l1[2 * m], l1[2 * m + 1], x4, y4);
+  // w = 2: lanes 2t, 2t+1 of out[m] belong to pair 8m+t.
+  const I16 x2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const I16 y2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const V16 l3a = Level(l2[0], l2[1], x2, y2), l3b = Level(l2[2], l2[3], x2, y2);
+  // w = 1: lane t belongs to pair t.
+  const I16 x1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const I16 y1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  return Level(l3a, l3b, x1, y1);
+}
+
+// Scores of 4 queries × 4 keys; out[4 * i + c] = Dot(q_i, key_c) bit for bit. hd is a
+// multiple of 16 (other sizes go pair by pair through Dot, whose scalar tail the compiler may
+// contract differently here).
+inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, float out[16]) {
+  V16 acc[16] = {};
+  for (int64_t e = 0; e < hd; e += kLanes) {
+    const V16 k0 = Load(keys[0] + e), k1 = Load(keys[1] + e), k2 = Load(keys[2] + e), k3 = Load(keys[3] + e);
+    for (int i = 0; i < 4; ++i) {
+      const V16 qv = Load(q + i * hd + e);
+      acc[4 * i + 0] += k0 * qv;
+      acc[4 * i + 1] += k1 * qv;
+      acc[4 * i + 2] += k2 * qv;
+      acc[4 * i + 3] += k3 * qv;
+    }
+  }
+  Store(out, ReduceSixteen(acc));
+}
+
+// NV vectors (16·NV output elements, starting at `e`) of 4 queries, over keys [0, nk).
+template <int NV>
+inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t nk, int64_t e,
+                         float* const* outs) {
+  V16 acc[4][NV] = {};
+  for (int64_t j = 0; j < nk; ++j) {
+    V16 v[NV];
+    for (int t = 0; t < NV; ++t) v[t] = Load(values[j] + e + t * kLanes);
+    for (int i = 0; i < 4; ++i) {
+      const V16 pb = V16{} + p[i][j];
+      for (int t = 0; t < NV; ++t) acc[i][t] += pb * v[t];
+    }
+  }
+  for (int i = 0; i < nq; ++i)
+    for (int t = 0; t < NV; ++t) Store(outs[i] + e + t * kLanes, acc[i][t]);
+}
+
+}  // namespace
+
+void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
+                     int64_t ld) {
+  int64_t i = 0;
+  for (; i + 4 <= nq && hd % kLanes == 0; i += 4) {
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+      float out[16];
+      Scores4x4(q + i * hd, hd, keys + j, out);
+      for (int r = 0; r < 4; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
+    }
+    for (; j < nk; ++j)
+      for (int r = 0; r < 4; ++r) s[(i + r) * ld + j] = Dot(keys[j], q + (i + r) * hd, hd);
+  }
+  for (; i < nq; ++i)
+    for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+}
+
+void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
+                          int64_t hd, float* const* outs) {
+  for (int64_t i = 0; i < nq; i += 4) {
+    const int n = static_cast<int>(std::min<int64_t>(4, nq - i));
+    // A partial block of queries repeats its last one (same bits, stored once).
+    const float* pr[4];
+    float* o[4];
+    for (int r = 0; r < 4; ++r) {
+      pr[r] = p + (i + std::min(r, n - 1)) * ld;
+      o[r] = outs[i + std::min(r, n - 1)];
+    }
+    int64_t e = 0;
+    for (; e + 4 * kLanes <= hd; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, nk, e, o);
+    for (; e + kLanes <= hd; e += kLanes) WeightedSum4<1>(pr, n, values, nk, e, o);
+    for (; e < hd; ++e) {  // scalar tail, same per-element order
+      for (int r = 0; r < n; ++r) {
+        float a = 0.0f;
+        for (int64_t j = 0; j < nk; ++j) a += pr[r][j] * values[j][e];
+        o[r][e] = a;
+      }
+    }
+  }
+}
+
+}  // namespace dd::kernels
