@@ -69,12 +69,18 @@ inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, floa
   Store(out, ReduceSixteen(acc));
 }
 
-// NV vectors (16·NV output elements, starting at `e`) of 4 queries, over keys [0, nk).
+// NV vectors (16·NV output elements, starting at `e`) of 4 queries, over keys [j0, j1),
+// continuing the sums already in `outs` unless `first` (then from zero). A float stored and
+// reloaded keeps its bits, so splitting the keys into tiles changes nothing.
 template <int NV>
-inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t nk, int64_t e,
-                         float* const* outs) {
+inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t j0, int64_t j1,
+                         int64_t e, float* const* outs, bool first) {
   V16 acc[4][NV] = {};
-  for (int64_t j = 0; j < nk; ++j) {
+  if (!first) {
+    for (int i = 0; i < 4; ++i)
+      for (int t = 0; t < NV; ++t) acc[i][t] = Load(outs[i] + e + t * kLanes);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
     V16 v[NV];
     for (int t = 0; t < NV; ++t) v[t] = Load(values[j] + e + t * kLanes);
     for (int i = 0; i < 4; ++i) {
@@ -86,44 +92,57 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
     for (int t = 0; t < NV; ++t) Store(outs[i] + e + t * kLanes, acc[i][t]);
 }
 
+// Keys per tile: ~32 KiB of keys or values, reused from L1/L2 by every query quad.
+inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / hd) / 4 * 4); }
+
 }  // namespace
 
 void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
                      int64_t ld) {
-  int64_t i = 0;
-  for (; i + 4 <= nq && hd % kLanes == 0; i += 4) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-      float out[16];
-      Scores4x4(q + i * hd, hd, keys + j, out);
-      for (int r = 0; r < 4; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
+  const int64_t nq4 = hd % kLanes == 0 ? nq / 4 * 4 : 0;
+  const int64_t tile = KeyTile(hd);
+  const int64_t nk4 = nk / 4 * 4;
+  for (int64_t jt = 0; jt < nk4; jt += tile) {
+    const int64_t je = std::min(nk4, jt + tile);
+    for (int64_t i = 0; i < nq4; i += 4) {
+      for (int64_t j = jt; j < je; j += 4) {
+        float out[16];
+        Scores4x4(q + i * hd, hd, keys + j, out);
+        for (int r = 0; r < 4; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
+      }
     }
-    for (; j < nk; ++j)
-      for (int r = 0; r < 4; ++r) s[(i + r) * ld + j] = Dot(keys[j], q + (i + r) * hd, hd);
   }
+  for (int64_t i = 0; i < nq4; ++i)
+    for (int64_t j = nk4; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+  int64_t i = nq4;
   for (; i < nq; ++i)
     for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
 }
 
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
                           int64_t hd, float* const* outs) {
-  for (int64_t i = 0; i < nq; i += 4) {
-    const int n = static_cast<int>(std::min<int64_t>(4, nq - i));
-    // A partial block of queries repeats its last one (same bits, stored once).
-    const float* pr[4];
-    float* o[4];
-    for (int r = 0; r < 4; ++r) {
-      pr[r] = p + (i + std::min(r, n - 1)) * ld;
-      o[r] = outs[i + std::min(r, n - 1)];
-    }
-    int64_t e = 0;
-    for (; e + 4 * kLanes <= hd; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, nk, e, o);
-    for (; e + kLanes <= hd; e += kLanes) WeightedSum4<1>(pr, n, values, nk, e, o);
-    for (; e < hd; ++e) {  // scalar tail, same per-element order
-      for (int r = 0; r < n; ++r) {
-        float a = 0.0f;
-        for (int64_t j = 0; j < nk; ++j) a += pr[r][j] * values[j][e];
-        o[r][e] = a;
+  const int64_t tile = KeyTile(hd);
+  for (int64_t jt = 0; jt < nk || jt == 0; jt += tile) {  // tile outer: values reused by every quad
+    const int64_t je = std::min(nk, jt + tile);
+    const bool first = jt == 0;
+    for (int64_t i = 0; i < nq; i += 4) {
+      const int n = static_cast<int>(std::min<int64_t>(4, nq - i));
+      // A partial block of queries repeats its last one (same bits, stored once).
+      const float* pr[4];
+      float* o[4];
+      for (int r = 0; r < 4; ++r) {
+        pr[r] = p + (i + std::min(r, n - 1)) * ld;
+        o[r] = outs[i + std::min(r, n - 1)];
+      }
+      int64_t e = 0;
+      for (; e + 4 * kLanes <= hd; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, jt, je, e, o, first);
+      for (; e + kLanes <= hd; e += kLanes) WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
+      for (; e < hd; ++e) {  // scalar tail, same per-element order
+        for (int r = 0; r < n; ++r) {
+          float a = first ? 0.0f : o[r][e];
+          for (int64_t j = jt; j < je; ++j) a += pr[r][j] * values[j][e];
+          o[r][e] = a;
+        }
       }
     }
   }

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "dd/kernels/cpu_ops.h"
@@ -297,13 +298,14 @@ TEST(OpsTest, ScaledSoftmaxMatchesDouble) {
 
 // The blocked attention kernels give the pair-at-a-time reference's bits (Dot; Axpy from
 // zero in ascending key order), for head dims with and without a vector tail and query/key
-// counts that leave partial blocks. A wrong shuffle lane, order or zero-skipping shows here.
+// counts that leave partial blocks, key counts beyond one tile (128 keys at head dim 64). A
+// wrong shuffle lane, order, tile seam or zero-skipping shows here.
 TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t hd : {64, 256, 16, 72, 5}) {
-    for (int64_t nq : {1, 4, 7, 12}) {
-      const int64_t nk = 37, ld = nk + 3;
+    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 37}, {4, 37}, {7, 300}, {12, 37}, {12, 301}}) {
+      const int64_t ld = nk + 3;
       std::vector<float> q(nq * hd), kv(2 * nk * hd);
       for (auto& v : q) v = nd(rng);
       for (auto& v : kv) v = nd(rng);

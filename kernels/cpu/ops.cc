@@ -69,9 +69,18 @@ inline V16 ExpNonPositive(V16 x) {
 
 void ScaledSoftmax(float* x, int64_t n, float scale) {
   if (n <= 0) return;
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i] * scale);
+  // The max is exact whatever the order, so 16 lanes then across them.
   const int64_t nv = n / 16 * 16;
+  V16 vmx = V16{} - INFINITY;
+  for (int64_t i = 0; i < nv; i += 16) {
+    V16 v;
+    __builtin_memcpy(&v, x + i, sizeof(v));
+    v *= scale;
+    vmx = v > vmx ? v : vmx;
+  }
+  float mx = -INFINITY;
+  for (int i = 0; i < 16; ++i) mx = std::max(mx, vmx[i]);
+  for (int64_t i = nv; i < n; ++i) mx = std::max(mx, x[i] * scale);
   V16 acc = {};
   for (int64_t i = 0; i < nv; i += 16) {
     V16 v;
