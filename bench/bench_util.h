@@ -23,6 +23,16 @@ inline std::vector<int64_t> Ints(const std::vector<std::string>& v) {
   return out;
 }
 
+// The process's resident set now (VmRSS), MiB; 0 if /proc is unreadable.
+inline double ResidentMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
 // Makes prompts of any length from natural text: BOS (when the tokenizer adds one), then the
 // file's tokens, repeated.
 class TextPrompts {

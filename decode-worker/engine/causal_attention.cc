@@ -7,7 +7,7 @@
 
 namespace dd::engine {
 namespace {
-constexpr int64_t kBlockRows = 8;
+constexpr int64_t kBlockRows = 16;
 }  // namespace
 
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,

@@ -29,8 +29,8 @@ struct AttentionScratch {
 // [lo, call.rows[r1-1].pos]. Row r attends to [first, pos] with first = pos - window + 1
 // (clamped to 0) on sliding calls and 0 otherwise; first must not be below lo.
 //
-// Work goes in blocks of 4 rows × the query heads of one KV head: the block's scores over
-// the keys any of its rows sees (at most 4 × n_keys floats per thread, never rows × keys),
+// Work goes in blocks of 16 rows × the query heads of one KV head: the block's scores over
+// the keys any of its rows sees (16 × heads × n_keys floats per thread, never rows × keys),
 // softmax per query over its own keys, then the weighted sum of values in ascending position.
 // Each query's bits depend only on its own keys (DESIGN §5 batch invariance), and equal
 // Dot / ScaledSoftmax / Axpy one query at a time, as the sparse cache computes them.
