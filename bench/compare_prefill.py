@@ -5,9 +5,10 @@ DualDecoder's full mode (flash attention on, sliding-window layers keep only the
 threads, 512-token micro-batches as DualDecoder's prefill chunks), one prompt per length.
 DualDecoder: dd-bench-model, one process per length, so each length's peak resident set is its
 own; the engine's KV bytes and its memory plan's projection at the end of the prefill are
-recorded beside it. Rounds alternate the engines; each speed is the best of the rounds.
+recorded beside it. Each round runs llama.cpp, then DualDecoder; each speed is the best of
+the rounds (peak RSS the largest).
 
-  bench/compare_prefill.py [--models gemma,smollm2] [--lengths gemma=1024,8192,32768 ...]
+  bench/compare_prefill.py [--models gemma,smollm2] [--lengths gemma=1024,8192,32000 ...]
                            [--threads 2] [--rounds 1]
 Writes bench/results/prefill-vs-llamacpp.{json,md}.
 """
@@ -22,8 +23,9 @@ import time
 import compare_llamacpp as cl
 from compare_llamacpp import REPO, models, wrap_results
 
-# SmolLM2's context is 8192 tokens: 8000 leaves the prompt inside it with room for a token.
-DEFAULT_LENGTHS = {"gemma": [1024, 8192, 16384, 32768], "smollm2": [1024, 4096, 8000]}
+# A prompt must leave room for one generated token: Gemma's context is 32768 tokens (32000
+# is where the decode benchmarks measure it), SmolLM2's 8192 (8000).
+DEFAULT_LENGTHS = {"gemma": [1024, 8192, 16384, 32000], "smollm2": [1024, 4096, 8000]}
 
 
 def ours_run(model, length, threads):
@@ -39,7 +41,8 @@ def ours_run(model, length, threads):
         if code != 0:
             err.seek(0)
             sys.exit(f"compare_prefill: {' '.join(cmd)} failed ({code}):\n{err.read()[-2000:]}")
-        out = json.load(open(f.name))["prefill"][0]
+        with open(f.name) as fh:
+            out = json.load(fh)["prefill"][0]
         out["peak_rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
         print(f"compare_prefill: dualdecoder {length} tokens: {out['tokens_per_s']:.1f} tok/s, "
               f"peak RSS {out['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s)", file=sys.stderr)

@@ -75,12 +75,12 @@ int main(int argc, char** argv) {
     const double mib = 1024.0 * 1024.0;
     const dd::engine::RequestBytes req = engine.memory_plan().Request(n, n);
     const double projected = (engine.memory_plan().weight_bytes() + req.kv + req.workspace + req.prefill_extra) / mib;
-    const double kv_mib = engine.kv_bytes() / mib;
+    const double kv_mib = engine.kv_bytes() / mib, rss_mib = dd::bench::ResidentMiB();
     engine.Release(0);
     const double tps = n / Seconds(t0, t1);
     result["prefill"].push_back({{"prompt_tokens", n}, {"seconds", Seconds(t0, t1)}, {"tokens_per_s", tps},
                                  {"kv_mib", kv_mib}, {"projected_device_mib", projected},
-                                 {"rss_mib", dd::bench::ResidentMiB()}});
+                                 {"rss_mib", rss_mib}});
     std::fprintf(stderr, "prefill %6lld tokens: %8.1f tokens/s\n", static_cast<long long>(n), tps);
   }
   const int steps = absl::GetFlag(FLAGS_decode_steps);

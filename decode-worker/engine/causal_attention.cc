@@ -8,6 +8,73 @@
 namespace dd::engine {
 namespace {
 constexpr int64_t kBlockRows = 16;
+
+// Rows [r0, r0 + nr) of `call` see keys [j0, j1) of the concatenation starting at `lo`.
+void VisibleKeys(const model::AttentionCall& call, int64_t r0, int64_t nr, int64_t lo, int64_t* j0, int64_t* j1) {
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t pos = call.rows[r0 + r].pos;
+    const int64_t first = call.sliding ? std::max<int64_t>(0, pos - call.window + 1) : 0;
+    j0[r] = first - lo;
+    j1[r] = pos - lo + 1;
+  }
+}
+
+// Softmax of one query's scores over its visible keys [a, e) of a row of `ld`; 0 elsewhere.
+void SoftmaxVisible(float* row, int64_t ld, int64_t a, int64_t e, float scale) {
+  kernels::ScaledSoftmax(row + a, e - a, scale);
+  std::fill(row, row + a, 0.0f);
+  std::fill(row + e, row + ld, 0.0f);
+}
+
+// Few rows, all KV heads: scores in parallel over key tiles, softmax over queries, weighted
+// sums over pieces of the head dimension. Same kernels, so the same bits as the blocked path.
+void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t nr,
+                   int64_t lo, int64_t n_keys, ThreadPool& pool, AttentionScratch* scratch) {
+  const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
+  const int64_t q_dim = config.n_head * hd, nq = nr * gs;
+  std::vector<int64_t> j0(nr), j1(nr);
+  VisibleKeys(call, r0, nr, lo, j0.data(), j1.data());
+  const int64_t jmin = *std::min_element(j0.begin(), j0.end()), jmax = *std::max_element(j1.begin(), j1.end());
+  const int64_t ld = jmax - jmin;
+  scratch->q.resize(n_kv * nq * hd);
+  scratch->scores.resize(n_kv * nq * ld);
+  scratch->outs.resize(n_kv * nq);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    for (int64_t r = 0; r < nr; ++r) {
+      for (int64_t h = 0; h < gs; ++h) {
+        const int64_t qi = g * nq + r * gs + h;
+        std::memcpy(&scratch->q[qi * hd], call.q + (r0 + r) * q_dim + (g * gs + h) * hd, hd * sizeof(float));
+        scratch->outs[qi] = call.out + (r0 + r) * q_dim + (g * gs + h) * hd;
+      }
+    }
+  }
+  constexpr int64_t kKeyTile = 256;
+  const int64_t n_tiles = (ld + kKeyTile - 1) / kKeyTile;
+  pool.ParallelFor(n_kv * n_tiles, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t g = t / n_tiles, jt = (t % n_tiles) * kKeyTile;
+      kernels::AttentionScores(&scratch->q[g * nq * hd], nq, hd, scratch->keys.data() + g * n_keys + jmin + jt,
+                               std::min(kKeyTile, ld - jt), &scratch->scores[g * nq * ld + jt], ld);
+    }
+  });
+  pool.ParallelFor(n_kv * nq, [&](int64_t b, int64_t e) {
+    for (int64_t qi = b; qi < e; ++qi) {
+      const int64_t r = (qi % nq) / gs;
+      SoftmaxVisible(&scratch->scores[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
+    }
+  });
+  int64_t piece = 64;
+  while (piece > 16 && n_kv * ((hd + piece - 1) / piece) < 2 * pool.size()) piece /= 2;
+  const int64_t n_pieces = (hd + piece - 1) / piece;
+  pool.ParallelFor(n_kv * n_pieces, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t g = t / n_pieces, e0 = (t % n_pieces) * piece;
+      kernels::AttentionWeightedSum(&scratch->scores[g * nq * ld], ld, nq,
+                                    scratch->values.data() + g * n_keys + jmin, ld, e0, std::min(hd, e0 + piece),
+                                    &scratch->outs[g * nq]);
+    }
+  });
+}
 }  // namespace
 
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
@@ -29,6 +96,10 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
     }
   }
   const int64_t n_blocks = (nr + kBlockRows - 1) / kBlockRows;
+  if (n_kv * n_blocks < 2 * pool.size()) {
+    AttendFewRows(call, config, r0, nr, lo, n_keys, pool, scratch);
+    return;
+  }
   // Causal blocks grow with position; pair cheap and expensive ones in each thread's range
   // (0, last, 1, last-1, ...) so the contiguous split stays balanced.
   auto block_of = [n_blocks](int64_t i) { return i % 2 == 0 ? i / 2 : n_blocks - 1 - i / 2; };
@@ -40,12 +111,7 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
       const int64_t ra = b * kBlockRows, rb = std::min(nr, ra + kBlockRows);
       const int64_t nq = (rb - ra) * gs;
       int64_t j0[kBlockRows], j1[kBlockRows];  // visible keys [j0, j1) per row
-      for (int64_t r = ra; r < rb; ++r) {
-        const int64_t pos = call.rows[r0 + r].pos;
-        const int64_t first = call.sliding ? std::max<int64_t>(0, pos - call.window + 1) : 0;
-        j0[r - ra] = first - lo;
-        j1[r - ra] = pos - lo + 1;
-      }
+      VisibleKeys(call, r0 + ra, rb - ra, lo, j0, j1);
       const int64_t jmin = *std::min_element(j0, j0 + (rb - ra));
       const int64_t jmax = *std::max_element(j1, j1 + (rb - ra));
       const int64_t ld = jmax - jmin;
@@ -59,13 +125,10 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
       const float* const* keys = scratch->keys.data() + g * n_keys + jmin;
       kernels::AttentionScores(q.data(), nq, hd, keys, ld, s.data(), ld);
       for (int64_t qi = 0; qi < nq; ++qi) {
-        const int64_t r = qi / gs, a = j0[r] - jmin, e = j1[r] - jmin;
-        float* row = &s[qi * ld];
-        kernels::ScaledSoftmax(row + a, e - a, call.scale);
-        std::fill(row, row + a, 0.0f);
-        std::fill(row + e, row + ld, 0.0f);
+        const int64_t r = qi / gs;
+        SoftmaxVisible(&s[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
       }
-      kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, ld, hd, outs.data());
+      kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, ld, 0, hd, outs.data());
     }
   });
 }

@@ -23,6 +23,8 @@ struct KvRun {
 
 struct AttentionScratch {
   std::vector<const float*> keys, values;  // per KV head, one pointer per key position
+  std::vector<float> q, scores;            // the few-rows path (decode)
+  std::vector<float*> outs;
 };
 
 // Rows [r0, r1) of `call` belong to one sequence. `runs` hold, in order, the positions
@@ -34,6 +36,8 @@ struct AttentionScratch {
 // softmax per query over its own keys, then the weighted sum of values in ascending position.
 // Each query's bits depend only on its own keys (DESIGN §5 batch invariance), and equal
 // Dot / ScaledSoftmax / Axpy one query at a time, as the sparse cache computes them.
+// Too few blocks to occupy the threads (decode: one row per sequence) takes another split
+// with the same bits: scores by key tiles, then the weighted sums by output elements.
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
                   int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch);
 

@@ -93,7 +93,7 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 }
 
 // Keys per tile: ~32 KiB of keys or values, reused from L1/L2 by every query quad.
-inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / hd) / 4 * 4); }
+inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / std::max<int64_t>(hd, 16)) / 4 * 4); }
 
 }  // namespace
 
@@ -120,8 +120,8 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
 }
 
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
-                          int64_t hd, float* const* outs) {
-  const int64_t tile = KeyTile(hd);
+                          int64_t e0, int64_t e1, float* const* outs) {
+  const int64_t tile = KeyTile(e1 - e0);
   for (int64_t jt = 0; jt < nk || jt == 0; jt += tile) {  // tile outer: values reused by every quad
     const int64_t je = std::min(nk, jt + tile);
     const bool first = jt == 0;
@@ -134,10 +134,10 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
         pr[r] = p + (i + std::min(r, n - 1)) * ld;
         o[r] = outs[i + std::min(r, n - 1)];
       }
-      int64_t e = 0;
-      for (; e + 4 * kLanes <= hd; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, jt, je, e, o, first);
-      for (; e + kLanes <= hd; e += kLanes) WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
-      for (; e < hd; ++e) {  // scalar tail, same per-element order
+      int64_t e = e0;
+      for (; e + 4 * kLanes <= e1; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, jt, je, e, o, first);
+      for (; e + kLanes <= e1; e += kLanes) WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
+      for (; e < e1; ++e) {  // scalar tail, same per-element order
         for (int r = 0; r < n; ++r) {
           float a = first ? 0.0f : o[r][e];
           for (int64_t j = jt; j < je; ++j) a += pr[r][j] * values[j][e];

@@ -328,7 +328,10 @@ TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
       std::vector<float> out(nq * hd, 99.0f);
       std::vector<float*> outs(nq);
       for (int64_t i = 0; i < nq; ++i) outs[i] = &out[i * hd];
-      AttentionWeightedSum(s.data(), ld, nq, values.data(), nk, hd, outs.data());
+      // Two element ranges (as threads split them) must give what one call over [0, hd) gives.
+      const int64_t mid = hd / 32 * 16;
+      AttentionWeightedSum(s.data(), ld, nq, values.data(), nk, 0, mid, outs.data());
+      AttentionWeightedSum(s.data(), ld, nq, values.data(), nk, mid, hd, outs.data());
       for (int64_t i = 0; i < nq; ++i) {
         std::vector<float> ref(hd, 0.0f);
         for (int64_t j = i; j < nk - i; ++j) Axpy(s[i * ld + j], values[j], ref.data(), hd);

@@ -56,10 +56,11 @@ void Axpy(float a, const float* x, float* y, int64_t n);
 // s[i * ld + j] = Dot(keys[j], q + i * hd, hd) for i < nq, j < nk (queries contiguous).
 void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
                      int64_t ld);
-// outs[i][0..hd) = sum over ascending j < nk of p[i * ld + j] * values[j], accumulated from zero
-// exactly as repeated Axpy calls would (a zero probability adds nothing).
+// outs[i][e] for e in [e0, e1) = sum over ascending j < nk of p[i * ld + j] * values[j][e],
+// accumulated from zero exactly as repeated Axpy calls would (a zero probability adds nothing
+// for finite values). Element ranges are independent, so threads may split them.
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
-                          int64_t hd, float* const* outs);
+                          int64_t e0, int64_t e1, float* const* outs);
 
 float GeluTanh(float x);
 // out[i] = act(gate[i]) * up[i] over n elements (the gated MLP), with GELU (tanh form) or SiLU.
