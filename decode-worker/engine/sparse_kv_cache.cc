@@ -358,12 +358,19 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
   const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
   Selection sel(n_kv);
   std::vector<std::pair<float, int64_t>> cand;
+  // Landmark scores of the group's gs query heads in one blocked call (Dot's bits per pair).
+  thread_local std::vector<const float*> landmarks;
+  thread_local std::vector<float> scores;
+  const int64_t n_cand = std::max<int64_t>(0, w.sel_end - w.sel_begin);
   for (int64_t g = 0; g < n_kv; ++g) {
     cand.clear();
+    landmarks.resize(n_cand);
+    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) landmarks[c - w.sel_begin] = &st.landmarks[(c * n_kv + g) * hd];
+    scores.resize(gs * n_cand);
+    kernels::AttentionScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
     for (int64_t c = w.sel_begin; c < w.sel_end; ++c) {
-      const float* lm = &st.landmarks[(c * n_kv + g) * hd];
       float best = -INFINITY;
-      for (int64_t h = 0; h < gs; ++h) best = std::max(best, kernels::Dot(q + (g * gs + h) * hd, lm, hd));
+      for (int64_t h = 0; h < gs; ++h) best = std::max(best, scores[h * n_cand + (c - w.sel_begin)]);
       cand.push_back({best, c});
     }
     if (static_cast<int64_t>(cand.size()) > k_sel) {
@@ -535,15 +542,22 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
       if (j < n_dev) return DevV(st, w.dense_from + j) + g * hd;
       return own_v + g * hd;
     };
-    scratch_scores_.resize(total);
-    for (int64_t h = g * gs; h < (g + 1) * gs; ++h) {
-      const float* qh = q + h * hd;
-      for (int64_t j = 0; j < total; ++j) scratch_scores_[j] = kernels::Dot(qh, key(j), hd);
-      kernels::ScaledSoftmax(scratch_scores_.data(), total, scale);
-      float* out = out_row + h * hd;
-      std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j < total; ++j) kernels::Axpy(scratch_scores_[j], value(j), out, hd);
+    attend_keys_.resize(total);
+    attend_values_.resize(total);
+    for (int64_t j = 0; j < total; ++j) {
+      attend_keys_[j] = key(j);
+      attend_values_[j] = value(j);
     }
+    // The group's gs query heads together (blocked kernels, the bits of Dot / Axpy per pair).
+    scratch_scores_.resize(gs * total);
+    kernels::AttentionScores(q + g * gs * hd, gs, hd, attend_keys_.data(), total, scratch_scores_.data(), total);
+    attend_outs_.resize(gs);
+    for (int64_t h = 0; h < gs; ++h) {
+      kernels::ScaledSoftmax(scratch_scores_.data() + h * total, total, scale);
+      attend_outs_[h] = out_row + (g * gs + h) * hd;
+    }
+    kernels::AttentionWeightedSum(scratch_scores_.data(), total, gs, attend_values_.data(), total, 0, hd,
+                                  attend_outs_.data());
     block_index += n_sel;
   }
 }

@@ -20,35 +20,41 @@ namespace dd::kernels {
 namespace {
 
 typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int32_t I16 __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 
 inline V16 Load(const float* p) { return *reinterpret_cast<const V16*>(p); }
 inline void Store(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
 
-// Pairs lanes for one tree level: even(a, b) + odd(a, b) with the index masks below.
-inline V16 Level(V16 a, V16 b, I16 x, I16 y) { return __builtin_shuffle(a, b, x) + __builtin_shuffle(a, b, y); }
+// One tree level for two accumulators: first + second halves of each w-lane group, packed
+// (__builtin_shufflevector: constant lane indices, GCC >= 12 and clang alike).
+// w = 8: [a0..7 | b0..7] + [a8..15 | b8..15]; lanes 8t..8t+7 belong to a (t = 0) or b (t = 1).
+inline V16 Level8(V16 a, V16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+         __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+// w = 4 on two Level8 outputs (pairs p, p+1 | p+2, p+3): lanes 4t..4t+3 belong to pair p+t.
+inline V16 Level4(V16 a, V16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+         __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+// w = 2 on two Level4 outputs (pairs p..p+3 | p+4..p+7): lanes 2t, 2t+1 belong to pair p+t.
+inline V16 Level2(V16 a, V16 b) {
+  return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+         __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+// w = 1 on two Level2 outputs (pairs 0..7 | 8..15): lane t belongs to pair t.
+inline V16 Level1(V16 a, V16 b) {
+  return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
 
 // acc[k] for k = 0..15 → lane k holds the tree reduction of acc[k].
 inline V16 ReduceSixteen(const V16 (&acc)[16]) {
-  // w = 8: [a0..7 | b0..7] + [a8..15 | b8..15]; lanes 8t..8t+7 of out[m] belong to pair 2m+t.
-  const I16 x8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const I16 y8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
   V16 l1[8];
-  for (int m = 0; m < 8; ++m) l1[m] = Level(acc[2 * m], acc[2 * m + 1], x8, y8);
-  // w = 4: lanes 4t..4t+3 of out[m] belong to pair 4m+t.
-  const I16 x4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const I16 y4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  for (int m = 0; m < 8; ++m) l1[m] = Level8(acc[2 * m], acc[2 * m + 1]);
   V16 l2[4];
-  for (int m = 0; m < 4; ++m) l2[m] = Level(l1[2 * m], l1[2 * m + 1], x4, y4);
-  // w = 2: lanes 2t, 2t+1 of out[m] belong to pair 8m+t.
-  const I16 x2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const I16 y2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  const V16 l3a = Level(l2[0], l2[1], x2, y2), l3b = Level(l2[2], l2[3], x2, y2);
-  // w = 1: lane t belongs to pair t.
-  const I16 x1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const I16 y1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  return Level(l3a, l3b, x1, y1);
+  for (int m = 0; m < 4; ++m) l2[m] = Level4(l1[2 * m], l1[2 * m + 1]);
+  return Level1(Level2(l2[0], l2[1]), Level2(l2[2], l2[3]));
 }
 
 // Scores of 4 queries × 4 keys; out[4 * i + c] = Dot(q_i, key_c) bit for bit. hd is a
@@ -99,24 +105,37 @@ inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / std::ma
 
 void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
                      int64_t ld) {
-  const int64_t nq4 = hd % kLanes == 0 ? nq / 4 * 4 : 0;
+  if (hd % kLanes != 0) {  // pair by pair (see Scores4x4)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+    return;
+  }
+  // A last partial quad of queries runs padded with copies of its last query (stored once).
+  thread_local std::vector<float> pad;
+  const int64_t n_quads = (nq + 3) / 4, rem = nq % 4;
+  if (rem != 0) {
+    pad.resize(4 * hd);
+    for (int r = 0; r < 4; ++r)
+      std::memcpy(&pad[r * hd], q + (nq - rem + std::min<int64_t>(r, rem - 1)) * hd, hd * sizeof(float));
+  }
   const int64_t tile = KeyTile(hd);
   const int64_t nk4 = nk / 4 * 4;
   for (int64_t jt = 0; jt < nk4; jt += tile) {
     const int64_t je = std::min(nk4, jt + tile);
-    for (int64_t i = 0; i < nq4; i += 4) {
+    for (int64_t quad = 0; quad < n_quads; ++quad) {
+      const int64_t i = 4 * quad;
+      const bool partial = rem != 0 && quad == n_quads - 1;
+      const float* qq = partial ? pad.data() : q + i * hd;
+      const int rows = partial ? static_cast<int>(rem) : 4;
       for (int64_t j = jt; j < je; j += 4) {
         float out[16];
-        Scores4x4(q + i * hd, hd, keys + j, out);
-        for (int r = 0; r < 4; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
+        Scores4x4(qq, hd, keys + j, out);
+        for (int r = 0; r < rows; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
       }
     }
   }
-  for (int64_t i = 0; i < nq4; ++i)
+  for (int64_t i = 0; i < nq; ++i)
     for (int64_t j = nk4; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
-  int64_t i = nq4;
-  for (; i < nq; ++i)
-    for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
 }
 
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
