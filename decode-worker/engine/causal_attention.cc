@@ -19,6 +19,17 @@ void VisibleKeys(const model::AttentionCall& call, int64_t r0, int64_t nr, int64
   }
 }
 
+// The query heads of KV head g for rows [ra, rb) of `call`, contiguous (row-major, then head)
+// in q, and where each one's output goes.
+void GroupQueries(const model::AttentionCall& call, const model::ModelConfig& config, int64_t g, int64_t ra,
+                  int64_t rb, float* q, float** outs) {
+  const int64_t hd = config.head_dim, gs = config.n_head / config.n_head_kv, q_dim = config.n_head * hd;
+  for (int64_t r = ra; r < rb; ++r) {
+    std::memcpy(q + (r - ra) * gs * hd, call.q + r * q_dim + g * gs * hd, gs * hd * sizeof(float));
+    for (int64_t h = 0; h < gs; ++h) outs[(r - ra) * gs + h] = call.out + r * q_dim + (g * gs + h) * hd;
+  }
+}
+
 // Softmax of one query's scores over its visible keys [a, e) of a row of `ld`; 0 elsewhere.
 void SoftmaxVisible(float* row, int64_t ld, int64_t a, int64_t e, float scale) {
   kernels::ScaledSoftmax(row + a, e - a, scale);
@@ -31,7 +42,7 @@ void SoftmaxVisible(float* row, int64_t ld, int64_t a, int64_t e, float scale) {
 void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t nr,
                    int64_t lo, int64_t n_keys, ThreadPool& pool, AttentionScratch* scratch) {
   const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
-  const int64_t q_dim = config.n_head * hd, nq = nr * gs;
+  const int64_t nq = nr * gs;
   std::vector<int64_t> j0(nr), j1(nr);
   VisibleKeys(call, r0, nr, lo, j0.data(), j1.data());
   const int64_t jmin = *std::min_element(j0.begin(), j0.end()), jmax = *std::max_element(j1.begin(), j1.end());
@@ -40,13 +51,7 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
   scratch->scores.resize(n_kv * nq * ld);
   scratch->outs.resize(n_kv * nq);
   for (int64_t g = 0; g < n_kv; ++g) {
-    for (int64_t r = 0; r < nr; ++r) {
-      for (int64_t h = 0; h < gs; ++h) {
-        const int64_t qi = g * nq + r * gs + h;
-        std::memcpy(&scratch->q[qi * hd], call.q + (r0 + r) * q_dim + (g * gs + h) * hd, hd * sizeof(float));
-        scratch->outs[qi] = call.out + (r0 + r) * q_dim + (g * gs + h) * hd;
-      }
-    }
+    GroupQueries(call, config, g, r0, r0 + nr, &scratch->q[g * nq * hd], &scratch->outs[g * nq]);
   }
   constexpr int64_t kKeyTile = 256;
   const int64_t n_tiles = (ld + kKeyTile - 1) / kKeyTile;
@@ -80,8 +85,7 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
                   int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch) {
   const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
-  const int64_t kv_dim = n_kv * hd, q_dim = config.n_head * hd;
-  const int64_t nr = r1 - r0;
+  const int64_t kv_dim = n_kv * hd, nr = r1 - r0;
   int64_t n_keys = 0;
   for (const KvRun& run : runs) n_keys += run.len;
   // Key j of the concatenation, per KV head g: keys[g * n_keys + j].
@@ -118,10 +122,7 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
       q.resize(nq * hd);
       s.resize(nq * ld);
       outs.resize(nq);
-      for (int64_t r = ra; r < rb; ++r) {
-        std::memcpy(&q[(r - ra) * gs * hd], call.q + (r0 + r) * q_dim + g * gs * hd, gs * hd * sizeof(float));
-        for (int64_t h = 0; h < gs; ++h) outs[(r - ra) * gs + h] = call.out + (r0 + r) * q_dim + (g * gs + h) * hd;
-      }
+      GroupQueries(call, config, g, r0 + ra, r0 + rb, q.data(), outs.data());
       const float* const* keys = scratch->keys.data() + g * n_keys + jmin;
       kernels::AttentionScores(q.data(), nq, hd, keys, ld, s.data(), ld);
       for (int64_t qi = 0; qi < nq; ++qi) {

@@ -40,6 +40,20 @@ namespace {
 typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t I16 __attribute__((vector_size(64), aligned(4), may_alias));
 
+// e^r for |r| <= ln2/2: the degree-7 Taylor polynomial by Horner, for float or V16 (the same
+// operations in the same order, so scalar and vector callers get the same bits).
+template <typename T>
+inline T ExpTaylor7(T r) {
+  T p = T{} + 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+
 // exp(x) for x <= 0 (softmax inputs after subtracting the max): x = k ln2 + r with
 // |r| <= ln2/2, e^r by a degree-7 Taylor polynomial (error < 2e-8 relative), times 2^k built
 // in the exponent bits. Inputs below -87 (and -inf) give 0.
@@ -51,14 +65,7 @@ inline V16 ExpNonPositive(V16 x) {
   const V16 kf = __builtin_convertvector(k, V16);
   V16 r = x - kf * 0.693145751953125f;
   r = r - kf * 1.428606765330187045e-06f;
-  V16 p = V16{} + (1.0f / 5040);
-  p = p * r + (1.0f / 720);
-  p = p * r + (1.0f / 120);
-  p = p * r + (1.0f / 24);
-  p = p * r + (1.0f / 6);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const V16 p = ExpTaylor7(r);
   const I16 bits = (k + 127) << 23;
   V16 scale;
   __builtin_memcpy(&scale, &bits, sizeof(scale));
@@ -126,14 +133,7 @@ inline float ExpPoly(float x) {
   // Round to nearest by adding and removing 1.5·2^23 (std::floor would not vectorize).
   const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
   const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float p = ExpTaylor7(r);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
