@@ -80,6 +80,25 @@ def ours_run(model, contexts, batches, steps, threads):
         return out
 
 
+def add_record_args(ap):
+    """--preset / --command: what bench/run ran, written into the results as given."""
+    ap.add_argument("--preset", default="", help="recorded in the results (bench/run passes it)")
+    ap.add_argument("--command", default="", help="recorded in the results (bench/run passes it)")
+
+
+def record(a, script):
+    """The results' command/preset fields (the script's own argv when not run by bench/run)."""
+    return {"command": a.command or " ".join([script, *sys.argv[1:]]), "preset": a.preset,
+            "script_args": sys.argv[1:]}
+
+
+def write_results(name, doc, md):
+    """bench/results/<name>.json and .md; the summary is printed too."""
+    (REPO / "bench" / "results" / f"{name}.json").write_text(json.dumps(doc, indent=2))
+    (REPO / "bench" / "results" / f"{name}.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
 def best(runs, engine, kind, key, n, batch):
     vals = [r2["tokens_per_s"] for r in runs for r2 in r[engine][kind]
             if r2[key] == n and r2.get("batch", 1) == batch]
@@ -95,6 +114,7 @@ def main():
                     help="8000, not 8192: SmolLM2's context is 8192 tokens and the decode steps need room")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=2)
+    add_record_args(ap)
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -130,11 +150,9 @@ def main():
                             "ratio": ours / theirs if ours and theirs else None})
         per_model.append({"model": name, "path": path, "decode": rows, "prefill": prefill, "runs": runs})
     doc = {"benchmark": "model-cpu-vs-llamacpp", "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(),
-           "command": " ".join([sys.argv[0], *sys.argv[1:]]), "threads": a.threads, "steps": a.steps,
+           **record(a, "bench/compare_llamacpp.py"), "threads": a.threads, "steps": a.steps,
            "llamacpp_source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp (bench/build-llamacpp)",
            "llamacpp_configs": CONFIGS, "models": per_model}
-    out = REPO / "bench" / "results" / "model-cpu-vs-llamacpp.json"
-    out.write_text(json.dumps(doc, indent=2))
     md = ["# CPU decode: DualDecoder (full mode) vs llama.cpp, same GGUF, one run", "",
           f"{doc['machine']['cpu']}, {a.threads} threads, git {doc['git_sha'][:12]}, "
           f"best of {a.rounds} alternating rounds, {a.steps} decode steps; `{doc['command']}`", "",
@@ -155,8 +173,7 @@ def main():
             md.append(f"| {m['model']} | {r['prompt_tokens']} | {r['dualdecoder_tokens_per_s']:.1f} | "
                       f"{r['llama_cpp_tokens_per_s']:.1f} | {r['ratio']:.2f} |")
     md.append("")
-    (REPO / "bench" / "results" / "model-cpu-vs-llamacpp.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_results("model-cpu-vs-llamacpp", doc, md)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,7 @@ def main():
     ap.add_argument("--lengths", nargs="*", default=[], help="MODEL=N,N,... (defaults: %s)" % DEFAULT_LENGTHS)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--preset", default="", help="recorded in the results (bench/run passes it)")
-    ap.add_argument("--command", default="", help="recorded in the results (bench/run passes it)")
+    cl.add_record_args(ap)
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1:
         sys.exit("compare_prefill: rounds and threads must be >= 1")
@@ -101,12 +100,9 @@ def main():
                          "projected_device_mib": top["projected_device_mib"]})
         per_model.append({"model": name, "path": path, "prefill": rows, "runs": runs})
     doc = {"benchmark": "prefill-vs-llamacpp", "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(),
-           "command": a.command or " ".join(["bench/compare_prefill.py", *sys.argv[1:]]), "preset": a.preset,
-           "script_args": sys.argv[1:], "threads": a.threads,
+           **cl.record(a, "bench/compare_prefill.py"), "threads": a.threads,
            "rounds": a.rounds, "llamacpp_source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp (bench/build-llamacpp)",
            "llamacpp_config": cl.CONFIGS["like-for-like"], "models": per_model}
-    out = REPO / "bench" / "results" / "prefill-vs-llamacpp.json"
-    out.write_text(json.dumps(doc, indent=2))
     md = ["# Prefill: DualDecoder vs llama.cpp, same GGUF, one run", "",
           f"{doc['machine']['cpu']}, {a.threads} threads, git {doc['git_sha'][:12]}, best of {a.rounds} "
           f"alternating round(s); `{doc['command']}`", "",
@@ -121,8 +117,7 @@ def main():
                       f"{r['llama_cpp_tokens_per_s']:.1f} | {r['ratio']:.2f} | {r['peak_rss_mib']:.0f} | "
                       f"{r['kv_mib']:.0f} | {r['projected_device_mib']:.0f} |")
     md.append("")
-    (REPO / "bench" / "results" / "prefill-vs-llamacpp.md").write_text("\n".join(md))
-    print("\n".join(md))
+    cl.write_results("prefill-vs-llamacpp", doc, md)
 
 
 if __name__ == "__main__":
