@@ -1,0 +1,43 @@
+"""Tests for the benchmark drivers' argument handling and what they record (bench/)."""
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import compare_llamacpp  # noqa: E402
+import compare_prefill  # noqa: E402
+
+
+def test_lengths_default_per_model_and_override_one():
+    got = compare_prefill.parse_lengths(["gemma=1024,32000"], ["gemma", "smollm2"])
+    assert got["gemma"] == [1024, 32000]
+    assert got["smollm2"] == compare_prefill.DEFAULT_LENGTHS["smollm2"]
+    # Gemma's context is 32768 tokens: the default must leave room for one generated token.
+    assert max(compare_prefill.DEFAULT_LENGTHS["gemma"]) < 32768
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("llama=1024", "one of gemma"),      # a model not in the run
+    ("gemma=", "MODEL=N"),               # no lengths
+    ("gemma=1k,2048", "not a list of integers"),
+    ("gemma=8,1024", ">= 16"),
+])
+def test_bad_lengths_name_the_problem(spec, words):
+    with pytest.raises(SystemExit) as e:
+        compare_prefill.parse_lengths([spec], ["gemma"])
+    assert words in str(e.value)
+
+
+def test_record_keeps_what_bench_run_passed(monkeypatch):
+    ap = argparse.ArgumentParser()
+    compare_llamacpp.add_record_args(ap)
+    monkeypatch.setattr(sys, "argv", ["compare_prefill.py", "--rounds", "2"])
+    rec = compare_llamacpp.record(ap.parse_args(["--preset", "full", "--command", "bench/run prefill --full"]),
+                                  "bench/compare_prefill.py")
+    assert rec == {"command": "bench/run prefill --full", "preset": "full", "script_args": ["--rounds", "2"]}
+    # Run by hand: the script's own command line.
+    rec = compare_llamacpp.record(ap.parse_args([]), "bench/compare_prefill.py")
+    assert rec["command"] == "bench/compare_prefill.py --rounds 2" and rec["preset"] == ""
