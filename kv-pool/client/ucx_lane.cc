@@ -1,0 +1,376 @@
+#include "kv-pool/client/ucx_lane.h"
+
+#include <poll.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace dd::kvpool {
+
+using Clock = std::chrono::steady_clock;
+namespace wire = ucxproto;
+
+absl::Status UcxError(const char* what, ucs_status_t st) {
+  return absl::UnavailableError(absl::StrCat("kv pool ucx: ", what, ": ", ucs_status_string(st)));
+}
+
+namespace {
+
+// Reply bytes per get request: a whole gather travels as one message up to this (over tcp,
+// several rendezvous messages in flight were slower than one; over shared memory no faster).
+// $DD_UCX_BATCH_KIB overrides, for benchmarks.
+int64_t BatchBytes() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("DD_UCX_BATCH_KIB");
+    const int64_t kib = e != nullptr ? std::atoll(e) : 0;
+    return kib > 0 ? std::min<int64_t>(kib << 10, wire::kMaxReplyBytes) : int64_t{16} << 20;
+  }();
+  return v;
+}
+
+// How long a waiter spins after UCX stops making progress before it sleeps on the event fd;
+// $DD_UCX_SPIN_US overrides (0: sleep at once).
+std::chrono::microseconds SpinTime() {
+  static const std::chrono::microseconds v = [] {
+    const char* e = std::getenv("DD_UCX_SPIN_US");
+    return std::chrono::microseconds(e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 50);
+  }();
+  return v;
+}
+
+}  // namespace
+
+// One active-message request and its answer. Owned by the lane until UCX no longer refers to
+// it (a request abandoned at a deadline is kept, not freed under UCX's feet).
+struct UcxLane::Pending {
+  uint64_t id = 0;
+  wire::GetRequest get;            // the header UCX sends (valid until the send completes)
+  wire::PutRequest put;
+  std::vector<int64_t> offsets;    // a get's data
+  absl::Span<float* const> dsts;   // where a get's blocks go
+  int64_t block_bytes = 0;
+  std::vector<ucp_dt_iov_t> iov;   // rendezvous receive into dsts
+  ucs_status_ptr_t send = nullptr;
+  ucs_status_ptr_t recv = nullptr;
+  bool replied = false, received = false;
+  absl::Status status;
+  bool done() const {
+    return replied && received && (send == nullptr || ucp_request_check_status(send) != UCS_INPROGRESS);
+  }
+};
+
+UcxLane::UcxLane(const UcxLaneConfig& config) : config_(config) {}
+
+absl::StatusOr<std::unique_ptr<UcxLane>> UcxLane::Create(const UcxLaneConfig& config) {
+  std::unique_ptr<UcxLane> lane(new UcxLane(config));
+  if (absl::Status st = lane->Init(); !st.ok()) return st;
+  return lane;
+}
+
+absl::Status UcxLane::Init() {
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // calls are serialized by mu_
+  ucs_status_t st = ucp_worker_create(config_.context, &wp, &worker_);
+  if (st != UCS_OK) return UcxError("ucp_worker_create", st);
+  if (!config_.rma) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = wire::kReplyId;
+    hp.cb = &UcxLane::OnReply;
+    hp.arg = this;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    if ((st = ucp_worker_set_am_recv_handler(worker_, &hp)) != UCS_OK) {
+      return UcxError("ucp_worker_set_am_recv_handler", st);
+    }
+  }
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(config_.pool_address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) { static_cast<UcxLane*>(arg)->peer_failed_ = true; };
+  ep.err_handler.arg = this;
+  if (config_.shared_memory_only) {  // skip the attempt below, which UCX logs as an error
+    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  }
+  if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then Drive only spins
+  if ((st = ucp_ep_create(worker_, &ep, &ep_)) != UCS_OK) {
+    // UCX 1.13's shared-memory transports have no peer-failure handling; over them a dead
+    // pool cannot stall a transfer (the segment stays mapped), so connect without it. Our
+    // deadlines and the lease renewal still bound every wait.
+    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if ((st = ucp_ep_create(worker_, &ep, &ep_)) != UCS_OK) return UcxError("ucp_ep_create", st);
+  }
+  if (config_.rma && (st = ucp_ep_rkey_unpack(ep_, config_.rkey.data(), &rkey_)) != UCS_OK) {
+    return UcxError("ucp_ep_rkey_unpack", st);
+  }
+  return absl::OkStatus();
+}
+
+UcxLane::~UcxLane() {
+  if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
+  if (ep_ != nullptr) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    (void)WaitAll({ucp_ep_close_nbx(ep_, &p)});
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+}
+
+absl::Status UcxLane::Put(int64_t offset, const void* src, int64_t bytes) {
+  if (config_.rma) {  // flushed before returning: a get on another lane must see the bytes
+    ucp_request_param_t p{};
+    ucs_status_ptr_t put = ucp_put_nbx(ep_, src, bytes, config_.base + offset, rkey_, &p);
+    return WaitAll({put, ucp_ep_flush_nbx(ep_, &p)});
+  }
+  if (bytes <= 0 || bytes > wire::kMaxReplyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("kv pool ucx: a put of ", bytes, " bytes"));
+  }
+  Pending* p = NewPending();
+  p->received = true;  // a put's reply carries no data
+  p->put.id = p->id;
+  std::memcpy(p->put.session, config_.session, sizeof(config_.session));
+  p->put.offset = offset;
+  p->put.bytes = bytes;
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = UCP_AM_SEND_FLAG_REPLY;
+  p->send = ucp_am_send_nbx(ep_, wire::kPutId, &p->put, sizeof(p->put), src, bytes, &rp);
+  return WaitPending({p});  // the pool answers once the bytes are in its region
+}
+
+absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) {
+  if (config_.rma) return GetRma(offsets, block_bytes, dsts);
+  if (offsets.empty()) return absl::OkStatus();
+  if (block_bytes <= 0 || block_bytes > wire::kMaxReplyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("kv pool ucx: blocks of ", block_bytes, " bytes"));
+  }
+  const size_t per_batch =
+      static_cast<size_t>(std::clamp<int64_t>(BatchBytes() / block_bytes, 1, wire::kMaxBlocksPerGet));
+  std::vector<Pending*> batch;
+  for (size_t first = 0; first < offsets.size(); first += per_batch) {
+    const size_t n = std::min(per_batch, offsets.size() - first);
+    Pending* p = NewPending();
+    p->offsets.assign(offsets.begin() + first, offsets.begin() + first + n);
+    p->dsts = dsts.subspan(first, n);
+    p->block_bytes = block_bytes;
+    p->get.id = p->id;
+    p->get.count = static_cast<uint32_t>(n);
+    p->get.flags = config_.pack ? wire::kPackReply : 0;
+    p->get.block_bytes = block_bytes;
+    std::memcpy(p->get.session, config_.session, sizeof(config_.session));
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    p->send = ucp_am_send_nbx(ep_, wire::kGetId, &p->get, sizeof(p->get), p->offsets.data(), n * sizeof(int64_t),
+                              &rp);
+    batch.push_back(p);
+  }
+  return WaitPending(batch);
+}
+
+absl::Status UcxLane::GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) {
+  ucp_request_param_t p{};
+  std::vector<ucs_status_ptr_t> reqs;
+  reqs.reserve(offsets.size());
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    reqs.push_back(ucp_get_nbx(ep_, dsts[i], block_bytes, config_.base + offsets[i], rkey_, &p));
+  }
+  return WaitAll(reqs);
+}
+
+UcxLane::Pending* UcxLane::NewPending() {
+  pending_.emplace_back(std::make_unique<Pending>());
+  Pending* p = pending_.back().get();
+  p->id = next_id_++;
+  by_id_[p->id] = p;
+  return p;
+}
+
+void UcxLane::Forget(Pending* p) {
+  by_id_.erase(p->id);
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->get() == p) {
+      pending_.erase(it);
+      return;
+    }
+  }
+}
+
+// The pool's answer to request `id` (called from ucp_worker_progress on the owner's thread).
+ucs_status_t UcxLane::OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxLane*>(arg);
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  wire::Reply reply;
+  Pending* p = nullptr;
+  if (header_length == sizeof(reply)) {
+    std::memcpy(&reply, header, sizeof(reply));
+    auto it = self->by_id_.find(reply.id);
+    if (it != self->by_id_.end() && !it->second->replied) p = it->second;
+  }
+  if (p == nullptr) {  // a late answer to an abandoned request, or noise
+    if (rndv) ucp_am_data_release(self->worker_, data);
+    return UCS_OK;
+  }
+  p->replied = true;
+  const size_t want = p->dsts.size() * static_cast<size_t>(p->block_bytes);
+  if (reply.code != 0 || length != want) {
+    p->status = reply.code != 0
+                    ? absl::Status(static_cast<absl::StatusCode>(reply.code), "kv pool ucx: the pool refused the request")
+                    : absl::InternalError(absl::StrCat("kv pool ucx: a reply of ", length, " bytes, expected ", want));
+    p->received = true;
+    if (rndv) ucp_am_data_release(self->worker_, data);
+    return UCS_OK;
+  }
+  if (want == 0) {
+    p->received = true;
+    return UCS_OK;
+  }
+  if (!rndv) {
+    const auto* src = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < p->dsts.size(); ++i) std::memcpy(p->dsts[i], src + i * p->block_bytes, p->block_bytes);
+    p->received = true;
+    return UCS_OK;
+  }
+  p->iov.reserve(p->dsts.size());
+  for (float* d : p->dsts) p->iov.push_back({d, static_cast<size_t>(p->block_bytes)});
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  rp.datatype = ucp_dt_make_iov();
+  rp.user_data = p;
+  rp.cb.recv_am = [](void* r, ucs_status_t st, size_t, void* user) {
+    auto* q = static_cast<Pending*>(user);
+    if (st != UCS_OK && q->status.ok()) q->status = UcxError("receive", st);
+    q->received = true;
+    q->recv = nullptr;
+    ucp_request_free(r);
+  };
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, p->iov.data(), p->iov.size(), &rp);
+  if (r == nullptr) {
+    p->received = true;
+  } else if (UCS_PTR_IS_ERR(r)) {
+    p->status = UcxError("receive", UCS_PTR_STATUS(r));
+    p->received = true;
+  } else {
+    p->recv = r;
+  }
+  return UCS_OK;
+}
+
+bool UcxLane::GiveUp() const {
+  const std::atomic<bool>* flag = config_.abort != nullptr ? *config_.abort : nullptr;
+  return peer_failed_ || (flag != nullptr && flag->load(std::memory_order_acquire));
+}
+
+absl::Status UcxLane::Lost() const {
+  return absl::UnavailableError(GiveUp() ? "kv pool ucx: the pool is gone" : "kv pool ucx: no answer before the deadline");
+}
+
+// Progresses the worker until done() or the deadline (false; also when the pool is gone).
+// Spins while UCX makes progress and for SpinTime() after it stops (the answer usually comes
+// within tens of µs), then sleeps on the worker's event fd, so a waiting gatherer leaves the
+// core to the pool and to other gatherers (on a small host a spinning waiter delayed the very
+// thread it waited for). The clock is read every 16th round only (it showed in profiles).
+bool UcxLane::Drive(const std::function<bool()>& done, Clock::time_point deadline) {
+  Clock::time_point quiet_since;
+  bool quiet = false;
+  for (unsigned n = 1; !done(); ++n) {
+    if (ucp_worker_progress(worker_) != 0) {
+      quiet = false;
+      continue;
+    }
+    if (n % 16 != 0) continue;
+    const auto now = Clock::now();
+    if (now > deadline || GiveUp()) return false;
+    if (!quiet) {
+      quiet = true;
+      quiet_since = now;
+      continue;
+    }
+    if (efd_ < 0 || now - quiet_since < SpinTime()) continue;
+    if (ucp_worker_arm(worker_) != UCS_OK) continue;  // BUSY: events arrived meanwhile
+    // At most 1 ms: the abort flag and the deadline are checked, and progress that raises no
+    // event (a send stalled on a full shared-memory FIFO) is not held for long.
+    pollfd p{efd_, POLLIN, 0};
+    const timespec bound{0, 1000 * 1000};
+    (void)ppoll(&p, 1, &bound, nullptr);
+    quiet = false;
+  }
+  return true;
+}
+
+// Progresses until every request in `ps` is answered and sent, or the deadline passes (then
+// cancels what UCX still holds and keeps those requests; the path is broken from then on).
+absl::Status UcxLane::WaitPending(const std::vector<Pending*>& ps) {
+  const auto deadline = Clock::now() + config_.timeout;
+  absl::Status result;
+  for (Pending* p : ps) {
+    if (UCS_PTR_IS_ERR(p->send)) {
+      if (result.ok()) result = UcxError("send", UCS_PTR_STATUS(p->send));
+      p->send = nullptr;
+      p->replied = p->received = true;
+    }
+  }
+  auto all_done = [&] {
+    for (Pending* p : ps) {
+      if (!p->done()) return false;
+    }
+    return true;
+  };
+  if (!Drive(all_done, deadline)) {
+    for (Pending* p : ps) {
+      if (p->send != nullptr && ucp_request_check_status(p->send) == UCS_INPROGRESS) ucp_request_cancel(worker_, p->send);
+      if (p->recv != nullptr) ucp_request_cancel(worker_, p->recv);
+    }
+    const auto grace = Clock::now() + std::chrono::milliseconds(200);
+    while (!all_done() && Clock::now() < grace) ucp_worker_progress(worker_);
+    if (result.ok()) result = Lost();
+  }
+  for (Pending* p : ps) {
+    if (result.ok() && !p->status.ok()) result = p->status;
+    const bool send_done = p->send == nullptr || ucp_request_check_status(p->send) != UCS_INPROGRESS;
+    if (!send_done || p->recv != nullptr) {
+      by_id_.erase(p->id);  // UCX still refers to it: keep the memory, drop late answers
+      continue;
+    }
+    if (p->send != nullptr) ucp_request_free(p->send);
+    Forget(p);
+  }
+  return result;
+}
+
+// Progresses until every request is done or the deadline passes (then cancels them).
+absl::Status UcxLane::WaitAll(const std::vector<ucs_status_ptr_t>& reqs) {
+  const auto deadline = Clock::now() + config_.timeout;
+  absl::Status result;
+  for (ucs_status_ptr_t r : reqs) {
+    if (UCS_PTR_IS_ERR(r)) {
+      if (result.ok()) result = UcxError("request", UCS_PTR_STATUS(r));
+      continue;
+    }
+    if (r == nullptr) continue;  // completed immediately
+    ucs_status_t st = UCS_INPROGRESS;
+    if (!Drive([&] { return (st = ucp_request_check_status(r)) != UCS_INPROGRESS; }, deadline)) {
+      ucp_request_cancel(worker_, r);
+      const auto grace = Clock::now() + std::chrono::milliseconds(200);
+      while ((st = ucp_request_check_status(r)) == UCS_INPROGRESS && Clock::now() < grace) {
+        ucp_worker_progress(worker_);
+      }
+      if (result.ok()) result = Lost();
+    }
+    if (st != UCS_OK && result.ok()) result = UcxError("request", st);
+    // A request that ignored the cancel is leaked rather than freed under UCX's feet; the
+    // path is broken from now on and makes no further requests.
+    if (st != UCS_INPROGRESS) ucp_request_free(r);
+  }
+  return result;
+}
+
+}  // namespace dd::kvpool
