@@ -41,6 +41,8 @@ ABSL_FLAG(bool, ucx_rma, false,
           "confines to a region; over tcp and shared-memory transports UCX cannot, so a tenant could reach "
           "other tenants' regions: only for trusted tenants");
 ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
+ABSL_FLAG(int64_t, ucx_spin_us, 50,
+          "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping");
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
           "abstract socket with a fresh name");
@@ -90,11 +92,16 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   std::unique_ptr<dd::kvpool::UcxServer> ucx;
+  if (const int64_t spin = absl::GetFlag(FLAGS_ucx_spin_us); spin < 0 || spin > 1000000) {
+    std::cerr << "dd-kv-pool: --ucx_spin_us=" << spin << " is outside [0, 1000000]\n";
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_ucx)) {
     std::vector<dd::kvpool::UcxRegion> regions;
     for (int t = 0; t < (*pool)->tenants(); ++t) regions.push_back({(*pool)->region_data(t), (*pool)->region_bytes(t)});
     auto server = dd::kvpool::UcxServer::Create(std::move(regions), {.rma = absl::GetFlag(FLAGS_ucx_rma),
-                                                                     .busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll)});
+                                                                     .busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll),
+                                                                     .spin_us = absl::GetFlag(FLAGS_ucx_spin_us)});
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;

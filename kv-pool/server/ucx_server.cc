@@ -1,7 +1,9 @@
 #include "kv-pool/server/ucx_server.h"
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -18,6 +20,8 @@ struct UcxServer::Impl {
   ucp_worker_h worker = nullptr;
   std::vector<ucp_mem_h> memh;
   UcxServer* server = nullptr;
+  int efd = -1;          // the worker's event fd
+  int64_t in_flight = 0;  // replies UCX has not finished sending (progress thread only)
 
   // A reply in flight: its header and iov live until UCX is done with them.
   struct Outgoing {
@@ -25,6 +29,7 @@ struct UcxServer::Impl {
     std::vector<ucp_dt_iov_t> iov;     // the blocks where they lie in the region, or
     std::unique_ptr<uint8_t[]> packed;  // copied together (kPackReply)
     size_t packed_bytes = 0;
+    Impl* impl = nullptr;
   };
   // A rendezvous put being received into the region; answered when it lands.
   struct Landing {
@@ -53,13 +58,20 @@ struct UcxServer::Impl {
                                                 : out->iov.data();
     const size_t count = out->packed != nullptr ? out->packed_bytes : out->iov.size();
     p.cb.send = [](void* req, ucs_status_t, void* user) {
-      delete static_cast<Outgoing*>(user);
+      auto* o = static_cast<Outgoing*>(user);
+      --o->impl->in_flight;
+      delete o;
       ucp_request_free(req);
     };
     Outgoing* o = out.release();
+    o->impl = this;
     p.user_data = o;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, kReplyId, &o->reply, sizeof(Reply), buffer, count, &p);
-    if (r == nullptr || UCS_PTR_IS_ERR(r)) delete o;  // done at once (no callback) or failed
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete o;  // done at once (no callback) or failed
+    } else {
+      ++in_flight;
+    }
   }
 
   void Answer(ucp_ep_h ep, uint64_t id, absl::StatusCode code) {
@@ -211,6 +223,7 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegi
       return absl::InternalError(absl::StrCat("ucp_worker_set_am_recv_handler: ", ucs_status_string(st)));
     }
   }
+  if (ucp_worker_get_efd(s->impl_->worker, &s->impl_->efd) != UCS_OK) s->impl_->efd = -1;
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   if ((st = ucp_worker_get_address(s->impl_->worker, &addr, &len)) != UCS_OK) {
@@ -262,15 +275,35 @@ void UcxServer::Start() {
   thread_ = std::thread([this] { Progress(); });
 }
 
+// Progresses the worker until stopped. Between bursts it sleeps on the worker's event fd
+// (unless busy_poll); while replies are still being sent it wakes at least every 200 µs: a
+// reply stalled on a full shared-memory FIFO raises no event when the worker drains it, and an
+// unbounded sleep then held gathers for ~15 ms (measured: the p99 of two gatherers).
 void UcxServer::Progress() {
+  const auto spin = std::chrono::microseconds(options_.spin_us);
   while (!stop_.load(std::memory_order_acquire)) {
     while (ucp_worker_progress(impl_->worker) != 0) {
     }
     if (options_.busy_poll) continue;
+    if (spin.count() > 0) {  // the next message of a rendezvous often follows within µs
+      const auto until = std::chrono::steady_clock::now() + spin;
+      bool more = false;
+      for (unsigned n = 1; !more; ++n) {
+        more = ucp_worker_progress(impl_->worker) != 0;
+        if (n % 16 == 0 && std::chrono::steady_clock::now() > until) break;
+      }
+      if (more) continue;
+    }
     const ucs_status_t st = ucp_worker_arm(impl_->worker);
     if (st == UCS_ERR_BUSY) continue;  // more events arrived meanwhile
     if (stop_.load(std::memory_order_acquire)) break;
-    ucp_worker_wait(impl_->worker);
+    if (impl_->efd < 0) {
+      ucp_worker_wait(impl_->worker);
+      continue;
+    }
+    pollfd p{impl_->efd, POLLIN, 0};
+    const timespec bound{0, 200 * 1000};
+    (void)ppoll(&p, 1, impl_->in_flight > 0 ? &bound : nullptr, nullptr);
   }
 }
 

@@ -5,8 +5,9 @@
 // region or the pool's heap whatever transport UCX picked. With `rma` the regions are also
 // registered for one-sided gets and puts (fast on RDMA, whose keys the NIC enforces; over tcp
 // and shared memory UCX cannot confine a key to its region, so only for trusted tenants).
-// Over tcp replies complete only as fast as this thread progresses; it sleeps on the worker's
-// event fd unless `busy_poll` (lower latency, one core spent).
+// Replies complete only as fast as this thread progresses: after traffic it keeps polling for
+// `spin_us`, then sleeps on the worker's event fd; `busy_poll` spins always (lowest latency,
+// one core spent).
 #pragma once
 
 #include <atomic>
@@ -26,6 +27,7 @@ namespace dd::kvpool {
 struct UcxServerOptions {
   bool rma = false;        // also register regions for one-sided access (trusted tenants / RDMA)
   bool busy_poll = false;  // spin instead of sleeping on the event fd
+  int64_t spin_us = 0;     // else keep polling this long after the last progress before sleeping
 };
 
 struct UcxRegion {
