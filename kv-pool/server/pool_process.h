@@ -5,6 +5,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ class PoolProcess {
     if (pipe(out) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a killed test or benchmark leaves no pool behind
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       const std::string ttl = "--lease_ttl_ms=" + std::to_string(lease_ttl_ms), tenants = "--tenants=" + cfg;
@@ -72,6 +74,7 @@ class PoolProcess {
     pid_ = -1;
   }
   const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
   const std::string& metrics() const { return metrics_; }
   std::unique_ptr<v1::KvPool::Stub> Stub() {
     return v1::KvPool::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));

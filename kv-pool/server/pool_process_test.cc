@@ -85,10 +85,8 @@ class PoolTransportTest : public ::testing::TestWithParam<PoolTransport> {};
 INSTANTIATE_TEST_SUITE_P(Transports, PoolTransportTest, ::testing::Values(PoolTransport::kShm, PoolTransport::kUcx),
                          [](const auto& info) { return info.param == PoolTransport::kShm ? "shm" : "ucx"; });
 
-TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
-  PoolProcess pool;
-  auto store = Connect(pool, kAlice, {.bandwidth_gbps = 5, .latency_us = 5}, GetParam());
-  ASSERT_NE(store, nullptr);
+// Four threads write and gather their own sequences at once; every block comes back exact.
+void ConcurrentRoundTrips(KvStore* store) {
   std::atomic<int> mismatches{0}, errors{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -131,6 +129,28 @@ TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(store->bytes_stored(), 0);
+}
+
+// Through a link model: gathers queue on the store's transfer thread while puts come from four.
+TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
+  PoolProcess pool;
+  auto store = Connect(pool, kAlice, {.bandwidth_gbps = 5, .latency_us = 5}, GetParam());
+  ASSERT_NE(store, nullptr);
+  ConcurrentRoundTrips(store.get());
+}
+
+// Infinite link: each thread's gathers run on its own thread (over ucx://, on its own UCX
+// worker and endpoint), on both UCX paths.
+TEST_P(PoolTransportTest, ConcurrentInlineGathersRoundTripExactly) {
+  PoolProcess pool(30000, "8MiB", {"--ucx_rma"});
+  for (UcxPath path : {UcxPath::kActiveMessages, UcxPath::kRma}) {
+    if (GetParam() == PoolTransport::kShm && path == UcxPath::kRma) continue;
+    SCOPED_TRACE(path == UcxPath::kRma ? "rma" : "active messages");
+    auto s = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = GetParam(),
+                                 .ucx_path = path, .first_extent_chunks = 4});
+    ASSERT_TRUE(s.ok()) << s.status();
+    ConcurrentRoundTrips(s->get());
+  }
 }
 
 TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
