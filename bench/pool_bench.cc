@@ -4,19 +4,27 @@
 // memcpy of the same random gather pattern in the same run (the machine's limit). ucx:// is
 // measured on both data paths (ucx-tcp, ucx-sm: active messages; ...-rma: one-sided gets, from
 // the same pool run with --ucx_rma), next to UCX's own ceiling measured in the same run:
-// ucx_perftest's tagged bandwidth at each gather's size over the same UCX_TLS. Starts its own
-// dd-kv-pool. Writes one JSON object.
+// ucx_perftest's tagged bandwidth at each gather's size over the same UCX_TLS, and `cma`:
+// the same gathers as one process_vm_readv each from another process (the kernel copy that
+// UCX's shared-memory zero-copy uses, so the ceiling of any cma-based path). ucx-*-busy run
+// against a second pool whose progress thread busy-polls. Each measurement records the CPU the
+// pool process and this process (the gatherers) spent, in cores. Starts its own dd-kv-pool.
+// Writes one JSON object.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,9 +40,11 @@ ABSL_FLAG(int64_t, head_dim, 256, "Head dim (block = 2 × 8 tokens × head_dim f
 ABSL_FLAG(int64_t, chunks, 2048, "Chunks stored per gatherer (random blocks are drawn from them)");
 ABSL_FLAG(double, seconds, 0.5, "Time per measurement (at least 3 gathers)");
 ABSL_FLAG(std::vector<std::string>, transports,
-          std::vector<std::string>({"memcpy", "inproc", "shm", "ucx-tcp", "ucx-sm", "ucx-tcp-rma", "ucx-sm-rma"}),
-          "Transports to measure (ucx-*: active messages; ucx-*-rma: one-sided gets)");
-ABSL_FLAG(bool, pool_busy_poll, false, "Start the pool with --ucx_busy_poll (its progress thread spins)");
+          std::vector<std::string>({"memcpy", "cma", "inproc", "shm", "ucx-tcp", "ucx-sm", "ucx-tcp-busy", "ucx-sm-busy",
+                                    "ucx-tcp-rma", "ucx-sm-rma"}),
+          "Transports to measure (ucx-*: active messages; -busy: against a busy-polling pool; -rma: one-sided gets)");
+ABSL_FLAG(bool, pool_busy_poll, false, "Start the main pool with --ucx_busy_poll too (its progress thread spins)");
+ABSL_FLAG(int64_t, pool_spin_us, -1, "The main pool's --ucx_spin_us (-1: the pool's default)");
 ABSL_FLAG(bool, perftest, true, "Measure ucx_perftest tag_bw (tcp, sm) at each gather size as the ceiling");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 
@@ -52,7 +62,29 @@ std::vector<int64_t> Ints(const std::vector<std::string>& v) {
 struct Result {
   double gbps = 0, p50_ms = 0, p99_ms = 0;
   int64_t gathers = 0;
+  bool failed = false;  // a gather returned an error
 };
+
+// CPU seconds (user + system) spent so far by process `pid`, or by this process when pid is 0.
+double CpuSeconds(pid_t pid) {
+  if (pid == 0) {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  }
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t close = line.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 // Runs `threads` gatherers; gather(thread, refs, dst) does one gather and returns false on error.
 template <typename GatherFn>
@@ -60,6 +92,7 @@ Result Measure(int threads, int64_t blocks, int64_t block_bytes, int64_t chunks,
   std::vector<std::vector<double>> lat(threads);
   std::vector<int64_t> bytes(threads, 0);
   std::vector<std::thread> ts;
+  std::atomic<bool> failed{false};
   const double seconds = absl::GetFlag(FLAGS_seconds);
   const auto t0 = Clock::now();
   for (int t = 0; t < threads; ++t) {
@@ -70,7 +103,10 @@ Result Measure(int threads, int64_t blocks, int64_t block_bytes, int64_t chunks,
       while (lat[t].size() < 3 || std::chrono::duration<double>(Clock::now() - t0).count() < seconds) {
         for (auto& r : refs) r = {0, 0, static_cast<int64_t>(g() % chunks)};
         const auto a = Clock::now();
-        if (!gather(t, refs, dst.data())) return;
+        if (!gather(t, refs, dst.data())) {
+          failed = true;
+          return;
+        }
         lat[t].push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
         bytes[t] += blocks * block_bytes;
       }
@@ -86,6 +122,7 @@ Result Measure(int threads, int64_t blocks, int64_t block_bytes, int64_t chunks,
   }
   std::sort(all.begin(), all.end());
   Result r;
+  r.failed = failed.load();
   if (all.empty()) return r;
   r.gathers = static_cast<int64_t>(all.size());
   r.gbps = total / wall / 1e9;
@@ -156,6 +193,9 @@ int main(int argc, char** argv) {
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
   std::vector<std::string> pool_flags{"--ucx_rma"};
   if (absl::GetFlag(FLAGS_pool_busy_poll)) pool_flags.push_back("--ucx_busy_poll");
+  if (absl::GetFlag(FLAGS_pool_spin_us) >= 0) {
+    pool_flags.push_back("--ucx_spin_us=" + std::to_string(absl::GetFlag(FLAGS_pool_spin_us)));
+  }
   dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB", pool_flags);
   if (pool.address().empty()) {
     std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";
@@ -163,22 +203,48 @@ int main(int argc, char** argv) {
   }
   nlohmann::json runs = nlohmann::json::array();
   std::vector<float> block(layout.block_floats());
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
   for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
+    std::unique_ptr<dd::kvpool::testing_util::PoolProcess> busy_pool;  // only while its transport runs
+    const dd::kvpool::testing_util::PoolProcess* serving = nullptr;    // the pool whose CPU is counted
     std::unique_ptr<dd::kvpool::KvStore> store;
-    std::vector<std::vector<float>> plain;  // memcpy: one buffer of `chunks` blocks per thread
+    std::vector<std::vector<float>> plain;  // memcpy, cma: one buffer of `chunks` blocks per thread
+    pid_t holder = -1;                      // cma: the process the gathers read from
+    int holder_pipe[2] = {-1, -1};
     std::vector<dd::kvpool::SequenceId> seqs;
-    if (transport == "memcpy") {
+    if (transport == "memcpy" || transport == "cma") {
       plain.assign(max_threads, std::vector<float>(chunks * layout.block_floats(), 1.0f));
+      if (transport == "cma") {  // a child holding the same pages (copy-on-write, never written)
+        if (pipe(holder_pipe) != 0) return std::perror("pipe"), 1;
+        holder = fork();
+        if (holder == 0) {
+          char c;
+          close(holder_pipe[1]);
+          while (read(holder_pipe[0], &c, 1) < 0 && errno == EINTR) {
+          }
+          _exit(0);
+        }
+        close(holder_pipe[0]);
+      }
     } else {
       absl::StatusOr<std::unique_ptr<dd::kvpool::KvStore>> s;
       if (transport == "inproc") {
         s = dd::kvpool::NewInProcessKvStore();
       } else {
         const bool ucx = transport.rfind("ucx-", 0) == 0;
-        const bool rma = transport.size() > 4 && transport.substr(transport.size() - 4) == "-rma";
+        const bool rma = ends_with(transport, "-rma");
+        serving = &pool;
+        if (ends_with(transport, "-busy")) {
+          busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
+              30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll"});
+          if (busy_pool->address().empty()) return std::cerr << "pool_bench: the busy-polling pool did not start\n", 1;
+          serving = busy_pool.get();
+        }
         if (ucx) setenv("UCX_TLS", transport.rfind("ucx-tcp", 0) == 0 ? "tcp" : "sm,self", 1);  // read at ucp_init
         s = dd::kvpool::ConnectPoolKvStore(
-            {.address = pool.address(), .token = dd::kvpool::testing_util::kAlice,
+            {.address = serving->address(), .token = dd::kvpool::testing_util::kAlice,
              .transport = ucx ? dd::kvpool::PoolTransport::kUcx : dd::kvpool::PoolTransport::kShm,
              .ucx_path = rma ? dd::kvpool::UcxPath::kRma : dd::kvpool::UcxPath::kActiveMessages});
       }
@@ -199,8 +265,20 @@ int main(int argc, char** argv) {
     }
     for (int64_t conc : conc_list) {
       for (int64_t blocks : blocks_list) {
+        const double pool_cpu0 = serving != nullptr ? CpuSeconds(serving->pid()) : 0, self_cpu0 = CpuSeconds(0);
+        const auto wall0 = Clock::now();
         Result r = Measure(static_cast<int>(conc), blocks, block_bytes, chunks,
                            [&](int t, const std::vector<ChunkRef>& refs, float* dst) {
+                             if (holder > 0) {  // one process_vm_readv per gather, an iov entry per block
+                               std::vector<iovec> local(refs.size()), remote(refs.size());
+                               for (size_t i = 0; i < refs.size(); ++i) {
+                                 local[i] = {dst + i * layout.block_floats(), static_cast<size_t>(block_bytes)};
+                                 remote[i] = {&plain[t][refs[i].chunk * layout.block_floats()],
+                                              static_cast<size_t>(block_bytes)};
+                               }
+                               return process_vm_readv(holder, local.data(), local.size(), remote.data(), remote.size(),
+                                                       0) == static_cast<ssize_t>(refs.size() * block_bytes);
+                             }
                              if (!store) {
                                for (size_t i = 0; i < refs.size(); ++i) {
                                  std::memcpy(dst + i * layout.block_floats(),
@@ -211,15 +289,31 @@ int main(int argc, char** argv) {
                              auto id = store->Gather(seqs[t], refs, dst, dd::kvpool::Priority::kUrgent);
                              return id.ok() && store->Wait(*id).ok();
                            });
+        const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+        const double self_cores = (CpuSeconds(0) - self_cpu0) / wall;
+        nlohmann::json pool_cores = nullptr;
+        if (serving != nullptr) pool_cores = (CpuSeconds(serving->pid()) - pool_cpu0) / wall;
+        if (r.failed || r.gathers == 0) {
+          std::cerr << "pool_bench: " << transport << ": a gather failed\n";
+          return 1;
+        }
         runs.push_back({{"transport", transport}, {"blocks_per_gather", blocks}, {"concurrency", conc},
                         {"block_bytes", block_bytes}, {"gbps", r.gbps}, {"latency_ms_p50", r.p50_ms},
-                        {"latency_ms_p99", r.p99_ms}, {"gathers", r.gathers}});
-        std::fprintf(stderr, "%-8s blocks %4lld conc %lld: %7.2f GB/s  p50 %8.3f ms  p99 %8.3f ms  (%lld gathers)\n",
+                        {"latency_ms_p99", r.p99_ms}, {"gathers", r.gathers}, {"gatherer_cpu_cores", self_cores},
+                        {"pool_cpu_cores", pool_cores}});
+        std::fprintf(stderr,
+                     "%-12s blocks %4lld conc %lld: %7.2f GB/s  p50 %8.3f ms  p99 %8.3f ms  cpu %.2f+%.2f  (%lld gathers)\n",
                      transport.c_str(), static_cast<long long>(blocks), static_cast<long long>(conc), r.gbps,
-                     r.p50_ms, r.p99_ms, static_cast<long long>(r.gathers));
+                     r.p50_ms, r.p99_ms, self_cores, pool_cores.is_null() ? 0.0 : pool_cores.get<double>(),
+                     static_cast<long long>(r.gathers));
       }
     }
     for (auto id : seqs) (void)store->Release(id);
+    store.reset();  // before its pool goes
+    if (holder > 0) {
+      close(holder_pipe[1]);
+      waitpid(holder, nullptr, 0);
+    }
   }
   nlohmann::json ceilings = nlohmann::json::array();
   if (absl::GetFlag(FLAGS_perftest)) {

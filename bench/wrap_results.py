@@ -181,11 +181,14 @@ def summary_pool(doc, out_dir):
              f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, {doc['date']}. "
              f"Blocks of {r['block_bytes'] // 1024} KiB (one [K|V] chunk of Gemma 3 270M), drawn at random from "
              f"{r['chunks_per_gatherer']} per gatherer; memcpy is the same gather pattern in plain memory, same run.", "",
-             "ucx-tcp / ucx-sm use active messages (the default, tenant-bounded); ucx-*-rma one-sided gets "
-             "(a pool run with --ucx_rma). 'vs UCX' is against ucx_perftest tag_bw at the gather's size over the "
-             "same UCX_TLS, same run (UCX's own ceiling).", "",
-             "| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs UCX | p50 ms | p99 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "ucx-tcp / ucx-sm use active messages (the default, tenant-bounded); ucx-*-busy the same against a "
+             "pool whose progress thread busy-polls (--ucx_busy_poll); ucx-*-rma one-sided gets (a pool run with "
+             "--ucx_rma). 'vs UCX' is against ucx_perftest tag_bw at the gather's size over the same UCX_TLS, same "
+             "run (UCX's own ceiling). `cma` is the same gathers as one process_vm_readv each from another process: "
+             "the kernel copy UCX's shared-memory zero-copy path uses, so the ceiling of any cma-based path. "
+             "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", "",
+             "| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs UCX | p50 ms | p99 ms | gatherer CPU | pool CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ceiling = {("tcp" if c["ucx_tls"] == "tcp" else "sm", c["blocks_per_gather"]): c["gbps"]
                for c in r.get("ucx_ceiling", []) if c["gbps"] > 0}
     for x in runs:
@@ -194,8 +197,9 @@ def summary_pool(doc, out_dir):
         t = x["transport"]
         c = ceiling.get(("tcp" if t.startswith("ucx-tcp") else "sm", x["blocks_per_gather"])) if t.startswith("ucx") else None
         vs_ucx = f"{x['gbps'] / c:.0%}" if c else "–"
+        cpu = [f"{x[k]:.2f}" if x.get(k) is not None else "–" for k in ("gatherer_cpu_cores", "pool_cpu_cores")]
         lines.append(f"| {t} | {x['blocks_per_gather']} | {x['concurrency']} | {x['gbps']:.2f} | {ratio} | {vs_ucx} | "
-                     f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} |")
+                     f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} | {cpu[0]} | {cpu[1]} |")
     if ceiling:
         lines += ["", "ucx_perftest tag_bw (GB/s): " + ", ".join(
             f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}" for (tls, blocks), g in sorted(ceiling.items()))]
