@@ -237,6 +237,7 @@ int main(int argc, char** argv) {
         const bool rma = ends_with(transport, "-rma");
         serving = &pool;
         if (ends_with(transport, "-busy")) {
+          unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
           busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
               30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll"});
           if (busy_pool->address().empty()) return std::cerr << "pool_bench: the busy-polling pool did not start\n", 1;
