@@ -37,6 +37,16 @@ void SoftmaxVisible(float* row, int64_t ld, int64_t a, int64_t e, float scale) {
   std::fill(row + e, row + ld, 0.0f);
 }
 
+constexpr int64_t kKeyTile = 256;  // keys per score task of the few-rows paths
+
+// Head-dim elements per weighted-sum task: 64, halved (down to 16) until there are at least
+// two tasks per thread.
+int64_t PieceFor(int64_t hd, int64_t n_kv, const ThreadPool& pool) {
+  int64_t piece = 64;
+  while (piece > 16 && n_kv * ((hd + piece - 1) / piece) < 2 * pool.size()) piece /= 2;
+  return piece;
+}
+
 // Few rows, all KV heads: scores in parallel over key tiles, softmax over queries, weighted
 // sums over pieces of the head dimension. Same kernels, so the same bits as the blocked path.
 void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t nr,
@@ -53,7 +63,6 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
   for (int64_t g = 0; g < n_kv; ++g) {
     GroupQueries(call, config, g, r0, r0 + nr, &scratch->q[g * nq * hd], &scratch->outs[g * nq]);
   }
-  constexpr int64_t kKeyTile = 256;
   const int64_t n_tiles = (ld + kKeyTile - 1) / kKeyTile;
   pool.ParallelFor(n_kv * n_tiles, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -68,8 +77,7 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
       SoftmaxVisible(&scratch->scores[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
     }
   });
-  int64_t piece = 64;
-  while (piece > 16 && n_kv * ((hd + piece - 1) / piece) < 2 * pool.size()) piece /= 2;
+  const int64_t piece = PieceFor(hd, n_kv, pool);
   const int64_t n_pieces = (hd + piece - 1) / piece;
   pool.ParallelFor(n_kv * n_pieces, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -130,6 +138,44 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
         SoftmaxVisible(&s[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
       }
       kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, ld, 0, hd, outs.data());
+    }
+  });
+}
+
+void AttendRowToLists(const float* q, const model::ModelConfig& config, float scale,
+                      absl::Span<const KeyValueList> lists, float* out_row, ThreadPool& pool,
+                      AttentionScratch* scratch) {
+  const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
+  // Group g's scores: gs rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
+  std::vector<int64_t> offset(n_kv + 1, 0), first_tile(n_kv + 1, 0);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    offset[g + 1] = offset[g] + gs * lists[g].n;
+    first_tile[g + 1] = first_tile[g] + (lists[g].n + kKeyTile - 1) / kKeyTile;
+  }
+  scratch->scores.resize(offset[n_kv]);
+  scratch->outs.resize(n_kv * gs);
+  for (int64_t i = 0; i < n_kv * gs; ++i) scratch->outs[i] = out_row + i * hd;
+  pool.ParallelFor(first_tile[n_kv], [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t g = std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin() - 1;
+      const int64_t j = (t - first_tile[g]) * kKeyTile, n = lists[g].n;
+      kernels::AttentionScores(q + g * gs * hd, gs, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
+                               &scratch->scores[offset[g] + j], n);
+    }
+  });
+  pool.ParallelFor(n_kv * gs, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t g = i / gs, n = lists[g].n;
+      kernels::ScaledSoftmax(&scratch->scores[offset[g] + (i % gs) * n], n, scale);
+    }
+  });
+  const int64_t piece = PieceFor(hd, n_kv, pool);
+  const int64_t n_pieces = (hd + piece - 1) / piece;
+  pool.ParallelFor(n_kv * n_pieces, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t g = t / n_pieces, e0 = (t % n_pieces) * piece, n = lists[g].n;
+      kernels::AttentionWeightedSum(&scratch->scores[offset[g]], n, gs, lists[g].values, n, e0, std::min(hd, e0 + piece),
+                                    &scratch->outs[g * gs]);
     }
   });
 }

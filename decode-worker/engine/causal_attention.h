@@ -41,4 +41,19 @@ struct AttentionScratch {
 void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
                   int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch);
 
+// One KV head's keys for a decode row, one pointer per key (and its value) in order.
+struct KeyValueList {
+  const float* const* keys;
+  const float* const* values;
+  int64_t n;
+};
+
+// One decode row over per-KV-head key lists (the sparse cache's selection): KV head g's query
+// heads (q + g × heads-per-group × head_dim, contiguous) attend to all of lists[g]; out_row
+// gets n_head × head_dim. Split over `pool` like the few-rows path above (scores by key tiles,
+// softmax per head, weighted sums by head-dim pieces), so the bits equal one query at a time.
+void AttendRowToLists(const float* q, const model::ModelConfig& config, float scale,
+                      absl::Span<const KeyValueList> lists, float* out_row, ThreadPool& pool,
+                      AttentionScratch* scratch);
+
 }  // namespace dd::engine

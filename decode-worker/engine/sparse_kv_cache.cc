@@ -518,48 +518,47 @@ void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<
 void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_row, float scale, const Window& w,
                                int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
                                const float* own_k, const float* own_v) {
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv;
   const int64_t C = options_.chunk_tokens;
+  const int64_t n_dev = dev_end - w.dense_from;
+  // Every KV head's keys in order: sinks, its selected chunks, the device window, own row.
+  std::vector<int64_t> first(n_kv + 1, 0);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    first[g + 1] = first[g] + w.sinks + static_cast<int64_t>(sel[g].size()) * C + n_dev + (own_k ? 1 : 0);
+  }
+  attend_keys_.resize(first[n_kv]);
+  attend_values_.resize(first[n_kv]);
+  attend_lists_.resize(n_kv);
   int64_t block_index = 0;
   for (int64_t g = 0; g < n_kv; ++g) {
-    const int64_t n_sel = static_cast<int64_t>(sel[g].size());
-    const int64_t n_dev = dev_end - w.dense_from;
-    const int64_t total = w.sinks + n_sel * C + n_dev + (own_k ? 1 : 0);
-    const float* const* gb = blocks.data() + block_index;
-    auto key = [&](int64_t j) -> const float* {
-      if (j < w.sinks) return DevK(st, j) + g * hd;
-      j -= w.sinks;
-      if (j < n_sel * C) return gb[j / C] + (j % C) * hd;
-      j -= n_sel * C;
-      if (j < n_dev) return DevK(st, w.dense_from + j) + g * hd;
-      return own_k + g * hd;
-    };
-    auto value = [&](int64_t j) -> const float* {
-      if (j < w.sinks) return DevV(st, j) + g * hd;
-      j -= w.sinks;
-      if (j < n_sel * C) return gb[j / C] + (C + j % C) * hd;
-      j -= n_sel * C;
-      if (j < n_dev) return DevV(st, w.dense_from + j) + g * hd;
-      return own_v + g * hd;
-    };
-    attend_keys_.resize(total);
-    attend_values_.resize(total);
-    for (int64_t j = 0; j < total; ++j) {
-      attend_keys_[j] = key(j);
-      attend_values_[j] = value(j);
+    const float** k = attend_keys_.data() + first[g];
+    const float** v = attend_values_.data() + first[g];
+    int64_t j = 0;
+    for (int64_t t = 0; t < w.sinks; ++t, ++j) {
+      k[j] = DevK(st, t) + g * hd;
+      v[j] = DevV(st, t) + g * hd;
     }
-    // The group's gs query heads together (blocked kernels, the bits of Dot / Axpy per pair).
-    scratch_scores_.resize(gs * total);
-    kernels::AttentionScores(q + g * gs * hd, gs, hd, attend_keys_.data(), total, scratch_scores_.data(), total);
-    attend_outs_.resize(gs);
-    for (int64_t h = 0; h < gs; ++h) {
-      kernels::ScaledSoftmax(scratch_scores_.data() + h * total, total, scale);
-      attend_outs_[h] = out_row + (g * gs + h) * hd;
+    for (size_t c = 0; c < sel[g].size(); ++c) {
+      const float* block = blocks[block_index + c];
+      for (int64_t t = 0; t < C; ++t, ++j) {
+        k[j] = block + t * hd;
+        v[j] = block + (C + t) * hd;
+      }
     }
-    kernels::AttentionWeightedSum(scratch_scores_.data(), total, gs, attend_values_.data(), total, 0, hd,
-                                  attend_outs_.data());
-    block_index += n_sel;
+    for (int64_t t = 0; t < n_dev; ++t, ++j) {
+      k[j] = DevK(st, w.dense_from + t) + g * hd;
+      v[j] = DevV(st, w.dense_from + t) + g * hd;
+    }
+    if (own_k != nullptr) {
+      k[j] = own_k + g * hd;
+      v[j] = own_v + g * hd;
+    }
+    attend_lists_[g] = {k, v, first[g + 1] - first[g]};
+    block_index += static_cast<int64_t>(sel[g].size());
   }
+  // The groups' query heads over their keys, split over the threads (the bits of Dot /
+  // ScaledSoftmax / Axpy one query at a time, as before).
+  AttendRowToLists(q, config_, scale, attend_lists_, out_row, pool_, &attend_scratch_);
 }
 
 SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,

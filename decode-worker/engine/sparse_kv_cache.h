@@ -259,9 +259,10 @@ class SparseKvCache : public KvCache {
   ThreadPool& pool_;
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
-  std::vector<float> scratch_scores_, gathered_, urgent_;
-  std::vector<const float*> attend_keys_, attend_values_;  // AttendOver's keys in order
-  std::vector<float*> attend_outs_;
+  std::vector<float> gathered_, urgent_;
+  std::vector<const float*> attend_keys_, attend_values_;  // AttendOver's keys in order, per KV head
+  std::vector<KeyValueList> attend_lists_;
+  AttentionScratch attend_scratch_;
   std::vector<const float*> block_ptrs_;  // the last real row's selected blocks, where they lie
   std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
