@@ -36,11 +36,7 @@ void ResidentSet::Victims(int64_t g, const std::vector<int64_t>& keep, bool allo
                           size_t first, std::vector<int32_t>* out) const {
   const Head& h = heads_[g];
   out->clear();
-  for (int32_t s = 0; s < slots_per_head_; ++s) {
-    if (h.inflight[s] && !allow_inflight) continue;
-    if (h.chunk[s] >= 0 && std::binary_search(keep.begin(), keep.end(), h.chunk[s])) continue;
-    out->push_back(s);
-  }
+  ForEachVictim(g, keep, allow_inflight, [out](int32_t s) { out->push_back(s); });
   // Only the first `first` are ordered (all a caller takes): empty slots first (an empty slot
   // may have been used before), then least recently used, then lower slot.
   const auto mid = out->begin() + static_cast<std::ptrdiff_t>(std::min(first, out->size()));
@@ -53,9 +49,9 @@ void ResidentSet::Victims(int64_t g, const std::vector<int64_t>& keep, bool allo
 }
 
 int64_t ResidentSet::Available(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight) const {
-  std::vector<int32_t> v;
-  Victims(g, keep, allow_inflight, /*first=*/0, &v);
-  return static_cast<int64_t>(v.size());
+  int64_t n = 0;
+  ForEachVictim(g, keep, allow_inflight, [&n](int32_t) { ++n; });
+  return n;
 }
 
 bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,

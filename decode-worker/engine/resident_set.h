@@ -59,6 +59,21 @@ class ResidentSet {
   // Candidates for eviction; the first `first` of them in policy order.
   void Victims(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight, size_t first,
                std::vector<int32_t>* out) const;
+  // Calls fn(slot) for each slot that may be reused: not holding a chunk of `keep`, not in
+  // flight unless allowed. The kept slots are found through slot_of (|keep| lookups, not a
+  // search of `keep` per slot: this ran once per KV head per layer per step).
+  template <typename Fn>
+  void ForEachVictim(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight, Fn fn) const {
+    const Head& h = heads_[g];
+    thread_local std::vector<uint8_t> kept;
+    kept.assign(slots_per_head_, 0);
+    for (int64_t c : keep) {
+      if (c >= 0 && c < static_cast<int64_t>(h.slot_of.size()) && h.slot_of[c] >= 0) kept[h.slot_of[c]] = 1;
+    }
+    for (int32_t s = 0; s < slots_per_head_; ++s) {
+      if (!kept[s] && (allow_inflight || !h.inflight[s])) fn(s);
+    }
+  }
 
   std::vector<Head> heads_;
   int64_t slots_per_head_ = 0, block_floats_ = 0;
