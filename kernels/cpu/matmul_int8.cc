@@ -49,12 +49,16 @@ constexpr int kTile = 16;           // weight rows per tile: one 32-bit lane eac
 constexpr int64_t kRowChunk = 64;   // activation rows whose accumulators stay in L1 per tile
 constexpr int64_t kScratchPerBlock = 32;  // a tile's 16 f16 scales per block (Q8_0) or super-block
 constexpr float kMinBlockMax = 1e-30f;
-// ThreadPool::ParallelFor costs 30+ µs per call on the 2-vCPU development VM (condition
-// variable wake-ups; more when the other vCPU is busy), so calls whose estimated single-thread
-// time is below this run on the calling thread: on that VM every Gemma-3-270M layer matmul at
-// m = 1..8 ran slower on 2 threads than on 1. Results are the same bits either way. Retune
-// with the pool.
-constexpr double kParallelMinNs = 200e3;
+// A ParallelFor whose worker sleeps costs 30+ µs on the 2-vCPU development VM (condition
+// variable wake-up), one whose worker still spins (it spins ~1 ms after each job) a few µs.
+// Calls whose estimated single-thread time is below this run on the calling thread. At 200 µs
+// every decode matmul of both small models ran on one thread; since decode attention also
+// runs on the pool (the worker stays awake through a step) 30 µs measured faster: decode
+// tok/s, ddctl generate 4.2K context, 3 alternating rounds, Gemma full 41.6/37.0/43.9 ->
+// 45.1/47.3/55.9, dualdecoder 32.7/35.6/38.2 -> 36.7/46.1/38.2; SmolLM2 sparse-cached
+// 35.9/31.3/36.5 -> 39.4/31.1/43.1, dualdecoder unchanged. Results are the same bits either
+// way.
+constexpr double kParallelMinNs = 30e3;
 constexpr int64_t kParallelQuantizeElems = 1 << 17;
 
 // Zero point subtracted from the unsigned weight codes the SIMD kernel feeds to VPDPBUSD.
