@@ -50,7 +50,7 @@ constexpr int64_t kRowChunk = 64;   // activation rows whose accumulators stay i
 constexpr int64_t kScratchPerBlock = 32;  // a tile's 16 f16 scales per block (Q8_0) or super-block
 constexpr float kMinBlockMax = 1e-30f;
 // A ParallelFor whose worker sleeps costs 30+ µs on the 2-vCPU development VM (condition
-// variable wake-up), one whose worker still spins (it spins ~1 ms after each job) a few µs.
+// variable wake-up), one whose worker still spins (~0.3 ms after each job here) a few µs.
 // Calls whose estimated single-thread time is below this run on the calling thread. At 200 µs
 // every decode matmul of both small models ran on one thread; since decode attention also
 // runs on the pool (the worker stays awake through a step) 30 µs measured faster: decode
