@@ -147,7 +147,10 @@ void AttendRowToLists(const float* q, const model::ModelConfig& config, float sc
                       AttentionScratch* scratch) {
   const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
   // Group g's scores: gs rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
-  std::vector<int64_t> offset(n_kv + 1, 0), first_tile(n_kv + 1, 0);
+  std::vector<int64_t>& offset = scratch->offsets;  // kept across calls: this runs per layer per row
+  std::vector<int64_t>& first_tile = scratch->first_tiles;
+  offset.assign(n_kv + 1, 0);
+  first_tile.assign(n_kv + 1, 0);
   for (int64_t g = 0; g < n_kv; ++g) {
     offset[g + 1] = offset[g] + gs * lists[g].n;
     first_tile[g + 1] = first_tile[g] + (lists[g].n + kKeyTile - 1) / kKeyTile;

@@ -25,6 +25,7 @@ struct AttentionScratch {
   std::vector<const float*> keys, values;  // per KV head, one pointer per key position
   std::vector<float> q, scores;            // the few-rows path (decode)
   std::vector<float*> outs;
+  std::vector<int64_t> offsets, first_tiles;  // AttendRowToLists' per-KV-head prefix sums
 };
 
 // Rows [r0, r1) of `call` belong to one sequence. `runs` hold, in order, the positions

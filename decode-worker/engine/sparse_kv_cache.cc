@@ -522,17 +522,15 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
   const int64_t C = options_.chunk_tokens;
   const int64_t n_dev = dev_end - w.dense_from;
   // Every KV head's keys in order: sinks, its selected chunks, the device window, own row.
-  std::vector<int64_t> first(n_kv + 1, 0);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    first[g + 1] = first[g] + w.sinks + static_cast<int64_t>(sel[g].size()) * C + n_dev + (own_k ? 1 : 0);
-  }
-  attend_keys_.resize(first[n_kv]);
-  attend_values_.resize(first[n_kv]);
+  int64_t all_keys = 0;
+  for (int64_t g = 0; g < n_kv; ++g) all_keys += w.sinks + static_cast<int64_t>(sel[g].size()) * C + n_dev + (own_k ? 1 : 0);
+  attend_keys_.resize(all_keys);
+  attend_values_.resize(all_keys);
   attend_lists_.resize(n_kv);
-  int64_t block_index = 0;
+  int64_t block_index = 0, first = 0;
   for (int64_t g = 0; g < n_kv; ++g) {
-    const float** k = attend_keys_.data() + first[g];
-    const float** v = attend_values_.data() + first[g];
+    const float** k = attend_keys_.data() + first;
+    const float** v = attend_values_.data() + first;
     int64_t j = 0;
     for (int64_t t = 0; t < w.sinks; ++t, ++j) {
       k[j] = DevK(st, t) + g * hd;
@@ -552,8 +550,10 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
     if (own_k != nullptr) {
       k[j] = own_k + g * hd;
       v[j] = own_v + g * hd;
+      ++j;
     }
-    attend_lists_[g] = {k, v, first[g + 1] - first[g]};
+    attend_lists_[g] = {k, v, j};
+    first += j;
     block_index += static_cast<int64_t>(sel[g].size());
   }
   // The groups' query heads over their keys, split over the threads (the bits of Dot /

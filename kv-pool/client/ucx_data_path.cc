@@ -112,8 +112,9 @@ class UcxDataPath : public DataPath {
   }
 
  private:
-  // Runs `op` on a lane this thread holds alone.
-  absl::Status OnLane(const std::function<absl::Status(UcxLane&)>& op) {
+  // Runs `op` on a lane this thread holds alone (a template: no std::function per gather).
+  template <typename Op>
+  absl::Status OnLane(const Op& op) {
     UcxLane* lane = nullptr;
     std::unique_lock<std::mutex> held;
     {
