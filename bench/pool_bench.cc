@@ -30,6 +30,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "kv-pool/client/pool_kv_store.h"
 #include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
@@ -203,9 +204,6 @@ int main(int argc, char** argv) {
   }
   nlohmann::json runs = nlohmann::json::array();
   std::vector<float> block(layout.block_floats());
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
   for (const std::string& transport : absl::GetFlag(FLAGS_transports)) {
     std::unique_ptr<dd::kvpool::testing_util::PoolProcess> busy_pool;  // only while its transport runs
     const dd::kvpool::testing_util::PoolProcess* serving = nullptr;    // the pool whose CPU is counted
@@ -234,9 +232,9 @@ int main(int argc, char** argv) {
         s = dd::kvpool::NewInProcessKvStore();
       } else {
         const bool ucx = transport.rfind("ucx-", 0) == 0;
-        const bool rma = ends_with(transport, "-rma");
+        const bool rma = absl::EndsWith(transport, "-rma");
         serving = &pool;
-        if (ends_with(transport, "-busy")) {
+        if (absl::EndsWith(transport, "-busy")) {
           unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
           busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
               30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll"});
