@@ -24,6 +24,8 @@ struct CliConfig {
   std::string text;
   int64_t context = 4096;       // fidelity: prompt tokens taken from the file
   int64_t score_tokens = 64;    // fidelity: teacher-forced positions scored after it
+  std::string questions_file;   // answer: JSON lines of questions over the shared context
+  int64_t answer_group = 16;    // answer: slots run together (question forks + choice forks)
   // Service commands.
   std::string server;           // a router (or `ddctl serve`): generate goes there when set
   std::string worker;           // stats: a worker's address
@@ -50,6 +52,8 @@ absl::Status RunInfo(const CliConfig& cfg);
 // Teacher-forced fidelity of a sparse mode against full on the same text (issue 4): per
 // position KL(full || mode) of the next-token distributions and both NLLs of the true token.
 absl::Status RunFidelity(const CliConfig& cfg);
+// Many questions over one shared context, prefilled once (answer_cmd.cc).
+absl::Status RunAnswer(const CliConfig& cfg);
 // Service commands (serve_cmd.cc).
 absl::Status RunServe(const CliConfig& cfg);
 absl::Status RunRemoteGenerate(const CliConfig& cfg);

@@ -26,6 +26,9 @@ ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation token
 ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
 ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scoring");
 ABSL_FLAG(int64_t, score_tokens, 64, "fidelity: teacher-forced positions scored after --context");
+ABSL_FLAG(std::string, questions_file, "", "answer: JSON lines of questions over the --prompt_file context");
+ABSL_FLAG(int64_t, answer_group, 16,
+          "answer: sequences run together (a question's fork plus one per choice); each copies the context's KV");
 ABSL_FLAG(bool, json, false, "Print a machine-readable JSON summary instead of streaming text");
 ABSL_FLAG(bool, raw_prompt, false, "Do not add the BOS token to the prompt");
 ABSL_FLAG(bool, chat, false, "generate: send the prompt as a user message in the model's chat format");
@@ -57,6 +60,8 @@ constexpr char kUsage[] =
     "  logits     write logits of --tokens at --positions to --out (.npy)\n"
     "  tokenize   print the token ids of --text\n"
     "  info       print the model's configuration\n"
+    "  answer     many questions (--questions_file, JSON lines) over one context (--prompt_file),\n"
+    "             the context prefilled once; one JSON line per answer\n"
     "  fidelity   teacher-force --prompt_file through full and --mode, print per-position KL (JSON)\n"
     "  serve      the embedded server: router + worker + in-process pool on --listen (gRPC)\n"
     "  generate --server HOST:PORT   stream a generation from a router or `ddctl serve`\n"
@@ -119,6 +124,8 @@ int main(int argc, char** argv) {
   cfg.text = absl::GetFlag(FLAGS_text);
   cfg.context = absl::GetFlag(FLAGS_context);
   cfg.score_tokens = absl::GetFlag(FLAGS_score_tokens);
+  cfg.questions_file = absl::GetFlag(FLAGS_questions_file);
+  cfg.answer_group = absl::GetFlag(FLAGS_answer_group);
 
   cfg.server = absl::GetFlag(FLAGS_server);
   cfg.worker = absl::GetFlag(FLAGS_worker);
@@ -164,6 +171,7 @@ int main(int argc, char** argv) {
   else if (cmd == "tokenize") st = dd::ddctl::RunTokenize(cfg);
   else if (cmd == "info") st = dd::ddctl::RunInfo(cfg);
   else if (cmd == "fidelity") st = dd::ddctl::RunFidelity(cfg);
+  else if (cmd == "answer") st = dd::ddctl::RunAnswer(cfg);
   else {
     std::cerr << "ddctl: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
