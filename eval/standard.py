@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""The evaluation with statistical power (issue 15): many questions per haystack, the haystack
+prefilled once per mode, intervals in the report.
+
+    python3 eval/standard.py --quick       # Gemma 2K, one haystack per family (~3 min)
+    python3 eval/standard.py --standard    # both models at their long lengths (hours; resumable)
+
+For every haystack (shared_tasks.py): `ddctl answer` in `full`, then in `sparse` at each budget
+below the length, and `dualdecoder` at one budget on the first haystack of each cell (its real
+rows equal sparse's; the report checks the answers match). The sparse runs of one haystack
+share a real dd-kv-pool: the first prefills the context and commits it under its prefix keys,
+the others restore it (--prefix_block) instead of prefilling again.
+
+Each (model, haystack, mode, budget) run is appended to the JSONL results file as one record
+(all its answers) as soon as it finishes; running the same command again skips what is there,
+so an interrupted run resumes. A record whose haystack differs from what the generator now
+makes stops the run (pass --restart). At the end eval/standard_report.py writes
+bench/results/eval-standard.{json,md}.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_cli  # noqa: E402
+import haystack  # noqa: E402
+import jsonl_store  # noqa: E402
+import models  # noqa: E402
+import shared_tasks  # noqa: E402
+import standard_report  # noqa: E402
+
+REPO = engine_cli.REPO
+POOL_TOKEN = "eval-standard-pool-token-0123456789"
+PREFIX_BLOCK = 256
+POOL_QUOTA = "12GiB"   # reserved, not touched: the pool reserves every layer's blocks (Gemma: 18, 3 written)
+SPARSE_GROUP = 6      # slots per batch in sparse modes (each a copy of the context in the pool)
+PRESETS = {
+    "quick": {"models": {"gemma": [2048]}, "families": ["needle_kv", "qa_people", "icl_codes", "continuation"],
+              "haystacks": 1, "budgets": [512, 1024], "dual_budget": 512},
+    # 4 haystacks x 16 questions = 64 per (family, length, mode, budget) cell.
+    "standard": {"models": {"gemma": [2048, 8192, 16384, 32000], "smollm2": [2048, 4096, 8000]},
+                 "families": ["qa_people", "icl_codes", "continuation"], "haystacks": 4, "questions": 16,
+                 "budgets": [512, 1024, 2048], "dual_budget": 1024},
+}
+
+
+def log(msg):
+    print(f"[eval-standard] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", dest="preset", action="store_const", const="quick")
+    g.add_argument("--standard", dest="preset", action="store_const", const="standard")
+    ap.add_argument("--model", help="only this model (short name gemma|smollm2); its preset lengths unless --lengths")
+    ap.add_argument("--lengths", help="comma-separated prompt lengths in tokens (with --model)")
+    ap.add_argument("--families", help="comma-separated, from: " + ", ".join(shared_tasks.FAMILIES))
+    ap.add_argument("--haystacks", type=int, help="haystacks per (family, length)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bin", default=str(Path(os.environ.get("DD_BUILD_DIR", REPO / "build")) / "bin"))
+    ap.add_argument("--results", help="JSONL of run records (default bench/results/eval-standard-<preset>.jsonl)")
+    ap.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--restart", action="store_true", help="delete the results file first instead of resuming")
+    ap.add_argument("--timeout", type=int, default=7200, help="seconds allowed per ddctl answer run")
+    a = ap.parse_args(argv)
+    a.preset = a.preset or "quick"
+    p = dict(PRESETS[a.preset])
+    a.models = dict(p["models"])
+    if a.model:
+        if a.model not in models.MODELS:
+            ap.error(f"--model: unknown short name {a.model!r}; known: {', '.join(models.MODELS)}")
+        a.models = {a.model: a.models.get(a.model, [2048])}
+    if a.lengths:
+        if not a.model:
+            ap.error("--lengths needs --model (lengths are per model)")
+        try:
+            a.models[a.model] = [int(x) for x in a.lengths.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--lengths: expected comma-separated integers, got {a.lengths!r}")
+    a.families = a.families.split(",") if a.families else p["families"]
+    unknown = [f for f in a.families if f not in shared_tasks.FAMILIES]
+    if unknown:
+        ap.error(f"--families: unknown {', '.join(unknown)}; known: {', '.join(shared_tasks.FAMILIES)}")
+    a.haystacks = a.haystacks if a.haystacks is not None else p["haystacks"]
+    if a.haystacks < 1:
+        ap.error(f"--haystacks must be >= 1, got {a.haystacks}")
+    a.questions = p.get("questions", shared_tasks.QUESTIONS_PER_HAYSTACK)
+    a.budgets, a.dual_budget = p["budgets"], p["dual_budget"]
+    for m, lengths in a.models.items():
+        for n in lengths:
+            if n < 1024:
+                ap.error(f"length {n} for {m} is too short for a long-context task (minimum 1024 tokens)")
+    a.results = a.results or os.path.join(a.out_dir, f"eval-standard-{a.preset}.jsonl")
+    return a
+
+
+def chat_wrap(model, context, question):
+    """SmolLM2 is an instruct model: the question families with an answer cue go through its
+    ChatML template (a user turn holding context + question, the cue opening the assistant's
+    turn). Document-style families (a list to continue, prose to continue) stay raw text."""
+    if model != "smollm2" or "\nAnswer: " not in question.text:
+        return context, question, False
+    ask, cue = question.text.split("\nAnswer: ", 1)
+    head = "<|im_start|>system\nAnswer the question from the text.<|im_end|>\n<|im_start|>user\n"
+    text = f"{ask}<|im_end|>\n<|im_start|>assistant\n{cue}"
+    import dataclasses
+    return head + context, dataclasses.replace(question, text=text), True
+
+
+class Pool:
+    """A real dd-kv-pool for one haystack's sparse runs (prefix reuse between budgets)."""
+
+    def __init__(self, bin_dir, tmp):
+        cfg = Path(tmp) / "tenants.json"
+        cfg.write_text(json.dumps([{"name": "eval", "token": POOL_TOKEN, "quota": POOL_QUOTA}]))
+        self.log = Path(tmp) / "pool.log"
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen([str(Path(bin_dir) / "dd-kv-pool"), f"--tenants={cfg}"],
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.close()
+            raise engine_cli.EngineSetupError(f"dd-kv-pool did not start: {line!r} {self.log.read_text()[-500:]}")
+        self.addr = line.split()[3]
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def run_answer(a, model_path, ctx, qs, mode, budget, pool, timeout):
+    """One `ddctl answer` run; returns (context line, answer lines)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cf, qf = Path(tmp) / "context.txt", Path(tmp) / "questions.jsonl"
+        cf.write_text(ctx)
+        qf.write_text("".join(json.dumps(q.request()) + "\n" for q in qs))
+        cmd = [str(Path(a.bin) / "ddctl"), "answer", "--model", str(model_path), "--mode", mode,
+               "--prompt_file", str(cf), "--questions_file", str(qf)]
+        env = dict(os.environ)
+        if mode != "full":
+            # A sparse fork copies the context's KV inside the pool, which reserves every
+            # layer's blocks (Gemma at 32K: ~1.1 GiB per copy): fewer copies at once.
+            cmd += ["--budget", str(budget), "--answer_group", str(SPARSE_GROUP)]
+        if pool is not None:
+            cmd += ["--kv_store", f"shm://{pool.addr}", "--prefix_block", str(PREFIX_BLOCK)]
+            env["DD_KV_POOL_TOKEN"] = POOL_TOKEN
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise engine_cli.EngineSetupError(f"ddctl answer did not finish within {timeout} s") from None
+        if r.returncode != 0:
+            raise engine_cli.EngineSetupError(f"ddctl answer failed (exit {r.returncode}): {r.stderr.strip()[-800:]}")
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+        if not lines or lines[0].get("type") != "context" or len(lines) != len(qs) + 1:
+            raise engine_cli.EngineSetupError(f"ddctl answer printed {len(lines)} lines for {len(qs)} questions")
+        return lines[0], lines[1:]
+
+
+def make_record(model, h, mode, budget, head, answers, qs, chat, wall_s, git_sha):
+    out = []
+    for q, ans in zip(qs, answers):
+        if ans.get("id") != q.id:
+            raise engine_cli.EngineSetupError(f"ddctl answer returned {ans.get('id')!r} where {q.id!r} was expected")
+        rec = {"id": q.id, "correct": bool(q.score(ans))}
+        for k in ("text", "tokens", "choice_logprobs", "choice_tokens", "hit_rate_after_first"):
+            if k in ans:
+                rec[k] = ans[k]
+        if q.kind == "choice":
+            rec["nll_true"] = -ans["choice_logprobs"][q.answer_index] / max(1, ans["choice_tokens"][q.answer_index])
+        out.append(rec)
+    return {"task_id": f"{model}:{h.id}", "model": model, "family": h.family, "length": h.length, "index": h.index,
+            "seed": h.seed, "haystack_sha": h.sha(), "mode": mode, "budget": budget or None, "chat": chat,
+            "context_tokens": head["context_tokens"], "shared_tokens": head["shared_tokens"],
+            "prefill_s": round(head["prefill_s"], 3), "wall_s": round(wall_s, 3), "git_sha": git_sha,
+            "answers": out}
+
+
+def jobs_for(a, h):
+    jobs = [("full", 0)] + [("sparse", b) for b in a.budgets if b < h.length]
+    if h.index == 0 and a.dual_budget < h.length:
+        jobs.append(("dualdecoder", a.dual_budget))
+    return jobs
+
+
+def run_model(a, model, store):
+    engine = engine_cli.Ddctl(str(Path(a.bin) / "ddctl"), model)
+    ctx_len = engine.context_length()
+    paragraphs = haystack.load_paragraphs()
+    lengths = a.models[model]
+    for n in lengths:
+        if n + 64 > ctx_len:
+            raise SystemExit(f"eval-standard: length {n} leaves no room for answers in {model}'s context of {ctx_len}")
+    started, done = time.monotonic(), 0
+    total_cost = sum(n for n in lengths) * len(a.families) * a.haystacks
+    for n in lengths:
+        for fam in a.families:
+            for i in range(a.haystacks):
+                h = shared_tasks.make_haystack(fam, n, i, a.seed, engine.count_tokens, paragraphs, a.questions)
+                wrapped = [chat_wrap(model, h.context, q) for q in h.questions]
+                ctx, qs, chat = wrapped[0][0], [w[1] for w in wrapped], any(w[2] for w in wrapped)
+                todo = []
+                for mode, b in jobs_for(a, h):
+                    key = (f"{model}:{h.id}", mode, b)
+                    if store.has(key):
+                        if store.records[key]["haystack_sha"] != h.sha():
+                            raise SystemExit(f"eval-standard: {store.path} holds another version of {key} (generator, "
+                                             "seed or tokenizer changed); pass --restart or another --results file")
+                    else:
+                        todo.append((mode, b))
+                with tempfile.TemporaryDirectory() as tmp:
+                    sparse_runs = sum(1 for m, _ in todo if m != "full")
+                    pool = Pool(a.bin, tmp) if sparse_runs >= 2 else None
+                    try:
+                        for mode, b in todo:
+                            t0 = time.monotonic()
+                            head, answers = run_answer(a, engine.model, ctx, qs, mode, b,
+                                                       pool if mode != "full" else None, a.timeout)
+                            rec = make_record(model, h, mode, b, head, answers, qs, chat, time.monotonic() - t0,
+                                              a.git_sha)
+                            store.append(rec)
+                            right = sum(x["correct"] for x in rec["answers"])
+                            log(f"{model} {h.id} {mode}{'@' + str(b) if b else ''}: {right}/{len(answers)} correct, "
+                                f"prefill {head['prefill_s']:.1f} s, {rec['wall_s']:.1f} s")
+                    finally:
+                        if pool is not None:
+                            pool.close()
+                done += n
+                el = time.monotonic() - started
+                log(f"{model}: {done / total_cost:.0%} of the work, elapsed {el / 60:.1f} min, "
+                    f"ETA {el / done * (total_cost - done) / 60:.1f} min (this model, this session)")
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    sys.path.insert(0, str(REPO / "bench"))
+    import wrap_results
+    a.git_sha = wrap_results.git_sha()
+    if a.restart and os.path.exists(a.results):
+        os.remove(a.results)
+    os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
+    try:
+        store = jsonl_store.JsonlStore(a.results)
+        for model in a.models:
+            run_model(a, model, store)
+    except (engine_cli.EngineSetupError, haystack.HaystackMissing, jsonl_store.ResultsFileError, ValueError) as e:
+        raise SystemExit(f"eval-standard: {e}") from None
+    config = {"preset": a.preset, "models": a.models, "families": a.families, "haystacks": a.haystacks,
+              "questions_per_haystack": a.questions, "budgets": a.budgets, "dual_budget": a.dual_budget,
+              "seed": a.seed, "results_file": os.path.relpath(a.results, REPO),
+              "command": "python3 eval/standard.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    wanted = {(m, f, n) for m, ls in a.models.items() for n in ls for f in a.families}
+    records = [r for r in store.records.values()
+               if (r["model"], r["family"], r["length"]) in wanted and r["index"] < a.haystacks]
+    for path in standard_report.write(records, config, a.out_dir):
+        log(f"wrote {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    main()
