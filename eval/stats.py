@@ -25,11 +25,16 @@ def wilson(correct, n, z=Z95):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def paired_difference(pairs_by_cluster, resamples=10000, seed=0, level=0.95):
+def paired_difference(pairs_by_cluster, resamples=10000, seed=0, level=0.95, binary=False):
     """pairs_by_cluster: {cluster: [(a, b), ...]} with a, b numbers (1/0 for correct/wrong, or
     a continuous score), the same question under condition A and B. Returns the mean of b - a
     over all pairs and its percentile interval from a cluster bootstrap:
-    {"n": pairs, "clusters": k, "diff": mean, "low": ., "high": .}."""
+    {"n": pairs, "clusters": k, "diff": mean, "low": ., "high": .}.
+
+    binary: the bootstrap cannot see a rate it never observed (no discordant pair gives
+    [0, 0]); with no pair lost (b < a) the low end is at most diff - 3/n, with none gained at
+    least diff + 3/n on the high end (the rule of three: with no event in n trials the 95%
+    upper bound of its rate is about 3/n)."""
     clusters = [v for _, v in sorted(pairs_by_cluster.items()) if v]
     n = sum(len(v) for v in clusters)
     if n == 0:
@@ -53,6 +58,12 @@ def paired_difference(pairs_by_cluster, resamples=10000, seed=0, level=0.95):
     tail = (1 - level) / 2
     lo = stats[int(math.floor(tail * (resamples - 1)))]
     hi = stats[int(math.ceil((1 - tail) * (resamples - 1)))]
+    if binary:
+        pairs = [p for v in clusters for p in v]
+        if not any(b < a for a, b in pairs):
+            lo = min(lo, diff - 3 / n)
+        if not any(b > a for a, b in pairs):
+            hi = max(hi, diff + 3 / n)
     return {"n": n, "clusters": k, "diff": diff, "low": lo, "high": hi}
 
 

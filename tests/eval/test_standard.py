@@ -132,6 +132,18 @@ def test_paired_difference_of_identical_answers_is_exactly_zero():
     assert stats.verdict(d) == "no measurable loss"
 
 
+def test_binary_interval_widens_only_the_side_never_observed():
+    d = stats.paired_difference({i: [(1, 0)] + [(1, 1)] * 15 for i in range(4)}, binary=True)
+    assert d["low"] == pytest.approx(-1 / 16) and d["high"] == pytest.approx(-1 / 16 + 3 / 64)
+
+
+def test_binary_interval_is_never_narrower_than_the_rule_of_three():
+    few = stats.paired_difference({i: [(1, 1)] * 8 for i in range(4)}, binary=True)
+    assert few["low"] == pytest.approx(-3 / 32) and stats.verdict(few) == "not enough evidence"
+    many = stats.paired_difference({i: [(1, 1)] * 16 for i in range(4)}, binary=True)
+    assert many["low"] == pytest.approx(-3 / 64) and stats.verdict(many) == "no measurable loss"
+
+
 def test_paired_difference_detects_a_consistent_loss():
     pairs = {i: [(1, 0)] * 3 + [(1, 1)] * 7 for i in range(8)}   # 30 points lost in every haystack
     d = stats.paired_difference(pairs, resamples=2000)
@@ -192,7 +204,10 @@ def test_aggregate_pairs_questions_flags_cells_and_checks_dual():
     assert not nk["eligible"]
     b = qa["budgets"]["512"]
     assert b["accuracy"] == pytest.approx(0.5) and b["diff"]["diff"] == pytest.approx(-0.25)
-    assert b["verdict"].startswith("loss of 25.0")
+    # A loss in every haystack: the low side is the bootstrap's; no pair gained, so the high
+    # side is widened by 3/n (25 points here) and reaches 0.
+    assert b["diff"]["low"] == pytest.approx(-0.25) and b["diff"]["high"] == pytest.approx(0.0)
+    assert b["verdict"] == "not enough evidence"
     # The pooled verdict uses eligible cells only (needle_kv's loss does not count).
     (v,) = res["verdicts"]
     assert v["diff"]["n"] == 12 and v["diff"]["diff"] == pytest.approx(-0.25)
