@@ -5,6 +5,10 @@ position, KL(full || sparse) of the next-token distributions, plus teacher-force
 of each. dualdecoder's real rows are bit-identical to sparse (tested), so sparse stands for both.
 
   python3 eval/fidelity.py [--quick|--full]  -> bench/results/eval-fidelity.{json,md}
+  python3 eval/fidelity.py --standard [--model smollm2]
+      contexts 8192, 16384, 32000 (SmolLM2: 2048, 4096, 8000 less the scored tokens), 128 scored
+      positions, over every haystack text (enough tokens for 32K) -> eval-fidelity-standard[-MODEL].*
+The per-position KL is reported as its distribution (p50, p90, max), not only the mean.
 """
 import argparse
 import datetime
@@ -18,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
 import haystack  # noqa: E402
+import models  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = list(haystack.NATURAL_TEXTS)
@@ -28,6 +33,7 @@ def main():
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="contexts 2048, 4096, 8192 (default)")
     g.add_argument("--full", action="store_true", help="contexts 2048 ... 16384")
+    g.add_argument("--standard", action="store_true", help="each model's long contexts, 128 positions (issue 15)")
     ap.add_argument("--score-tokens", type=int, default=64)
     ap.add_argument("--budgets", default="512,1024,2048")
     ap.add_argument("--ddctl")
@@ -41,7 +47,13 @@ def main():
     if any(b <= 0 or b % 8 for b in budgets):
         ap.error(f"every budget must be a positive multiple of 8, got {budgets}")
     contexts = [2048, 4096, 8192, 16384] if a.full else [2048, 4096, 8192]
-    for p in TEXTS:
+    texts = TEXTS
+    if a.standard:
+        texts = [haystack.license_path(n) for n in haystack.HAYSTACK_FILES]
+        a.score_tokens = 128 if a.score_tokens == 64 else a.score_tokens
+        long_model = models.short_name(a.model) != "smollm2"
+        contexts = [8192, 16384, 32000] if long_model else [2048, 4096, 8000 - a.score_tokens]
+    for p in texts:
         if not Path(p).is_file():
             sys.exit(f"fidelity: text {p} is missing (Debian package base-files)")
     try:
@@ -51,7 +63,7 @@ def main():
     runs, t0 = [], time.time()
     pairs = [(c, b) for c in contexts for b in budgets if b < c]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
-        f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in TEXTS))
+        f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in texts))
         f.flush()
         for i, (ctx, budget) in enumerate(pairs):
             r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", f.name,
@@ -60,26 +72,37 @@ def main():
             if r.returncode != 0:
                 sys.exit(f"fidelity: ddctl fidelity failed: {r.stderr.strip()[-500:]}")
             j = json.loads(r.stdout)
-            runs.append({k: j[k] for k in ("context", "budget_tokens", "scored", "kl_mean", "kl_max", "ppl_full",
-                                           "ppl_sparse")})
+            run = {k: j[k] for k in ("context", "budget_tokens", "scored", "kl_mean", "kl_max", "ppl_full", "ppl_sparse")}
+            kl = sorted(j["kl"])
+            run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
+            run["kl"] = j["kl"]
+            runs.append(run)
             print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
                   f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
                   f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "eval-fidelity", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "score_tokens": a.score_tokens, "texts": TEXTS, "runs": runs}
-    (out / "eval-fidelity.json").write_text(json.dumps(doc, indent=2) + "\n")
+    sys.path.insert(0, str(ROOT / "bench"))
+    import wrap_results  # git_sha(), shared with the other benchmarks
+    stem = "eval-fidelity"
+    if a.standard:
+        stem += "-standard" + ("" if models.short_name(a.model) == "gemma" else "-" + models.short_name(a.model))
+    doc = {"benchmark": stem, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "git_sha": wrap_results.git_sha(), "command": "python3 eval/fidelity.py " + " ".join(sys.argv[1:]),
+           "model": models.short_name(a.model), "score_tokens": a.score_tokens, "texts": texts, "runs": runs}
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = [f"# Sparse vs full without tasks: teacher-forced KL and perplexity ({a.score_tokens} positions)", "",
           "The license texts one after another; the first `context` tokens are prefilled, the next positions are "
           "teacher-forced through both engines in one `ddctl fidelity` process. KL(full ‖ sparse) in nats per "
           "position.", "",
-          "| context | budget | KL mean | KL max | ppl full | ppl sparse |", "|---:|---:|---:|---:|---:|---:|"]
+          f"Model {doc['model']}, git {doc['git_sha'][:12]}, command `{doc['command']}`.", "",
+          "| context | budget | KL mean | KL p50 | KL p90 | KL max | ppl full | ppl sparse |",
+          "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
-        md.append(f"| {r['context']} | {r['budget_tokens']} | {r['kl_mean']:.4f} | {r['kl_max']:.4f} | "
-                  f"{r['ppl_full']:.2f} | {r['ppl_sparse']:.2f} |")
-    (out / "eval-fidelity.md").write_text("\n".join(md) + "\n")
-    print(f"fidelity: wrote {out / 'eval-fidelity.json'}", file=sys.stderr)
+        md.append(f"| {r['context']} | {r['budget_tokens']} | {r['kl_mean']:.4f} | {r['kl_p50']:.4f} | "
+                  f"{r['kl_p90']:.4f} | {r['kl_max']:.4f} | {r['ppl_full']:.2f} | {r['ppl_sparse']:.2f} |")
+    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print(f"fidelity: wrote {out / (stem + '.json')}", file=sys.stderr)
 
 
 if __name__ == "__main__":
