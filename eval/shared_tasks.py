@@ -48,6 +48,7 @@ class Question:
     stop: tuple = ("\n",)
     choices: tuple = ()       # kind "choice": continuations scored by log-likelihood
     answer_index: int = 0     # kind "choice": the true one
+    family: str = ""          # set by make_haystack (a haystack may carry two families)
 
     def request(self):
         """The line `ddctl answer --questions_file` reads."""
@@ -202,19 +203,20 @@ def continuation_questions(rng, units, after, n_questions, context="", n_distrac
         choices = [truth] + distractors
         rng.shuffle(choices)
         text = " ".join(lead)
-        qs.append(Question("", text, kind="choice", choices=tuple(choices),
+        qs.append(Question("", text, kind="choice", choices=tuple(choices), family="continuation",
                            answer_index=choices.index(truth)))
     return qs
 
 
-def _continuation(rng, units, start, n, n_questions):
-    """The context (n sentences from `start`) and its continuation questions."""
-    context = tasks.render_prose(units, start, n, []).rstrip("\n")
+def _continuation(seed, units, start, n, n_questions, header="", inserts=()):
+    """The context (`header`, then n sentences from `start` with `inserts` as their own
+    paragraphs) and its continuation questions."""
+    context = header + tasks.render_prose(units, start, n, list(inserts)).rstrip("\n")
     # The prose runs on: the questions continue the last paragraph (or start the next one).
     if units[(start + n - 1) % len(units)][1]:
         context += "\n\n"
     qs = []
-    for q in continuation_questions(random.Random(rng.random()), units, start + n, n_questions, context):
+    for q in continuation_questions(random.Random(seed), units, start + n, n_questions, context):
         text = q.text if context.endswith("\n") else (" " + q.text if q.text else "")
         glue = "" if (not text and context.endswith("\n")) else " "
         qs.append(dataclasses.replace(q, text=text, choices=tuple(glue + c for c in q.choices)))
@@ -224,27 +226,48 @@ def _continuation(rng, units, start, n, n_questions):
 BUILDERS = {"needle_kv": needle_kv, "qa_people": qa_people, "icl_codes": icl_codes, "state_tracking": state_tracking}
 
 
+def _prompt_tokens(count_tokens, context, q):
+    """Tokens of the longest prompt this question makes (with its answer or longest choice)."""
+    return count_tokens(context + q.text + max(q.choices, key=len, default="")) + q.max_new_tokens
+
+
 def make_haystack(family, length, index, seed, count_tokens, paragraphs, n_questions=QUESTIONS_PER_HAYSTACK):
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    """One haystack for `family`, or for several joined by "+" that share it: "continuation"
+    with a prose family ("qa_people+continuation") puts the facts into the prose it continues,
+    so one prefill serves both (n_questions of each). Every question records its family."""
+    fams = family.split("+")
+    unknown = [f for f in fams if f not in FAMILIES]
+    if unknown or len(set(fams)) != len(fams) or (len(fams) > 1 and ("continuation" not in fams or len(fams) > 2)):
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)} (or X+continuation)")
     rng = random.Random(f"{seed}/{family}/{length}/{index}/shared")
     units = tasks.split_sentences(paragraphs)
     start = rng.randrange(len(units))
     hid = f"{family}/{length}/{index}/s{seed}"
-    if family == "continuation":
+    others = [f for f in fams if f != "continuation"]
+    s = BUILDERS[others[0]](rng, units, start, n_questions) if others else None
+    if s is not None:
+        s.questions = [dataclasses.replace(q, family=others[0]) for q in s.questions]
+    if "continuation" in fams:
+        if s is not None and s.word_list:
+            raise ValueError(f"{others[0]} has no prose to continue")
+        header, inserts = (s.header, s.inserts) if s else ("", [])
+        cont_seed = rng.random()
         # Sized with a stand-in question (the lead sentences plus a choice), then shrunk while
         # the context plus its longest question does not fit.
-        spec = tasks.Spec("", _run(units, start, n_questions + CONTINUATION_SENTENCES, 10_000), (), "choice", 0)
+        spec = tasks.Spec(header, _run(units, start, n_questions + CONTINUATION_SENTENCES, 10_000), (), "choice", 0,
+                          inserts=inserts)
         _, _, n = tasks.fit_prompt(spec, length, count_tokens, units, start)
         for _ in range(20):
-            context, qs = _continuation(rng, units, start, n, n_questions)
-            longest = max(qs, key=lambda q: len(q.text) + max(len(c) for c in q.choices))
-            over = count_tokens(context + longest.text + max(longest.choices, key=len)) - length
+            context, qs = _continuation(cont_seed, units, start, n, n_questions, header, inserts)
+            qs = [dataclasses.replace(q, family="continuation") for q in qs]
+            if s is not None:   # the prose runs on: a question starts its own paragraph
+                sep = "" if context.endswith("\n") else "\n\n"
+                qs = [dataclasses.replace(q, text=sep + q.text) for q in s.questions] + qs
+            over = max(_prompt_tokens(count_tokens, context, q) for q in qs) - length
             if over <= 0:
                 break
             n -= max(1, over // 20)
     else:
-        s = BUILDERS[family](rng, units, start, n_questions)
         longest = max(s.questions, key=lambda q: len(q.text))
         spec = tasks.Spec(s.header, longest.text, (), longest.kind, longest.max_new_tokens, inserts=s.inserts,
                           word_list=s.word_list)

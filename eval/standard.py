@@ -40,11 +40,13 @@ PREFIX_BLOCK = 256
 POOL_QUOTA = "12GiB"   # reserved, not touched: the pool reserves every layer's blocks (Gemma: 18, 3 written)
 SPARSE_GROUP = 6      # slots per batch in sparse modes (each a copy of the context in the pool)
 PRESETS = {
-    "quick": {"models": {"gemma": [2048]}, "families": ["needle_kv", "qa_people", "icl_codes", "continuation"],
+    # A "+" joins families that share one haystack (qa_people's facts sit in the prose that
+    # continuation continues): one prefill per mode serves both.
+    "quick": {"models": {"gemma": [2048]}, "families": ["needle_kv", "qa_people+continuation", "icl_codes"],
               "haystacks": 1, "budgets": [512, 1024], "dual_budget": 512},
     # 4 haystacks x 16 questions = 64 per (family, length, mode, budget) cell.
     "standard": {"models": {"gemma": [2048, 8192, 16384, 32000], "smollm2": [2048, 4096, 8000]},
-                 "families": ["qa_people", "icl_codes", "continuation"], "haystacks": 4, "questions": 16,
+                 "families": ["qa_people+continuation", "icl_codes"], "haystacks": 4, "questions": 16,
                  "budgets": [512, 1024, 2048], "dual_budget": 1024},
 }
 
@@ -60,7 +62,8 @@ def parse_args(argv=None):
     g.add_argument("--standard", dest="preset", action="store_const", const="standard")
     ap.add_argument("--model", help="only this model (short name gemma|smollm2); its preset lengths unless --lengths")
     ap.add_argument("--lengths", help="comma-separated prompt lengths in tokens (with --model)")
-    ap.add_argument("--families", help="comma-separated, from: " + ", ".join(shared_tasks.FAMILIES))
+    ap.add_argument("--families", help="comma-separated, from: " + ", ".join(shared_tasks.FAMILIES) +
+                    " (X+continuation: both on one haystack)")
     ap.add_argument("--haystacks", type=int, help="haystacks per (family, length)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bin", default=str(Path(os.environ.get("DD_BUILD_DIR", REPO / "build")) / "bin"))
@@ -84,7 +87,7 @@ def parse_args(argv=None):
         except ValueError:
             ap.error(f"--lengths: expected comma-separated integers, got {a.lengths!r}")
     a.families = a.families.split(",") if a.families else p["families"]
-    unknown = [f for f in a.families if f not in shared_tasks.FAMILIES]
+    unknown = [f for group in a.families for f in group.split("+") if f not in shared_tasks.FAMILIES]
     if unknown:
         ap.error(f"--families: unknown {', '.join(unknown)}; known: {', '.join(shared_tasks.FAMILIES)}")
     a.haystacks = a.haystacks if a.haystacks is not None else p["haystacks"]
@@ -167,7 +170,7 @@ def make_record(model, h, mode, budget, head, answers, qs, chat, wall_s, git_sha
     for q, ans in zip(qs, answers):
         if ans.get("id") != q.id:
             raise engine_cli.EngineSetupError(f"ddctl answer returned {ans.get('id')!r} where {q.id!r} was expected")
-        rec = {"id": q.id, "correct": bool(q.score(ans))}
+        rec = {"id": q.id, "family": q.family, "correct": bool(q.score(ans))}
         for k in ("text", "tokens", "choice_logprobs", "choice_tokens", "hit_rate_after_first"):
             if k in ans:
                 rec[k] = ans[k]

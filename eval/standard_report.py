@@ -20,11 +20,22 @@ def _by_question(rec):
     return {a["id"]: a for a in rec["answers"]}
 
 
+def _split_by_family(records):
+    """Records carry a haystack's answers, possibly of two families: one record per family."""
+    out = []
+    for r in records:
+        fams = {}
+        for a in r["answers"]:
+            fams.setdefault(a.get("family") or r["family"], []).append(a)
+        out += [dict(r, family=f, group=r["family"], answers=answers) for f, answers in fams.items()]
+    return out
+
+
 def aggregate(records):
     """Cells keyed by (model, family, length): full accuracy, per budget the sparse accuracy and
     the paired difference, continuation NLLs, the dualdecoder == sparse check, hit rates."""
     runs = collections.defaultdict(dict)   # (model, family, length) -> {(mode, budget): [records]}
-    for r in records:
+    for r in _split_by_family(records):
         runs[(r["model"], r["family"], r["length"])].setdefault((r["mode"], r["budget"] or 0), []).append(r)
     cells, pooled = [], collections.defaultdict(lambda: collections.defaultdict(list))
     dual_checks = []
@@ -38,7 +49,7 @@ def aggregate(records):
         cell = {"model": model, "family": fam, "length": length, "haystacks": len(full_recs),
                 "full": {"n": len(full_answers), "correct": k, "accuracy": k / len(full_answers), "low": lo, "high": hi},
                 "eligible": k / len(full_answers) >= MIN_FULL, "budgets": {}}
-        if fam == "continuation":
+        if any("nll_true" in a for a in full_answers):
             cell["full"]["nll_mean"] = sum(a["nll_true"] for a in full_answers) / len(full_answers)
         for (mode, budget), recs in sorted(by_mode.items()):
             if mode != "sparse":
@@ -68,8 +79,10 @@ def aggregate(records):
                 b["nll_diff"] = stats.paired_difference(nll_pairs)
             cell["budgets"][str(budget)] = b
             if cell["eligible"]:
+                # Clustered by haystack: two families sharing one haystack share a cluster.
+                group = recs[0].get("group", fam)
                 for idx, pairs in acc_pairs.items():
-                    pooled[(model, budget)][(fam, length, idx)] += pairs
+                    pooled[(model, budget)][(group, length, idx)] += pairs
         for (mode, budget), recs in by_mode.items():
             if mode != "dualdecoder":
                 continue

@@ -227,3 +227,26 @@ def test_aggregate_continuation_nll_difference():
     (cell,) = res["cells"]
     assert cell["full"]["nll_mean"] == pytest.approx(2.5)
     assert cell["budgets"]["512"]["nll_diff"]["diff"] == pytest.approx(0.5)
+
+
+def test_two_families_share_a_haystack_and_a_cluster(paragraphs):
+    h = shared_tasks.make_haystack("qa_people+continuation", 2048, 0, 0, count_tokens, paragraphs, 6)
+    fams = [q.family for q in h.questions]
+    assert fams == ["qa_people"] * 6 + ["continuation"] * 6
+    for q in h.questions[:6]:
+        assert q.expected[0] in h.context and (h.context + q.text).count("\n\nQuestion:") == 1
+    assert max(shared_tasks._prompt_tokens(count_tokens, h.context, q) for q in h.questions) <= 2048
+    with pytest.raises(ValueError):
+        shared_tasks.make_haystack("icl_codes+continuation", 2048, 0, 0, count_tokens, paragraphs, 6)
+    # One record, two families: split into two cells; the pooled verdict clusters by haystack.
+    recs = []
+    for i in range(2):
+        for mode, b, ok in (("full", 0, 1), ("sparse", 512, 0)):
+            r = _rec("gemma", "qa_people+continuation", 2048, i, mode, b, [ok] * 4)
+            for j, a in enumerate(r["answers"]):
+                a["family"] = "qa_people" if j < 2 else "continuation"
+            recs.append(r)
+    res = standard_report.aggregate(recs)
+    assert sorted(c["family"] for c in res["cells"]) == ["continuation", "qa_people"]
+    (v,) = res["verdicts"]
+    assert v["diff"]["clusters"] == 2 and v["diff"]["n"] == 8
