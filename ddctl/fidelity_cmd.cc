@@ -50,6 +50,8 @@ absl::Status RunFidelity(const CliConfig& cfg) {
   }
   engine::EngineOptions full_opts = cfg.engine;
   full_opts.mode = engine::DecodeMode::kFull;
+  full_opts.prefix_block_tokens = 0;  // the pool (and its prefix reuse) serves the sparse engine only
+  full_opts.kv_store = "inproc://";
   ASSIGN_OR_RETURN(auto full, engine::Engine::Create(*model, full_opts));
   ASSIGN_OR_RETURN(auto sparse, engine::Engine::Create(*model, cfg.engine));
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + cfg.context);

@@ -13,6 +13,7 @@ The per-position KL is reported as its distribution (p50, p90, max), not only th
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
 import haystack  # noqa: E402
+import kv_pool  # noqa: E402
 import models  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,13 +64,23 @@ def main():
         sys.exit(f"fidelity: {e}")
     runs, t0 = [], time.time()
     pairs = [(c, b) for c in contexts for b in budgets if b < c]
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f, \
+            tempfile.TemporaryDirectory() as tmp:
         f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in texts))
         f.flush()
+        # The sparse engines of one context share a dd-kv-pool: the first prefills and commits
+        # the context, the others restore it (full prefills every time).
+        pools, env = {}, dict(os.environ, DD_KV_POOL_TOKEN=kv_pool.POOL_TOKEN)
+        have_pool = (eng.exe.parent / "dd-kv-pool").is_file()
         for i, (ctx, budget) in enumerate(pairs):
+            if have_pool and ctx not in pools:
+                for p in pools.values():
+                    p.close()
+                pools = {ctx: kv_pool.Pool(eng.exe.parent, tmp)}
+            pool_flags = pools[ctx].flags() if have_pool else []
             r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", f.name,
                                 "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
-                                "--budget", str(budget)], capture_output=True, text=True)
+                                "--budget", str(budget), *pool_flags], capture_output=True, text=True, env=env)
             if r.returncode != 0:
                 sys.exit(f"fidelity: ddctl fidelity failed: {r.stderr.strip()[-500:]}")
             j = json.loads(r.stdout)
@@ -77,6 +89,8 @@ def main():
             run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
             run["kl"] = j["kl"]
             runs.append(run)
+        for p in pools.values():
+            p.close()
             print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
                   f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
                   f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)

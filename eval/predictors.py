@@ -18,15 +18,19 @@ and stop strings ignored), reported per family, per length and per predictor:
   python3 eval/predictors.py --families [--quick|--full]  -> bench/results/eval-predictors-families.{json,md}
 """
 import argparse
+import contextlib
 import datetime
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_cli import Ddctl, EngineSetupError  # noqa: E402
 import haystack  # noqa: E402
+import kv_pool  # noqa: E402
 import models  # noqa: E402
 import tasks  # noqa: E402
 
@@ -58,32 +62,42 @@ def prompt_of(eng, length):
 
 
 def measure(eng, contexts, steps, budget):
-    """contexts: (labels dict, prompt) pairs. One dualdecoder run per predictor on each."""
+    """contexts: (labels dict, prompt) pairs. One dualdecoder run per predictor on each; the
+    runs of one context share a dd-kv-pool (when built), so only the first prefills it."""
     runs = []
     t0 = time.time()
     total = len(contexts) * len(PREDICTORS)
+    have_pool = (eng.exe.parent / "dd-kv-pool").is_file()
+    if have_pool:
+        os.environ["DD_KV_POOL_TOKEN"] = kv_pool.POOL_TOKEN
     for ci, (labels, prompt) in enumerate(contexts):
         base = None
-        for pi, pred in enumerate(PREDICTORS):
-            extra = ["--ignore_eos"] + PREDICTOR_FLAGS.get(pred, ["--predictor", pred])
-            if pred == "oracle":
-                extra += ["--oracle_tokens", ",".join(map(str, base["tokens"]))]
-            j = eng.generate(prompt, "dualdecoder", budget, steps, stop="", extra=extra)
-            if base is None:
-                base = j
-            done = ci * len(PREDICTORS) + pi + 1
-            eta = (time.time() - t0) / done * (total - done)
-            tag = " ".join(str(v) for v in labels.values())
-            print(f"predictors: [{done}/{total}] {tag} ({j['prompt_tokens']} tokens) {pred:11s} hit "
-                  f"{j['hit_rate_after_first']:.3f} (with first step {j['hit_rate']:.3f})  ETA {eta / 60:.1f} min",
-                  file=sys.stderr)
-            runs.append({**labels, "prompt_tokens": j["prompt_tokens"], "predictor": pred,
-                         "hit_rate": j["hit_rate_after_first"], "hit_rate_with_first_step": j["hit_rate"],
-                         "per_layer": [{"layer": x["layer"], "hit_rate": x["hit_rate_after_first"]}
-                                       for x in j["per_layer"]],
-                         "prefetch_bytes": j["prefetch_bytes"], "urgent_bytes": j["urgent_bytes"],
-                         "wasted_bytes": j["wasted_bytes"], "same_tokens_as_speculative": j["tokens"] == base["tokens"]})
+        with tempfile.TemporaryDirectory() as tmp, \
+                (kv_pool.Pool(eng.exe.parent, tmp) if have_pool else contextlib.nullcontext()) as pool:
+            for pi, pred in enumerate(PREDICTORS):
+                extra = ["--ignore_eos"] + PREDICTOR_FLAGS.get(pred, ["--predictor", pred])
+                extra += pool.flags() if pool is not None else []
+                if pred == "oracle":
+                    extra += ["--oracle_tokens", ",".join(map(str, base["tokens"]))]
+                j = eng.generate(prompt, "dualdecoder", budget, steps, stop="", extra=extra)
+                runs.append(_run_record(labels, pred, j, base or j))
+                if base is None:
+                    base = j
+                done = ci * len(PREDICTORS) + pi + 1
+                eta = (time.time() - t0) / done * (total - done)
+                tag = " ".join(str(v) for v in labels.values())
+                print(f"predictors: [{done}/{total}] {tag} ({j['prompt_tokens']} tokens, {j['prefix_reused_tokens']} "
+                      f"restored) {pred:11s} hit {j['hit_rate_after_first']:.3f} (with first step {j['hit_rate']:.3f})  "
+                      f"ETA {eta / 60:.1f} min", file=sys.stderr)
     return runs, time.time() - t0
+
+
+def _run_record(labels, pred, j, base):
+    return {**labels, "prompt_tokens": j["prompt_tokens"], "predictor": pred,
+            "hit_rate": j["hit_rate_after_first"], "hit_rate_with_first_step": j["hit_rate"],
+            "per_layer": [{"layer": x["layer"], "hit_rate": x["hit_rate_after_first"]} for x in j["per_layer"]],
+            "prefetch_bytes": j["prefetch_bytes"], "urgent_bytes": j["urgent_bytes"],
+            "wasted_bytes": j["wasted_bytes"], "same_tokens_as_speculative": j["tokens"] == base["tokens"]}
 
 
 def main():

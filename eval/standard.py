@@ -30,14 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cli  # noqa: E402
 import haystack  # noqa: E402
 import jsonl_store  # noqa: E402
+from kv_pool import POOL_TOKEN, Pool  # noqa: E402
 import models  # noqa: E402
 import shared_tasks  # noqa: E402
 import standard_report  # noqa: E402
 
 REPO = engine_cli.REPO
-POOL_TOKEN = "eval-standard-pool-token-0123456789"
-PREFIX_BLOCK = 256
-POOL_QUOTA = "12GiB"   # reserved, not touched: the pool reserves every layer's blocks (Gemma: 18, 3 written)
 SPARSE_GROUP = 6      # slots per batch in sparse modes (each a copy of the context in the pool)
 PRESETS = {
     # A "+" joins families that share one haystack (qa_people's facts sit in the prose that
@@ -116,27 +114,6 @@ def chat_wrap(model, context, question):
     return head + context, dataclasses.replace(question, text=text), True
 
 
-class Pool:
-    """A real dd-kv-pool for one haystack's sparse runs (prefix reuse between budgets)."""
-
-    def __init__(self, bin_dir, tmp):
-        cfg = Path(tmp) / "tenants.json"
-        cfg.write_text(json.dumps([{"name": "eval", "token": POOL_TOKEN, "quota": POOL_QUOTA}]))
-        self.log = Path(tmp) / "pool.log"
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen([str(Path(bin_dir) / "dd-kv-pool"), f"--tenants={cfg}"],
-                                         stdout=subprocess.PIPE, stderr=err, text=True)
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
-            self.close()
-            raise engine_cli.EngineSetupError(f"dd-kv-pool did not start: {line!r} {self.log.read_text()[-500:]}")
-        self.addr = line.split()[3]
-
-    def close(self):
-        self.proc.kill()
-        self.proc.wait()
-
-
 def run_answer(a, model_path, ctx, qs, mode, budget, pool, timeout):
     """One `ddctl answer` run; returns (context line, answer lines)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,7 +128,7 @@ def run_answer(a, model_path, ctx, qs, mode, budget, pool, timeout):
             # layer's blocks (Gemma at 32K: ~1.1 GiB per copy): fewer copies at once.
             cmd += ["--budget", str(budget), "--answer_group", str(SPARSE_GROUP)]
         if pool is not None:
-            cmd += ["--kv_store", f"shm://{pool.addr}", "--prefix_block", str(PREFIX_BLOCK)]
+            cmd += pool.flags()
             env["DD_KV_POOL_TOKEN"] = POOL_TOKEN
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,44 @@
+"""A real dd-kv-pool for the evaluation scripts: runs of one context in different modes,
+budgets or predictors share its prefix keys, so only the first prefills the context and the
+others restore it (`--prefix_block`, the same bits as prefilling: prefix_reuse_test)."""
+import json
+import subprocess
+from pathlib import Path
+
+import engine_cli
+
+POOL_TOKEN = "eval-pool-token-0123456789abcdef"
+PREFIX_BLOCK = 256
+POOL_QUOTA = "12GiB"   # reserved, not touched: the pool reserves every layer's blocks (Gemma: 18, 3 written)
+
+
+class Pool:
+    """One dd-kv-pool process with one tenant (POOL_TOKEN); close() stops it."""
+
+    def __init__(self, bin_dir, tmp):
+        cfg = Path(tmp) / "tenants.json"
+        cfg.write_text(json.dumps([{"name": "eval", "token": POOL_TOKEN, "quota": POOL_QUOTA}]))
+        self.log = Path(tmp) / "pool.log"
+        with open(self.log, "w") as err:
+            self.proc = subprocess.Popen([str(Path(bin_dir) / "dd-kv-pool"), f"--tenants={cfg}"],
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.close()
+            raise engine_cli.EngineSetupError(f"dd-kv-pool did not start: {line!r} {self.log.read_text()[-500:]}")
+        self.addr = line.split()[3]
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def flags(self):
+        """ddctl flags that put a sparse run's KV in this pool with prefix reuse (the token
+        goes in $DD_KV_POOL_TOKEN)."""
+        return ["--kv_store", f"shm://{self.addr}", "--prefix_block", str(PREFIX_BLOCK)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
