@@ -6,7 +6,6 @@ dualdecoder and full's own generate logits). Uses the real Gemma model (a failur
 missing and DD_REQUIRE_MODEL is set, else a skip); bad input uses the tiny synthetic model.
 """
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,18 +14,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_ddctl import REPO, ddctl, tiny  # noqa: E402,F401
 
-sys.path.insert(0, str(REPO / "eval"))
-import models  # noqa: E402
+sys.path.insert(0, str(REPO / "tests" / "reference"))
+from test_reference import real_model_path  # noqa: E402  (fails when DD_REQUIRE_MODEL is set)
 
 
 def real_model():
-    path = models.model_path("gemma")
-    if not path.is_file():
-        msg = f"Gemma model missing at {path}: run scripts/fetch-model"
-        if os.environ.get("DD_REQUIRE_MODEL"):
-            pytest.fail(msg + " (DD_REQUIRE_MODEL is set)", pytrace=False)
-        pytest.skip(msg)
-    return path
+    return real_model_path("gemma")
 
 
 CONTEXT = (Path("/usr/share/common-licenses/GPL-3").read_text()[:5000] +

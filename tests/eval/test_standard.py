@@ -2,27 +2,20 @@
 (standard_report): no model needed (a stand-in tokenizer, synthetic records)."""
 import math
 import random
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "eval"))
-import haystack  # noqa: E402
 import shared_tasks  # noqa: E402
 import standard  # noqa: E402
 import standard_report  # noqa: E402
 import stats  # noqa: E402
 
 
-def count_tokens(text):
-    return len(re.findall(r"\w+|[^\w\s]", text)) + 1
-
-
-@pytest.fixture(scope="module")
-def paragraphs():
-    return haystack.load_paragraphs()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_eval import count_tokens, paragraphs  # noqa: E402,F401  (stand-in tokenizer, haystack fixture)
 
 
 @pytest.fixture(scope="module")
