@@ -339,7 +339,8 @@ absl::Status RunAnswer(const CliConfig& cfg) {
   nlohmann::json head = {{"type", "context"},       {"model", model->config.name},
                          {"mode", std::string(engine::DecodeModeName(cfg.engine.mode))},
                          {"context_tokens", ctx_ids.size()}, {"shared_tokens", shared},
-                         {"questions", qs.size()},  {"prefill_s", prefill_s}};
+                         {"questions", qs.size()},  {"prefill_s", prefill_s},
+                         {"prefix_reused_tokens", e.prefix_reused_tokens()}};
   if (cfg.engine.mode != engine::DecodeMode::kFull) head["budget_tokens"] = cfg.engine.sparse.budget_tokens;
   std::cout << head.dump() << std::endl;
   // Questions in groups: each group's question prefills, choice scoring and answers run as

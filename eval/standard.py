@@ -157,7 +157,8 @@ def make_record(model, h, mode, budget, head, answers, qs, chat, wall_s, git_sha
     return {"task_id": f"{model}:{h.id}", "model": model, "family": h.family, "length": h.length, "index": h.index,
             "seed": h.seed, "haystack_sha": h.sha(), "mode": mode, "budget": budget or None, "chat": chat,
             "context_tokens": head["context_tokens"], "shared_tokens": head["shared_tokens"],
-            "prefill_s": round(head["prefill_s"], 3), "wall_s": round(wall_s, 3), "git_sha": git_sha,
+            "prefill_s": round(head["prefill_s"], 3), "prefix_reused_tokens": head.get("prefix_reused_tokens"),
+            "wall_s": round(wall_s, 3), "git_sha": git_sha,
             "answers": out}
 
 

@@ -6,6 +6,7 @@ dualdecoder and full's own generate logits). Uses the real Gemma model (a failur
 missing and DD_REQUIRE_MODEL is set, else a skip); bad input uses the tiny synthetic model.
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def test_answers_equal_generate_on_the_whole_prompt(mode, tmp_path):
     head, got = answer(model, c, q, *flags)
     assert head["questions"] == len(QUESTIONS)
     assert head["shared_tokens"] >= head["context_tokens"] - 1
+    assert head["prefix_reused_tokens"] == 0   # no pool, nothing to restore
     for x in QUESTIONS:
         p = tmp_path / f"prompt-{x['id']}.txt"
         p.write_text(CONTEXT + x["text"])
@@ -147,3 +149,29 @@ def test_question_beyond_the_context_is_refused(tiny, tmp_path):  # noqa: F811
     q.write_text(json.dumps({"id": "a", "text": " again", "max_new_tokens": 1024}) + "\n")
     r = ddctl("answer", "--model", str(tiny), "--prompt_file", str(c), "--questions_file", str(q))
     assert r.returncode == 2 and "exceed the model context" in r.stderr, r.stderr
+
+
+def test_sparse_runs_share_the_context_through_a_real_pool(tmp_path):
+    """The evaluation's budgets restore the context from a dd-kv-pool: the second run must
+    restore (not prefill) it and answer exactly as without a pool, at another budget too."""
+    model = real_model()
+    sys.path.insert(0, str(REPO / "eval"))
+    import kv_pool
+    c, q = write_inputs(tmp_path)
+    _, alone = answer(model, c, q, "--mode", "sparse", "--budget", "512")
+    env = dict(os.environ, DD_KV_POOL_TOKEN=kv_pool.POOL_TOKEN)
+    with kv_pool.Pool(REPO / "build" / "bin" if "DD_BIN_DIR" not in os.environ else os.environ["DD_BIN_DIR"],
+                      tmp_path) as pool:
+        runs = []
+        for budget in ("256", "512"):
+            r = ddctl("answer", "--model", str(model), "--prompt_file", str(c), "--questions_file", str(q),
+                      "--mode", "sparse", "--budget", budget, *pool.flags(), env=env, timeout=600)
+            assert r.returncode == 0, r.stderr
+            runs.append([json.loads(x) for x in r.stdout.splitlines()])
+    first, second = runs
+    assert first[0]["prefix_reused_tokens"] == 0
+    assert second[0]["prefix_reused_tokens"] >= second[0]["shared_tokens"] - 256
+    restored = {x["id"]: x for x in second[1:]}
+    for qid, want in alone.items():
+        assert restored[qid]["tokens"] == want["tokens"]
+        assert restored[qid].get("choice_logprobs") == want.get("choice_logprobs")
