@@ -175,6 +175,47 @@ def markdown(doc):
     return "\n".join(out) + "\n"
 
 
+def plot(doc, path):
+    """Accuracy against length per (model, family): full and each sparse budget, Wilson bars;
+    cells where full attention is below 50% drawn hollow."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cells = doc["results"]["cells"]
+    panels = sorted({(c["model"], c["family"]) for c in cells})
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, (model, fam) in zip(axes.flat, panels):
+        mine = sorted((c for c in cells if (c["model"], c["family"]) == (model, fam)), key=lambda c: c["length"])
+        series = {"full": [(c["length"], c["full"], c["eligible"]) for c in mine]}
+        for c in mine:
+            for b, v in c["budgets"].items():
+                series.setdefault(f"sparse {b}", []).append((c["length"], v, c["eligible"]))
+        for k, (name, pts) in enumerate(sorted(series.items(), key=lambda kv: (kv[0] != "full", len(kv[0]), kv[0]))):
+            xs = [p[0] * (1 + 0.03 * k) for p in pts]
+            ys = [p[1]["accuracy"] for p in pts]
+            err = [[y - p[1]["low"] for y, p in zip(ys, pts)], [p[1]["high"] - y for y, p in zip(ys, pts)]]
+            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name, linestyle="-")
+            for x, y, p in zip(xs, ys, pts):
+                if not p[2]:
+                    ax.plot([x], [y], marker="o", markerfacecolor="white", color=line[0].get_color())
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"{model}: {fam}", fontsize=9)
+        ax.set_xlabel("prompt tokens", fontsize=8)
+        ax.set_ylabel("accuracy", fontsize=8)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write(records, config, out_dir):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import wrap_results  # machine() and git_sha(), shared with the other benchmarks
@@ -187,6 +228,9 @@ def write(records, config, out_dir):
     paths = [os.path.join(out_dir, stem + ".json"), os.path.join(out_dir, stem + ".md")]
     with open(paths[0], "w") as f:
         json.dump(doc, f, indent=1)
+    png = os.path.join(out_dir, stem + ".png")
+    if plot(doc, png):
+        paths.append(png)
     with open(paths[1], "w") as f:
-        f.write(markdown(doc))
+        f.write(markdown(doc) + (f"\n![accuracy against length]({os.path.basename(png)})\n" if len(paths) > 2 else ""))
     return paths
