@@ -30,6 +30,32 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXTS = list(haystack.NATURAL_TEXTS)
 
 
+def _summary(j):
+    kl = sorted(j["kl"])
+    return {"kl_mean": j["kl_mean"], "kl_max": j["kl_max"], "kl_p50": kl[len(kl) // 2],
+            "kl_p90": kl[min(len(kl) - 1, int(0.9 * len(kl)))], "kl": j["kl"]}
+
+
+def per_layer(a, eng, text_file):
+    """KL with one global layer sparse at a time (the others dense): Gemma's global layers at
+    8192, budget 1024; SmolLM2 every third layer and the last at 4096, budget 512."""
+    layers = eng.info()["global_layers"]
+    if len(layers) > 8:
+        layers = sorted(set(layers[::3] + layers[-1:]))
+    ctx, budget = (8192, 1024) if eng.context_length() > 16384 else (4096, 512)
+    out = []
+    for i, layer in enumerate(layers):
+        r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", text_file,
+                            "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
+                            "--budget", str(budget), "--sparse_layers", str(layer)], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"fidelity: ddctl fidelity --sparse_layers {layer} failed: {r.stderr.strip()[-500:]}")
+        out.append({"layer": layer, "context": ctx, "budget_tokens": budget, **_summary(json.loads(r.stdout))})
+        print(f"fidelity: layer {layer} alone [{i + 1}/{len(layers)}]: KL mean {out[-1]['kl_mean']:.4f}",
+              file=sys.stderr)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
@@ -89,11 +115,12 @@ def main():
             run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
             run["kl"] = j["kl"]
             runs.append(run)
-        for p in pools.values():
-            p.close()
             print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
                   f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
                   f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
+        for p in pools.values():
+            p.close()
+        layer_runs = per_layer(a, eng, f.name) if a.standard else []
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "bench"))
@@ -103,7 +130,8 @@ def main():
         stem += "-standard" + ("" if models.short_name(a.model) == "gemma" else "-" + models.short_name(a.model))
     doc = {"benchmark": stem, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "git_sha": wrap_results.git_sha(), "command": "python3 eval/fidelity.py " + " ".join(sys.argv[1:]),
-           "model": models.short_name(a.model), "score_tokens": a.score_tokens, "texts": texts, "runs": runs}
+           "model": models.short_name(a.model), "score_tokens": a.score_tokens, "texts": texts, "runs": runs,
+           "per_layer": layer_runs}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = [f"# Sparse vs full without tasks: teacher-forced KL and perplexity ({a.score_tokens} positions)", "",
           "The license texts one after another; the first `context` tokens are prefilled, the next positions are "
@@ -115,6 +143,14 @@ def main():
     for r in runs:
         md.append(f"| {r['context']} | {r['budget_tokens']} | {r['kl_mean']:.4f} | {r['kl_p50']:.4f} | "
                   f"{r['kl_p90']:.4f} | {r['kl_max']:.4f} | {r['ppl_full']:.2f} | {r['ppl_sparse']:.2f} |")
+    if layer_runs:
+        r0 = layer_runs[0]
+        md += ["", f"## One sparse layer at a time (context {r0['context']}, budget {r0['budget_tokens']})", "",
+               "`--sparse_layers L`: layer L sparse, every other global layer attends over its whole KV; the loss "
+               "that layer alone causes.", "",
+               "| layer | KL mean | KL p50 | KL p90 | KL max |", "|---:|---:|---:|---:|---:|"]
+        for r in layer_runs:
+            md.append(f"| {r['layer']} | {r['kl_mean']:.4f} | {r['kl_p50']:.4f} | {r['kl_p90']:.4f} | {r['kl_max']:.4f} |")
     (out / f"{stem}.md").write_text("\n".join(md) + "\n")
     print(f"fidelity: wrote {out / (stem + '.json')}", file=sys.stderr)
 

@@ -52,6 +52,11 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       init_status_ = absl::InvalidArgumentError("prefix reuse needs a sparse mode (sparse, sparse-cached or dualdecoder)");
       return;
     }
+    if (options_.sparse.sparse_layers.any()) {
+      // Layers kept dense are not offloaded: a committed prefix would lack their KV.
+      init_status_ = absl::InvalidArgumentError("prefix reuse needs every global layer sparse (no --sparse_layers)");
+      return;
+    }
     if (B < 0 || C <= 0 || B % C != 0) {
       init_status_ = absl::InvalidArgumentError(
           absl::StrCat("prefix_block_tokens must be a positive multiple of the chunk (", C, "), got ", B));

@@ -5,6 +5,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "dd/kernels/cpu_ops.h"
 
@@ -45,7 +46,8 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
     : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
   for (int64_t l = 0; l < config.n_layer; ++l) {
-    if (!config.layer_is_swa[l]) {
+    const auto& only = options.sparse_layers;
+    if (!config.layer_is_swa[l] && (only.none() || (l < SparseOptions::kMaxLayers && only.test(l)))) {
       sparse_index_[l] = static_cast<int64_t>(sparse_layers_.size());
       sparse_layers_.push_back(l);
     }
@@ -57,6 +59,16 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                                      kvpool::KvStore* store, ThreadPool& pool) {
   RETURN_IF_ERROR(options.Validate(config.n_ctx_train));
   if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
+  for (int64_t l = 0; l < SparseOptions::kMaxLayers; ++l) {
+    if (options.sparse_layers.test(l) && (l >= config.n_layer || config.layer_is_swa[l])) {
+      std::vector<int64_t> global;
+      for (int64_t g = 0; g < config.n_layer; ++g) {
+        if (!config.layer_is_swa[g]) global.push_back(g);
+      }
+      return absl::InvalidArgumentError(absl::StrCat("sparse layer ", l, " is not a global layer of this model (",
+                                                     absl::StrJoin(global, ","), ")"));
+    }
+  }
   return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, pool));
 }
 
@@ -308,6 +320,7 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
     RETURN_IF_ERROR(dense_.Attend(call));
     return options_.offload_sliding ? OffloadSlidingChunks(call) : absl::OkStatus();
   }
+  if (sparse_index_[call.layer] < 0) return dense_.Attend(call);  // a global layer kept dense (sparse_layers)
   const int64_t n = static_cast<int64_t>(call.rows.size());
   const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
   for (int64_t r0 = 0; r0 < n;) {

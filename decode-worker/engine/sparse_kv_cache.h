@@ -36,6 +36,7 @@
 // attended, and in which order, never changes: results are bit-identical to `sparse`.
 #pragma once
 
+#include <bitset>
 #include <memory>
 #include <vector>
 
@@ -80,6 +81,11 @@ struct SparseOptions {
   // Resident slots per KV head beyond the budget (in tokens, a multiple of the chunk): chunks
   // a step stops selecting stay this much longer, least recently used evicted first.
   int64_t resident_margin_tokens = 0;
+  // None set: every global layer is sparse. Otherwise only these (global) layers are; the
+  // other global layers attend over their whole KV like `full` (per-layer fidelity: the loss
+  // one sparse layer causes). Not with prefix reuse (dense layers are not offloaded).
+  static constexpr int64_t kMaxLayers = 256;
+  std::bitset<kMaxLayers> sparse_layers{};
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;

@@ -3,7 +3,9 @@
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "decode-worker/model/model_paths.h"
 
@@ -38,6 +40,9 @@ ABSL_FLAG(int64_t, spec_head_common, 0,
 ABSL_FLAG(bool, step_cache, true,
           "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
           "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
+ABSL_FLAG(std::string, sparse_layers, "",
+          "sparse modes: only these global layers are sparse (comma-separated; empty = all); the others attend "
+          "over their whole KV (per-layer fidelity)");
 ABSL_FLAG(int64_t, resident_margin, 0,
           "sparse-cached, dualdecoder: resident slots per KV head beyond the budget, in tokens (multiple of 8); "
           "chunks leave least recently used first");
@@ -106,6 +111,17 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   o.sparse.step_cache = o.mode == engine::DecodeMode::kSparseCached ||
                         (o.mode == engine::DecodeMode::kDualDecoder && absl::GetFlag(FLAGS_step_cache));
   o.sparse.resident_margin_tokens = absl::GetFlag(FLAGS_resident_margin);
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_sparse_layers), ',', absl::SkipWhitespace())) {
+    int64_t l = 0;
+    if (!absl::SimpleAtoi(part, &l) || l < 0 || l >= engine::SparseOptions::kMaxLayers) {
+      return absl::InvalidArgumentError(absl::StrCat("--sparse_layers: '", part, "' is not a layer index in [0, ",
+                                                     engine::SparseOptions::kMaxLayers, ")"));
+    }
+    if (o.sparse.sparse_layers.test(l)) {
+      return absl::InvalidArgumentError(absl::StrCat("--sparse_layers: layer ", l, " is listed twice"));
+    }
+    o.sparse.sparse_layers.set(l);
+  }
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
   return o;
 }
