@@ -98,28 +98,30 @@ def main():
         # the context, the others restore it (full prefills every time).
         pools, env = {}, dict(os.environ, DD_KV_POOL_TOKEN=kv_pool.POOL_TOKEN)
         have_pool = (eng.exe.parent / "dd-kv-pool").is_file()
-        for i, (ctx, budget) in enumerate(pairs):
-            if have_pool and ctx not in pools:
-                for p in pools.values():
-                    p.close()
-                pools = {ctx: kv_pool.Pool(eng.exe.parent, tmp)}
-            pool_flags = pools[ctx].flags() if have_pool else []
-            r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", f.name,
-                                "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
-                                "--budget", str(budget), *pool_flags], capture_output=True, text=True, env=env)
-            if r.returncode != 0:
-                sys.exit(f"fidelity: ddctl fidelity failed: {r.stderr.strip()[-500:]}")
-            j = json.loads(r.stdout)
-            run = {k: j[k] for k in ("context", "budget_tokens", "scored", "kl_mean", "kl_max", "ppl_full", "ppl_sparse")}
-            kl = sorted(j["kl"])
-            run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
-            run["kl"] = j["kl"]
-            runs.append(run)
-            print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
-                  f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
-                  f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
-        for p in pools.values():
-            p.close()
+        try:
+            for i, (ctx, budget) in enumerate(pairs):
+                if have_pool and ctx not in pools:
+                    for p in pools.values():
+                        p.close()
+                    pools = {ctx: kv_pool.Pool(eng.exe.parent, tmp)}
+                pool_flags = pools[ctx].flags() if have_pool else []
+                r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", f.name,
+                                    "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
+                                    "--budget", str(budget), *pool_flags], capture_output=True, text=True, env=env)
+                if r.returncode != 0:
+                    sys.exit(f"fidelity: ddctl fidelity failed: {r.stderr.strip()[-500:]}")
+                j = json.loads(r.stdout)
+                run = {k: j[k] for k in ("context", "budget_tokens", "scored", "kl_mean", "kl_max", "ppl_full", "ppl_sparse")}
+                kl = sorted(j["kl"])
+                run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
+                run["kl"] = j["kl"]
+                runs.append(run)
+                print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
+                      f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
+                      f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
+        finally:
+            for p in pools.values():
+                p.close()
         layer_runs = per_layer(a, eng, f.name) if a.standard else []
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """A real dd-kv-pool for the evaluation scripts: runs of one context in different modes,
 budgets or predictors share its prefix keys, so only the first prefills the context and the
 others restore it (`--prefix_block`, the same bits as prefilling: prefix_reuse_test)."""
+import ctypes
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,6 +12,12 @@ import engine_cli
 POOL_TOKEN = "eval-pool-token-0123456789abcdef"
 PREFIX_BLOCK = 256
 POOL_QUOTA = "12GiB"   # reserved, not touched: the pool reserves every layer's blocks (Gemma: 18, 3 written)
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the parent dies (PR_SET_PDEATHSIG), so a script
+    that exits early or is killed does not leave a pool behind."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 class Pool:
@@ -21,7 +29,7 @@ class Pool:
         self.log = Path(tmp) / "pool.log"
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen([str(Path(bin_dir) / "dd-kv-pool"), f"--tenants={cfg}"],
-                                         stdout=subprocess.PIPE, stderr=err, text=True)
+                                         stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=_die_with_parent)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             self.close()

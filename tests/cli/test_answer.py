@@ -175,3 +175,20 @@ def test_sparse_runs_share_the_context_through_a_real_pool(tmp_path):
     for qid, want in alone.items():
         assert restored[qid]["tokens"] == want["tokens"]
         assert restored[qid].get("choice_logprobs") == want.get("choice_logprobs")
+
+
+def test_eval_pool_dies_with_the_script_that_started_it():
+    """A script that exits without closing its pool (an error path) must not leave it running."""
+    import subprocess
+    import time
+    code = ("import os, sys, tempfile; sys.path.insert(0, sys.argv[1]); import kv_pool; "
+            "p = kv_pool.Pool(sys.argv[2], tempfile.mkdtemp()); print(p.proc.pid, flush=True); os._exit(0)")
+    bin_dir = os.environ.get("DD_BIN_DIR", str(REPO / "build" / "bin"))
+    r = subprocess.run([sys.executable, "-c", code, str(REPO / "eval"), bin_dir], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    stat = Path(f"/proc/{int(r.stdout)}/stat")
+    deadline = time.monotonic() + 10
+    while stat.exists() and stat.read_text().split()[2] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stat.exists() or stat.read_text().split()[2] == "Z", "the pool outlived its parent"
