@@ -107,18 +107,6 @@ double LogProb(const float* logits, int64_t n, int32_t token) {
   return logits[token] - mx - std::log(sum);
 }
 
-// Prefills prompt[begin, end) into `seq` in pieces of at most `chunk` tokens; the logits of the
-// prompt's last row when `end` is its end.
-absl::StatusOr<std::vector<float>> PrefillRange(engine::Engine& e, int32_t seq, absl::Span<const int32_t> prompt,
-                                               int64_t begin, int64_t end, int64_t chunk) {
-  std::vector<std::vector<float>> last;
-  for (int64_t b = begin; b < end; b += chunk) {
-    const engine::Engine::PrefillPiece piece{seq, prompt, b, std::min(end, b + chunk)};
-    RETURN_IF_ERROR(e.PrefillParts(absl::MakeConstSpan(&piece, 1), &last));
-  }
-  return last.empty() ? std::vector<float>{} : std::move(last[0]);
-}
-
 // Prefills the rest of every question of `group` on its own fork of slot 0, in shared forward
 // passes of at most `chunk` rows; returns each question's last-row logits.
 absl::StatusOr<std::vector<std::vector<float>>> PrefillQuestions(engine::Engine& e, absl::Span<const Question> group,
@@ -325,13 +313,15 @@ absl::Status RunAnswer(const CliConfig& cfg) {
   const int64_t chunk = std::max<int64_t>(1, cfg.engine.prefill_chunk);
   auto last_report = t0;
   const bool tty = isatty(fileno(stderr));
-  for (; done < shared; done = std::min(shared, done + chunk)) {
-    RETURN_IF_ERROR(PrefillRange(e, kBase, base, done, std::min(shared, done + chunk), chunk).status());
+  std::vector<std::vector<float>> unused;
+  while (done < shared) {
+    const engine::Engine::PrefillPiece piece{kBase, base, done, std::min(shared, done + chunk)};
+    RETURN_IF_ERROR(e.PrefillParts(absl::MakeConstSpan(&piece, 1), &unused));
+    done = piece.end;
     if (Clock::now() - last_report >= std::chrono::seconds(5)) {
       last_report = Clock::now();
       std::fprintf(stderr, "%s[ddctl] answer: context prefill %lld/%lld tokens%s", tty ? "\r" : "",
-                   static_cast<long long>(done + std::min(chunk, shared - done)), static_cast<long long>(shared),
-                   tty ? "" : "\n");
+                   static_cast<long long>(done), static_cast<long long>(shared), tty ? "" : "\n");
     }
   }
   const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -18,6 +18,7 @@ makes stops the run (pass --restart). At the end eval/standard_report.py writes
 bench/results/eval-standard.{json,md}.
 """
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -110,7 +111,6 @@ def chat_wrap(model, context, question):
     ask, cue = question.text.split("\nAnswer: ", 1)
     head = "<|im_start|>system\nAnswer the question from the text.<|im_end|>\n<|im_start|>user\n"
     text = f"{ask}<|im_end|>\n<|im_start|>assistant\n{cue}"
-    import dataclasses
     return head + context, dataclasses.replace(question, text=text), True
 
 
