@@ -145,31 +145,46 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
 void AttendRowToLists(const float* q, const model::ModelConfig& config, float scale,
                       absl::Span<const KeyValueList> lists, float* out_row, ThreadPool& pool,
                       AttentionScratch* scratch) {
+  const ListQuery row{q, out_row, 0};
+  AttendRowsToLists({&row, 1}, config, scale, lists, pool, scratch);
+}
+
+void AttendRowsToLists(absl::Span<const ListQuery> rows, const model::ModelConfig& config, float scale,
+                       absl::Span<const KeyValueList> lists, ThreadPool& pool, AttentionScratch* scratch) {
   const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
-  // Group g's scores: gs rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
+  const int64_t nr = static_cast<int64_t>(rows.size()), nq = nr * gs;  // queries per KV head
+  // Group g's scores: nq rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
   std::vector<int64_t>& offset = scratch->offsets;  // kept across calls: this runs per layer per row
   std::vector<int64_t>& first_tile = scratch->first_tiles;
   offset.assign(n_kv + 1, 0);
   first_tile.assign(n_kv + 1, 0);
   for (int64_t g = 0; g < n_kv; ++g) {
-    offset[g + 1] = offset[g] + gs * lists[g].n;
+    offset[g + 1] = offset[g] + nq * lists[g].n;
     first_tile[g + 1] = first_tile[g] + (lists[g].n + kKeyTile - 1) / kKeyTile;
   }
   scratch->scores.resize(offset[n_kv]);
-  scratch->outs.resize(n_kv * gs);
-  for (int64_t i = 0; i < n_kv * gs; ++i) scratch->outs[i] = out_row + i * hd;
+  // Group g's queries contiguous, row by row: q[(g * nr + i) * gs * hd], outputs likewise.
+  scratch->q.resize(n_kv * nq * hd);
+  scratch->outs.resize(n_kv * nq);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    for (int64_t i = 0; i < nr; ++i) {
+      std::memcpy(&scratch->q[(g * nr + i) * gs * hd], rows[i].q + g * gs * hd, gs * hd * sizeof(float));
+      for (int64_t h = 0; h < gs; ++h) scratch->outs[(g * nr + i) * gs + h] = rows[i].out + (g * gs + h) * hd;
+    }
+  }
   pool.ParallelFor(first_tile[n_kv], [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t g = std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin() - 1;
       const int64_t j = (t - first_tile[g]) * kKeyTile, n = lists[g].n;
-      kernels::AttentionScores(q + g * gs * hd, gs, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
+      kernels::AttentionScores(&scratch->q[g * nq * hd], nq, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
                                &scratch->scores[offset[g] + j], n);
     }
   });
-  pool.ParallelFor(n_kv * gs, [&](int64_t b, int64_t e) {
+  pool.ParallelFor(n_kv * nq, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t g = i / gs, n = lists[g].n;
-      kernels::ScaledSoftmax(&scratch->scores[offset[g] + (i % gs) * n], n, scale);
+      const int64_t g = i / nq, n = lists[g].n;
+      const int64_t visible = std::max<int64_t>(0, n - rows[(i % nq) / gs].hidden_tail);
+      SoftmaxVisible(&scratch->scores[offset[g] + (i % nq) * n], n, 0, visible, scale);
     }
   });
   const int64_t piece = PieceFor(hd, n_kv, pool);
@@ -177,8 +192,8 @@ void AttendRowToLists(const float* q, const model::ModelConfig& config, float sc
   pool.ParallelFor(n_kv * n_pieces, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t g = t / n_pieces, e0 = (t % n_pieces) * piece, n = lists[g].n;
-      kernels::AttentionWeightedSum(&scratch->scores[offset[g]], n, gs, lists[g].values, n, e0, std::min(hd, e0 + piece),
-                                    &scratch->outs[g * gs]);
+      kernels::AttentionWeightedSum(&scratch->scores[offset[g]], n, nq, lists[g].values, n, e0, std::min(hd, e0 + piece),
+                                    &scratch->outs[g * nq]);
     }
   });
 }

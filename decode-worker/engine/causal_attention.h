@@ -57,4 +57,20 @@ void AttendRowToLists(const float* q, const model::ModelConfig& config, float sc
                       absl::Span<const KeyValueList> lists, float* out_row, ThreadPool& pool,
                       AttentionScratch* scratch);
 
+// A decode row of AttendRowsToLists: n_head × head_dim query and output; the row sees every
+// key of each list but the last `hidden_tail`.
+struct ListQuery {
+  const float* q;
+  float* out;
+  int64_t hidden_tail = 0;
+};
+
+// Several decode rows over the same key lists in one pass: each key and value is loaded once
+// for all rows' query heads (the dual-token step's real and speculative rows read the same
+// blocks; the speculative row sees one more key, its own). Each row's bits equal
+// AttendRowToLists over its visible keys: scores are per-pair Dot bits, and a hidden key
+// gets probability 0, which adds nothing to a weighted sum of finite values.
+void AttendRowsToLists(absl::Span<const ListQuery> rows, const model::ModelConfig& config, float scale,
+                       absl::Span<const KeyValueList> lists, ThreadPool& pool, AttentionScratch* scratch);
+
 }  // namespace dd::engine

@@ -3,6 +3,7 @@
 // rules with a slow, injected link.
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
@@ -236,6 +237,54 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
     const auto a = d.Step(0, 200 + t, 1, r1, s1, false);
     const auto b = d.Step(3, 200 + t, 1, r2, s2, false);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << t;
+  }
+}
+
+// Rows attending in one pass (the dual-token step's real and speculative rows over the same
+// blocks, the speculative row seeing one more key) get the bits of one row at a time over
+// its visible keys, for 3 and 4 query heads per KV head (SmolLM2, Gemma), head dims with and
+// without a vector tail, lists of different lengths per KV head, and 1 or 2 threads.
+TEST(SparseAttentionTest, RowsInOnePassEqualOneRowAtATime) {
+  for (auto [n_head, n_kv, hd] : {std::tuple<int64_t, int64_t, int64_t>{9, 3, 64}, {4, 1, 256}, {4, 2, 40}}) {
+    for (int threads : {1, 2}) {
+      model::ModelConfig c = TinyConfig();
+      c.n_head = n_head;
+      c.n_head_kv = n_kv;
+      c.head_dim = hd;
+      ThreadPool pool(threads);
+      std::mt19937 rng(static_cast<uint32_t>(n_head * 100 + hd + threads));
+      std::normal_distribution<float> nd;
+      // KV head g holds 300 + 97 g keys (beyond one key tile), the last one the second row's own.
+      std::vector<std::vector<float>> kv(n_kv);
+      std::vector<std::vector<const float*>> keys(n_kv), values(n_kv);
+      std::vector<KeyValueList> all(n_kv), first_row(n_kv);
+      for (int64_t g = 0; g < n_kv; ++g) {
+        const int64_t n = 300 + 97 * g;
+        kv[g].resize(2 * n * hd);
+        for (float& x : kv[g]) x = nd(rng);
+        for (int64_t j = 0; j < n; ++j) {
+          keys[g].push_back(&kv[g][j * hd]);
+          values[g].push_back(&kv[g][(n + j) * hd]);
+        }
+        all[g] = {keys[g].data(), values[g].data(), n};
+        first_row[g] = {keys[g].data(), values[g].data(), n - 1};
+      }
+      const int64_t q_dim = n_head * hd;
+      std::vector<float> q(2 * q_dim);
+      for (float& x : q) x = nd(rng);
+      std::vector<float> one(2 * q_dim, -1.0f), both(2 * q_dim, -2.0f);
+      AttentionScratch scratch;
+      AttendRowToLists(&q[0], c, 0.125f, first_row, &one[0], pool, &scratch);
+      AttendRowToLists(&q[q_dim], c, 0.125f, all, &one[q_dim], pool, &scratch);
+      const ListQuery rows[2] = {{&q[0], &both[0], 1}, {&q[q_dim], &both[q_dim], 0}};
+      AttendRowsToLists(rows, c, 0.125f, all, pool, &scratch);
+      ASSERT_EQ(0, std::memcmp(one.data(), both.data(), one.size() * sizeof(float)))
+          << "heads " << n_head << "/" << n_kv << " hd " << hd << " threads " << threads;
+      // The hidden key matters to the second row only: dropping hidden_tail changes the first.
+      const ListQuery sees_all[1] = {{&q[0], &both[0], 0}};
+      AttendRowsToLists(sees_all, c, 0.125f, all, pool, &scratch);
+      EXPECT_NE(0, std::memcmp(one.data(), both.data(), q_dim * sizeof(float)));
+    }
   }
 }
 

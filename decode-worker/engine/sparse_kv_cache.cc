@@ -539,7 +539,7 @@ void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<
   for (size_t off = 0; off < blocks.size(); off += bf) out->push_back(blocks.data() + off);
 }
 
-void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_row, float scale, const Window& w,
+void SparseKvCache::AttendOver(const LayerState& st, absl::Span<const ListQuery> rows, float scale, const Window& w,
                                int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
                                const float* own_k, const float* own_v) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv;
@@ -582,7 +582,7 @@ void SparseKvCache::AttendOver(const LayerState& st, const float* q, float* out_
   }
   // The groups' query heads over their keys, split over the threads (the bits of Dot /
   // ScaledSoftmax / Axpy one query at a time, as before).
-  AttendRowToLists(q, config_, scale, attend_lists_, out_row, pool_, &attend_scratch_);
+  AttendRowsToLists(rows, config_, scale, attend_lists_, pool_, &attend_scratch_);
 }
 
 SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
@@ -672,11 +672,15 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
     }
   }
   for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
-  AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   if (spec_follows) {
-    last_selection_ = std::move(sel);  // the speculative row reads the same blocks, then finishes the read
+    // The speculative row reads the same blocks: both attend in one pass there, then it
+    // finishes the read.
+    pending_real_ = {q, call.out + row * q_dim, /*hidden_tail=*/1};
+    last_selection_ = std::move(sel);
     return absl::OkStatus();
   }
+  const ListQuery real{q, call.out + row * q_dim, 0};
+  AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   return FinishRead(s, call.layer);
 }
 
@@ -698,12 +702,15 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     predicted = UnionOf(ranked, last_ranked_, next);
   }
   st.seeded = !after_real;
+  const ListQuery spec{q, call.out + row * q_dim, 0};
   if (after_real) {
-    // Attend over the real row's keys (its window and selection) plus this row's own KV.
+    // The real row and this one over the real row's keys (its window and selection), this
+    // one also over its own KV, in one pass.
     const Window w = WindowFor(pos);
     // block_ptrs_ still points at the real row's blocks: nothing has been written since.
-    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, last_selection_, block_ptrs_, own_k,
-               own_v);
+    const ListQuery both[2] = {pending_real_, spec};
+    pending_real_ = {};
+    AttendOver(st, both, call.scale, w, st.length, last_selection_, block_ptrs_, own_k, own_v);
   } else {
     // Pre-decoding (right after prefill): attend over the committed keys with this row's own
     // selection, then prefetch its selection for the next step, whose real row is this same
@@ -717,7 +724,7 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
       RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
       BlockPointers(gathered_, &block_ptrs_);
     }
-    AttendOver(st, q, call.out + row * q_dim, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
+    AttendOver(st, {&spec, 1}, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
   }
   if (options_.step_cache) return IssueResidentPrefetch(s, call.layer, std::move(predicted), !after_real);
   // The real row's blocks are no longer read: its buffer goes to the read `buffers` later.

@@ -232,10 +232,11 @@ class SparseKvCache : public KvCache {
   absl::Status FinishRead(Seq& s, int64_t layer);
   // Next read index of sparse layer `layer` (index among sparse layers) from now.
   int64_t NextRead(const Seq& s, int64_t sparse_index) const;
-  // Exact attention of one row's query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
-  // then (if own_k) the row's own uncommitted KV.
+  // Exact attention of the rows' query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
+  // then (if own_k) the speculative row's own uncommitted KV, which a row with hidden_tail 1
+  // does not see. One pass for all rows: each key is loaded once.
   // `blocks` holds one pointer per selected chunk ([K | V] block), heads in order.
-  void AttendOver(const LayerState& st, const float* q, float* out, float scale, const Window& w,
+  void AttendOver(const LayerState& st, absl::Span<const ListQuery> rows, float scale, const Window& w,
                   int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
                   const float* own_k, const float* own_v);
   void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
@@ -274,6 +275,7 @@ class SparseKvCache : public KvCache {
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
   AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
+  ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
   Selection last_ranked_;     // the same, by score (previous / union predictors)
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)

@@ -164,9 +164,13 @@ absl::Status SparseKvCache::AttendDecodeRowResident(Seq& s, const model::Attenti
   st.issued_sel.clear();
   RETURN_IF_ERROR(fetched);
   stats.selected += Total(sel);
-  AttendOver(st, call.q + row * q_dim, call.out + row * q_dim, call.scale, w, st.length, sel, block_ptrs_, nullptr,
-             nullptr);
-  if (spec_follows) last_selection_ = std::move(sel);  // the speculative row reads the same blocks
+  if (spec_follows) {  // the speculative row reads the same blocks: both attend in one pass there
+    pending_real_ = {call.q + row * q_dim, call.out + row * q_dim, /*hidden_tail=*/1};
+    last_selection_ = std::move(sel);
+    return absl::OkStatus();
+  }
+  const ListQuery real{call.q + row * q_dim, call.out + row * q_dim, 0};
+  AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   return absl::OkStatus();
 }
 
