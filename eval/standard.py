@@ -114,6 +114,27 @@ def chat_wrap(model, context, question):
     return head + context, dataclasses.replace(question, text=text), True
 
 
+def stable_boundary(model, context, questions):
+    """SmolLM2's GPT-2 byte-level BPE splits a whitespace run before a word ("\n\n" + "Each" ->
+    "\n", "\nEach"-like pieces) differently from the same run at the end of the text, so a
+    choice right after a context ending in "\n\n" would change the context's own last tokens
+    (ddctl answer refuses that: the choice's log-likelihood would score a re-tokenized
+    context). There the trailing whitespace moves from the shared context into every
+    question: the full prompts are the same strings, the shared context ends on a word or
+    punctuation. Gemma's SentencePiece tokenizer keeps the boundary and its haystacks stay as
+    they were measured."""
+    ws = context[len(context.rstrip()):]
+    if model != "smollm2" or not ws:
+        return context, questions
+    moved = []
+    for q in questions:
+        if q.kind == "choice" and not q.text:
+            moved.append(dataclasses.replace(q, choices=tuple(ws + c for c in q.choices)))
+        else:
+            moved.append(dataclasses.replace(q, text=ws + q.text))
+    return context[:len(context) - len(ws)], moved
+
+
 def run_answer(a, model_path, ctx, qs, mode, budget, pool, timeout):
     """One `ddctl answer` run; returns (context line, answer lines)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,6 +206,7 @@ def run_model(a, model, store):
                 h = shared_tasks.make_haystack(fam, n, i, a.seed, engine.count_tokens, paragraphs, a.questions)
                 wrapped = [chat_wrap(model, h.context, q) for q in h.questions]
                 ctx, qs, chat = wrapped[0][0], [w[1] for w in wrapped], any(w[2] for w in wrapped)
+                ctx, qs = stable_boundary(model, ctx, qs)
                 todo = []
                 for mode, b in jobs_for(a, h):
                     key = (f"{model}:{h.id}", mode, b)

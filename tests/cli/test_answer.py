@@ -192,3 +192,27 @@ def test_eval_pool_dies_with_the_script_that_started_it():
     while stat.exists() and stat.read_text().split()[2] != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not stat.exists() or stat.read_text().split()[2] == "Z", "the pool outlived its parent"
+
+
+def test_smollm2_choice_after_a_paragraph_break(tmp_path):
+    """SmolLM2's byte-level BPE tokenizes "\\n\\n" at the end of a text differently from "\\n\\n"
+    before a word: a choice right after such a context is refused (its log-likelihood would
+    score re-tokenized context), and the standard evaluation's stable_boundary moves the
+    whitespace into the questions so the same prompts run."""
+    sys.path.insert(0, str(REPO / "eval"))
+    import shared_tasks  # noqa: E402
+    import standard  # noqa: E402
+    model = real_model_path("smollm2")
+    context = Path("/usr/share/common-licenses/GPL-3").read_text()[:3000].rstrip() + "\n\n"
+    qs = [shared_tasks.Question("cont", "", kind="choice", choices=("Each version is numbered.", "Cats purr.")),
+          shared_tasks.Question("qa", "Question: Who may copy it?\nAnswer:", max_new_tokens=6)]
+    c, q = write_inputs(tmp_path, [x.request() for x in qs], context)
+    r = ddctl("answer", "--model", str(model), "--prompt_file", str(c), "--questions_file", str(q), timeout=600)
+    assert r.returncode == 2 and "changes the tokens of the question before it" in r.stderr, r.stderr
+    ctx2, qs2 = standard.stable_boundary("smollm2", context, qs)
+    assert not ctx2.endswith("\n") and [ctx2 + x.text + "".join(x.choices[:1]) for x in qs2] == \
+        [context + x.text + "".join(x.choices[:1]) for x in qs]
+    c, q = write_inputs(tmp_path, [x.request() for x in qs2], ctx2)
+    head, got = answer(model, c, q)
+    assert set(got) == {"cont", "qa"} and len(got["cont"]["choice_logprobs"]) == 2
+    assert standard.stable_boundary("gemma", context, qs) == (context, qs)
