@@ -32,9 +32,10 @@ def paired_difference(pairs_by_cluster, resamples=10000, seed=0, level=0.95, bin
     {"n": pairs, "clusters": k, "diff": mean, "low": ., "high": .}.
 
     binary: the bootstrap cannot see a rate it never observed (no discordant pair gives
-    [0, 0]); with no pair lost (b < a) the low end is at most diff - 3/n, with none gained at
-    least diff + 3/n on the high end (the rule of three: with no event in n trials the 95%
-    upper bound of its rate is about 3/n)."""
+    [0, 0], nor does a haystack whose one loss and one gain cancel); where no haystack shows
+    a net loss the low end is at most diff - 3/n, where none shows a net gain the high end at
+    least diff + 3/n (the rule of three: with no event in n trials the 95% upper bound of its
+    rate is about 3/n)."""
     clusters = [v for _, v in sorted(pairs_by_cluster.items()) if v]
     n = sum(len(v) for v in clusters)
     if n == 0:
@@ -59,10 +60,9 @@ def paired_difference(pairs_by_cluster, resamples=10000, seed=0, level=0.95, bin
     lo = stats[int(math.floor(tail * (resamples - 1)))]
     hi = stats[int(math.ceil((1 - tail) * (resamples - 1)))]
     if binary:
-        pairs = [p for v in clusters for p in v]
-        if not any(b < a for a, b in pairs):
+        if not any(s < 0 for s in sums):
             lo = min(lo, diff - 3 / n)
-        if not any(b > a for a, b in pairs):
+        if not any(s > 0 for s in sums):
             hi = max(hi, diff + 3 / n)
     return {"n": n, "clusters": k, "diff": diff, "low": lo, "high": hi}
 

@@ -136,6 +136,13 @@ def test_binary_interval_is_never_narrower_than_the_rule_of_three():
     assert many["low"] == pytest.approx(-3 / 64) and stats.verdict(many) == "no measurable loss"
 
 
+def test_binary_interval_sees_a_loss_and_a_gain_that_cancel_in_one_haystack():
+    # One haystack loses one question and gains another: every bootstrap resample sums to 0.
+    pairs = {0: [(1, 0), (0, 1)] + [(1, 1)] * 14, **{i: [(1, 1)] * 16 for i in range(1, 4)}}
+    d = stats.paired_difference(pairs, binary=True)
+    assert d["diff"] == 0 and d["low"] == pytest.approx(-3 / 64) and d["high"] == pytest.approx(3 / 64)
+
+
 def test_paired_difference_detects_a_consistent_loss():
     pairs = {i: [(1, 0)] * 3 + [(1, 1)] * 7 for i in range(8)}   # 30 points lost in every haystack
     d = stats.paired_difference(pairs, resamples=2000)
