@@ -163,20 +163,22 @@ void AttendRowsToLists(absl::Span<const ListQuery> rows, const model::ModelConfi
     first_tile[g + 1] = first_tile[g] + (lists[g].n + kKeyTile - 1) / kKeyTile;
   }
   scratch->scores.resize(offset[n_kv]);
-  // Group g's queries contiguous, row by row: q[(g * nr + i) * gs * hd], outputs likewise.
-  scratch->q.resize(n_kv * nq * hd);
+  // Group g's queries contiguous, row by row, outputs likewise. One row's group is already
+  // contiguous in its query (the common case: no copy).
+  if (nr > 1) scratch->q.resize(n_kv * nq * hd);
   scratch->outs.resize(n_kv * nq);
   for (int64_t g = 0; g < n_kv; ++g) {
     for (int64_t i = 0; i < nr; ++i) {
-      std::memcpy(&scratch->q[(g * nr + i) * gs * hd], rows[i].q + g * gs * hd, gs * hd * sizeof(float));
+      if (nr > 1) std::memcpy(&scratch->q[(g * nr + i) * gs * hd], rows[i].q + g * gs * hd, gs * hd * sizeof(float));
       for (int64_t h = 0; h < gs; ++h) scratch->outs[(g * nr + i) * gs + h] = rows[i].out + (g * gs + h) * hd;
     }
   }
+  auto group_q = [&](int64_t g) { return nr > 1 ? &scratch->q[g * nq * hd] : rows[0].q + g * gs * hd; };
   pool.ParallelFor(first_tile[n_kv], [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t g = std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin() - 1;
       const int64_t j = (t - first_tile[g]) * kKeyTile, n = lists[g].n;
-      kernels::AttentionScores(&scratch->q[g * nq * hd], nq, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
+      kernels::AttentionScores(group_q(g), nq, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
                                &scratch->scores[offset[g] + j], n);
     }
   });
