@@ -311,13 +311,6 @@ absl::Status RunAnswer(const CliConfig& cfg) {
   RETURN_IF_ERROR(e.Admit(kBase, shared, total));
   ASSIGN_OR_RETURN(int64_t done, e.StartPrefill(kBase, base));
   const int64_t chunk = std::max<int64_t>(1, cfg.engine.prefill_chunk);
-  // A forward pass of one row is a decode row to the sparse cache (it trims the device window
-  // after it), so the questions' prefill could not follow it. A context whose last piece
-  // (after a restored prefix, or after whole chunks) would be one token leaves that token to
-  // the questions instead (each has at least one token of its own, so theirs start with two).
-  if (shared - done > 0 && (shared - done) % chunk == 1 && shared >= 2) {
-    base.resize(--shared);  // its prefix is still committed for the next run to restore
-  }
   auto last_report = t0;
   const bool tty = isatty(fileno(stderr));
   std::vector<std::vector<float>> unused;

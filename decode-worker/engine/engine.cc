@@ -279,7 +279,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
   for (int64_t b = start; b < n; b += options_.prefill_chunk) {
     const int64_t e = std::min(n, b + options_.prefill_chunk);
     rows.clear();
-    for (int64_t i = b; i < e; ++i) rows.push_back({seq, i, tokens[i], static_cast<bool>(want[i])});
+    for (int64_t i = b; i < e; ++i) rows.push_back({.seq = seq, .pos = i, .token = tokens[i], .want_logits = static_cast<bool>(want[i]), .prefill = true});
     NoteTokens(seq, tokens.subspan(b, e - b));
     absl::Status st = transformer_.Forward(rows, *kv_, &chunk_logits);
     if (!st.ok()) {
@@ -416,7 +416,7 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
                                                      "-token prompt does not continue slot ", p.seq, " (",
                                                      kv_->Length(p.seq), " tokens cached)"));
     }
-    for (int64_t pos = p.begin; pos < p.end; ++pos) rows.push_back({p.seq, pos, p.prompt[pos], pos == n - 1});
+    for (int64_t pos = p.begin; pos < p.end; ++pos) rows.push_back({.seq = p.seq, .pos = pos, .token = p.prompt[pos], .want_logits = pos == n - 1, .prefill = true});
     NoteTokens(p.seq, p.prompt.subspan(p.begin, p.end - p.begin));
     if (p.end == n) owner.push_back(i);
   }

@@ -330,16 +330,19 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
     LayerState& st = s->layers[call.layer];
     const bool spec_last = call.rows[r1 - 1].speculative;
     const int64_t real_end = spec_last ? r1 - 1 : r1;
-    if (real_end - r0 > 1 && st.decoded) {
+    // Prompt rows attend densely, however few a piece holds (a one-token piece mid-prompt
+    // is not a decode row); a lone unflagged row is a decode row.
+    const bool prompt = real_end - r0 > 1 || (real_end > r0 && call.rows[r0].prefill);
+    if (prompt && st.decoded) {
       return absl::UnimplementedError("sparse mode: prefill rows after decode rows in one sequence");
     }
     for (int64_t r = r0; r < real_end; ++r) {
       if (call.rows[r].speculative) return absl::InvalidArgumentError("a speculative row must be the last");
       RETURN_IF_ERROR(Append(*s, call.layer, call.k + r * kv_dim, call.v + r * kv_dim, call.rows[r].pos));
     }
-    if (real_end - r0 == 1) {
+    if (real_end - r0 == 1 && !prompt) {
       RETURN_IF_ERROR(AttendDecodeRow(*s, call, r0, spec_last));
-    } else if (real_end - r0 > 1) {
+    } else if (prompt) {
       if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
       AttendPrefillRows(*s, call, r0, real_end);
     }

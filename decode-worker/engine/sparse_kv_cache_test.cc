@@ -112,6 +112,47 @@ TYPED_TEST(SparseModeTest, BudgetCoveringContextIsBitIdenticalToFull) {
   EXPECT_GT((*sparse)->fetched_chunks(), 0);  // chunks really came from the store
 }
 
+// Prompt pieces of one token (the scheduler cuts them where its step budget runs out; a
+// restored prefix can leave one) are prompt rows: a prompt prefilled as [0, 300) [300, 301)
+// [301, n - 1) [n - 1, n) gives the logits of one whole prefill bit for bit, and decodes the
+// same. A lone row used to count as a decode row: the piece after it failed ("prefill rows
+// after decode rows") and a one-token last piece attended sparsely.
+TYPED_TEST(SparseModeTest, OneTokenPromptPiecesAttendDensely) {
+  const std::vector<int32_t> ids = this->LongPrompt(0, 600);
+  const int64_t n = static_cast<int64_t>(ids.size()), V = this->model_->config.n_vocab;
+  for (DecodeMode mode : {DecodeMode::kSparse, DecodeMode::kDualDecoder}) {
+    EngineOptions o;
+    o.mode = mode;
+    o.sparse.budget_tokens = 128;  // well below the prompt: sparse and dense rows differ
+    auto whole = Engine::Create(*this->model_, o);
+    auto cut = Engine::Create(*this->model_, o);
+    ASSERT_TRUE(whole.ok() && cut.ok());
+    auto want = (*whole)->Prefill(0, ids);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE((*cut)->Admit(0, n, n + 4).ok());
+    ASSERT_TRUE((*cut)->StartPrefill(0, ids).ok());
+    std::vector<float> got;
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 300}, {300, 301}, {301, n - 1}, {n - 1, n}}) {
+      const Engine::PrefillPiece piece{.seq = 0, .prompt = ids, .begin = b, .end = e};
+      std::vector<std::vector<float>> last;
+      absl::Status st = (*cut)->PrefillParts({&piece, 1}, &last);
+      ASSERT_TRUE(st.ok()) << "piece [" << b << ", " << e << "): " << st;
+      if (e == n) got = last[0];
+    }
+    ASSERT_EQ(got.size(), want->size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want->data(), got.size() * sizeof(float))) << DecodeModeName(mode);
+    const int32_t seq = 0;
+    int32_t t = Argmax(got.data(), V);
+    std::vector<float> a, b;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*whole)->DecodeStep({&seq, 1}, {&t, 1}, &a).ok());
+      ASSERT_TRUE((*cut)->DecodeStep({&seq, 1}, {&t, 1}, &b).ok());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << DecodeModeName(mode) << " step " << i;
+      t = Argmax(a.data(), V);
+    }
+  }
+}
+
 TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemory) {
   EngineOptions o;
   o.mode = DecodeMode::kSparse;

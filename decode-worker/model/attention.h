@@ -24,6 +24,10 @@ struct BatchRow {
   // before it) but its KV lives only for this forward — the cache does not keep it, and no
   // real row sees it. At most one per sequence per forward, after the sequence's real rows.
   bool speculative = false;
+  // A prompt row (prefill, restore, rebuild): it attends densely over its whole prefix even
+  // when it is the only row of its sequence in the pass. Rows without it count as decode rows
+  // when they are alone; a backend treats several real rows of one sequence as prompt rows.
+  bool prefill = false;
 };
 
 struct AttentionCall {

@@ -219,16 +219,16 @@ def test_smollm2_choice_after_a_paragraph_break(tmp_path):
 
 
 def test_context_ending_in_a_one_token_piece(tmp_path):
-    """A forward pass of one row is a decode row to the sparse cache, after which no multi-row
-    prefill may follow: a context whose last prefill piece would be one token (here: chunks of
-    shared - 1; in the standard run: one token past a restored prefix) leaves that token to
-    the questions, and the answers equal those of a run with whole chunks."""
+    """A context whose last prefill piece is one token (here: chunks of shared - 1; in the
+    standard run: one token past a restored prefix) prefills it as a prompt row: the questions'
+    prefill follows (a lone row used to count as a decode row, after which it failed with
+    "prefill rows after decode rows") and the answers equal those of a run with whole chunks."""
     model = real_model()
     c, q = write_inputs(tmp_path, QUESTIONS[:2])
     flags = ["--mode", "sparse", "--budget", "256"]
     head, want = answer(model, c, q, *flags)
     n = head["shared_tokens"]
     head2, got = answer(model, c, q, *flags, "--prefill_chunk", str(n - 1))
-    assert head2["shared_tokens"] == n - 1
+    assert head2["shared_tokens"] == n
     for k in want:
         assert got[k]["tokens"] == want[k]["tokens"] and got[k].get("choice_logprobs") == want[k].get("choice_logprobs")
