@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -48,11 +49,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   }
   if (options_.prefix_block_tokens != 0) {
     const int64_t B = options_.prefix_block_tokens, C = options_.sparse.chunk_tokens;
-    if (options_.mode == DecodeMode::kFull) {
-      init_status_ = absl::InvalidArgumentError("prefix reuse needs a sparse mode (sparse, sparse-cached or dualdecoder)");
-      return;
-    }
-    if (options_.sparse.sparse_layers.any()) {
+    if (options_.mode != DecodeMode::kFull && options_.sparse.sparse_layers.any()) {
       // Layers kept dense are not offloaded: a committed prefix would lack their KV.
       init_status_ = absl::InvalidArgumentError("prefix reuse needs every global layer sparse (no --sparse_layers)");
       return;
@@ -65,16 +62,19 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     options_.sparse.offload_sliding = true;
     prefix_ns_ = {ModelFingerprint(model), {model.config.n_layer, model.config.n_head_kv, model.config.head_dim, C}, B, 0};
   }
-  if (options_.mode != DecodeMode::kFull) {
+  dense_ = static_cast<DenseKvCache*>(kv_.get());
+  if (options_.mode != DecodeMode::kFull || options_.prefix_block_tokens > 0) {
     auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link);
     if (!store.ok()) {
       init_status_ = store.status();
       return;
     }
     store_ = std::move(*store);
+    if (options_.mode == DecodeMode::kFull) return;  // the store serves prefix restores only
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
     if (sparse.ok()) {
       sparse_ = sparse->get();
+      dense_ = nullptr;
       kv_ = std::move(*sparse);
     } else {
       init_status_ = sparse.status();
@@ -271,7 +271,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
   }
   // Prefix reuse covers blocks before the first position whose logits are wanted.
   int64_t start = 0;
-  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr && !positions.empty()) {
+  if (PrefixReuse() && !positions.empty()) {
     start = RestorePrefix(seq, tokens, std::min(*std::min_element(positions.begin(), positions.end()), n - 1));
   }
   std::vector<float> out, chunk_logits;
@@ -289,7 +289,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
     if (on_progress) on_progress(e, n);
   }
-  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) CommitPrefix(seq, tokens.first(n - 1));
+  if (PrefixReuse()) CommitPrefix(seq, tokens.first(n - 1));
   // Positions may be given in any order; return rows in the order asked.
   if (!positions.empty()) {
     std::vector<int64_t> sorted(positions.begin(), positions.end());
@@ -316,7 +316,8 @@ int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int
     return 0;
   }
   if (match->blocks == 0) return 0;
-  absl::Status st = sparse_->RestorePrefix(seq, match->seq, match->blocks * B);
+  absl::Status st = sparse_ != nullptr ? sparse_->RestorePrefix(seq, match->seq, match->blocks * B)
+                                       : RestoreDensePrefix(seq, match->seq, match->blocks * B);
   (void)store_->Release(match->seq);
   if (!st.ok()) {
     LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
@@ -328,7 +329,49 @@ int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int
   return match->blocks * B;
 }
 
+absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
+  const model::ModelConfig& cfg = model_.config;
+  const int64_t C = options_.sparse.chunk_tokens, hd = cfg.head_dim, n_kv = cfg.n_head_kv, kv_dim = n_kv * hd;
+  if (tokens <= 0 || tokens % C != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
+  }
+  if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  constexpr int64_t kBatch = 64;  // chunks per gather
+  std::vector<float> blocks, krows, vrows;
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    // A sliding layer needs only the rows its decode-time ring keeps.
+    const int64_t keep_from = cfg.layer_is_swa[l] ? std::max<int64_t>(0, tokens - cfg.sliding_window - 1) : 0;
+    const int64_t c_first = keep_from / C, chunks = tokens / C;
+    krows.assign((tokens - c_first * C) * kv_dim, 0.0f);
+    vrows.assign(krows.size(), 0.0f);
+    for (int64_t c0 = c_first; c0 < chunks; c0 += kBatch) {
+      const int64_t c1 = std::min(chunks, c0 + kBatch);
+      std::vector<kvpool::ChunkRef> refs;
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int32_t g = 0; g < n_kv; ++g) refs.push_back({static_cast<int32_t>(l), g, c});
+      }
+      blocks.resize(refs.size() * 2 * C * hd);
+      ASSIGN_OR_RETURN(kvpool::TransferId tid, store_->Gather(handle, refs, blocks.data(), kvpool::Priority::kUrgent));
+      RETURN_IF_ERROR(store_->Wait(tid));
+      // Each block is [K | V] of C positions for one KV head; rows interleave the heads.
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int32_t g = 0; g < n_kv; ++g) {
+          const float* block = &blocks[((c - c0) * n_kv + g) * 2 * C * hd];
+          for (int64_t t = 0; t < C; ++t) {
+            const int64_t row = (c - c_first) * C + t;
+            std::memcpy(&krows[row * kv_dim + g * hd], block + t * hd, hd * sizeof(float));
+            std::memcpy(&vrows[row * kv_dim + g * hd], block + (C + t) * hd, hd * sizeof(float));
+          }
+        }
+      }
+    }
+    dense_->LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - c_first * C);
+  }
+  return absl::OkStatus();
+}
+
 void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
+  if (sparse_ == nullptr) return;  // full mode restores prefixes, it does not offload its own
   const std::vector<uint64_t> keys = kvpool::PrefixKeys(prefix_ns_, tokens);
   if (keys.empty()) return;
   if (absl::Status st = sparse_->CommitPrefix(seq, keys); !st.ok()) {
@@ -392,7 +435,7 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
   if (seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
   if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
-  if (options_.prefix_block_tokens > 0 && sparse_ != nullptr) {
+  if (PrefixReuse()) {
     return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
   }
   return 0;
@@ -427,7 +470,7 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
   for (size_t j = 0; j < owner.size(); ++j) {
     (*last_logits)[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
     const PrefillPiece& p = pieces[owner[j]];
-    if (commit_prefix && options_.prefix_block_tokens > 0 && sparse_ != nullptr) {
+    if (commit_prefix && PrefixReuse()) {
       CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
     }
   }

@@ -44,9 +44,11 @@ struct EngineOptions {
   // (a dd-kv-pool on this host, authenticated with kv_store_token).
   std::string kv_store = "inproc://";
   std::string kv_store_token{};
-  // Prefix reuse (sparse modes, a pool store): prompts are keyed in blocks of this many tokens
+  // Prefix reuse (a pool store): prompts are keyed in blocks of this many tokens
   // (docs/prefix-keys.md); a prompt starting with a committed prefix restores it from the pool
-  // instead of prefilling it, and commits its own blocks afterwards. 0 = off.
+  // instead of prefilling it. Sparse modes also commit their own blocks afterwards; `full`
+  // only restores (its prefill offloads nothing: a prefix some sparse engine committed,
+  // whose KV equals full's bit for bit). 0 = off.
   int64_t prefix_block_tokens = 0;
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
@@ -184,6 +186,7 @@ class Engine {
   model::Transformer transformer_;
   std::unique_ptr<kvpool::KvStore> store_;
   SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
+  DenseKvCache* dense_ = nullptr;    // kv_ when mode == kFull
   std::unique_ptr<KvCache> kv_;
   absl::Status init_status_;
   std::vector<int32_t> spec_;  // dualdecoder: next speculative token per slot (-1: none yet)
@@ -200,6 +203,10 @@ class Engine {
   // the number of tokens restored (0 when none or on a pool error, which is logged).
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
   void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
+  bool PrefixReuse() const { return options_.prefix_block_tokens > 0 && store_ != nullptr; }
+  // `full` mode: loads `tokens` positions of stored sequence `handle` into empty slot `seq`
+  // (every position of a global layer, the last window + 1 of a sliding one).
+  absl::Status RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
   // One forward pass over prompt pieces (shared by PrefillBatch and PrefillParts): the last
   // row's logits of each piece that ends its prompt, whose blocks are committed for reuse if
   // `commit_prefix`.

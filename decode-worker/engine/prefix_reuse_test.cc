@@ -1,6 +1,7 @@
 // Prefix reuse through a real dd-kv-pool process on the real Gemma 3 270M: a second request
 // (on another engine, as on another worker) that shares a long prefix restores it from the
-// pool instead of prefilling it, and its logits are bit-identical to a fresh prefill.
+// pool instead of prefilling it, and its logits are bit-identical to a fresh prefill; a full
+// engine restores what a sparse one committed.
 #include "decode-worker/engine/prefix_reuse.h"
 
 #include <cstring>
@@ -76,6 +77,36 @@ TEST_F(PrefixReuseTest, SharedPrefixIsRestoredBitIdentically) {
   }
 }
 
+// `full` restores a prefix a sparse engine committed (their prompt KV is the same bits) and
+// answers as a full engine that prefilled it all; it commits nothing of its own.
+TEST_F(PrefixReuseTest, FullModeRestoresWhatASparseEngineCommitted) {
+  std::vector<int32_t> a = Text(0, 1200), b = Text(0, 1100);
+  const std::vector<int32_t> tail = Text(5000, 150);
+  b.insert(b.end(), tail.begin(), tail.end());
+  PoolProcess pool(30000, "1GiB");
+  ASSERT_FALSE(pool.address().empty());
+  const std::string uri = "shm://" + pool.address();
+  auto sparse = Engine::Create(*model_, Options(DecodeMode::kSparse, uri, 256));
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  Run(**sparse, a, 0);  // commits a's blocks
+  auto full = Engine::Create(*model_, Options(DecodeMode::kFull, uri, 256));
+  ASSERT_TRUE(full.ok()) << full.status();
+  const std::vector<float> reused = Run(**full, b, 6);
+  EXPECT_EQ((*full)->prefix_reused_tokens(), 1024);
+  auto fresh = Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 0));
+  ASSERT_TRUE(fresh.ok());
+  const std::vector<float> want = Run(**fresh, b, 6);
+  ASSERT_EQ(reused.size(), want.size());
+  EXPECT_EQ(std::memcmp(reused.data(), want.data(), want.size() * sizeof(float)), 0);
+  // A prompt only full engines have seen is not found: full does not commit.
+  const std::vector<int32_t> c = Text(2500, 600);
+  Run(**full, c, 0);
+  auto other = Engine::Create(*model_, Options(DecodeMode::kFull, uri, 256));
+  ASSERT_TRUE(other.ok());
+  Run(**other, c, 0);
+  EXPECT_EQ((*other)->prefix_reused_tokens(), 0);
+}
+
 TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   const uint64_t fp = ModelFingerprint(*model_);
   EXPECT_EQ(fp, ModelFingerprint(*model_));
@@ -88,9 +119,11 @@ TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   ns.block_tokens = 256;
   ns.model_fingerprint ^= 1;
   EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], k1[0]);
-  EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).status().message().find(
-                  "sparse mode") != std::string::npos);
-  EXPECT_FALSE(Engine::Create(*model_, Options(DecodeMode::kSparse, "inproc://", 100)).ok());
+  EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).ok());  // restores only
+  for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse}) {
+    EXPECT_TRUE(Engine::Create(*model_, Options(mode, "inproc://", 100)).status().message().find(
+                    "multiple of the chunk") != std::string::npos);
+  }
 }
 
 }  // namespace
