@@ -2,11 +2,17 @@
 // by side in one process. The first --context tokens of the prompt are prefilled; each of the
 // next --score_tokens tokens is then fed as a decode step (the true token, not a sampled
 // one), and the next-token distributions of the two engines are compared at every step.
+// --budgets (or --each_sparse_layer) compares several sparse engines with one full run: full
+// prefills and teacher-forces once, each variant after it; one JSON line per variant.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "ddctl/commands.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +32,41 @@ std::vector<double> LogSoftmax(const float* logits, int64_t n) {
   return out;
 }
 
+// The sparse engines to compare with full: one per --budgets entry, or one per
+// --each_sparse_layer entry with only that global layer sparse (at --budget).
+absl::StatusOr<std::vector<engine::EngineOptions>> Variants(const CliConfig& cfg) {
+  if (!cfg.fidelity_budgets.empty() && !cfg.fidelity_layers.empty()) {
+    return absl::InvalidArgumentError("pass --budgets or --each_sparse_layer, not both");
+  }
+  const bool layers = !cfg.fidelity_layers.empty();
+  std::vector<engine::EngineOptions> out;
+  for (absl::string_view part : absl::StrSplit(layers ? cfg.fidelity_layers : cfg.fidelity_budgets, ',',
+                                               absl::SkipWhitespace())) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(part, &x) || x < 0 || (layers && x >= engine::SparseOptions::kMaxLayers)) {
+      return absl::InvalidArgumentError(absl::StrCat(layers ? "--each_sparse_layer" : "--budgets", ": '", part,
+                                                     "' is not a ", layers ? "layer index" : "budget in tokens"));
+    }
+    if (out.size() >= 64) return absl::InvalidArgumentError("at most 64 variants per fidelity run");
+    engine::EngineOptions o = cfg.engine;
+    if (layers) {
+      o.sparse.sparse_layers.reset();
+      o.sparse.sparse_layers.set(x);
+    } else {
+      o.sparse.budget_tokens = x;
+    }
+    out.push_back(o);
+  }
+  if (out.empty()) out.push_back(cfg.engine);
+  return out;
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / v.size();
+}
+
 }  // namespace
 
 absl::Status RunFidelity(const CliConfig& cfg) {
@@ -36,6 +77,7 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     return absl::InvalidArgumentError(absl::StrCat("--context and --score_tokens must be positive, got ", cfg.context,
                                                    " and ", cfg.score_tokens));
   }
+  ASSIGN_OR_RETURN(const std::vector<engine::EngineOptions> variants, Variants(cfg));
   ASSIGN_OR_RETURN(std::string text, ReadPrompt(cfg));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
   const std::vector<int32_t> ids = model->tokenizer->Encode(text, !cfg.raw_prompt, true);
@@ -48,47 +90,65 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     return absl::InvalidArgumentError(absl::StrCat("--context + --score_tokens = ", need,
                                                    " exceeds the model context of ", model->config.n_ctx_train));
   }
-  engine::EngineOptions full_opts = cfg.engine;
-  full_opts.mode = engine::DecodeMode::kFull;
-  full_opts.prefix_block_tokens = 0;  // the pool (and its prefix reuse) serves the sparse engine only
-  full_opts.kv_store = "inproc://";
-  ASSIGN_OR_RETURN(auto full, engine::Engine::Create(*model, full_opts));
-  ASSIGN_OR_RETURN(auto sparse, engine::Engine::Create(*model, cfg.engine));
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + cfg.context);
-  ASSIGN_OR_RETURN(std::vector<float> lf, full->Prefill(0, prompt));
-  ASSIGN_OR_RETURN(std::vector<float> ls, sparse->Prefill(0, prompt));
-  const int64_t V = model->config.n_vocab;
-  std::vector<double> kl, nll_full, nll_sparse;
-  int32_t seq = 0;
-  for (int64_t i = 0; i < cfg.score_tokens; ++i) {
-    // Both distributions predict token context + i; then that true token is fed.
-    const int32_t truth = ids[cfg.context + i];
-    const std::vector<double> pf = LogSoftmax(lf.data(), V), ps = LogSoftmax(ls.data(), V);
-    double d = 0;
-    for (int64_t v = 0; v < V; ++v) d += std::exp(pf[v]) * (pf[v] - ps[v]);
-    kl.push_back(std::max(0.0, d));
-    nll_full.push_back(-pf[truth]);
-    nll_sparse.push_back(-ps[truth]);
-    if (i + 1 == cfg.score_tokens) break;
-    RETURN_IF_ERROR(full->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&truth, 1), &lf));
-    RETURN_IF_ERROR(sparse->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&truth, 1), &ls));
+  // Every variant's engine is created (and its options checked) before the long full run.
+  std::vector<std::unique_ptr<engine::Engine>> sparse;
+  for (const engine::EngineOptions& o : variants) {
+    ASSIGN_OR_RETURN(auto e, engine::Engine::Create(*model, o));
+    sparse.push_back(std::move(e));
   }
-  auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0.0 : s / v.size();
-  };
-  nlohmann::json j;
-  j["mode"] = std::string(engine::DecodeModeName(cfg.engine.mode));
-  j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
-  j["context"] = cfg.context;
-  j["scored"] = kl.size();
-  j["kl_mean"] = mean(kl);
-  j["kl_max"] = *std::max_element(kl.begin(), kl.end());
-  j["ppl_full"] = std::exp(mean(nll_full));
-  j["ppl_sparse"] = std::exp(mean(nll_sparse));
-  j["kl"] = kl;
-  std::cout << j.dump(2) << "\n";
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + cfg.context);
+  const int64_t V = model->config.n_vocab;
+  int32_t seq = 0;
+  // Full attention once: its logits at every scored position, kept for all variants.
+  std::vector<float> full_logits;
+  {
+    engine::EngineOptions full_opts = cfg.engine;
+    full_opts.mode = engine::DecodeMode::kFull;
+    full_opts.prefix_block_tokens = 0;  // the pool (and its prefix reuse) serves the sparse engine only
+    full_opts.kv_store = "inproc://";
+    ASSIGN_OR_RETURN(auto full, engine::Engine::Create(*model, full_opts));
+    ASSIGN_OR_RETURN(std::vector<float> lf, full->Prefill(0, prompt));
+    full_logits.reserve(cfg.score_tokens * V);
+    for (int64_t i = 0; i < cfg.score_tokens; ++i) {
+      full_logits.insert(full_logits.end(), lf.begin(), lf.end());
+      if (i + 1 == cfg.score_tokens) break;
+      RETURN_IF_ERROR(full->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&ids[cfg.context + i], 1), &lf));
+    }
+  }
+  for (size_t k = 0; k < sparse.size(); ++k) {
+    engine::Engine& e = *sparse[k];
+    ASSIGN_OR_RETURN(std::vector<float> ls, e.Prefill(0, prompt));
+    std::vector<double> kl, nll_full, nll_sparse;
+    for (int64_t i = 0; i < cfg.score_tokens; ++i) {
+      // Both distributions predict token context + i; then that true token is fed.
+      const int32_t truth = ids[cfg.context + i];
+      const std::vector<double> pf = LogSoftmax(&full_logits[i * V], V), ps = LogSoftmax(ls.data(), V);
+      double d = 0;
+      for (int64_t v = 0; v < V; ++v) d += std::exp(pf[v]) * (pf[v] - ps[v]);
+      kl.push_back(std::max(0.0, d));
+      nll_full.push_back(-pf[truth]);
+      nll_sparse.push_back(-ps[truth]);
+      if (i + 1 == cfg.score_tokens) break;
+      RETURN_IF_ERROR(e.DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&truth, 1), &ls));
+    }
+    sparse[k].reset();  // frees its KV before the next variant prefills
+    nlohmann::json j;
+    j["mode"] = std::string(engine::DecodeModeName(cfg.engine.mode));
+    j["budget_tokens"] = variants[k].sparse.budget_tokens;
+    if (!cfg.fidelity_layers.empty()) {
+      for (int64_t l = 0; l < engine::SparseOptions::kMaxLayers; ++l) {
+        if (variants[k].sparse.sparse_layers.test(l)) j["sparse_layers"].push_back(l);
+      }
+    }
+    j["context"] = cfg.context;
+    j["scored"] = kl.size();
+    j["kl_mean"] = Mean(kl);
+    j["kl_max"] = *std::max_element(kl.begin(), kl.end());
+    j["ppl_full"] = std::exp(Mean(nll_full));
+    j["ppl_sparse"] = std::exp(Mean(nll_sparse));
+    j["kl"] = kl;
+    std::cout << j.dump() << "\n" << std::flush;  // one line per variant
+  }
   return absl::OkStatus();
 }
 

@@ -26,6 +26,10 @@ ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation token
 ABSL_FLAG(std::string, oracle_tokens, "", "predictor oracle: the tokens an earlier greedy run generated (comma-separated)");
 ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scoring");
 ABSL_FLAG(int64_t, score_tokens, 64, "fidelity: teacher-forced positions scored after --context");
+ABSL_FLAG(std::string, budgets, "",
+          "fidelity: comma-separated budgets, each a sparse run against one shared full run (default --budget)");
+ABSL_FLAG(std::string, each_sparse_layer, "",
+          "fidelity: comma-separated global layers, each a run at --budget with only that layer sparse");
 ABSL_FLAG(std::string, questions_file, "", "answer: JSON lines of questions over the --prompt_file context");
 ABSL_FLAG(int64_t, answer_group, 16,
           "answer: sequences run together (a question's fork plus one per choice); each copies the context's KV");
@@ -124,6 +128,8 @@ int main(int argc, char** argv) {
   cfg.text = absl::GetFlag(FLAGS_text);
   cfg.context = absl::GetFlag(FLAGS_context);
   cfg.score_tokens = absl::GetFlag(FLAGS_score_tokens);
+  cfg.fidelity_budgets = absl::GetFlag(FLAGS_budgets);
+  cfg.fidelity_layers = absl::GetFlag(FLAGS_each_sparse_layer);
   cfg.questions_file = absl::GetFlag(FLAGS_questions_file);
   cfg.answer_group = absl::GetFlag(FLAGS_answer_group);
 

@@ -36,23 +36,33 @@ def _summary(j):
             "kl_p90": kl[min(len(kl) - 1, int(0.9 * len(kl)))], "kl": j["kl"]}
 
 
+def fidelity_lines(eng, text_file, ctx, score_tokens, flags, env=None):
+    """One `ddctl fidelity` process: full once, then each variant the flags name; one parsed
+    JSON line per variant."""
+    r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", text_file,
+                        "--context", str(ctx), "--score_tokens", str(score_tokens), "--mode", "sparse", *flags],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"fidelity: ddctl fidelity {' '.join(flags)} failed: {r.stderr.strip()[-500:]}")
+    return [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+
+
 def per_layer(a, eng, text_file):
     """KL with one global layer sparse at a time (the others dense): Gemma's global layers at
-    8192, budget 1024; SmolLM2 every third layer and the last at 4096, budget 512."""
+    8192, budget 1024; SmolLM2 every third layer and the last at 4096, budget 512. One process:
+    full runs once for all layers."""
     layers = eng.info()["global_layers"]
     if len(layers) > 8:
         layers = sorted(set(layers[::3] + layers[-1:]))
     ctx, budget = (8192, 1024) if eng.context_length() > 16384 else (4096, 512)
+    lines = fidelity_lines(eng, text_file, ctx, a.score_tokens,
+                           ["--budget", str(budget), "--each_sparse_layer", ",".join(map(str, layers))])
+    if [j.get("sparse_layers") for j in lines] != [[x] for x in layers]:
+        sys.exit(f"fidelity: ddctl fidelity returned {len(lines)} layer runs for layers {layers}")
     out = []
-    for i, layer in enumerate(layers):
-        r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", text_file,
-                            "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
-                            "--budget", str(budget), "--sparse_layers", str(layer)], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit(f"fidelity: ddctl fidelity --sparse_layers {layer} failed: {r.stderr.strip()[-500:]}")
-        out.append({"layer": layer, "context": ctx, "budget_tokens": budget, **_summary(json.loads(r.stdout))})
-        print(f"fidelity: layer {layer} alone [{i + 1}/{len(layers)}]: KL mean {out[-1]['kl_mean']:.4f}",
-              file=sys.stderr)
+    for layer, j in zip(layers, lines):
+        out.append({"layer": layer, "context": ctx, "budget_tokens": budget, **_summary(j)})
+        print(f"fidelity: layer {layer} alone: KL mean {out[-1]['kl_mean']:.4f}", file=sys.stderr)
     return out
 
 
@@ -89,39 +99,33 @@ def main():
     except EngineSetupError as e:
         sys.exit(f"fidelity: {e}")
     runs, t0 = [], time.time()
-    pairs = [(c, b) for c in contexts for b in budgets if b < c]
+    # One process per context: full prefills and teacher-forces once, then each budget's sparse
+    # engine; they share a dd-kv-pool, the first prefilling and committing the context, the
+    # others restoring it.
+    plan = [(c, [b for b in budgets if b < c]) for c in contexts]
+    plan = [(c, bs) for c, bs in plan if bs]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f, \
             tempfile.TemporaryDirectory() as tmp:
         f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in texts))
         f.flush()
-        # The sparse engines of one context share a dd-kv-pool: the first prefills and commits
-        # the context, the others restore it (full prefills every time).
-        pools, env = {}, dict(os.environ, DD_KV_POOL_TOKEN=kv_pool.POOL_TOKEN)
+        env = dict(os.environ, DD_KV_POOL_TOKEN=kv_pool.POOL_TOKEN)
         have_pool = (eng.exe.parent / "dd-kv-pool").is_file()
-        try:
-            for i, (ctx, budget) in enumerate(pairs):
-                if have_pool and ctx not in pools:
-                    for p in pools.values():
-                        p.close()
-                    pools = {ctx: kv_pool.Pool(eng.exe.parent, tmp)}
-                pool_flags = pools[ctx].flags() if have_pool else []
-                r = subprocess.run([str(eng.exe), "fidelity", "--model", str(eng.model), "--prompt_file", f.name,
-                                    "--context", str(ctx), "--score_tokens", str(a.score_tokens), "--mode", "sparse",
-                                    "--budget", str(budget), *pool_flags], capture_output=True, text=True, env=env)
-                if r.returncode != 0:
-                    sys.exit(f"fidelity: ddctl fidelity failed: {r.stderr.strip()[-500:]}")
-                j = json.loads(r.stdout)
-                run = {k: j[k] for k in ("context", "budget_tokens", "scored", "kl_mean", "kl_max", "ppl_full", "ppl_sparse")}
-                kl = sorted(j["kl"])
-                run["kl_p50"], run["kl_p90"] = kl[len(kl) // 2], kl[min(len(kl) - 1, int(0.9 * len(kl)))]
-                run["kl"] = j["kl"]
-                runs.append(run)
-                print(f"fidelity: [{i + 1}/{len(pairs)}] context {ctx} budget {budget}: KL mean {j['kl_mean']:.4f} max "
-                      f"{j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs {j['ppl_sparse']:.2f} sparse "
-                      f"({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
-        finally:
-            for p in pools.values():
-                p.close()
+        for i, (ctx, bs) in enumerate(plan):
+            pool = kv_pool.Pool(eng.exe.parent, tmp) if have_pool and len(bs) > 1 else None
+            try:
+                lines = fidelity_lines(eng, f.name, ctx, a.score_tokens,
+                                       ["--budgets", ",".join(map(str, bs)), *(pool.flags() if pool else [])], env)
+            finally:
+                if pool is not None:
+                    pool.close()
+            if [j["budget_tokens"] for j in lines] != bs:
+                sys.exit(f"fidelity: ddctl fidelity returned budgets {[j['budget_tokens'] for j in lines]}, asked {bs}")
+            for j in lines:
+                run = {k: j[k] for k in ("context", "budget_tokens", "scored", "ppl_full", "ppl_sparse")}
+                runs.append({**run, **_summary(j)})
+                print(f"fidelity: [{i + 1}/{len(plan)}] context {ctx} budget {j['budget_tokens']}: KL mean "
+                      f"{j['kl_mean']:.4f} max {j['kl_max']:.4f}, ppl {j['ppl_full']:.2f} full vs "
+                      f"{j['ppl_sparse']:.2f} sparse ({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
         layer_runs = per_layer(a, eng, f.name) if a.standard else []
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,13 +137,14 @@ def main():
     doc = {"benchmark": stem, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "git_sha": wrap_results.git_sha(), "command": "python3 eval/fidelity.py " + " ".join(sys.argv[1:]),
            "model": models.short_name(a.model), "score_tokens": a.score_tokens, "texts": texts, "runs": runs,
-           "per_layer": layer_runs}
+           "per_layer": layer_runs, "wall_s": round(time.time() - t0, 1)}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     md = [f"# Sparse vs full without tasks: teacher-forced KL and perplexity ({a.score_tokens} positions)", "",
           "The license texts one after another; the first `context` tokens are prefilled, the next positions are "
           "teacher-forced through both engines in one `ddctl fidelity` process. KL(full ‖ sparse) in nats per "
           "position.", "",
-          f"Model {doc['model']}, git {doc['git_sha'][:12]}, command `{doc['command']}`.", "",
+          f"Model {doc['model']}, git {doc['git_sha'][:12]}, command `{doc['command']}`, "
+          f"{doc['wall_s'] / 60:.1f} min.", "",
           "| context | budget | KL mean | KL p50 | KL p90 | KL max | ppl full | ppl sparse |",
           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:

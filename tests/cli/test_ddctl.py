@@ -218,3 +218,14 @@ def test_fidelity_is_zero_when_the_budget_covers_the_context(tiny, tmp_path):
     assert full.returncode == 2 and "sparse mode" in full.stderr
     long = ddctl(*base[:5], "--context", "100000", "--score_tokens", "16", "--mode", "sparse")
     assert long.returncode != 0 and "tokens" in long.stderr
+    # Several budgets in one process (full runs once): one line each, equal to separate runs.
+    both = ddctl(*base, "--budgets", "16,2048")
+    assert both.returncode == 0, both.stderr
+    lines = [json.loads(x) for x in both.stdout.splitlines()]
+    assert [x["budget_tokens"] for x in lines] == [16, 2048]
+    assert lines[0]["kl"] == small["kl"] and lines[1]["kl"] == j["kl"]
+    for flags, message in ((("--budgets", "16,x"), "'x' is not a budget"),
+                           (("--budgets", "16", "--each_sparse_layer", "0"), "not both"),
+                           (("--budgets", "4"), "smaller than one chunk")):
+        bad = ddctl(*base, *flags)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

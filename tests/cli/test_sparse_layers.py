@@ -38,6 +38,12 @@ def test_one_sparse_layer_at_a_time(tmp_path):
     for kl in singles:
         assert max(kl) > 0 and kl != runs["default"]
     assert singles[0] != singles[1]
+    # All layers in one process (one full run for all): the same KL as the separate runs.
+    r = fidelity(model, tmp_path, "--each_sparse_layer", ",".join(map(str, layers)))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["sparse_layers"] for x in lines] == [[x] for x in layers]
+    assert [x["kl"] for x in lines] == singles
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -45,6 +51,7 @@ def test_one_sparse_layer_at_a_time(tmp_path):
     (("--sparse_layers", "5,5"), "listed twice"),
     (("--sparse_layers", "x"), "is not a layer index"),
     (("--sparse_layers", "5", "--prefix_block", "256"), "prefix reuse needs every global layer sparse"),
+    (("--each_sparse_layer", "4"), "is not a global layer of this model"),
 ])
 def test_bad_sparse_layers_are_named(tmp_path, flags, message):
     model = real_model()
