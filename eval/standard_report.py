@@ -38,7 +38,7 @@ def aggregate(records):
     for r in _split_by_family(records):
         runs[(r["model"], r["family"], r["length"])].setdefault((r["mode"], r["budget"] or 0), []).append(r)
     cells, pooled = [], collections.defaultdict(lambda: collections.defaultdict(list))
-    dual_checks = []
+    dual_checks, full_checks = [], []
     for (model, fam, length), by_mode in sorted(runs.items()):
         full_recs = {r["index"]: r for r in by_mode.get(("full", 0), [])}
         if not full_recs:
@@ -83,6 +83,15 @@ def aggregate(records):
                 group = recs[0].get("group", fam)
                 for idx, pairs in acc_pairs.items():
                     pooled[(model, budget)][(group, length, idx)] += pairs
+        for r in by_mode.get(("full-prefill", 0), []):
+            f = full_recs.get(r["index"])
+            if f is not None:
+                fa = _by_question(f)
+                same = sum(1 for a in r["answers"] if a["id"] in fa and a.get("tokens") == fa[a["id"]].get("tokens")
+                           and a.get("choice_logprobs") == fa[a["id"]].get("choice_logprobs"))
+                full_checks.append({"model": model, "family": fam, "length": length, "index": r["index"],
+                                    "questions": len(r["answers"]), "same_as_full": same,
+                                    "restored_tokens": f.get("prefix_reused_tokens") or 0})
         for (mode, budget), recs in by_mode.items():
             if mode != "dualdecoder":
                 continue
@@ -104,7 +113,7 @@ def aggregate(records):
     for (model, budget), clusters in sorted(pooled.items()):
         d = stats.paired_difference(clusters, binary=True)
         verdicts.append({"model": model, "budget": budget, "diff": d, "verdict": stats.verdict(d)})
-    return {"cells": cells, "verdicts": verdicts, "dual_checks": dual_checks}
+    return {"cells": cells, "verdicts": verdicts, "dual_checks": dual_checks, "full_checks": full_checks}
 
 
 def _pct(x):
@@ -165,6 +174,15 @@ def markdown(doc):
                 f"{same} of {total} questions; mean prefetch hit rate (first step excluded) "
                 f"{_pct(sum(hits) / len(hits)) if hits else '–'} on these task prompts (answers of a few tokens "
                 "after a template cue: flattering, see eval-predictors.md for natural text)."]
+    if res.get("full_checks"):
+        same = sum(x["same_as_full"] for x in res["full_checks"])
+        total = sum(x["questions"] for x in res["full_checks"])
+        where = ", ".join(f"{x['model']} {x['family']} {x['length']} (restored {x['restored_tokens']} tokens)"
+                          for x in res["full_checks"])
+        out += ["", "## Restored full against prefilled full", "",
+                "`full` restores the context a sparse run committed to the pool (the same KV bits as its own "
+                f"prefill); a `full` run that prefilled its own context answered identically on {same} of {total} "
+                f"questions ({where})."]
     out += ["", "## Verdict per budget", "",
             "All cells where full attention reaches 50%, pooled (paired, bootstrap over haystacks).", "",
             "| model | budget | questions | difference | 95% interval | verdict |", "|---|---:|---:|---:|---|---|"]
@@ -172,7 +190,22 @@ def markdown(doc):
         d = v["diff"]
         out.append(f"| {v['model']} | {v['budget']} | {d['n']} | {100 * d['diff']:+.1f} | "
                    f"{_interval(d['low'], d['high'])} | **{v['verdict']}** |")
+    out += time_table(doc)
     return "\n".join(out) + "\n"
+
+
+def time_table(doc):
+    """The preset's wall time, part by part: each model's task runs (the records' own times,
+    wherever a resumed run recorded them) and the fidelity and predictor runs before them."""
+    rows = [(f"tasks, {m}", s, ", ".join(x[:12] for x in shas)) for m, (s, shas) in sorted(doc.get("task_time", {}).items())]
+    rows += [(p["part"], p["wall_s"], (p.get("git_sha") or "?")[:12]) for p in doc.get("parts", [])]
+    if not rows:
+        return []
+    out = ["", "## Run time", "", "Wall time on this machine's cores, each part measured alone.", "",
+           "| part | minutes | git |", "|---|---:|---|"]
+    out += [f"| {name} | {secs / 60:.1f} | {sha} |" for name, secs, sha in rows]
+    out.append(f"| **total** | **{sum(r[1] for r in rows) / 60:.1f}** | |")
+    return out
 
 
 def plot(doc, path):
@@ -197,7 +230,9 @@ def plot(doc, path):
         for k, (name, pts) in enumerate(sorted(series.items(), key=lambda kv: (kv[0] != "full", len(kv[0]), kv[0]))):
             xs = [p[0] * (1 + 0.03 * k) for p in pts]
             ys = [p[1]["accuracy"] for p in pts]
-            err = [[y - p[1]["low"] for y, p in zip(ys, pts)], [p[1]["high"] - y for y, p in zip(ys, pts)]]
+            # max(0, .): at 100% the Wilson bound can round a hair below the accuracy.
+            err = [[max(0.0, y - p[1]["low"]) for y, p in zip(ys, pts)],
+                   [max(0.0, p[1]["high"] - y) for y, p in zip(ys, pts)]]
             line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name, linestyle="-")
             for x, y, p in zip(xs, ys, pts):
                 if not p[2]:
@@ -216,13 +251,17 @@ def plot(doc, path):
     return path
 
 
-def write(records, config, out_dir):
+def write(records, config, out_dir, parts=()):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import wrap_results  # machine() and git_sha(), shared with the other benchmarks
     doc = {"benchmark": "eval-standard", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(), "config": config,
            "wall_s": sum(r["wall_s"] for r in records), "runs": len(records),
-           "record_shas": sorted({r.get("git_sha", "unknown") for r in records}), "results": aggregate(records)}
+           "record_shas": sorted({r.get("git_sha", "unknown") for r in records}), "results": aggregate(records),
+           "parts": list(parts), "task_time": {}}
+    for r in records:
+        secs, shas = doc["task_time"].get(r["model"], (0.0, []))
+        doc["task_time"][r["model"]] = (secs + r["wall_s"], sorted(set(shas) | {r.get("git_sha", "unknown")}))
     stem = "eval-standard" if config["preset"] == "standard" else f"eval-standard-{config['preset']}"
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, stem + ".json"), os.path.join(out_dir, stem + ".md")]

@@ -248,3 +248,43 @@ def test_two_families_share_a_haystack_and_a_cluster(paragraphs):
     assert sorted(c["family"] for c in res["cells"]) == ["continuation", "qa_people"]
     (v,) = res["verdicts"]
     assert v["diff"]["clusters"] == 2 and v["diff"]["n"] == 8
+
+
+def test_restored_full_is_checked_against_a_prefilled_full_and_time_is_summed():
+    recs = [_rec("gemma", "icl_codes", 8192, i, "full", 0, [1, 1, 0]) for i in range(2)]
+    recs[0]["prefix_reused_tokens"] = 7936
+    recs.append(_rec("gemma", "icl_codes", 8192, 0, "full-prefill", 0, [1, 1, 0], tokens=[[0], [5], [2]]))
+    recs += [_rec("gemma", "icl_codes", 8192, i, "sparse", 512, [1, 1, 0]) for i in range(2)]
+    res = standard_report.aggregate(recs)
+    (check,) = res["full_checks"]
+    assert check["same_as_full"] == 2 and check["questions"] == 3 and check["restored_tokens"] == 7936
+    (cell,) = res["cells"]
+    assert cell["full"]["n"] == 6  # the check run is not counted as full's answers
+    doc = {"config": {"preset": "standard", "command": "x", "haystacks": 2, "questions_per_haystack": 3},
+           "git_sha": "abc", "date": "2026-12-02T00:00", "machine": {}, "results": res,
+           "task_time": {"gemma": (600.0, ["abc"])}, "parts": [{"part": "eval-fidelity-standard", "wall_s": 300.0}]}
+    md = standard_report.markdown(doc)
+    assert "identically on 2 of 3 questions" in md
+    assert "| tasks, gemma | 10.0 |" in md and "| **total** | **15.0** |" in md
+
+
+def test_jobs_restore_after_the_first_sparse_run_and_check_full_once():
+    a = standard.parse_args(["--standard"])
+
+    class H:
+        def __init__(self, family, length, index):
+            self.family, self.length, self.index = family, length, index
+
+    assert standard.jobs_for(a, H("icl_codes", 32000, 0), 32000) == [
+        ("sparse", 512), ("full", 0), ("sparse", 1024), ("dualdecoder", 1024), ("full-prefill", 0)]
+    assert standard.jobs_for(a, H("icl_codes", 8192, 1), 32000) == [("sparse", 512), ("full", 0), ("sparse", 1024)]
+    assert standard.jobs_for(a, H("qa_people+continuation", 32000, 0), 32000)[-1] == ("dualdecoder", 1024)
+    assert standard.jobs_for(a, H("icl_codes", 1024, 0), 1024) == [("sparse", 512), ("full", 0), ("full-prefill", 0)]
+
+
+def test_report_plots_a_cell_at_100_percent(tmp_path):
+    """The Wilson bound at 13/13 rounds a hair below 1.0; the error bar must not go negative."""
+    recs = [_rec("gemma", "icl_codes", 2048, 0, mode, b, [1] * 13) for mode, b in (("full", 0), ("sparse", 512))]
+    config = {"preset": "quick", "command": "x", "haystacks": 1, "questions_per_haystack": 13}
+    paths = standard_report.write(recs, config, str(tmp_path))
+    assert any(p.endswith(".png") for p in paths) and (tmp_path / "eval-standard-quick.md").is_file()
