@@ -346,13 +346,7 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
     vrows.assign(krows.size(), 0.0f);
     for (int64_t c0 = c_first; c0 < chunks; c0 += kBatch) {
       const int64_t c1 = std::min(chunks, c0 + kBatch);
-      std::vector<kvpool::ChunkRef> refs;
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int32_t g = 0; g < n_kv; ++g) refs.push_back({static_cast<int32_t>(l), g, c});
-      }
-      blocks.resize(refs.size() * 2 * C * hd);
-      ASSIGN_OR_RETURN(kvpool::TransferId tid, store_->Gather(handle, refs, blocks.data(), kvpool::Priority::kUrgent));
-      RETURN_IF_ERROR(store_->Wait(tid));
+      RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
       // Each block is [K | V] of C positions for one KV head; rows interleave the heads.
       for (int64_t c = c0; c < c1; ++c) {
         for (int32_t g = 0; g < n_kv; ++g) {

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/status_macros.h"
+
 namespace dd::engine {
 namespace {
 
@@ -33,6 +35,17 @@ uint64_t ModelFingerprint(const model::LoadedModel& model) {
     for (const kernels::WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) AddMatrix(*w, &words);
   }
   return kvpool::HashWords(0x6d6f64656cULL /* "model" */, words);
+}
+
+absl::Status GatherLayerChunks(kvpool::KvStore& store, kvpool::SequenceId handle, int32_t layer, int64_t c0,
+                               int64_t c1, int32_t n_kv, int64_t chunk, int64_t head_dim, std::vector<float>* blocks) {
+  std::vector<kvpool::ChunkRef> refs;
+  for (int64_t c = c0; c < c1; ++c) {
+    for (int32_t g = 0; g < n_kv; ++g) refs.push_back({layer, g, c});
+  }
+  blocks->resize(refs.size() * 2 * chunk * head_dim);
+  ASSIGN_OR_RETURN(kvpool::TransferId tid, store.Gather(handle, refs, blocks->data(), kvpool::Priority::kUrgent));
+  return store.Wait(tid);
 }
 
 }  // namespace dd::engine

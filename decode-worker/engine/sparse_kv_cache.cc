@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "decode-worker/engine/prefix_reuse.h"
 #include "dd/kernels/cpu_ops.h"
 
 namespace dd::engine {
@@ -275,13 +276,7 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
     }
     for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
       const int64_t c1 = std::min(chunks, c0 + batch);
-      std::vector<kvpool::ChunkRef> refs;
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int32_t g = 0; g < n_kv; ++g) refs.push_back({static_cast<int32_t>(l), g, c});
-      }
-      blocks.resize(refs.size() * 2 * C * hd);
-      ASSIGN_OR_RETURN(kvpool::TransferId tid, store_->Gather(handle, refs, blocks.data(), kvpool::Priority::kUrgent));
-      RETURN_IF_ERROR(store_->Wait(tid));
+      RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
       std::vector<float> k(kv_dim), v(kv_dim);
       for (int64_t c = c0; c < c1; ++c) {
         const float* chunk = &blocks[(c - c0) * n_kv * 2 * C * hd];
