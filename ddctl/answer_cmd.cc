@@ -307,7 +307,7 @@ absl::Status RunAnswer(const CliConfig& cfg) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   constexpr int32_t kBase = 0;
-  std::vector<int32_t> base(ctx_ids.begin(), ctx_ids.begin() + shared);
+  const std::vector<int32_t> base(ctx_ids.begin(), ctx_ids.begin() + shared);
   RETURN_IF_ERROR(e.Admit(kBase, shared, total));
   ASSIGN_OR_RETURN(int64_t done, e.StartPrefill(kBase, base));
   const int64_t chunk = std::max<int64_t>(1, cfg.engine.prefill_chunk);

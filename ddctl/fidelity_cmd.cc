@@ -90,6 +90,13 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     return absl::InvalidArgumentError(absl::StrCat("--context + --score_tokens = ", need,
                                                    " exceeds the model context of ", model->config.n_ctx_train));
   }
+  // Full's logits at every scored position are kept for all variants: bounded before allocating.
+  const int64_t V = model->config.n_vocab;
+  constexpr int64_t kMaxFullLogitsBytes = int64_t{4} << 30;
+  if (cfg.score_tokens > kMaxFullLogitsBytes / (V * static_cast<int64_t>(sizeof(float)))) {
+    return absl::InvalidArgumentError(absl::StrCat("--score_tokens ", cfg.score_tokens, " would keep ", cfg.score_tokens,
+                                                   " x ", V, " full-attention logits (over 4 GiB); score fewer positions"));
+  }
   // Every variant's engine is created (and its options checked) before the long full run.
   std::vector<std::unique_ptr<engine::Engine>> sparse;
   for (const engine::EngineOptions& o : variants) {
@@ -97,7 +104,6 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     sparse.push_back(std::move(e));
   }
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + cfg.context);
-  const int64_t V = model->config.n_vocab;
   int32_t seq = 0;
   // Full attention once: its logits at every scored position, kept for all variants.
   std::vector<float> full_logits;

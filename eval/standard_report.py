@@ -201,7 +201,8 @@ def time_table(doc):
     rows += [(p["part"], p["wall_s"], (p.get("git_sha") or "?")[:12]) for p in doc.get("parts", [])]
     if not rows:
         return []
-    out = ["", "## Run time", "", "Wall time on this machine's cores, each part measured alone.", "",
+    out = ["", "## Run time", "", "Wall time of each part on this machine's cores, as recorded (tasks: the sum of their "
+           "runs' times). A part that shared the cores with other work reads high.", "",
            "| part | minutes | git |", "|---|---:|---|"]
     out += [f"| {name} | {secs / 60:.1f} | {sha} |" for name, secs, sha in rows]
     out.append(f"| **total** | **{sum(r[1] for r in rows) / 60:.1f}** | |")
