@@ -16,7 +16,17 @@ constexpr int kSpinIterations = 20000;  // ~0.3 ms of pause instructions on the 
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  active_.store(n_threads);
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+void ThreadPool::SetActive(int n) {
+  if (n <= 0 || n > size()) n = size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.store(n);
+  }
+  idle_cv_.notify_all();
 }
 
 ThreadPool::~ThreadPool() {
@@ -25,6 +35,7 @@ ThreadPool::~ThreadPool() {
     stop_.store(true);
   }
   work_cv_.notify_all();
+  idle_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -48,7 +59,7 @@ void ThreadPool::RunRanges(uint64_t gen, const std::function<void(int64_t, int64
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int parts = static_cast<int>(std::min<int64_t>(size(), n));
+  const int parts = static_cast<int>(std::min<int64_t>(active_.load(std::memory_order_relaxed), n));
   if (parts == 1) {
     fn(0, n);
     return;
@@ -58,6 +69,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
     std::lock_guard<std::mutex> lock(mu_);  // orders the job fields before the counters
     job_ = &fn;
     job_n_ = n;
+    job_parts_ = parts;
     gen = generation_.load(std::memory_order_relaxed) + 1;
     done_.store(0, std::memory_order_relaxed);
     claim_.store((gen & 0xFFFFFFFFu) << 32, std::memory_order_release);
@@ -74,9 +86,17 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   }
 }
 
-void ThreadPool::WorkerLoop() {
+void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    if (index >= active_.load(std::memory_order_relaxed)) {
+      // Not taking part: sleep until SetActive includes this thread (never on work_cv_, so
+      // ParallelFor does not wake it for nothing).
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_cv_.wait(lock, [&] { return stop_.load() || index < active_.load(); });
+      if (stop_.load()) return;
+      seen = generation_.load(std::memory_order_acquire);  // jobs of the idle time are over
+    }
     // Spin briefly for the next job, then sleep.
     uint64_t gen = generation_.load(std::memory_order_acquire);
     for (int spins = 0; gen == seen && spins < kSpinIterations && !stop_.load(std::memory_order_relaxed); ++spins) {
@@ -92,14 +112,16 @@ void ThreadPool::WorkerLoop() {
     if (stop_.load()) return;
     const std::function<void(int64_t, int64_t)>* job;
     int64_t n;
+    int parts;
     {
       std::lock_guard<std::mutex> lock(mu_);
       seen = generation_.load(std::memory_order_acquire);
       job = job_;
       n = job_n_;
+      parts = job_parts_;
     }
     // A worker that wakes after its job is over finds no range to claim and never touches it.
-    RunRanges(seen, *job, n, static_cast<int>(std::min<int64_t>(size(), n)));
+    RunRanges(seen, *job, n, parts);
   }
 }
 
