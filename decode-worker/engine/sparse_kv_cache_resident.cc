@@ -11,10 +11,6 @@
 namespace dd::engine {
 namespace {
 
-// A prefetch goes out in pieces of at most this many bytes: the store's link serves one job at
-// a time without interrupting it, so an urgent miss waits for at most one piece.
-constexpr int64_t kPrefetchPieceBytes = 32 << 10;
-
 int64_t Total(const std::vector<std::vector<int64_t>>& sel) {
   int64_t n = 0;
   for (const auto& v : sel) n += static_cast<int64_t>(v.size());
@@ -198,14 +194,11 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
       dsts.push_back(res.Block(g, slots[i]));
     }
   }
-  const size_t piece = static_cast<size_t>(std::max<int64_t>(1, kPrefetchPieceBytes / block_bytes()));
-  for (size_t i = 0; i < refs.size(); i += piece) {
-    const size_t n = std::min(piece, refs.size() - i);
-    auto tid = store_->GatherTo(s.store_id, absl::MakeConstSpan(refs).subspan(i, n),
-                                absl::MakeConstSpan(dsts).subspan(i, n), kvpool::Priority::kBackground);
+  // One background job: the store serves it in pieces and lets urgent misses go between them
+  // (TransferQueue), so an urgent miss waits for at most one piece.
+  if (!refs.empty()) {
+    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kBackground);
     if (!tid.ok()) {
-      st.prefetch_pending = true;
-      (void)WaitPrefetch(st);  // the pieces already out, then forget the set
       res.Clear();
       return tid.status();
     }

@@ -1,6 +1,13 @@
 #include "kv-pool/client/kv_store.h"
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
+
+#include "kv-pool/client/transfer_queue.h"
 
 #include "gtest/gtest.h"
 
@@ -50,6 +57,87 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
   ASSERT_TRUE(store->Release(*seq).ok());
   EXPECT_EQ(store->bytes_stored(), 0);
   EXPECT_FALSE(store->Open(KvLayout{}).ok());
+}
+
+// lanes = 0 on an infinite link copies inside Submit (the in-process store's model); with
+// lanes >= 1 every job runs on a lane thread, and `lanes` jobs are in flight at once: each job
+// below waits (with a deadline) until all of them have started.
+TEST(TransferQueueTest, LanesRunJobsOffTheCallerAndInParallel) {
+  const std::thread::id caller = std::this_thread::get_id();
+  {
+    TransferQueue inline_queue(LinkModel{}, 0);
+    std::thread::id ran;
+    TransferQueue::Job job;
+    job.fetch = [&](size_t, size_t) {
+      ran = std::this_thread::get_id();
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(inline_queue.Wait(inline_queue.Submit(std::move(job), Priority::kUrgent)).ok());
+    EXPECT_EQ(ran, caller);
+  }
+  for (int lanes : {1, 3}) {
+    TransferQueue queue(LinkModel{}, lanes);
+    std::mutex mu;
+    std::condition_variable cv;
+    int started = 0;
+    std::vector<std::thread::id> threads;
+    std::vector<TransferId> ids;
+    for (int j = 0; j < lanes; ++j) {
+      TransferQueue::Job job;
+      job.fetch = [&](size_t, size_t) {
+        std::unique_lock<std::mutex> lock(mu);
+        threads.push_back(std::this_thread::get_id());
+        ++started;
+        cv.notify_all();
+        if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return started == lanes; })) {
+          return absl::DeadlineExceededError("the other lanes' jobs never started");
+        }
+        return absl::OkStatus();
+      };
+      ids.push_back(queue.Submit(std::move(job), j % 2 ? Priority::kUrgent : Priority::kBackground));
+    }
+    for (TransferId id : ids) EXPECT_TRUE(queue.Wait(id).ok()) << "lanes=" << lanes;
+    ASSERT_EQ(static_cast<int>(threads.size()), lanes);
+    for (std::thread::id t : threads) EXPECT_NE(t, caller) << "lanes=" << lanes;
+  }
+}
+
+// A background job is served in pieces, and an urgent job submitted behind it runs between
+// two pieces instead of after the whole job (a modelled link: 4 ms per 32 KiB piece, 64 pieces).
+TEST(TransferQueueTest, UrgentJobsGoBetweenABackgroundJobsPieces) {
+  const int64_t block_floats = 1024;  // 4 KiB blocks, 8 per piece
+  const int64_t blocks = 8 * 64;
+  TransferQueue queue(LinkModel{.bandwidth_gbps = 32768.0 / 4e6}, 0);
+  std::mutex mu;
+  std::vector<std::pair<size_t, size_t>> pieces;
+  size_t background_pieces_before_urgent = 0;
+  std::vector<float> sink(block_floats);
+  TransferQueue::Job background;
+  background.dst.assign(blocks, sink.data());
+  background.block_floats = block_floats;
+  background.fetch = [&](size_t begin, size_t end) {
+    std::lock_guard<std::mutex> lock(mu);
+    pieces.emplace_back(begin, end);
+    return absl::OkStatus();
+  };
+  TransferQueue::Job urgent;
+  urgent.dst.assign(1, sink.data());
+  urgent.block_floats = block_floats;
+  urgent.fetch = [&](size_t, size_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    background_pieces_before_urgent = pieces.size();
+    return absl::OkStatus();
+  };
+  const TransferId b = queue.Submit(std::move(background), Priority::kBackground);
+  const TransferId u = queue.Submit(std::move(urgent), Priority::kUrgent);
+  ASSERT_TRUE(queue.Wait(u).ok());
+  ASSERT_TRUE(queue.Wait(b).ok());
+  ASSERT_EQ(pieces.size(), 64u);
+  for (size_t i = 0; i < pieces.size(); ++i) {  // in order, contiguous, 8 blocks each
+    EXPECT_EQ(pieces[i].first, i * 8);
+    EXPECT_EQ(pieces[i].second, i * 8 + 8);
+  }
+  EXPECT_LT(background_pieces_before_urgent, 64u);
 }
 
 }  // namespace

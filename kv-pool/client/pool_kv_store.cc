@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
@@ -33,7 +34,7 @@ absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
 class PoolKvStore : public KvStore {
  public:
   PoolKvStore(const PoolClientOptions& o, std::unique_ptr<v1::KvPool::Stub> stub)
-      : options_(o), stub_(std::move(stub)), queue_(o.link) {}
+      : options_(o), stub_(std::move(stub)), queue_(o.link, o.transfer_lanes) {}
 
   ~PoolKvStore() override {
     {
@@ -175,8 +176,9 @@ class PoolKvStore : public KvStore {
       for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
     } else {
       const int64_t bytes = job.block_floats * static_cast<int64_t>(sizeof(float));
-      job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst]() {
-        absl::Status st = data_->Get(offsets, bytes, dsts);
+      job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst](size_t begin, size_t end) {
+        absl::Status st = data_->Get(absl::MakeConstSpan(offsets).subspan(begin, end - begin), bytes,
+                                     absl::MakeConstSpan(dsts).subspan(begin, end - begin));
         return st.ok() ? st : Lost(st);
       };
     }
@@ -399,12 +401,19 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
     else if (v == "rma") ucx_path = UcxPath::kRma;
     else if (v != "auto") return absl::InvalidArgumentError(absl::StrCat("DD_UCX_PATH '", v, "': expected am, rma or auto"));
   }
+  int lanes = 1;
+  if (const char* p = std::getenv("DD_KV_TRANSFER_LANES"); p != nullptr && *p != '\0') {
+    if (!absl::SimpleAtoi(p, &lanes) || lanes < 0 || lanes > TransferQueue::kMaxLanes) {
+      return absl::InvalidArgumentError(absl::StrCat("DD_KV_TRANSFER_LANES '", p, "': expected 0 (gathers on the ",
+                                                     "caller's thread) to ", TransferQueue::kMaxLanes));
+    }
+  }
   for (auto [scheme, transport] : {std::pair{"shm://", PoolTransport::kShm}, std::pair{"ucx://", PoolTransport::kUcx}}) {
     const std::string prefix(scheme);
     if (absl::StartsWith(uri, prefix) && uri.size() > prefix.size()) {
       return ConnectPoolKvStore(PoolClientOptions{.address = uri.substr(prefix.size()), .token = token,
                                                   .transport = transport, .ucx_path = ucx_path, .link = link,
-                                                  .tls_ca_pem = ca});
+                                                  .transfer_lanes = lanes, .tls_ca_pem = ca});
     }
   }
   return absl::InvalidArgumentError(

@@ -3,9 +3,9 @@
 // maps the tenant's shared-memory region and copies blocks directly; `ucx://` sends UCX active
 // messages that the pool's progress thread answers from the tenant's region (tcp, shared memory
 // or RDMA, whatever UCX picks; UCX_TLS narrows it), or one-sided gets and puts when the pool
-// offers them (--ucx_rma; UcxPath). Gathers run on a TransferQueue (link
-// model, urgent before background). A thread renews the leases at a third of the TTL; when the
-// pool stops answering, the store turns broken and every later call fails with UNAVAILABLE
+// offers them (--ucx_rma; UcxPath). Gathers run on a TransferQueue's lanes, off the caller's
+// thread unless transfer_lanes is 0 (link model, urgent before background). A thread renews
+// the leases at a third of the TTL; when the pool stops answering, the store turns broken and every later call fails with UNAVAILABLE
 // naming the pool (transfers already queued complete from the mapping, which stays valid).
 #pragma once
 
@@ -28,6 +28,10 @@ struct PoolClientOptions {
   PoolTransport transport = PoolTransport::kShm;
   UcxPath ucx_path = UcxPath::kAuto;  // ucx:// only
   LinkModel link{};
+  // Threads that run gathers (TransferQueue lanes, 1..16): gathers never run on the caller's
+  // thread, so prefetch overlaps compute; more lanes keep more gathers in flight. 0: gathers
+  // run inside GatherTo on the caller's thread (no overlap; no thread hand-off either).
+  int transfer_lanes = 1;
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
   std::string tls_ca_pem{};     // non-empty: gRPC over TLS, trusting this CA (PEM text)
@@ -40,7 +44,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // pool URIs separated by commas → layers striped over them (NewShardedKvStore).
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
 // When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA. $DD_UCX_PATH
-// (am, rma, auto; default auto) picks the ucx:// data path.
+// (am, rma, auto; default auto) picks the ucx:// data path; $DD_KV_TRANSFER_LANES (0-16,
+// default 1) sets PoolClientOptions::transfer_lanes.
 // Whether host:port names this machine (loopback or its hostname).
 bool NamesThisHost(const std::string& address);
 

@@ -8,8 +8,9 @@ namespace dd::kvpool {
 
 using Clock = std::chrono::steady_clock;
 
-TransferQueue::TransferQueue(const LinkModel& link) : link_(link) {
-  worker_ = std::thread([this] { Loop(); });
+TransferQueue::TransferQueue(const LinkModel& link, int lanes) : link_(link), always_queue_(lanes >= 1) {
+  lanes = std::clamp(lanes, 1, kMaxLanes);
+  for (int i = 0; i < lanes; ++i) workers_.emplace_back([this] { Loop(); });
 }
 
 TransferQueue::~TransferQueue() {
@@ -18,12 +19,12 @@ TransferQueue::~TransferQueue() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& w : workers_) w.join();
 }
 
-absl::Status TransferQueue::Run(const Job& job) {
-  if (job.fetch) return job.fetch();
-  for (size_t i = 0; i < job.src.size(); ++i) {
+absl::Status TransferQueue::Run(const Job& job, size_t begin, size_t end) {
+  if (job.fetch) return job.fetch(begin, end);
+  for (size_t i = begin; i < end; ++i) {
     std::memcpy(job.dst[i], job.src[i], job.block_floats * sizeof(float));
   }
   return absl::OkStatus();
@@ -32,10 +33,10 @@ absl::Status TransferQueue::Run(const Job& job) {
 TransferId TransferQueue::Submit(Job job, Priority priority) {
   std::unique_lock<std::mutex> lock(mu_);
   const TransferId id = ++next_;
-  if (link_.infinite()) {
+  if (link_.infinite() && !always_queue_) {
     ++inline_;  // Drain waits for copies running in callers' threads too
     lock.unlock();
-    absl::Status st = Run(job);
+    absl::Status st = Run(job, 0, job.dst.size());
     lock.lock();
     if (!st.ok()) failed_[id] = std::move(st);
     if (--inline_ == 0) done_cv_.notify_all();
@@ -43,7 +44,7 @@ TransferId TransferQueue::Submit(Job job, Priority priority) {
   }
   pending_.insert(id);
   (priority == Priority::kUrgent ? urgent_ : background_).push_back({id, std::move(job), Clock::now()});
-  cv_.notify_all();
+  cv_.notify_one();
   return id;
 }
 
@@ -80,23 +81,39 @@ void TransferQueue::Loop() {
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !urgent_.empty() || !background_.empty(); });
     if (stop_) return;
-    std::deque<Queued>& q = urgent_.empty() ? background_ : urgent_;
+    const bool urgent = !urgent_.empty();
+    std::deque<Queued>& q = urgent ? urgent_ : background_;
     Queued item = std::move(q.front());
     q.pop_front();
-    const LinkModel link = link_;
-    lock.unlock();
+    const size_t n = item.job.dst.size();
+    size_t end = n;
+    if (!urgent && item.job.block_floats > 0) {
+      const int64_t piece = link_.infinite() ? kTransportPieceBytes : kModelledLinkPieceBytes;
+      const size_t blocks = static_cast<size_t>(
+          std::max<int64_t>(1, piece / (item.job.block_floats * static_cast<int64_t>(sizeof(float)))));
+      end = std::min(n, item.next + blocks);
+    }
     // The link: latency plus size over bandwidth, then the data is there. A job starts when the
     // link finished the previous one or when it was submitted, whichever is later — on the
     // link's own clock, not when this thread woke up: sleep_until overshoots by tens of µs,
     // which would otherwise add up over many small transfers into a slower link than modelled.
-    const double bytes = static_cast<double>(item.job.dst.size() * item.job.block_floats * sizeof(float));
-    const auto start = std::max(link_free_, item.submitted);
-    const auto until = start + std::chrono::nanoseconds(static_cast<int64_t>(
-                                   link.latency_us * 1e3 + bytes / link.bandwidth_gbps));
-    link_free_ = until;
-    absl::Status st = Run(item.job);
-    std::this_thread::sleep_until(until);
+    // An infinite link (a pool's real transport) adds nothing: the job takes what it takes.
+    Clock::time_point until{};
+    if (!link_.infinite()) {
+      const double bytes = static_cast<double>((end - item.next) * item.job.block_floats * sizeof(float));
+      until = std::max(link_free_, item.submitted) +
+              std::chrono::nanoseconds(static_cast<int64_t>(link_.latency_us * 1e3 + bytes / link_.bandwidth_gbps));
+      link_free_ = until;
+    }
+    lock.unlock();
+    absl::Status st = Run(item.job, item.next, end);
+    if (until != Clock::time_point{}) std::this_thread::sleep_until(until);
     lock.lock();
+    if (st.ok() && end < n) {  // more pieces: back at the head of its queue, after any urgent job
+      item.next = end;  // `submitted` stays: the next piece starts when the link is free
+      background_.push_front(std::move(item));
+      continue;
+    }
     if (!st.ok()) failed_[item.id] = std::move(st);
     pending_.erase(item.id);
     done_cv_.notify_all();

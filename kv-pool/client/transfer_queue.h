@@ -1,8 +1,11 @@
-// The asynchronous copy engine shared by the KvStore backends whose blocks are addressable
-// memory (in-process heap, a mapped shared-memory region): one thread serves copy jobs through
-// a link model (latency + bytes / bandwidth), urgent jobs before any queued background job (a
-// job in progress is not interrupted). With an infinite link a job is copied inside Submit.
-// Thread-safe.
+// The asynchronous copy engine shared by the KvStore backends: copies from addressable memory
+// (in-process heap, a mapped shared-memory region) or remote gets (`fetch`). Lanes (threads)
+// serve the jobs, urgent jobs before any queued background job (a job in progress is not
+// interrupted), through a link model (latency + bytes / bandwidth; one link, shared by the
+// lanes). `lanes` = 0 is the in-process store's model: one lane, and with an infinite link a
+// job is copied inside Submit (an infinitely fast link). `lanes` >= 1: every job runs on a lane,
+// so a pool's real transport overlaps the caller's compute; several lanes keep several gathers
+// in flight, as a GPU has several copy engines and UCX several rails. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -27,10 +30,19 @@ class TransferQueue {
     std::vector<float*> dst;  // one per block
     int64_t block_floats = 0;
     std::vector<const float*> src;  // one per block, copied to dst[i]
-    // When set, run instead of the copy (a remote get); its error is what Wait returns.
-    std::function<absl::Status()> fetch;
+    // When set, run instead of the copy (a remote get of blocks [begin, end)); its error is
+    // what Wait returns.
+    std::function<absl::Status(size_t begin, size_t end)> fetch;
   };
-  explicit TransferQueue(const LinkModel& link);
+  // A background job is served in pieces of at most this many bytes, and queued urgent jobs go
+  // between its pieces, so an urgent job waits for at most one piece, while its submitter pays
+  // for one job. Small on a modelled link (serial, slow), larger on a real transport (one
+  // request per piece).
+  static constexpr int64_t kModelledLinkPieceBytes = 32 << 10;
+  static constexpr int64_t kTransportPieceBytes = 256 << 10;
+  static constexpr int kMaxLanes = 16;
+  // lanes: 0 (in-process: inline on an infinite link) or 1..kMaxLanes threads.
+  explicit TransferQueue(const LinkModel& link, int lanes = 0);
   ~TransferQueue();  // finishes the job in progress, drops the queued ones
   TransferQueue(const TransferQueue&) = delete;
   TransferQueue& operator=(const TransferQueue&) = delete;
@@ -47,8 +59,9 @@ class TransferQueue {
     TransferId id;
     Job job;
     std::chrono::steady_clock::time_point submitted;
+    size_t next = 0;  // blocks before this one are done
   };
-  static absl::Status Run(const Job& job);
+  static absl::Status Run(const Job& job, size_t begin, size_t end);
   void Loop();
 
   mutable std::mutex mu_;
@@ -61,8 +74,9 @@ class TransferQueue {
   int inline_ = 0;  // infinite-link copies running inside Submit
   int64_t wait_ns_ = 0;
   bool stop_ = false;
-  std::thread worker_;
-  std::chrono::steady_clock::time_point link_free_{};  // Loop's thread only: when the link is next idle
+  const bool always_queue_;  // lanes >= 1: never inline
+  std::vector<std::thread> workers_;
+  std::chrono::steady_clock::time_point link_free_{};  // when the link is next idle
 };
 
 }  // namespace dd::kvpool
