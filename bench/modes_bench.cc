@@ -19,12 +19,14 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "bench/bench_util.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/engine.h"
+#include "kv-pool/client/transfer_queue.h"
 #include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
 
@@ -34,7 +36,11 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "4"}
           "Batch sizes; 'max' = the mode's largest batch under --device_memory");
 ABSL_FLAG(int64_t, budget, 1024, "Sparse budget in tokens");
 ABSL_FLAG(int32_t, steps, 12, "Timed decode steps per run");
-ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores)");
+ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores); prefill uses them all");
+ABSL_FLAG(int32_t, decode_threads, -1,
+          "Compute threads of the timed decode steps, every mode and link alike (0 = all of --threads; "
+          "-1 = all but one, at least 1: the transfer thread or pool process gets a core of its own, as a "
+          "GPU's copy engines do not take its compute; docs/decisions.md)");
 ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)");
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
@@ -42,6 +48,9 @@ ABSL_FLAG(std::string, out, "", "Output JSON path");
 ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
           "Where sparse modes keep offloaded KV: inproc (with the inmem and pcie5 link models), shm, ucx-tcp, "
           "ucx-sm (a real dd-kv-pool started by the benchmark; the transport itself is the link)");
+ABSL_FLAG(std::vector<std::string>, pool_lanes, std::vector<std::string>({"1"}),
+          "Transfer lanes of the pool stores' runs, one run set per count (the link is labelled e.g. ucx-tcp-x2; "
+          "0 = gathers on the compute thread, labelled ucx-tcp-inline)");
 ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"context"}),
           "dualdecoder runs, one per speculative head (context, full; full is labelled dualdecoder-fullhead); "
           "pool stores run the first only");
@@ -129,6 +138,17 @@ int main(int argc, char** argv) {
     return 1;
   };
   std::unique_ptr<dd::kvpool::testing_util::PoolProcess> pool;  // started for the first pool store
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int decode_threads = absl::GetFlag(FLAGS_decode_threads);
+  if (decode_threads < -1 || decode_threads > threads) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--decode_threads ", decode_threads, ": must be -1, 0 or 1..",
+                                                        threads, " (the engine's threads)")));
+  }
+  if (decode_threads == 0) decode_threads = threads;
+  if (decode_threads == -1) decode_threads = std::max(1, threads - 1);
+  std::fprintf(stderr, "modes_bench: %d compute threads for prefill, %d for the timed decode steps\n", threads,
+               decode_threads);
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
@@ -138,23 +158,34 @@ int main(int argc, char** argv) {
       dd::engine::SpecHead head;
       std::string store;  // inproc, shm, ucx-tcp, ucx-sm
       bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
+      int lanes = 1;           // a pool store's transfer lanes
     };
+    std::vector<int> lane_counts;
+    for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes))) {
+      if (n < 0 || n > dd::kvpool::TransferQueue::kMaxLanes) {
+        return fail(absl::InvalidArgumentError(absl::StrCat("--pool_lanes ", n, ": expected 0 to ",
+                                                            dd::kvpool::TransferQueue::kMaxLanes)));
+      }
+      lane_counts.push_back(static_cast<int>(n));
+    }
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : absl::GetFlag(FLAGS_stores)) {
       if (store != "inproc" && store != "shm" && store != "ucx-tcp" && store != "ucx-sm") {
         return fail(absl::InvalidArgumentError(absl::StrCat("--stores: unknown store '", store,
                                                             "' (inproc, shm, ucx-tcp, ucx-sm)")));
       }
-      // sparse-cached first: its infinite-link run calibrates the pcie5 link.
-      variants.push_back({"sparse-cached", DecodeMode::kSparseCached, dd::engine::SpecHead::kContext, store});
-      variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store});
-      // Every head on the in-process store; a pool store runs the first head only (CPU time).
-      for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
-        auto head = dd::engine::ParseSpecHead(h);
-        if (!head.ok()) return fail(head.status());
-        variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
-                            DecodeMode::kDualDecoder, *head, store});
-        if (store != "inproc") break;
+      for (int lanes : store == "inproc" ? std::vector<int>{1} : lane_counts) {
+        // sparse-cached first: its infinite-link run calibrates the pcie5 link.
+        variants.push_back({"sparse-cached", DecodeMode::kSparseCached, dd::engine::SpecHead::kContext, store, true, lanes});
+        variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store, true, lanes});
+        // Every head on the in-process store; a pool store runs the first head only (CPU time).
+        for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
+          auto head = dd::engine::ParseSpecHead(h);
+          if (!head.ok()) return fail(head.status());
+          variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
+                              DecodeMode::kDualDecoder, *head, store, true, lanes});
+          if (store != "inproc") break;
+        }
       }
       if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
         // The cacheless dualdecoder (ring of prefetch buffers), with the first head.
@@ -168,7 +199,7 @@ int main(int argc, char** argv) {
       dd::engine::EngineOptions o;
       o.mode = mode;
       o.spec_head = variant.head;
-      o.threads = absl::GetFlag(FLAGS_threads);
+      o.threads = threads;
       o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
       if (variant.store != "inproc") {
         if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
@@ -176,6 +207,7 @@ int main(int argc, char** argv) {
         // UCX reads UCX_TLS when the engine's pool client creates its context.
         if (variant.store == "ucx-tcp") setenv("UCX_TLS", "tcp", 1);
         if (variant.store == "ucx-sm") setenv("UCX_TLS", "sm,self", 1);
+        setenv("DD_KV_TRANSFER_LANES", absl::StrCat(variant.lanes).c_str(), 1);
         o.kv_store = (variant.store == "shm" ? "shm://" : "ucx://") + pool->address();
         o.kv_store_token = dd::kvpool::testing_util::kAlice;
       }
@@ -202,8 +234,12 @@ int main(int argc, char** argv) {
         return fail(st);
       }
       t0 = dd::engine::Argmax(step_logits.data(), V);
+      e.SetComputeThreads(decode_threads);
       // inproc: the link models; a pool store: the real transport, labelled by its name.
-      std::vector<std::string> links = {variant.store == "inproc" ? "inmem" : variant.store};
+      std::vector<std::string> links = {variant.store == "inproc" ? "inmem"
+                                        : variant.lanes == 1 ? variant.store
+                                        : variant.lanes == 0 ? absl::StrCat(variant.store, "-inline")
+                                                             : absl::StrCat(variant.store, "-x", variant.lanes)};
       if (mode != DecodeMode::kFull && variant.store == "inproc") links.push_back("pcie5");
       for (const std::string& link : links) {
         dd::kvpool::LinkModel lm;
@@ -251,6 +287,7 @@ int main(int argc, char** argv) {
     }
   }
   nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
+                        {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";
