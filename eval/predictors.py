@@ -9,7 +9,9 @@ predictors (checked); only hits change. Reports
 the hit rate |P' ∩ S| / |S| without the pre-decoded first step (which is a hit by
 construction), per layer, per context, through the public CLI.
 
-  python3 eval/predictors.py [--quick|--full]  -> bench/results/eval-predictors.{json,md,png}
+  python3 eval/predictors.py --full   -> bench/results/eval-predictors.{json,md,png}
+  python3 eval/predictors.py --quick  -> bench/results/eval-predictors-quick.{json,md,png} (so that
+                                         `bench/run all --quick` keeps the --full files)
 
 With --families the contexts are the evaluation tasks' prompts instead (eval/tasks.py, task 0
 of every family at each length; the generation runs --steps tokens past the answer cue, EOS
@@ -199,13 +201,13 @@ def write_families(a, runs, seconds):
     md += ["", "Read with care: after its answer, a base model continues the prompt's own pattern (the next "
            "`Question: … Answer: …` pair, a repeated list), which a speculative token predicts almost perfectly, so "
            "these contexts flatter every token-based predictor (speculative ≈ oracle). Free-running continuation of "
-           "natural text is the harder case: eval-predictors.md (`python3 eval/predictors.py --quick`)."]
+           "natural text is the harder case: eval-predictors.md (`python3 eval/predictors.py --full`)."]
     (out / f"{name}.md").write_text("\n".join(md) + "\n")
     print(f"predictors: wrote {out / (name + '.json')} ({seconds / 60:.1f} min)", file=sys.stderr)
 
 
 def write(a, runs, seconds):
-    name = results_name(a, "eval-predictors")
+    name = results_name(a, "eval-predictors" if a.full else "eval-predictors-quick")
     out = save_json(a, name, runs, seconds)
     lengths = sorted({r["context"] for r in runs})
     mean = {p: sum(r["hit_rate"] for r in runs if r["predictor"] == p) / len(lengths) for p in PREDICTORS}
