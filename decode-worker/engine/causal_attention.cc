@@ -43,7 +43,7 @@ constexpr int64_t kKeyTile = 256;  // keys per score task of the few-rows paths
 // two tasks per thread.
 int64_t PieceFor(int64_t hd, int64_t n_kv, const ThreadPool& pool) {
   int64_t piece = 64;
-  while (piece > 16 && n_kv * ((hd + piece - 1) / piece) < 2 * pool.size()) piece /= 2;
+  while (piece > 16 && n_kv * ((hd + piece - 1) / piece) < 2 * pool.active()) piece /= 2;
   return piece;
 }
 
@@ -108,7 +108,7 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
     }
   }
   const int64_t n_blocks = (nr + kBlockRows - 1) / kBlockRows;
-  if (n_kv * n_blocks < 2 * pool.size()) {
+  if (n_kv * n_blocks < 2 * pool.active()) {
     AttendFewRows(call, config, r0, nr, lo, n_keys, pool, scratch);
     return;
   }

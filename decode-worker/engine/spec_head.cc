@@ -96,7 +96,7 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
         kernels::DequantizeRow(out.type, out.data + cached_[r] * out.row_bytes, cache_rows_.data() + r * d, d);
       }
     };
-    if (pool.size() > 1 && added >= 1024) {
+    if (pool.active() > 1 && added >= 1024) {
       pool.ParallelFor(added, fill);
     } else {
       fill(0, added);
@@ -117,7 +117,7 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
     }
   };
   // A cached row costs ~0.1 µs, an uncached one ~1 µs: split only when it pays for the wake-ups.
-  if (pool.size() > 1 && n >= 2048) {
+  if (pool.active() > 1 && n >= 2048) {
     pool.ParallelFor(n, run);
   } else {
     run(0, n);

@@ -679,7 +679,7 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
   auto quantize = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActRow(x + r * x_stride, type, acts, r);
   };
-  if (pool.size() > 1 && m_rows > 1 && m_rows * w.cols >= kParallelQuantizeElems) {
+  if (pool.active() > 1 && m_rows > 1 && m_rows * w.cols >= kParallelQuantizeElems) {
     pool.ParallelFor(m_rows, quantize);
   } else {
     quantize(0, m_rows);
@@ -716,7 +716,7 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
   // Rough single-thread time: streaming the weights at ~15 GB/s plus ~100 G int8 MAC/s.
   const double single_thread_ns =
       static_cast<double>(w.rows * w.row_bytes) / 15.0 + static_cast<double>(m_rows) * w.rows * w.cols / 100.0;
-  if (pool.size() > 1 && single_thread_ns >= kParallelMinNs) {
+  if (pool.active() > 1 && single_thread_ns >= kParallelMinNs) {
     pool.ParallelFor(n_tiles, run_tiles);
   } else {
     run_tiles(0, n_tiles);
