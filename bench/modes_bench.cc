@@ -149,6 +149,14 @@ int main(int argc, char** argv) {
   if (decode_threads == -1) decode_threads = std::max(1, threads - 1);
   std::fprintf(stderr, "modes_bench: %d compute threads for prefill, %d for the timed decode steps\n", threads,
                decode_threads);
+  std::vector<int> lane_counts;
+  for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes))) {
+    if (n < 0 || n > dd::kvpool::TransferQueue::kMaxLanes) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--pool_lanes ", n, ": expected 0 to ",
+                                                          dd::kvpool::TransferQueue::kMaxLanes)));
+    }
+    lane_counts.push_back(static_cast<int>(n));
+  }
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
@@ -160,14 +168,6 @@ int main(int argc, char** argv) {
       bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
       int lanes = 1;           // a pool store's transfer lanes
     };
-    std::vector<int> lane_counts;
-    for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes))) {
-      if (n < 0 || n > dd::kvpool::TransferQueue::kMaxLanes) {
-        return fail(absl::InvalidArgumentError(absl::StrCat("--pool_lanes ", n, ": expected 0 to ",
-                                                            dd::kvpool::TransferQueue::kMaxLanes)));
-      }
-      lane_counts.push_back(static_cast<int>(n));
-    }
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : absl::GetFlag(FLAGS_stores)) {
       if (store != "inproc" && store != "shm" && store != "ucx-tcp" && store != "ucx-sm") {

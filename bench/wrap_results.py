@@ -176,12 +176,11 @@ def summary_modes(doc, out_dir):
                   "`-xN`: N transfer lanes, else 1):", "",
                   "| context | batch | " + " | ".join(heads) + " |", "|---:|---:|" + "---:|" * len(heads)] + prow
     # The speculative row's cost: a dual-token step's p50 over a sparse step's, infinite link.
-    p50 = {(x["mode"], x["context"], x["batch"], x["link"]): x["step_ms_p50"] for x in runs}
     cost = []
-    for (mode, ctx, b, link), v in sorted(p50.items()):
-        sp = p50.get(("sparse", ctx, b, link))
+    for (mode, ctx, b, link), v in sorted(p50_of.items()):
+        sp = p50_of.get(("sparse", ctx, b, link))
         if mode == duals[0] and link == "inmem" and sp:
-            cells = [f"{p50[(m, ctx, b, link)] / sp:.2f}×" if (m, ctx, b, link) in p50 else "–" for m in duals]
+            cells = [f"{p50_of[(m, ctx, b, link)] / sp:.2f}×" if (m, ctx, b, link) in p50_of else "–" for m in duals]
             cost.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if duals and cost:
         lines += ["", "Dual-token step time over a sparse step (p50, infinite link; target ≤ 1.2×):", "",

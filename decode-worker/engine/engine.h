@@ -105,7 +105,6 @@ class Engine {
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
   void SetComputeThreads(int n) { pool_.SetActive(n); }
-  int compute_threads() const { return pool_.active(); }
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }
