@@ -60,20 +60,30 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
 }
 
 // lanes = 0 on an infinite link copies inside Submit (the in-process store's model); with
-// lanes >= 1 every job runs on a lane thread, and `lanes` jobs are in flight at once: each job
-// below waits (with a deadline) until all of them have started.
-TEST(TransferQueueTest, LanesRunJobsOffTheCallerAndInParallel) {
+// lanes >= 1 background jobs run on lane threads, `lanes` of them in flight at once (each job
+// below waits, with a deadline, until all of them have started), while an urgent job on an
+// infinite link still runs in its caller (who waits for it at once); on a modelled link it queues.
+TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
   const std::thread::id caller = std::this_thread::get_id();
-  {
-    TransferQueue inline_queue(LinkModel{}, 0);
+  auto ran_on = [](TransferQueue& queue, Priority priority) {
     std::thread::id ran;
     TransferQueue::Job job;
     job.fetch = [&](size_t, size_t) {
       ran = std::this_thread::get_id();
       return absl::OkStatus();
     };
-    ASSERT_TRUE(inline_queue.Wait(inline_queue.Submit(std::move(job), Priority::kUrgent)).ok());
-    EXPECT_EQ(ran, caller);
+    EXPECT_TRUE(queue.Wait(queue.Submit(std::move(job), priority)).ok());
+    return ran;
+  };
+  {
+    TransferQueue inline_queue(LinkModel{}, 0);
+    EXPECT_EQ(ran_on(inline_queue, Priority::kUrgent), caller);
+    EXPECT_EQ(ran_on(inline_queue, Priority::kBackground), caller);
+    TransferQueue laned(LinkModel{}, 2);
+    EXPECT_EQ(ran_on(laned, Priority::kUrgent), caller);
+    EXPECT_NE(ran_on(laned, Priority::kBackground), caller);
+    TransferQueue modelled(LinkModel{.bandwidth_gbps = 100, .latency_us = 1}, 1);
+    EXPECT_NE(ran_on(modelled, Priority::kUrgent), caller);
   }
   for (int lanes : {1, 3}) {
     TransferQueue queue(LinkModel{}, lanes);
@@ -94,7 +104,7 @@ TEST(TransferQueueTest, LanesRunJobsOffTheCallerAndInParallel) {
         }
         return absl::OkStatus();
       };
-      ids.push_back(queue.Submit(std::move(job), j % 2 ? Priority::kUrgent : Priority::kBackground));
+      ids.push_back(queue.Submit(std::move(job), Priority::kBackground));
     }
     for (TransferId id : ids) EXPECT_TRUE(queue.Wait(id).ok()) << "lanes=" << lanes;
     ASSERT_EQ(static_cast<int>(threads.size()), lanes);

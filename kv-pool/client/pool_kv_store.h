@@ -3,8 +3,8 @@
 // maps the tenant's shared-memory region and copies blocks directly; `ucx://` sends UCX active
 // messages that the pool's progress thread answers from the tenant's region (tcp, shared memory
 // or RDMA, whatever UCX picks; UCX_TLS narrows it), or one-sided gets and puts when the pool
-// offers them (--ucx_rma; UcxPath). Gathers run on a TransferQueue's lanes, off the caller's
-// thread unless transfer_lanes is 0 (link model, urgent before background). A thread renews
+// offers them (--ucx_rma; UcxPath). Background gathers run on a TransferQueue's lanes, off the
+// caller's thread unless transfer_lanes is 0; urgent ones on the caller's (it waits for them). A thread renews
 // the leases at a third of the TTL; when the pool stops answering, the store turns broken and
 // every later call fails with UNAVAILABLE naming the pool (transfers already queued complete
 // from the mapping, which stays valid).
@@ -29,9 +29,10 @@ struct PoolClientOptions {
   PoolTransport transport = PoolTransport::kShm;
   UcxPath ucx_path = UcxPath::kAuto;  // ucx:// only
   LinkModel link{};
-  // Threads that run gathers (TransferQueue lanes, 0..16). 1 or more: gathers never run on
-  // the caller's thread, so prefetch overlaps compute, and more lanes keep more gathers in
-  // flight. 0: gathers run inside GatherTo on the caller's thread (no overlap, no hand-off).
+  // Threads that run background gathers (TransferQueue lanes, 0..16). 1 or more: prefetches
+  // never run on the caller's thread, so they overlap compute, and more lanes keep more in
+  // flight; urgent gathers run on the caller's (it waits for them at once). 0: every gather
+  // runs inside GatherTo on the caller's thread (no overlap, no hand-off).
   int transfer_lanes = 1;
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that

@@ -33,7 +33,11 @@ absl::Status TransferQueue::Run(const Job& job, size_t begin, size_t end) {
 TransferId TransferQueue::Submit(Job job, Priority priority) {
   std::unique_lock<std::mutex> lock(mu_);
   const TransferId id = ++next_;
-  if (link_.infinite() && !always_queue_) {
+  // Inline: the in-process store on an infinite link, and on a real transport (also an
+  // infinite link here) an urgent job, whose submitter waits for it at once (a miss): handing it
+  // to a lane only adds two thread wake-ups per gather. Background jobs (prefetches) go to the
+  // lanes, so they overlap the caller's compute.
+  if (link_.infinite() && (!always_queue_ || priority == Priority::kUrgent)) {
     ++inline_;  // Drain waits for copies running in callers' threads too
     lock.unlock();
     absl::Status st = Run(job, 0, job.dst.size());

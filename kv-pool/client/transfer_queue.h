@@ -3,9 +3,11 @@
 // serve the jobs, urgent jobs before any queued background job (a job in progress is not
 // interrupted), through a link model (latency + bytes / bandwidth; one link, shared by the
 // lanes). `lanes` = 0 is the in-process store's model: one lane, and with an infinite link a
-// job is copied inside Submit (an infinitely fast link). `lanes` >= 1: every job runs on a lane,
-// so a pool's real transport overlaps the caller's compute; several lanes keep several gathers
-// in flight, as a GPU has several copy engines and UCX several rails. Thread-safe.
+// job is copied inside Submit (an infinitely fast link). `lanes` >= 1: background jobs run on a
+// lane, so a pool's real transport overlaps the caller's compute; several lanes keep several
+// gathers in flight, as a GPU has several copy engines and UCX several rails. An urgent job on
+// an infinite link runs inside Submit whatever the lanes: its caller waits for it anyway.
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -74,7 +76,7 @@ class TransferQueue {
   int inline_ = 0;  // infinite-link copies running inside Submit
   int64_t wait_ns_ = 0;
   bool stop_ = false;
-  const bool always_queue_;  // lanes >= 1: never inline
+  const bool always_queue_;  // lanes >= 1: background jobs never inline
   std::vector<std::thread> workers_;
   std::chrono::steady_clock::time_point link_free_{};  // when the link is next idle
 };
