@@ -73,7 +73,8 @@ class KvStore {
   // Frees the sequence's blocks. NotFound for an unknown sequence.
   virtual absl::Status Release(SequenceId seq) = 0;
   virtual int64_t bytes_stored() const = 0;
-  // Nanoseconds callers spent blocked in Wait(), since construction.
+  // Nanoseconds callers spent blocked in Wait() or running a transfer themselves (an urgent
+  // gather on a real transport, any gather of an in-process store), since construction.
   virtual int64_t wait_ns() const = 0;
   // Changes the link model for transfers issued from now on.
   virtual void SetLink(const LinkModel& link) = 0;

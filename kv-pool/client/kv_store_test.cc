@@ -84,6 +84,17 @@ TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
     EXPECT_NE(ran_on(laned, Priority::kBackground), caller);
     TransferQueue modelled(LinkModel{.bandwidth_gbps = 100, .latency_us = 1}, 1);
     EXPECT_NE(ran_on(modelled, Priority::kUrgent), caller);
+    // A job run inline is time the caller's compute stood still: it counts as waiting.
+    const int64_t before = laned.wait_ns();
+    TransferQueue::Job slow;
+    slow.fetch = [](size_t, size_t) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(laned.Wait(laned.Submit(std::move(slow), Priority::kUrgent)).ok());
+    EXPECT_GE(laned.wait_ns() - before, 5'000'000);
   }
   for (int lanes : {1, 3}) {
     TransferQueue queue(LinkModel{}, lanes);

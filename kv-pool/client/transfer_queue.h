@@ -54,6 +54,8 @@ class TransferQueue {
   absl::Status Wait(TransferId id);
   void Drain();              // until nothing is queued or in progress
   void SetLink(const LinkModel& link);  // after draining
+  // Time callers spent in Wait, plus the jobs they ran inline in Submit (their compute stood
+  // still either way).
   int64_t wait_ns() const;
 
  private:
