@@ -69,6 +69,7 @@ struct RunSpec {
   int64_t ctx, batch, budget_tokens, max_batch;
   std::string link;
   double link_gbps;
+  bool at_max = false;  // the batch is the mode's largest ('max', within --max_batch_cap)
 };
 
 // Forks slot 0 into slots 1..batch, runs one warm-up and `steps` timed decode steps, releases
@@ -110,7 +111,7 @@ absl::StatusOr<nlohmann::json> RunBatch(Engine& e, const RunSpec& r, int32_t t0,
       {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
       {"wait_ms_per_step", (e.transfer_wait_ns() - wait0) / 1e6 / steps},
       {"device_bytes_per_request", dev_per_req},
-      {"max_batch_in_budget", r.max_batch}};
+      {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}};
 }
 
 }  // namespace
@@ -156,6 +157,13 @@ int main(int argc, char** argv) {
                                                           dd::kvpool::TransferQueue::kMaxLanes)));
     }
     lane_counts.push_back(static_cast<int>(n));
+  }
+  const std::vector<std::string> batch_list = absl::GetFlag(FLAGS_batches);
+  for (const std::string& b : batch_list) {
+    int64_t n = 0;
+    if (b != "max" && (!absl::SimpleAtoi(b, &n) || n < 1)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--batches '", b, "': expected a positive integer or max")));
+    }
   }
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
@@ -246,13 +254,17 @@ int main(int argc, char** argv) {
         if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
         e.SetLink(lm);
         std::vector<int64_t> batch_sizes;
-        for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
-          // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
-          const int64_t n = b == "max" ? std::min(max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap)) : std::stoll(b);
+        // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
+        const int64_t largest = std::min(max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
+        for (const std::string& b : batch_list) {
+          int64_t n = largest;
+          if (b != "max") (void)absl::SimpleAtoi(b, &n);  // checked above
           if (n >= 1 && std::find(batch_sizes.begin(), batch_sizes.end(), n) == batch_sizes.end()) batch_sizes.push_back(n);
         }
+        const bool asks_max = std::find(batch_list.begin(), batch_list.end(), "max") != batch_list.end();
         for (int64_t b : batch_sizes) {
-          RunSpec spec{label, mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0};
+          RunSpec spec{label, mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0,
+                       asks_max && b == largest};
           auto r = RunBatch(e, spec, t0, steps);
           if (!r.ok()) {
             std::fprintf(stderr, "%-11s ctx %6lld batch %2lld: skipped: %s\n",
