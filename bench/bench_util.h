@@ -14,26 +14,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/flag_ints.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/model/weights.h"
 
 namespace dd::bench {
-
-// A flag's comma-separated integers; a value that is not one ends the benchmark with a message
-// naming it (exit status 2), never an uncaught exception.
-inline std::vector<int64_t> Ints(const std::vector<std::string>& v) {
-  std::vector<int64_t> out;
-  for (const auto& s : v) {
-    int64_t n = 0;
-    if (!absl::SimpleAtoi(s, &n)) {
-      std::fprintf(stderr, "bench: '%s' is not an integer\n", s.c_str());
-      std::exit(2);
-    }
-    out.push_back(n);
-  }
-  return out;
-}
 
 // The process's resident set now (VmRSS), MiB; 0 if /proc is unreadable.
 inline double ResidentMiB() {

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   result["threads"] = eo.threads > 0 ? eo.threads : static_cast<int>(std::thread::hardware_concurrency());
   result["prefill_chunk"] = eo.prefill_chunk;
   result["matmul"] = absl::GetFlag(FLAGS_matmul);
-  for (int64_t n : Ints(absl::GetFlag(FLAGS_prefill))) {
+  for (int64_t n : Ints(absl::GetFlag(FLAGS_prefill), "--prefill", 1)) {
     auto p = prompt_of(n);
     const auto t0 = Clock::now();
     auto r = engine.Prefill(0, p);
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prefill %6lld tokens: %8.1f tokens/s\n", static_cast<long long>(n), tps);
   }
   const int steps = absl::GetFlag(FLAGS_decode_steps);
-  for (int64_t ctx : Ints(absl::GetFlag(FLAGS_contexts))) {
+  for (int64_t ctx : Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1)) {
     auto p = prompt_of(ctx);
     auto r = engine.Prefill(0, p);
     if (!r.ok()) {
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const int32_t first = dd::engine::Argmax(r->data(), model.config.n_vocab);
-    for (int64_t b : Ints(absl::GetFlag(FLAGS_batches))) {
+    for (int64_t b : Ints(absl::GetFlag(FLAGS_batches), "--batches", 1)) {
       std::vector<double> step_ms;
       if (absl::Status st = dd::bench::TimedDecode(engine, b, first, steps, &step_ms); !st.ok()) {
         std::cerr << "decode: " << st.message() << "\n";

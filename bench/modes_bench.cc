@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "modes_bench: %d compute threads for prefill, %d for the timed decode steps\n", threads,
                decode_threads);
   std::vector<int> lane_counts;
-  for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes))) {
+  for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes), "--pool_lanes")) {
     if (n < 0 || n > dd::kvpool::TransferQueue::kMaxLanes) {
       return fail(absl::InvalidArgumentError(absl::StrCat("--pool_lanes ", n, ": expected 0 to ",
                                                           dd::kvpool::TransferQueue::kMaxLanes)));
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
       return fail(absl::InvalidArgumentError(absl::StrCat("--batches '", b, "': expected a positive integer or max")));
     }
   }
-  for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts))) {
+  for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1)) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
     struct Variant {

@@ -31,6 +31,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
+#include "bench/flag_ints.h"
 #include "kv-pool/client/pool_kv_store.h"
 #include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
@@ -53,12 +54,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using dd::kvpool::ChunkRef;
-
-std::vector<int64_t> Ints(const std::vector<std::string>& v) {
-  std::vector<int64_t> out;
-  for (const auto& s : v) out.push_back(std::stoll(s));
-  return out;
-}
 
 struct Result {
   double gbps = 0, p50_ms = 0, p99_ms = 0;
@@ -188,8 +183,9 @@ int main(int argc, char** argv) {
   const int64_t hd = absl::GetFlag(FLAGS_head_dim), chunks = absl::GetFlag(FLAGS_chunks);
   const dd::kvpool::KvLayout layout{.n_layers = 1, .n_kv_heads = 1, .head_dim = hd, .chunk_tokens = 8};
   const int64_t block_bytes = layout.block_floats() * static_cast<int64_t>(sizeof(float));
-  const auto blocks_list = Ints(absl::GetFlag(FLAGS_blocks));
-  const auto conc_list = Ints(absl::GetFlag(FLAGS_concurrency));
+  // Bounds: a gather request carries at most 4096 blocks; gatherers are threads.
+  const auto blocks_list = dd::bench::Ints(absl::GetFlag(FLAGS_blocks), "--blocks", 1, 4096);
+  const auto conc_list = dd::bench::Ints(absl::GetFlag(FLAGS_concurrency), "--concurrency", 1, 64);
   const int max_threads = static_cast<int>(*std::max_element(conc_list.begin(), conc_list.end()));
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
   std::vector<std::string> pool_flags{"--ucx_rma"};
