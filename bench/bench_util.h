@@ -3,8 +3,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -12,7 +10,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/flag_ints.h"
 #include "common/status_macros.h"

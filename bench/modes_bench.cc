@@ -151,20 +151,20 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "modes_bench: %d compute threads for prefill, %d for the timed decode steps\n", threads,
                decode_threads);
   std::vector<int> lane_counts;
-  for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes), "--pool_lanes")) {
-    if (n < 0 || n > dd::kvpool::TransferQueue::kMaxLanes) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("--pool_lanes ", n, ": expected 0 to ",
-                                                          dd::kvpool::TransferQueue::kMaxLanes)));
-    }
+  for (int64_t n : dd::bench::Ints(absl::GetFlag(FLAGS_pool_lanes), "--pool_lanes", 0,
+                                   dd::kvpool::TransferQueue::kMaxLanes)) {
     lane_counts.push_back(static_cast<int>(n));
   }
-  const std::vector<std::string> batch_list = absl::GetFlag(FLAGS_batches);
-  for (const std::string& b : batch_list) {
+  // Requested batches, parsed once; 0 stands for 'max' (each mode's largest).
+  std::vector<int64_t> batch_req;
+  for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
     int64_t n = 0;
     if (b != "max" && (!absl::SimpleAtoi(b, &n) || n < 1)) {
       return fail(absl::InvalidArgumentError(absl::StrCat("--batches '", b, "': expected a positive integer or max")));
     }
+    batch_req.push_back(n);
   }
+  const bool asks_max = std::find(batch_req.begin(), batch_req.end(), 0) != batch_req.end();
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1)) {
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
@@ -256,12 +256,10 @@ int main(int argc, char** argv) {
         std::vector<int64_t> batch_sizes;
         // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
         const int64_t largest = std::min(max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
-        for (const std::string& b : batch_list) {
-          int64_t n = largest;
-          if (b != "max") (void)absl::SimpleAtoi(b, &n);  // checked above
+        for (int64_t req : batch_req) {
+          const int64_t n = req == 0 ? largest : req;
           if (n >= 1 && std::find(batch_sizes.begin(), batch_sizes.end(), n) == batch_sizes.end()) batch_sizes.push_back(n);
         }
-        const bool asks_max = std::find(batch_list.begin(), batch_list.end(), "max") != batch_list.end();
         for (int64_t b : batch_sizes) {
           RunSpec spec{label, mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0,
                        asks_max && b == largest};

@@ -10,6 +10,11 @@ import platform
 import subprocess
 
 
+def paired(cells):
+    """Whether a table row has any ratio: a batch only one mode ran (its max) pairs with none."""
+    return any(c != "–" for c in cells)
+
+
 def machine():
     cpu = "unknown"
     try:
@@ -113,7 +118,7 @@ def summary_modes(doc, out_dir):
             va, vz = moved.get((a, ctx, b)), moved.get((z, ctx, b))
             return f"{va / 1e6:.2f} / {vz / 1e6:.2f} = {va / vz:.2f}×" if va is not None and vz else "–"
         cells = [r('sparse-cached', 'sparse'), r('dualdecoder', 'dualdecoder-ring')]
-        if any(c != "–" for c in cells):  # a batch only one mode ran (its max) pairs with none
+        if paired(cells):
             brows.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if brows:
         lines += ["", "MB moved per step, infinite link (target ≤ 0.5× for both):", "",
@@ -148,7 +153,7 @@ def summary_modes(doc, out_dir):
             # nor than the time the link needs for the bytes the mode moves per step.
             bound = link_bound.get((m, ctx, b))
             cells.append(f"{bound:.0%}" if bound else "–")
-        if any(c != "–" for c in cells):  # a batch only one mode ran (its max) pairs with none
+        if paired(cells):
             rows.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if rows and duals:
         heads = [f"{m} / {base} ({link})" for m in duals for link in slow + ["pcie5 vs inmem", "bound"]]
@@ -171,7 +176,7 @@ def summary_modes(doc, out_dir):
             for bm in ("sparse", "sparse-cached"):
                 sp = tput.get((bm, ctx, b, link))
                 cells.append(f"{v / sp:.2f}×" if v and sp else "–")
-        if any(c != "–" for c in cells):  # a batch only one mode ran (its max) pairs with none
+        if paired(cells):
             prow.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if prow:
         heads = [f"{link}: / {bm}" for link in pool_links for bm in ("sparse", "sparse-cached")]
