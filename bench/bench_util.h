@@ -55,40 +55,54 @@ class TextPrompts {
   std::vector<int32_t> text_;
 };
 
-// The decode timing loop both benchmark drivers share: forks slot 0 (a prefilled prompt whose
-// next token is `first`) into slots 1..batch, runs one warm-up step, then `steps` timed greedy
-// steps (milliseconds each into *step_ms), and releases the forks. `after_warmup` and
-// `before_release` let a caller read counters around the timed steps. A failed fork or step
-// is returned (forks released).
-inline absl::Status TimedDecode(engine::Engine& e, int64_t batch, int32_t first, int steps,
-                                std::vector<double>* step_ms, const std::function<void()>& after_warmup = {},
-                                const std::function<void()>& before_release = {}) {
-  const int64_t V = e.config().n_vocab;
-  std::vector<int32_t> seqs, tokens;
-  auto release = [&] {
-    for (int32_t q : seqs) e.Release(q);
-  };
-  for (int64_t s = 0; s < batch; ++s) {
-    if (absl::Status st = e.Fork(0, static_cast<int32_t>(s + 1)); !st.ok()) {
-      release();
-      return absl::Status(st.code(), absl::StrCat("fork ", s + 1, " of ", batch, ": ", st.message()));
+// The decode timing loop both benchmark drivers share. Start() forks slot 0 (a prefilled
+// prompt whose next token is `first`) into slots 1..batch and runs one untimed warm-up step;
+// Steps(n) runs n timed greedy steps, continuing where the last call stopped (milliseconds each
+// appended to step_ms()); the destructor releases the forks. Several runs on different engines
+// can be alive at once and take turns (modes_bench interleaves modes in rounds, so a slow spell
+// of a shared machine falls on every mode alike). A failed fork or step is returned; after one,
+// the run refuses further steps.
+class DecodeRun {
+ public:
+  DecodeRun(engine::Engine& e, int64_t batch, int32_t first) : e_(e), batch_(batch), first_(first) {}
+  ~DecodeRun() {
+    for (int32_t q : seqs_) e_.Release(q);
+  }
+  DecodeRun(const DecodeRun&) = delete;
+  DecodeRun& operator=(const DecodeRun&) = delete;
+
+  absl::Status Start() {
+    for (int64_t s = 0; s < batch_; ++s) {
+      if (absl::Status st = e_.Fork(0, static_cast<int32_t>(s + 1)); !st.ok()) {
+        return status_ = absl::Status(st.code(), absl::StrCat("fork ", s + 1, " of ", batch_, ": ", st.message()));
+      }
+      seqs_.push_back(static_cast<int32_t>(s + 1));
+      tokens_.push_back(first_);
     }
-    seqs.push_back(static_cast<int32_t>(s + 1));
-    tokens.push_back(first);
+    return status_ = e_.DecodeStep(seqs_, tokens_, &logits_);  // warm-up
   }
-  std::vector<float> logits;
-  absl::Status st = e.DecodeStep(seqs, tokens, &logits);  // warm-up
-  if (st.ok() && after_warmup) after_warmup();
-  step_ms->clear();
-  for (int i = 0; i < steps && st.ok(); ++i) {
-    for (int64_t s = 0; s < batch; ++s) tokens[s] = engine::Argmax(&logits[s * V], V);
-    const auto a = std::chrono::steady_clock::now();
-    st = e.DecodeStep(seqs, tokens, &logits);
-    step_ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+
+  absl::Status Steps(int n) {
+    const int64_t V = e_.config().n_vocab;
+    for (int i = 0; i < n && status_.ok(); ++i) {
+      for (int64_t s = 0; s < batch_; ++s) tokens_[s] = engine::Argmax(&logits_[s * V], V);
+      const auto a = std::chrono::steady_clock::now();
+      status_ = e_.DecodeStep(seqs_, tokens_, &logits_);
+      step_ms_.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    }
+    return status_;
   }
-  if (st.ok() && before_release) before_release();
-  release();
-  return st;
-}
+
+  const std::vector<double>& step_ms() const { return step_ms_; }
+
+ private:
+  engine::Engine& e_;
+  const int64_t batch_;
+  const int32_t first_;
+  std::vector<int32_t> seqs_, tokens_;
+  std::vector<float> logits_;
+  std::vector<double> step_ms_;
+  absl::Status status_;
+};
 
 }  // namespace dd::bench

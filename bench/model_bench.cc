@@ -93,13 +93,15 @@ int main(int argc, char** argv) {
     }
     const int32_t first = dd::engine::Argmax(r->data(), model.config.n_vocab);
     for (int64_t b : Ints(absl::GetFlag(FLAGS_batches), "--batches", 1)) {
-      std::vector<double> step_ms;
-      if (absl::Status st = dd::bench::TimedDecode(engine, b, first, steps, &step_ms); !st.ok()) {
+      dd::bench::DecodeRun run(engine, b, first);
+      absl::Status st = run.Start();
+      if (st.ok()) st = run.Steps(steps);
+      if (!st.ok()) {
         std::cerr << "decode: " << st.message() << "\n";
         return 1;
       }
       double seconds = 0;
-      for (double ms : step_ms) seconds += ms / 1000;
+      for (double ms : run.step_ms()) seconds += ms / 1000;
       const double tps = b * steps / seconds;
       result["decode"].push_back({{"context", ctx}, {"batch", b}, {"steps", steps},
                                   {"step_ms", 1000 * seconds / steps}, {"tokens_per_s", tps}});

@@ -36,6 +36,9 @@ ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "4"}
           "Batch sizes; 'max' = the mode's largest batch under --device_memory");
 ABSL_FLAG(int64_t, budget, 1024, "Sparse budget in tokens");
 ABSL_FLAG(int32_t, steps, 12, "Timed decode steps per run");
+ABSL_FLAG(int32_t, rounds, 3,
+          "Turns the modes of one store take at each link and batch: every mode runs steps/rounds timed "
+          "steps, then the next mode, and again (a slow spell of a shared machine falls on every mode alike)");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores); prefill uses them all");
 ABSL_FLAG(int32_t, decode_threads, -1,
           "Compute threads of the timed decode steps, every mode and link alike (0 = all of --threads; "
@@ -72,47 +75,67 @@ struct RunSpec {
   bool at_max = false;  // the batch is the mode's largest ('max', within --max_batch_cap)
 };
 
-// Forks slot 0 into slots 1..batch, runs one warm-up and `steps` timed decode steps, releases
-// them. Returns the run's JSON record, or an error.
-absl::StatusOr<nlohmann::json> RunBatch(Engine& e, const RunSpec& r, int32_t t0, int steps) {
-  const int64_t base_bytes = e.kv_bytes();
-  Totals before, after;
-  int64_t wait0 = 0;
-  double dev_per_req = 0;
-  std::vector<double> step_ms;
-  RETURN_IF_ERROR(dd::bench::TimedDecode(
-      e, r.batch, t0, steps, &step_ms,
-      [&] {
-        before = Sum(e);
-        wait0 = e.transfer_wait_ns();
-      },
-      [&] {
-        after = Sum(e);
-        dev_per_req = static_cast<double>(e.kv_bytes() - base_bytes) / r.batch;
-      }));
-  double total_ms = 0;
-  for (double x : step_ms) total_ms += x;
-  std::sort(step_ms.begin(), step_ms.end());
-  const int64_t bb = e.sparse_cache() ? e.sparse_cache()->block_bytes() : 0;
-  return nlohmann::json{
-      {"mode", r.label}, {"context", r.ctx}, {"batch", r.batch},
-      {"link", r.link}, {"link_gbps", r.link_gbps}, {"budget_tokens", r.budget_tokens},
-      {"tokens_per_s", r.batch * steps / (total_ms / 1000)}, {"step_ms_p50", step_ms[step_ms.size() / 2]},
-      {"hit_rate", after.predicted_for > before.predicted_for
-                       ? double(after.hits - before.hits) / (after.predicted_for - before.predicted_for) : 0.0},
-      {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
-      {"urgent_bytes", (after.urgent - before.urgent) * bb},
-      {"wasted_bytes", (after.wasted - before.wasted) * bb},
-      {"reused_chunks", after.reused - before.reused},
-      {"selected_chunks", after.selected - before.selected},
-      {"evictions", after.evictions - before.evictions},
-      // Bytes per step: on the critical path (urgent) and in the background (prefetch).
-      {"urgent_bytes_per_step", static_cast<double>((after.urgent - before.urgent) * bb) / steps},
-      {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
-      {"wait_ms_per_step", (e.transfer_wait_ns() - wait0) / 1e6 / steps},
-      {"device_bytes_per_request", dev_per_req},
-      {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}};
-}
+// One (mode, link, batch) measurement. Begin forks and warms up; Round runs some timed steps
+// (the modes of a store take turns round by round); Finish reads the counters and releases
+// the forks. Returns of Begin/Round: a failed fork or step.
+struct Measurement {
+  RunSpec spec;
+  Engine* e = nullptr;
+  std::unique_ptr<dd::bench::DecodeRun> run;
+  Totals before;
+  int64_t wait0 = 0, base_bytes = 0;
+  std::vector<double> round_tps;
+
+  absl::Status Begin(int32_t t0) {
+    base_bytes = e->kv_bytes();
+    run = std::make_unique<dd::bench::DecodeRun>(*e, spec.batch, t0);
+    RETURN_IF_ERROR(run->Start());
+    before = Sum(*e);
+    wait0 = e->transfer_wait_ns();
+    return absl::OkStatus();
+  }
+
+  absl::Status Round(int steps) {
+    const size_t first = run->step_ms().size();
+    RETURN_IF_ERROR(run->Steps(steps));
+    double ms = 0;
+    for (size_t i = first; i < run->step_ms().size(); ++i) ms += run->step_ms()[i];
+    round_tps.push_back(spec.batch * steps / (ms / 1000));
+    return absl::OkStatus();
+  }
+
+  nlohmann::json Finish() {
+    const Totals after = Sum(*e);
+    const double dev_per_req = static_cast<double>(e->kv_bytes() - base_bytes) / spec.batch;
+    std::vector<double> step_ms = run->step_ms();
+    run.reset();  // releases the forks
+    const int steps = static_cast<int>(step_ms.size());
+    double total_ms = 0;
+    for (double x : step_ms) total_ms += x;
+    std::sort(step_ms.begin(), step_ms.end());
+    const int64_t bb = e->sparse_cache() ? e->sparse_cache()->block_bytes() : 0;
+    const RunSpec& r = spec;
+    return nlohmann::json{
+        {"mode", r.label}, {"context", r.ctx}, {"batch", r.batch},
+        {"link", r.link}, {"link_gbps", r.link_gbps}, {"budget_tokens", r.budget_tokens},
+        {"tokens_per_s", r.batch * steps / (total_ms / 1000)}, {"step_ms_p50", step_ms[step_ms.size() / 2]},
+        {"round_tokens_per_s", round_tps},
+        {"hit_rate", after.predicted_for > before.predicted_for
+                         ? double(after.hits - before.hits) / (after.predicted_for - before.predicted_for) : 0.0},
+        {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
+        {"urgent_bytes", (after.urgent - before.urgent) * bb},
+        {"wasted_bytes", (after.wasted - before.wasted) * bb},
+        {"reused_chunks", after.reused - before.reused},
+        {"selected_chunks", after.selected - before.selected},
+        {"evictions", after.evictions - before.evictions},
+        // Bytes per step: on the critical path (urgent) and in the background (prefetch).
+        {"urgent_bytes_per_step", static_cast<double>((after.urgent - before.urgent) * bb) / steps},
+        {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
+        {"wait_ms_per_step", (e->transfer_wait_ns() - wait0) / 1e6 / steps},
+        {"device_bytes_per_request", dev_per_req},
+        {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}};
+  }
+};
 
 }  // namespace
 
@@ -131,13 +154,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int64_t V = model.config.n_vocab, budget = absl::GetFlag(FLAGS_budget);
-  const int steps = absl::GetFlag(FLAGS_steps);
+  const int steps = absl::GetFlag(FLAGS_steps), rounds = absl::GetFlag(FLAGS_rounds);
   nlohmann::json runs = nlohmann::json::array(), max_batches = nlohmann::json::array();
   double pcie_gbps = 0;
   auto fail = [](const absl::Status& st) {
     std::cerr << "modes_bench: " << st.message() << "\n";
     return 1;
   };
+  auto skipped = [](const RunSpec& r, const absl::Status& st) {
+    std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: skipped: %s\n", r.label.c_str(),
+                 static_cast<long long>(r.ctx), static_cast<long long>(r.batch), r.link.c_str(),
+                 std::string(st.message()).c_str());
+  };
+  if (steps < 1 || rounds < 1 || rounds > steps) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--steps ", steps, " --rounds ", rounds, ": need 1 <= rounds <= steps")));
+  }
   std::unique_ptr<dd::kvpool::testing_util::PoolProcess> pool;  // started for the first pool store
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -201,102 +233,155 @@ int main(int argc, char** argv) {
         variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, *first, store, /*step_cache=*/false});
       }
     }
-    for (const Variant& variant : variants) {
-      const DecodeMode mode = variant.mode;
-      const std::string& label = variant.label;
-      dd::engine::EngineOptions o;
-      o.mode = mode;
-      o.spec_head = variant.head;
-      o.threads = threads;
-      o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
-      if (variant.store != "inproc") {
-        if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
-        if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
-        // UCX reads UCX_TLS when the engine's pool client creates its context.
-        if (variant.store == "ucx-tcp") setenv("UCX_TLS", "tcp", 1);
-        if (variant.store == "ucx-sm") setenv("UCX_TLS", "sm,self", 1);
-        setenv("DD_KV_TRANSFER_LANES", absl::StrCat(variant.lanes).c_str(), 1);
-        o.kv_store = (variant.store == "shm" ? "shm://" : "ucx://") + pool->address();
-        o.kv_store_token = dd::kvpool::testing_util::kAlice;
+    // A store's modes (and a pool store's lane count) form a group: every engine of the group
+    // is built and prefilled first, then each (link, batch) is measured for all of them in
+    // --rounds turns, so a slow spell of this shared machine falls on every mode alike.
+    for (size_t g0 = 0; g0 < variants.size();) {
+      size_t g1 = g0 + 1;
+      while (g1 < variants.size() && variants[g1].store == variants[g0].store &&
+             variants[g1].lanes == variants[g0].lanes) {
+        ++g1;
       }
-      o.sparse.budget_tokens = budget;
-      o.device_memory_bytes = *device_memory;
-      auto engine = Engine::Create(model, o);
-      if (!engine.ok()) return fail(engine.status());
-      Engine& e = **engine;
-      const int64_t max_batch = e.memory_plan().MaxBatch(*device_memory, ctx, total);
-      max_batches.push_back({{"mode", label}, {"context", ctx},
-                             {"max_batch", max_batch},
-                             {"kv_bytes_per_request", e.memory_plan().Request(ctx, total).kv}});
-      std::fprintf(stderr, "%-11s ctx %6lld: max batch %lld in %s (%s per request)\n",
-                   label.c_str(), static_cast<long long>(ctx), static_cast<long long>(max_batch), dd::engine::MiB(*device_memory).c_str(),
-                   dd::engine::MiB(e.memory_plan().Request(ctx, total).steady()).c_str());
-      // Slot 0 is the prompt's source; it counts against the budget like one request.
-      if (absl::Status st = e.Admit(0, ctx, total); !st.ok()) return fail(st);
-      auto first = e.Prefill(0, prompt);
-      if (!first.ok()) return fail(first.status());
-      int32_t seq0 = 0, t0 = dd::engine::Argmax(first->data(), V);
-      std::vector<float> step_logits;
-      if (absl::Status st = e.DecodeStep(absl::MakeConstSpan(&seq0, 1), absl::MakeConstSpan(&t0, 1), &step_logits);
-          !st.ok()) {
-        return fail(st);
-      }
-      t0 = dd::engine::Argmax(step_logits.data(), V);
-      e.SetComputeThreads(decode_threads);
-      // inproc: the link models; a pool store: the real transport, labelled by its name.
-      std::vector<std::string> links = {variant.store == "inproc" ? "inmem"
-                                        : variant.lanes == 1 ? variant.store
-                                        : variant.lanes == 0 ? absl::StrCat(variant.store, "-inline")
-                                                             : absl::StrCat(variant.store, "-x", variant.lanes)};
-      if (mode != DecodeMode::kFull && variant.store == "inproc") links.push_back("pcie5");
-      for (const std::string& link : links) {
-        dd::kvpool::LinkModel lm;
-        if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
-        e.SetLink(lm);
-        std::vector<int64_t> batch_sizes;
-        // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
-        const int64_t largest = std::min(max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
-        for (int64_t req : batch_req) {
-          const int64_t n = req == 0 ? largest : req;
-          if (n >= 1 && std::find(batch_sizes.begin(), batch_sizes.end(), n) == batch_sizes.end()) batch_sizes.push_back(n);
+      struct Entry {
+        const Variant* v;
+        std::unique_ptr<Engine> engine;
+        int32_t t0 = 0;
+        int64_t max_batch = 0;
+        std::vector<std::string> links;
+      };
+      std::vector<Entry> group;
+      for (size_t vi = g0; vi < g1; ++vi) {
+        const Variant& variant = variants[vi];
+        const DecodeMode mode = variant.mode;
+        const std::string& label = variant.label;
+        dd::engine::EngineOptions o;
+        o.mode = mode;
+        o.spec_head = variant.head;
+        o.threads = threads;
+        o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
+        if (variant.store != "inproc") {
+          if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
+          if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
+          // UCX reads UCX_TLS when the engine's pool client creates its context.
+          if (variant.store == "ucx-tcp") setenv("UCX_TLS", "tcp", 1);
+          if (variant.store == "ucx-sm") setenv("UCX_TLS", "sm,self", 1);
+          setenv("DD_KV_TRANSFER_LANES", absl::StrCat(variant.lanes).c_str(), 1);
+          o.kv_store = (variant.store == "shm" ? "shm://" : "ucx://") + pool->address();
+          o.kv_store_token = dd::kvpool::testing_util::kAlice;
         }
-        for (int64_t b : batch_sizes) {
-          RunSpec spec{label, mode, ctx, b, budget, max_batch, link, link == "pcie5" ? pcie_gbps : 0.0,
-                       asks_max && b == largest};
-          auto r = RunBatch(e, spec, t0, steps);
-          if (!r.ok()) {
-            std::fprintf(stderr, "%-11s ctx %6lld batch %2lld: skipped: %s\n",
-                         label.c_str(), static_cast<long long>(ctx),
-                         static_cast<long long>(b), std::string(r.status().message()).c_str());
-            continue;
-          }
-          runs.push_back(*r);
-          std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step\n",
-                       label.c_str(), static_cast<long long>(ctx),
-                       static_cast<long long>(b), link.c_str(), (*r)["tokens_per_s"].get<double>(),
-                       (*r)["step_ms_p50"].get<double>(), (*r)["hit_rate"].get<double>(),
-                       (*r)["wait_ms_per_step"].get<double>());
-          if (mode == DecodeMode::kSparseCached && link == "inmem" && b == 1 && pcie_gbps == 0) {
-            // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
-            // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
-            // fetch behind a layer's compute; docs/decisions.md). With no misses at all, the
-            // whole budget is the traffic.
-            int64_t sparse_layers = 0;
-            for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
-            const double layer_ms = (*r)["step_ms_p50"].get<double>() / model.config.n_layer;
-            double bytes = (*r)["urgent_bytes_per_step"].get<double>() / std::max<int64_t>(1, sparse_layers);
-            if (bytes <= 0) {
-              bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 * model.config.head_dim * 4;
+        o.sparse.budget_tokens = budget;
+        o.device_memory_bytes = *device_memory;
+        auto engine = Engine::Create(model, o);
+        if (!engine.ok()) return fail(engine.status());
+        Entry entry;
+        entry.v = &variant;
+        entry.engine = std::move(*engine);
+        Engine& e = *entry.engine;
+        entry.max_batch = e.memory_plan().MaxBatch(*device_memory, ctx, total);
+        max_batches.push_back({{"mode", label}, {"context", ctx},
+                               {"max_batch", entry.max_batch},
+                               {"kv_bytes_per_request", e.memory_plan().Request(ctx, total).kv}});
+        std::fprintf(stderr, "%-11s ctx %6lld: max batch %lld in %s (%s per request); prefilling\n",
+                     label.c_str(), static_cast<long long>(ctx), static_cast<long long>(entry.max_batch),
+                     dd::engine::MiB(*device_memory).c_str(),
+                     dd::engine::MiB(e.memory_plan().Request(ctx, total).steady()).c_str());
+        // Slot 0 is the prompt's source; it counts against the budget like one request.
+        if (absl::Status st = e.Admit(0, ctx, total); !st.ok()) return fail(st);
+        auto first = e.Prefill(0, prompt);
+        if (!first.ok()) return fail(first.status());
+        int32_t seq0 = 0, t0 = dd::engine::Argmax(first->data(), V);
+        std::vector<float> step_logits;
+        if (absl::Status st = e.DecodeStep(absl::MakeConstSpan(&seq0, 1), absl::MakeConstSpan(&t0, 1), &step_logits);
+            !st.ok()) {
+          return fail(st);
+        }
+        entry.t0 = dd::engine::Argmax(step_logits.data(), V);
+        e.SetComputeThreads(decode_threads);
+        // inproc: the link models; a pool store: the real transport, labelled by its name.
+        entry.links = {variant.store == "inproc" ? "inmem"
+                       : variant.lanes == 1      ? variant.store
+                       : variant.lanes == 0      ? absl::StrCat(variant.store, "-inline")
+                                                 : absl::StrCat(variant.store, "-x", variant.lanes)};
+        if (mode != DecodeMode::kFull && variant.store == "inproc") entry.links.push_back("pcie5");
+        group.push_back(std::move(entry));
+      }
+      g0 = g1;
+      std::vector<std::string> links;  // in order of first appearance (inmem calibrates pcie5)
+      for (const Entry& en : group) {
+        for (const std::string& l : en.links) {
+          if (std::find(links.begin(), links.end(), l) == links.end()) links.push_back(l);
+        }
+      }
+      for (const std::string& link : links) {
+        for (Entry& en : group) {
+          if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
+          dd::kvpool::LinkModel lm;
+          if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
+          en.engine->SetLink(lm);
+        }
+        std::vector<std::vector<int64_t>> done(group.size());  // batches run per entry (no repeats)
+        for (int64_t req : batch_req) {
+          std::vector<Measurement> ms;
+          for (size_t k = 0; k < group.size(); ++k) {
+            Entry& en = group[k];
+            if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
+            // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
+            const int64_t largest = std::min(en.max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
+            const int64_t n = req == 0 ? largest : req;
+            if (n < 1 || std::find(done[k].begin(), done[k].end(), n) != done[k].end()) continue;
+            done[k].push_back(n);
+            Measurement m;
+            m.spec = RunSpec{en.v->label, en.v->mode, ctx, n, budget, en.max_batch, link,
+                             link == "pcie5" ? pcie_gbps : 0.0, asks_max && n == largest};
+            m.e = en.engine.get();
+            ms.push_back(std::move(m));
+            if (absl::Status st = ms.back().Begin(en.t0); !st.ok()) {
+              skipped(ms.back().spec, st);
+              ms.pop_back();
             }
-            pcie_gbps = bytes / (layer_ms * 1e6);
-            std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB of misses per sparse layer in %.3f ms)\n",
-                         pcie_gbps, bytes / 1024, layer_ms);
+          }
+          for (int round = 0; round < rounds; ++round) {
+            const int n = steps / rounds + (round < steps % rounds ? 1 : 0);
+            for (auto it = ms.begin(); it != ms.end();) {
+              if (absl::Status st = it->Round(n); !st.ok()) {
+                skipped(it->spec, st);
+                it = ms.erase(it);
+              } else {
+                ++it;
+              }
+            }
+          }
+          for (Measurement& m : ms) {
+            const nlohmann::json r = m.Finish();
+            runs.push_back(r);
+            const RunSpec& spec = m.spec;
+            std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step\n",
+                         spec.label.c_str(), static_cast<long long>(ctx), static_cast<long long>(spec.batch), link.c_str(),
+                         r["tokens_per_s"].get<double>(), r["step_ms_p50"].get<double>(), r["hit_rate"].get<double>(),
+                         r["wait_ms_per_step"].get<double>());
+            if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
+              // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
+              // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
+              // fetch behind a layer's compute; docs/decisions.md). With no misses at all, the
+              // whole budget is the traffic.
+              int64_t sparse_layers = 0;
+              for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
+              const double layer_ms = r["step_ms_p50"].get<double>() / model.config.n_layer;
+              double bytes = r["urgent_bytes_per_step"].get<double>() / std::max<int64_t>(1, sparse_layers);
+              if (bytes <= 0) {
+                bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 * model.config.head_dim * 4;
+              }
+              pcie_gbps = bytes / (layer_ms * 1e6);
+              std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB of misses per sparse layer in %.3f ms)\n",
+                           pcie_gbps, bytes / 1024, layer_ms);
+            }
           }
         }
       }
     }
   }
   nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
+                        {"rounds", rounds},
                         {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
   const std::string out = absl::GetFlag(FLAGS_out);

@@ -84,7 +84,11 @@ def summary_modes(doc, out_dir):
              (f" Prefill runs on {r['threads']} compute threads, every timed decode step on {r['decode_threads']}"
               + (" (one core is left to the transfer thread or the pool process, as a GPU's copy engines do not "
                  "take its compute; docs/decisions.md)." if r['decode_threads'] < r['threads'] else ".")
-              if "decode_threads" in r else ""), "",
+              if "decode_threads" in r else "") +
+             (f" The modes of one store ran interleaved: at each link and batch every mode ran {r['rounds']} "
+              f"turns of about {r['steps'] // r['rounds']} timed steps, taking turns, so a slow spell of this shared "
+              "machine falls on every mode alike (the pool table gives each ratio's range over the turns)."
+              if r.get("rounds", 1) > 1 else ""), "",
              "| mode | context | batch | link | tok/s | p50 ms | hit rate | wait ms/step | urgent MB/step | "
              "prefetch MB/step | reused | wasted MB | device MB/request | max batch |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -168,6 +172,11 @@ def summary_modes(doc, out_dir):
                   "|---:|---:|" + "---:|" * len(heads)] + rows
     # Real pool transports: dualdecoder over plain sparse and over sparse-cached on each.
     pool_links = [link for link in slow if link != "pcie5"]
+    turns = {(x["mode"], x["context"], x["batch"], x["link"]): x.get("round_tokens_per_s") or [] for x in runs}
+
+    def spread(a, z):  # a's throughput over z's, turn by turn: "(lo–hi)", or "" without turns
+        q = [u / w for u, w in zip(turns.get(a, []), turns.get(z, [])) if w]
+        return f" ({min(q):.2f}–{max(q):.2f})" if len(q) > 1 else ""
     prow = []
     for ctx, b in sorted({(x["context"], x["batch"]) for x in runs if x["link"] in pool_links}):
         cells = []
@@ -175,7 +184,8 @@ def summary_modes(doc, out_dir):
             v = tput.get(("dualdecoder", ctx, b, link))
             for bm in ("sparse", "sparse-cached"):
                 sp = tput.get((bm, ctx, b, link))
-                cells.append(f"{v / sp:.2f}×" if v and sp else "–")
+                cells.append(f"{v / sp:.2f}×" + spread(("dualdecoder", ctx, b, link), (bm, ctx, b, link))
+                             if v and sp else "–")
         if paired(cells):
             prow.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if prow:
