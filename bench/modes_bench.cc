@@ -235,12 +235,14 @@ int main(int argc, char** argv) {
         variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, *first, store, /*step_cache=*/false});
       }
     }
-    // A store's modes (and a pool store's lane count) form a group: every engine of the group
-    // is built and prefilled first, then each (link, batch) is measured for all of them in
-    // --rounds turns, so a slow spell of this shared machine falls on every mode alike.
+    // With turns (--rounds > 1) a store's modes (and a pool store's lane count) form a group:
+    // every engine of the group is built and prefilled first, then each (link, batch) is
+    // measured for all of them in turns, so a slow spell of this shared machine falls on every
+    // mode alike. With one turn each mode is its own group: one engine alive at a time, its
+    // links and batches in a row (the earlier results' order and memory).
     for (size_t g0 = 0; g0 < variants.size();) {
       size_t g1 = g0 + 1;
-      while (g1 < variants.size() && variants[g1].store == variants[g0].store &&
+      while (rounds > 1 && g1 < variants.size() && variants[g1].store == variants[g0].store &&
              variants[g1].lanes == variants[g0].lanes) {
         ++g1;
       }
