@@ -143,6 +143,8 @@ int FreePort() {
   return port;
 }
 
+constexpr int kPerftestRuns = 3;
+
 // ucx_perftest tag_bw at `bytes` per message over `tls`: GB/s (UCX reports MiB/s), or -1.
 double PerftestGbps(const std::string& tls, int64_t bytes) {
   const int port = FreePort();
@@ -314,11 +316,17 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_perftest)) {
     for (const char* tls : {"tcp", "sm,self"}) {
       for (int64_t blocks : blocks_list) {
-        const double gbps = PerftestGbps(tls, blocks * block_bytes);
+        // Three runs, the median the ceiling: one run's overall figure swings 2-3x on this VM
+        // (its own per-iteration average then stays high), so a single run is no yardstick.
+        std::vector<double> all;
+        for (int k = 0; k < kPerftestRuns; ++k) all.push_back(PerftestGbps(tls, blocks * block_bytes));
+        std::vector<double> sorted = all;
+        std::sort(sorted.begin(), sorted.end());
+        const double gbps = sorted[sorted.size() / 2];
         ceilings.push_back({{"tool", "ucx_perftest tag_bw"}, {"ucx_tls", tls}, {"message_bytes", blocks * block_bytes},
-                            {"blocks_per_gather", blocks}, {"gbps", gbps}});
-        std::fprintf(stderr, "ucx_perftest tag_bw %-7s %8lld bytes: %7.2f GB/s\n", tls,
-                     static_cast<long long>(blocks * block_bytes), gbps);
+                            {"blocks_per_gather", blocks}, {"gbps", gbps}, {"gbps_runs", all}});
+        std::fprintf(stderr, "ucx_perftest tag_bw %-7s %8lld bytes: %7.2f GB/s (median of %.2f, %.2f, %.2f)\n", tls,
+                     static_cast<long long>(blocks * block_bytes), gbps, all[0], all[1], all[2]);
       }
     }
   }

@@ -259,7 +259,7 @@ def summary_pool(doc, out_dir):
              "ucx-tcp / ucx-sm use active messages (the default, tenant-bounded); ucx-*-busy the same against a "
              "pool whose progress thread busy-polls (--ucx_busy_poll); ucx-*-rma one-sided gets (a pool run with "
              "--ucx_rma). 'vs UCX' is against ucx_perftest tag_bw at the gather's size over the same UCX_TLS, same "
-             "run (UCX's own ceiling). `cma` is the same gathers as one process_vm_readv each from another process: "
+             "run (UCX's own ceiling; the median of 3 perftest runs where the file has them, all listed below). `cma` is the same gathers as one process_vm_readv each from another process: "
              "the kernel copy UCX's shared-memory zero-copy path uses, so the ceiling of any cma-based path. "
              "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", "",
              "| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs UCX | p50 ms | p99 ms | gatherer CPU | pool CPU |",
@@ -276,8 +276,14 @@ def summary_pool(doc, out_dir):
         lines.append(f"| {t} | {x['blocks_per_gather']} | {x['concurrency']} | {x['gbps']:.2f} | {ratio} | {vs_ucx} | "
                      f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} | {cpu[0]} | {cpu[1]} |")
     if ceiling:
+        runs_of = {("tcp" if c["ucx_tls"] == "tcp" else "sm", c["blocks_per_gather"]): c.get("gbps_runs")
+                   for c in r.get("ucx_ceiling", [])}
+        def each(key):
+            rs = runs_of.get(key)
+            return f" (runs {', '.join(f'{v:.2f}' for v in rs)})" if rs else ""
         lines += ["", "ucx_perftest tag_bw (GB/s): " + ", ".join(
-            f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}" for (tls, blocks), g in sorted(ceiling.items()))]
+            f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}{each((tls, blocks))}"
+            for (tls, blocks), g in sorted(ceiling.items()))]
     lines.append("")
     def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))

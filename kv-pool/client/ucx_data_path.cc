@@ -1,12 +1,13 @@
 // UCX data path: one UCP context per store and a lane (ucx_lane.h: a worker and its endpoint to
 // the pool's worker) per concurrent caller, up to $DD_UCX_LANES (default 4); a caller takes a
 // free lane, opens a new one while under the limit, else waits for one. By default blocks move
-// by active messages (ucx_protocol.h): a get sends the pool region-relative offsets (in batches
-// of up to 16 MiB of reply, all in flight at once) and the reply lands straight in the
-// destinations (eager: copied in the handler; rendezvous: received into an iov of them). The
-// pool sends the blocks from the region as an iov when the pool is on this host and UCX may use
-// shared memory (cma reads them, one copy), else packed into one buffer (tcp's and RDMA's
-// zero-copy rendezvous need contiguous memory); $DD_UCX_PACK=0|1 overrides. With a pool started
+// by active messages (ucx_protocol.h): a get sends the pool region-relative offsets (a packed
+// reply of 512 KiB or more as two requests in flight at once, each at most 16 MiB) and the
+// reply lands straight in the destinations (eager: copied in the handler; rendezvous: received
+// into an iov of them). The pool sends the blocks from the region as an iov when the pool is on
+// this host and UCX may use shared memory (cma reads them, one copy), else packed into one
+// buffer (tcp's and RDMA's zero-copy rendezvous need contiguous memory; blocks that lie together
+// go as they lie); $DD_UCX_PACK=0|1 overrides. With a pool started
 // with --ucx_rma the path can instead do one-sided gets and puts against the region's remote
 // key (UcxPath). A lane that lost the pool breaks the path: every later call fails at once.
 #include <ucp/api/ucp.h>

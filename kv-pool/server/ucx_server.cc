@@ -29,6 +29,7 @@ struct UcxServer::Impl {
     std::vector<ucp_dt_iov_t> iov;     // the blocks where they lie in the region, or
     std::unique_ptr<uint8_t[]> packed;  // copied together (kPackReply)
     size_t packed_bytes = 0;
+    ucp_dt_iov_t contiguous{nullptr, 0};  // or, when they lie together, straight from the region
     Impl* impl = nullptr;
   };
   // A rendezvous put being received into the region; answered when it lands.
@@ -53,10 +54,18 @@ struct UcxServer::Impl {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       p.datatype = ucp_dt_make_iov();
     }
-    const void* buffer = out->packed != nullptr ? static_cast<const void*>(out->packed.get())
-                         : out->iov.empty()     ? nullptr
-                                                : out->iov.data();
-    const size_t count = out->packed != nullptr ? out->packed_bytes : out->iov.size();
+    const void* buffer = nullptr;
+    size_t count = 0;
+    if (out->packed != nullptr) {
+      buffer = out->packed.get();
+      count = out->packed_bytes;
+    } else if (out->contiguous.buffer != nullptr) {
+      buffer = out->contiguous.buffer;
+      count = out->contiguous.length;
+    } else if (!out->iov.empty()) {
+      buffer = out->iov.data();
+      count = out->iov.size();
+    }
     p.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* o = static_cast<Outgoing*>(user);
       --o->impl->in_flight;
@@ -120,7 +129,10 @@ struct UcxServer::Impl {
         out->iov.push_back({region.base + off, static_cast<size_t>(req.block_bytes)});
       }
     }
-    if (req.flags & kPackReply) {
+    if ((req.flags & kPackReply) && out->iov.size() == 1) {  // one piece: contiguous as it lies
+      out->contiguous = out->iov[0];
+      out->iov.clear();
+    } else if (req.flags & kPackReply) {
       out->packed_bytes = static_cast<size_t>(req.count) * req.block_bytes;
       out->packed.reset(new uint8_t[out->packed_bytes]);
       uint8_t* at = out->packed.get();
