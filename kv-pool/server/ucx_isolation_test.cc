@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -51,13 +52,19 @@ class RawAm {
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     hp.id = wire::kReplyId;
     hp.arg = this;
-    hp.cb = [](void* arg, const void* header, size_t length, void*, size_t, const ucp_am_recv_param_t*) {
+    hp.cb = [](void* arg, const void* header, size_t length, void* data, size_t, const ucp_am_recv_param_t* param) {
+      auto* self = static_cast<RawAm*>(arg);
       wire::Reply r;
       if (length == sizeof(r)) {
         std::memcpy(&r, header, sizeof(r));
-        static_cast<RawAm*>(arg)->reply_ = r.code;
+        self->reply_ = r.code;
+        ++self->codes_[r.code];
       }
-      return UCS_OK;
+      // A hoarder keeps the blocks of a rendezvous reply and never takes them: the pool's send
+      // never completes.
+      if (!self->hoard_ || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) return UCS_OK;
+      self->held_.push_back(data);
+      return UCS_INPROGRESS;
     };
     ok_ = ok_ && ucp_worker_set_am_recv_handler(worker_, &hp) == UCS_OK;
     ucp_ep_params_t ep{};
@@ -66,6 +73,7 @@ class RawAm {
     ok_ = ok_ && ucp_ep_create(worker_, &ep, &ep_) == UCS_OK;
   }
   ~RawAm() {
+    for (void* d : held_) ucp_am_data_release(worker_, d);
     if (ep_ != nullptr) {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -76,6 +84,37 @@ class RawAm {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
   bool ok() const { return ok_; }
+  void set_hoard(bool on) { hoard_ = on; }
+  // Replies seen per status code.
+  int replies(absl::StatusCode code) const {
+    auto it = codes_.find(static_cast<int32_t>(code));
+    return it == codes_.end() ? 0 : it->second;
+  }
+
+  // Sends `n` copies of a message without waiting for replies, then progresses until every send
+  // is done and `want` replies came, or `wait` passed.
+  void Flood(int n, unsigned id, const void* header, size_t header_bytes, const void* data, size_t data_bytes,
+             int want, std::chrono::milliseconds wait) {
+    std::vector<ucs_status_ptr_t> sent;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    for (int i = 0; i < n; ++i) sent.push_back(ucp_am_send_nbx(ep_, id, header, header_bytes, data, data_bytes, &p));
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    auto done = [&] {
+      int seen = 0;
+      for (const auto& [code, count] : codes_) seen += count;
+      if (seen < want) return false;
+      for (ucs_status_ptr_t r : sent) {
+        if (r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+      }
+      return true;
+    };
+    while (!done() && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
+    for (ucs_status_ptr_t r : sent) {
+      if (r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);
+    }
+  }
 
   // The pool's reply code, or nullopt when none came within `wait`.
   std::optional<absl::StatusCode> Send(unsigned id, const void* header, size_t header_bytes, const void* data,
@@ -105,6 +144,9 @@ class RawAm {
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   std::optional<int32_t> reply_;
+  std::map<int32_t, int> codes_;
+  bool hoard_ = false;
+  std::vector<void*> held_;  // rendezvous replies kept, released at the end
 };
 
 class UcxIsolationTest : public ::testing::TestWithParam<const char*> {
@@ -233,6 +275,41 @@ TEST_P(UcxIsolationTest, LargeGathersComeBackExactlyInAnyOrder) {
       ASSERT_EQ(std::memcmp(dsts[i], &stored[blocks[i] * floats], kBig), 0) << "block " << i << " of " << n;
     }
   }
+}
+
+// A tenant that floods gets and never takes the replies holds two of the pool's sends and at
+// most 256 waiting replies (the rest refused, RESOURCE_EXHAUSTED); another tenant's gathers still
+// come through (reply_queue.h: a stalled send stops counting against the others after 500 ms).
+TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
+  PoolProcess pool;
+  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
+  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  std::vector<float> secret(kBlock / sizeof(float), 3.25f), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+
+  RawAm bob(bob_hs.ucx_worker_address());
+  ASSERT_TRUE(bob.ok());
+  bob.set_hoard(true);
+  constexpr int kBlocks = 64, kSent = 300;
+  constexpr int kHeld = 2, kQueued = 256;  // reply_queue.h's limits per endpoint
+  wire::GetRequest get;
+  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  get.count = kBlocks;
+  get.flags = wire::kPackReply;
+  get.block_bytes = 16384;  // 1 MiB of reply: rendezvous on every transport
+  std::vector<int64_t> offsets(kBlocks);
+  for (int i = 0; i < kBlocks; ++i) offsets[i] = (i * 7 % kBlocks) * get.block_bytes;  // not adjacent: packed
+  bob.Flood(kSent, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t),
+            kHeld + (kSent - kHeld - kQueued), std::chrono::seconds(10));
+  EXPECT_EQ(bob.replies(absl::StatusCode::kResourceExhausted), kSent - kHeld - kQueued);
+  EXPECT_EQ(bob.replies(absl::StatusCode::kOk), kHeld);  // the two held replies' headers
+
+  const auto start = std::chrono::steady_clock::now();
+  float* dst = got.data();
+  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "kv-pool/client/ucx_protocol.h"
+#include "kv-pool/server/reply_queue.h"
 
 namespace dd::kvpool {
 
@@ -30,6 +31,9 @@ struct UcxServer::Impl {
     std::unique_ptr<uint8_t[]> packed;  // copied together (kPackReply)
     size_t packed_bytes = 0;
     ucp_dt_iov_t contiguous{nullptr, 0};  // or, when they lie together, straight from the region
+    bool pack = false;                    // to be packed when it is sent
+    uint64_t ticket = 0;                  // a reply with blocks: its place in `replies`
+    ucp_ep_h ep = nullptr;
     Impl* impl = nullptr;
   };
   // A rendezvous put being received into the region; answered when it lands.
@@ -38,6 +42,28 @@ struct UcxServer::Impl {
     ucp_ep_h ep;
     uint64_t id;
   };
+  // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, endpoints
+  // in turn, bounded per endpoint).
+  ReplyQueue<std::unique_ptr<Outgoing>> replies{{}};
+
+  // Sends the replies whose turn it is (progress thread).
+  void Pump() {
+    while (auto next = replies.Next(std::chrono::steady_clock::now())) {
+      std::unique_ptr<Outgoing> out = std::move(next->item);
+      out->ticket = next->ticket;
+      if (out->pack) {  // packed only now, so a waiting reply holds no copy
+        out->packed.reset(new uint8_t[out->packed_bytes]);
+        uint8_t* at = out->packed.get();
+        for (const ucp_dt_iov_t& piece : out->iov) {
+          std::memcpy(at, piece.buffer, piece.length);
+          at += piece.length;
+        }
+        out->iov.clear();
+      }
+      ucp_ep_h ep = out->ep;
+      Send(ep, std::move(out));
+    }
+  }
 
   // The tenant a session belongs to, or -1.
   int TenantOf(const uint8_t* session) {
@@ -69,6 +95,7 @@ struct UcxServer::Impl {
     p.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* o = static_cast<Outgoing*>(user);
       --o->impl->in_flight;
+      if (o->ticket != 0) o->impl->replies.Done(o->ticket);
       delete o;
       ucp_request_free(req);
     };
@@ -77,6 +104,7 @@ struct UcxServer::Impl {
     p.user_data = o;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, kReplyId, &o->reply, sizeof(Reply), buffer, count, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      if (o->ticket != 0) replies.Done(o->ticket);
       delete o;  // done at once (no callback) or failed
     } else {
       ++in_flight;
@@ -133,19 +161,17 @@ struct UcxServer::Impl {
       out->contiguous = out->iov[0];
       out->iov.clear();
     } else if (req.flags & kPackReply) {
+      out->pack = true;
       out->packed_bytes = static_cast<size_t>(req.count) * req.block_bytes;
-      out->packed.reset(new uint8_t[out->packed_bytes]);
-      uint8_t* at = out->packed.get();
-      for (const ucp_dt_iov_t& piece : out->iov) {
-        std::memcpy(at, piece.buffer, piece.length);
-        at += piece.length;
-      }
-      out->iov.clear();
+    }
+    out->ep = param->reply_ep;
+    if (!self->replies.Push(param->reply_ep, std::move(out))) {  // this endpoint has too many waiting
+      return self->Answer(param->reply_ep, req.id, absl::StatusCode::kResourceExhausted), UCS_OK;
     }
     s.counters_.gets.fetch_add(1, std::memory_order_relaxed);
     s.counters_.get_blocks.fetch_add(req.count, std::memory_order_relaxed);
     s.counters_.get_bytes.fetch_add(req.count * req.block_bytes, std::memory_order_relaxed);
-    self->Send(param->reply_ep, std::move(out));
+    self->Pump();
     return UCS_OK;
   }
 
@@ -294,8 +320,9 @@ void UcxServer::Start() {
 void UcxServer::Progress() {
   const auto spin = std::chrono::microseconds(options_.spin_us);
   while (!stop_.load(std::memory_order_acquire)) {
-    while (ucp_worker_progress(impl_->worker) != 0) {
-    }
+    do {
+      impl_->Pump();  // replies whose turn came (a send finished, or one in flight stalled)
+    } while (ucp_worker_progress(impl_->worker) != 0);
     if (options_.busy_poll) continue;
     if (spin.count() > 0) {  // the next message of a rendezvous often follows within µs
       const auto until = std::chrono::steady_clock::now() + spin;

@@ -1,0 +1,105 @@
+// The order in which the pool's UCX thread sends replies that carry blocks (ucx_server.cc;
+// docs/decisions.md "UCX data plane"). Over tcp, four or more rendezvous replies in flight at
+// once moved less than half of what two did, so at most `max_in_flight` are sent at a time and
+// the rest wait here (a packed reply is packed only when it leaves, so waiting ones hold no
+// copy). Endpoints take turns, and one endpoint has at most `per_endpoint_in_flight` in flight
+// and `per_endpoint_queued` waiting (beyond, Push refuses). A reply still in flight after
+// `stall` stops counting against the shared limit: a worker that never takes its replies
+// stalls only its own endpoint, not the other tenants'. Not thread-safe (one progress thread).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace dd::kvpool {
+
+template <typename Item>
+class ReplyQueue {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Endpoint = const void*;
+  struct Limits {
+    int max_in_flight = 2;
+    int per_endpoint_in_flight = 2;
+    size_t per_endpoint_queued = 256;
+    Clock::duration stall = std::chrono::milliseconds(500);
+  };
+  struct Ready {
+    Endpoint ep;
+    Item item;
+    uint64_t ticket;  // give it to Done when the send completes (or fails)
+  };
+
+  explicit ReplyQueue(Limits limits) : limits_(limits) {}
+
+  // Queues `item` for `ep`; false (and nothing queued) when that endpoint's queue is full.
+  bool Push(Endpoint ep, Item item) {
+    auto [it, fresh] = eps_.try_emplace(ep);
+    PerEndpoint& e = it->second;
+    if (e.queued.size() >= limits_.per_endpoint_queued) return false;
+    if (e.queued.empty()) order_.push_back(ep);
+    e.queued.push_back(std::move(item));
+    ++queued_;
+    return true;
+  }
+
+  // The next reply to send at `now` within the limits (endpoints in turn), or nullopt.
+  std::optional<Ready> Next(Clock::time_point now) {
+    if (queued_ == 0) return std::nullopt;
+    int active = 0;
+    for (const auto& [ticket, s] : sending_) active += now - s.start < limits_.stall ? 1 : 0;
+    if (active >= limits_.max_in_flight) return std::nullopt;
+    for (size_t tries = order_.size(); tries > 0; --tries) {
+      const Endpoint ep = order_.front();
+      order_.pop_front();
+      PerEndpoint& e = eps_[ep];
+      if (e.in_flight >= limits_.per_endpoint_in_flight) {
+        order_.push_back(ep);
+        continue;
+      }
+      Ready r{ep, std::move(e.queued.front()), next_ticket_++};
+      e.queued.pop_front();
+      --queued_;
+      if (!e.queued.empty()) order_.push_back(ep);
+      ++e.in_flight;
+      sending_.emplace(r.ticket, Sending{ep, now});
+      return r;
+    }
+    return std::nullopt;
+  }
+
+  // The send behind `ticket` completed or failed.
+  void Done(uint64_t ticket) {
+    auto it = sending_.find(ticket);
+    if (it == sending_.end()) return;
+    auto e = eps_.find(it->second.ep);
+    if (e != eps_.end() && --e->second.in_flight == 0 && e->second.queued.empty()) eps_.erase(e);
+    sending_.erase(it);
+  }
+
+  size_t in_flight() const { return sending_.size(); }
+  size_t queued() const { return queued_; }
+
+ private:
+  struct PerEndpoint {
+    std::deque<Item> queued;
+    int in_flight = 0;
+  };
+  struct Sending {
+    Endpoint ep;
+    Clock::time_point start;
+  };
+  Limits limits_;
+  absl::flat_hash_map<Endpoint, PerEndpoint> eps_;
+  std::deque<Endpoint> order_;  // endpoints with queued replies, in turn
+  absl::flat_hash_map<uint64_t, Sending> sending_;
+  uint64_t next_ticket_ = 1;
+  size_t queued_ = 0;
+};
+
+}  // namespace dd::kvpool
