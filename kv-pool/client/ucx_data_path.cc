@@ -2,7 +2,7 @@
 // the pool's worker) per concurrent caller, up to $DD_UCX_LANES (default 4); a caller takes a
 // free lane, opens a new one while under the limit, else waits for one. By default blocks move
 // by active messages (ucx_protocol.h): a get sends the pool region-relative offsets (a packed
-// reply of 512 KiB or more as two requests in flight at once, each at most 16 MiB) and the
+// reply of 512 KiB or more as two requests sent at once, each at most 16 MiB) and the
 // reply lands straight in the destinations (eager: copied in the handler; rendezvous: received
 // into an iov of them). The pool sends the blocks from the region as an iov when the pool is on
 // this host and UCX may use shared memory (cma reads them, one copy), else packed into one

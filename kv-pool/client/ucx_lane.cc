@@ -17,11 +17,11 @@ absl::Status UcxError(const char* what, ucs_status_t st) {
 
 namespace {
 
-// A gather with a packed reply (tcp, RDMA) travels as up to this many requests in flight at
-// once (default 2), so the pool packs one piece while the worker receives the other: over tcp
-// (64 x 16 KiB, runs alternating) 2 pieces were 9-50% faster than 1 (4 or more replies in
-// flight from the pool fell to less than half, so the pool sends two at a time, reply_queue.h).
-// Over shared memory (iov replies) splitting gained nothing, so there a gather is one request. Every request carries at most 16 MiB. $DD_UCX_PIECES overrides, for benchmarks.
+// A gather with a packed reply (tcp, RDMA) travels as up to this many requests (default 2),
+// sent at once: the pool has the second piece's request in hand when the first leaves (it
+// sends one reply per endpoint at a time, reply_queue.h). Over tcp (64 x 16 KiB, runs
+// alternating) 2 pieces were ~10% faster than 1. Over shared memory (iov replies) splitting
+// gained nothing, so there a gather is one request. Every request carries at most 16 MiB. $DD_UCX_PIECES overrides, for benchmarks.
 int64_t Pieces() {
   static const int64_t v = [] {
     const char* e = std::getenv("DD_UCX_PIECES");

@@ -1,9 +1,9 @@
 // The order in which the pool's UCX thread sends replies that carry blocks (ucx_server.cc;
-// docs/decisions.md "UCX data plane"). Over tcp, four or more rendezvous replies in flight at
-// once moved less than half of what two did, so at most `max_in_flight` are sent at a time and
-// the rest wait here (a packed reply is packed only when it leaves, so waiting ones hold no
-// copy). Endpoints take turns, and one endpoint has at most `per_endpoint_in_flight` in flight
-// and `per_endpoint_queued` waiting (beyond, Push refuses). A reply still in flight after
+// docs/decisions.md "UCX data plane"). Over tcp, rendezvous replies in flight at once beyond two
+// (or two on one endpoint) fell to less than half the throughput at times, so at most
+// `max_in_flight` are sent at a time and the rest wait here (a packed reply is packed only when
+// it leaves, so waiting ones hold no copy). Endpoints take turns, and one endpoint has at most
+// `per_endpoint_in_flight` in flight and `per_endpoint_queued` waiting (beyond, Push refuses). A reply still in flight after
 // `stall` stops counting against the shared limit: a worker that never takes its replies
 // stalls only its own endpoint, not the other tenants'. Not thread-safe (one progress thread).
 #pragma once
@@ -25,7 +25,7 @@ class ReplyQueue {
   using Endpoint = const void*;
   struct Limits {
     int max_in_flight = 2;
-    int per_endpoint_in_flight = 2;
+    int per_endpoint_in_flight = 1;
     size_t per_endpoint_queued = 256;
     Clock::duration stall = std::chrono::milliseconds(500);
   };

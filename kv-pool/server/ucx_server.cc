@@ -42,8 +42,8 @@ struct UcxServer::Impl {
     ucp_ep_h ep;
     uint64_t id;
   };
-  // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, endpoints
-  // in turn, bounded per endpoint).
+  // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, one per
+  // endpoint, endpoints in turn, bounded per endpoint).
   ReplyQueue<std::unique_ptr<Outgoing>> replies{{}};
 
   // Sends the replies whose turn it is (progress thread).

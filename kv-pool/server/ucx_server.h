@@ -5,7 +5,7 @@
 // region or the pool's heap whatever transport UCX picked. With `rma` the regions are also
 // registered for one-sided gets and puts (fast on RDMA, whose keys the NIC enforces; over tcp
 // and shared memory UCX cannot confine a key to its region, so only for trusted tenants).
-// Replies with blocks go out at most two at a time, endpoints in turn (reply_queue.h).
+// Replies with blocks go out at most two at a time, one per endpoint, in turn (reply_queue.h).
 // Replies complete only as fast as this thread progresses: after traffic it keeps polling for
 // `spin_us`, then sleeps on the worker's event fd; `busy_poll` spins always (lowest latency,
 // one core spent).
