@@ -114,6 +114,7 @@ struct Measurement {
     const int steps = static_cast<int>(step_ms.size());
     double total_ms = 0;
     for (double x : step_ms) total_ms += x;
+    const std::vector<double> in_order = step_ms;
     std::sort(step_ms.begin(), step_ms.end());
     const int64_t bb = e->sparse_cache() ? e->sparse_cache()->block_bytes() : 0;
     const RunSpec& r = spec;
@@ -122,6 +123,7 @@ struct Measurement {
         {"link", r.link}, {"link_gbps", r.link_gbps}, {"budget_tokens", r.budget_tokens},
         {"tokens_per_s", r.batch * steps / (total_ms / 1000)}, {"step_ms_p50", step_ms[step_ms.size() / 2]},
         {"round_tokens_per_s", round_tps},
+        {"step_ms", in_order},  // every timed step, in order
         {"hit_rate", after.predicted_for > before.predicted_for
                          ? double(after.hits - before.hits) / (after.predicted_for - before.predicted_for) : 0.0},
         {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
@@ -351,6 +353,11 @@ int main(int argc, char** argv) {
                 skipped(it->spec, st);
                 it = ms.erase(it);
               } else {
+                if (rounds > 1) {  // progress, and a slow spell shows in which turn it fell
+                  std::fprintf(stderr, "  turn %d/%d %-16s batch %2lld link %-5s: %7.2f tok/s\n", round + 1, rounds,
+                               it->spec.label.c_str(), static_cast<long long>(it->spec.batch), link.c_str(),
+                               it->round_tps.back());
+                }
                 ++it;
               }
             }

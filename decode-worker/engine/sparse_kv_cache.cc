@@ -145,7 +145,7 @@ int64_t SparseKvCache::device_bytes() const {
   int64_t total = dense_.device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerState& st : s.layers) {
-      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.size()) * sizeof(float);
+      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.floats()) * sizeof(float);
     }
     for (const Buffer& b : s.buffers) total += b.data.size() * sizeof(float);
     for (const LayerState& st : s.layers) total += st.resident.bytes();
@@ -220,16 +220,22 @@ absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const 
   std::vector<float>& block = offload_block_;
   block.resize(2 * C * hd);
   std::vector<double>& mean = landmark_sum_;
+  std::vector<float>& marks = landmark_chunk_;
+  marks.resize(n_kv * hd);
   for (int32_t g = 0; g < n_kv; ++g) {
     mean.assign(hd, 0.0);
     for (int64_t t = 0; t < C; ++t) {
       const float* kr = DevK(st, c * C + t) + g * hd;
-      const float* vr = DevV(st, c * C + t) + g * hd;
-      std::memcpy(&block[t * hd], kr, hd * sizeof(float));
-      std::memcpy(&block[(C + t) * hd], vr, hd * sizeof(float));
       for (int64_t i = 0; i < hd; ++i) mean[i] += kr[i];
     }
-    for (int64_t i = 0; i < hd; ++i) st.landmarks.push_back(static_cast<float>(mean[i] / C));
+    for (int64_t i = 0; i < hd; ++i) marks[g * hd + i] = static_cast<float>(mean[i] / C);
+  }
+  st.landmarks.Append(marks.data(), n_kv * hd);  // before the offload: chunk c always has them
+  for (int32_t g = 0; g < n_kv; ++g) {
+    for (int64_t t = 0; t < C; ++t) {
+      std::memcpy(&block[t * hd], DevK(st, c * C + t) + g * hd, hd * sizeof(float));
+      std::memcpy(&block[(C + t) * hd], DevV(st, c * C + t) + g * hd, hd * sizeof(float));
+    }
     RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
   }
   return absl::OkStatus();
@@ -387,7 +393,7 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
   for (int64_t g = 0; g < n_kv; ++g) {
     cand.clear();
     landmarks.resize(n_cand);
-    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) landmarks[c - w.sel_begin] = &st.landmarks[(c * n_kv + g) * hd];
+    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) landmarks[c - w.sel_begin] = st.landmarks.At(c, g * hd);
     scores.resize(gs * n_cand);
     kernels::AttentionScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
     for (int64_t c = w.sel_begin; c < w.sel_end; ++c) {

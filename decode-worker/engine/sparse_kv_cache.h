@@ -42,6 +42,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/thread_pool.h"
+#include "decode-worker/engine/chunk_landmarks.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/resident_set.h"
@@ -159,7 +160,7 @@ class SparseKvCache : public KvCache {
     int64_t dev_base = 0;        // first position (after the sinks) still on the device
     std::vector<float> k, v;     // device rows for positions [dev_base, length), n_kv × hd each
     std::vector<float> sink_k, sink_v;  // positions [0, min(length, sinks))
-    std::vector<float> landmarks;       // full chunks × n_kv × hd
+    ChunkLandmarks landmarks;           // full chunks × n_kv × hd
     bool decoded = false;        // a decode row has run (no more dense prefill)
     // The next step's P' for this layer, computed by a speculative row and not yet issued
     // into a prefetch buffer (issue waits for the buffer, see Seq::buffers).
@@ -273,6 +274,7 @@ class SparseKvCache : public KvCache {
   std::vector<const float*> block_ptrs_;  // the last real row's selected blocks, where they lie
   std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
+  std::vector<float> landmark_chunk_;  // Append: one chunk's landmarks, all KV heads
   AttentionScratch prefill_scratch_;
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
   ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
