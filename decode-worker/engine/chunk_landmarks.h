@@ -5,7 +5,6 @@
 // doubling, growing with the context (docs/decisions.md "Landmarks in segments").
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -17,26 +16,29 @@ class ChunkLandmarks {
 
   // Appends one chunk's landmarks: `n` floats, the same n on every call.
   void Append(const float* src, int64_t n) {
-    if (per_chunk_ == 0) per_chunk_ = n;
-    const int64_t per_segment = ChunksPerSegment();
-    if (chunks_ % per_segment == 0) {
+    if (per_chunk_ == 0) {
+      per_chunk_ = n;
+      while ((int64_t{2} << shift_) * n <= kSegmentFloats) ++shift_;  // 2^shift chunks per segment
+    }
+    if ((chunks_ & Mask()) == 0) {
       segments_.emplace_back();
-      segments_.back().reserve(per_segment * per_chunk_);
+      segments_.back().reserve((int64_t{1} << shift_) * per_chunk_);
     }
     segments_.back().insert(segments_.back().end(), src, src + n);
     ++chunks_;
   }
-  // Chunk c's landmarks, from `offset` floats into them.
+  // Chunk c's landmarks, from `offset` floats into them (a shift and a mask: Select calls this
+  // for every candidate chunk, head and row).
   const float* At(int64_t c, int64_t offset) const {
-    const int64_t per_segment = ChunksPerSegment();
-    return &segments_[c / per_segment][(c % per_segment) * per_chunk_ + offset];
+    return &segments_[c >> shift_][(c & Mask()) * per_chunk_ + offset];
   }
   int64_t chunks() const { return chunks_; }
   int64_t floats() const { return chunks_ * per_chunk_; }
 
  private:
-  int64_t ChunksPerSegment() const { return std::max<int64_t>(1, kSegmentFloats / per_chunk_); }
+  int64_t Mask() const { return (int64_t{1} << shift_) - 1; }
   int64_t per_chunk_ = 0;
+  int shift_ = 0;  // log2 of the chunks per segment (at least one chunk per segment)
   int64_t chunks_ = 0;
   std::vector<std::vector<float>> segments_;
 };

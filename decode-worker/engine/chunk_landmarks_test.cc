@@ -17,7 +17,7 @@ std::vector<float> ChunkOf(int64_t c, int64_t n) {
 // unchanged: the storage never moves, across segment boundaries too.
 TEST(ChunkLandmarksTest, EarlierChunksNeverMove) {
   constexpr int64_t kN = 3 * 64;  // SmolLM2: 3 KV heads x 64
-  const int64_t per_segment = ChunkLandmarks::kSegmentFloats / kN;
+  const int64_t per_segment = ChunkLandmarks::kSegmentFloats / kN;  // at least the chunks of one segment
   ChunkLandmarks l;
   std::vector<const float*> first;
   for (int64_t c = 0; c < 3 * per_segment + 5; ++c) {
