@@ -62,7 +62,8 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
 // lanes = 0 on an infinite link copies inside Submit (the in-process store's model); with
 // lanes >= 1 background jobs run on lane threads, `lanes` of them in flight at once (each job
 // below waits, with a deadline, until all of them have started), while an urgent job on an
-// infinite link still runs in its caller (who waits for it at once); on a modelled link it queues.
+// infinite link still runs in its caller (who waits for it at once), and so does one on a
+// modelled link (on the link's clock: UrgentJobsGoBetweenABackgroundJobsPieces).
 TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
   const std::thread::id caller = std::this_thread::get_id();
   auto ran_on = [](TransferQueue& queue, Priority priority) {
@@ -83,7 +84,8 @@ TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
     EXPECT_EQ(ran_on(laned, Priority::kUrgent), caller);
     EXPECT_NE(ran_on(laned, Priority::kBackground), caller);
     TransferQueue modelled(LinkModel{.bandwidth_gbps = 100, .latency_us = 1}, 1);
-    EXPECT_NE(ran_on(modelled, Priority::kUrgent), caller);
+    EXPECT_EQ(ran_on(modelled, Priority::kUrgent), caller);
+    EXPECT_NE(ran_on(modelled, Priority::kBackground), caller);
     // A job run inline is time the caller's compute stood still: it counts as waiting.
     const int64_t before = laned.wait_ns();
     TransferQueue::Job slow;
@@ -124,7 +126,8 @@ TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
 }
 
 // A background job is served in pieces, and an urgent job submitted behind it runs between
-// two pieces instead of after the whole job (a modelled link: 4 ms per 32 KiB piece, 64 pieces).
+// two pieces instead of after the whole job (a modelled link: 4 ms per 32 KiB piece, 64 pieces),
+// taking at least its own time on the link (4 KiB: 0.5 ms) and at most about one piece more.
 TEST(TransferQueueTest, UrgentJobsGoBetweenABackgroundJobsPieces) {
   const int64_t block_floats = 1024;  // 4 KiB blocks, 8 per piece
   const int64_t blocks = 8 * 64;
@@ -150,9 +153,13 @@ TEST(TransferQueueTest, UrgentJobsGoBetweenABackgroundJobsPieces) {
     return absl::OkStatus();
   };
   const TransferId b = queue.Submit(std::move(background), Priority::kBackground);
+  const auto t0 = std::chrono::steady_clock::now();
   const TransferId u = queue.Submit(std::move(urgent), Priority::kUrgent);
   ASSERT_TRUE(queue.Wait(u).ok());
+  const double urgent_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(queue.Wait(b).ok());
+  EXPECT_GE(urgent_ms, 0.5);
+  EXPECT_LT(urgent_ms, 128.0) << "the urgent job waited for much of the background job";
   ASSERT_EQ(pieces.size(), 64u);
   for (size_t i = 0; i < pieces.size(); ++i) {  // in order, contiguous, 8 blocks each
     EXPECT_EQ(pieces[i].first, i * 8);

@@ -5,8 +5,10 @@
 // lanes). `lanes` = 0 is the in-process store's model: one lane, and with an infinite link a
 // job is copied inside Submit (an infinitely fast link). `lanes` >= 1: background jobs run on a
 // lane, so a pool's real transport overlaps the caller's compute; several lanes keep several
-// gathers in flight, as a GPU has several copy engines and UCX several rails. An urgent job on
-// an infinite link runs inside Submit whatever the lanes: its caller waits for it anyway.
+// gathers in flight, as a GPU has several copy engines and UCX several rails. An urgent job
+// runs inside Submit whatever the lanes (its caller waits for it anyway): on an infinite link
+// as fast as it goes, on a modelled link in the link's next window (after the piece in
+// progress), Submit returning when the window ends.
 // Thread-safe.
 #pragma once
 
@@ -66,6 +68,8 @@ class TransferQueue {
     size_t next = 0;  // blocks before this one are done
   };
   static absl::Status Run(const Job& job, size_t begin, size_t end);
+  // The link's next window for `bytes`, starting no earlier than `earliest` (mu_ held).
+  std::chrono::steady_clock::time_point Reserve(std::chrono::steady_clock::time_point earliest, int64_t bytes);
   void Loop();
 
   mutable std::mutex mu_;
