@@ -201,7 +201,17 @@ int main(int argc, char** argv) {
     batch_req.push_back(n);
   }
   const bool asks_max = std::find(batch_req.begin(), batch_req.end(), 0) != batch_req.end();
+  const std::vector<std::string>& stores = absl::GetFlag(FLAGS_stores);
+  const bool models_link = std::find(stores.begin(), stores.end(), "inproc") != stores.end();
   for (int64_t ctx : dd::bench::Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1)) {
+    if (models_link && budget >= ctx) {
+      // sparse-cached then misses only the newest chunk: the calibrated link would be ~0 GB/s
+      // (a step of sparse on it took 33 s).
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--budget ", budget, " covers context ", ctx, ": the pcie5 link is calibrated on ",
+                       "sparse-cached's misses, which a budget below the context has; use a smaller --budget ",
+                       "or --stores without inproc")));
+    }
     const std::vector<int32_t> prompt = prompts->Of(ctx);
     const int64_t total = ctx + 8 * (steps + 2);  // room for every run's decode steps
     struct Variant {
