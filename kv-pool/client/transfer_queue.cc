@@ -58,34 +58,26 @@ Clock::time_point TransferQueue::Reserve(Clock::time_point earliest, int64_t byt
 TransferId TransferQueue::Submit(Job job, Priority priority) {
   std::unique_lock<std::mutex> lock(mu_);
   const TransferId id = ++next_;
-  // An urgent job on a modelled link, with no other urgent job queued, also runs in its caller:
-  // it takes the link right after the piece in progress (its window on the link's clock), the
-  // caller copies, then waits until the window ends. Through a lane it would pay two thread
-  // hand-offs per miss (~0.1–0.3 ms on this VM, measured: 28 misses a step cost SmolLM2's
-  // dualdecoder 6.6 ms of waiting for 1.8 ms of modelled transfer) that no copy engine has.
-  if (!link_.infinite() && priority == Priority::kUrgent && urgent_.empty()) {
-    const Clock::time_point until = Reserve(Clock::now(), Bytes(job, 0, job.dst.size()));
-    ++inline_;
-    lock.unlock();
-    const auto t0 = Clock::now();
-    absl::Status st = Run(job, 0, job.dst.size());
-    WaitUntil(until);
-    const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    lock.lock();
-    wait_ns_ += took;
-    if (!st.ok()) failed_[id] = std::move(st);
-    if (--inline_ == 0) done_cv_.notify_all();
-    return id;
-  }
-  // Inline: the in-process store on an infinite link, and on a real transport (also an
-  // infinite link here) an urgent job, whose submitter waits for it at once (a miss): handing it
-  // to a lane only adds two thread wake-ups per gather. Background jobs (prefetches) go to the
-  // lanes, so they overlap the caller's compute.
-  if (link_.infinite() && (!always_queue_ || priority == Priority::kUrgent)) {
+  // Inline, in the caller's thread:
+  // - on an infinite link, the in-process store's every job, and on a real transport an urgent
+  //   job, whose submitter waits for it at once (a miss): handing it to a lane only adds two
+  //   thread wake-ups per gather. Background jobs (prefetches) go to the lanes, so they overlap
+  //   the caller's compute.
+  // - on a modelled link, an urgent job with no other urgent job queued (that one keeps its
+  //   place): it takes the link's next window (after the piece in progress), the caller copies,
+  //   then waits until the window ends. Through a lane it paid two thread hand-offs per miss
+  //   that no copy engine has (measured: 28 misses a step cost SmolLM2's dualdecoder 6.6 ms of
+  //   waiting for 1.5 ms of modelled transfer).
+  const bool urgent = priority == Priority::kUrgent;
+  const bool modelled_inline = !link_.infinite() && urgent && urgent_.empty();
+  if (modelled_inline || (link_.infinite() && (!always_queue_ || urgent))) {
+    const Clock::time_point until =
+        modelled_inline ? Reserve(Clock::now(), Bytes(job, 0, job.dst.size())) : Clock::time_point{};
     ++inline_;  // Drain waits for copies running in callers' threads too
     lock.unlock();
     const auto t0 = Clock::now();
     absl::Status st = Run(job, 0, job.dst.size());
+    if (modelled_inline) WaitUntil(until);
     const auto took = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     lock.lock();
     wait_ns_ += took;  // the caller's compute stood still for the transfer it ran itself

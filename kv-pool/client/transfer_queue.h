@@ -8,7 +8,8 @@
 // gathers in flight, as a GPU has several copy engines and UCX several rails. An urgent job
 // runs inside Submit whatever the lanes (its caller waits for it anyway): on an infinite link
 // as fast as it goes, on a modelled link in the link's next window (after the piece in
-// progress), Submit returning when the window ends.
+// progress), Submit returning when the window ends — unless another urgent job is queued,
+// which keeps its place ahead of it.
 // Thread-safe.
 #pragma once
 
