@@ -60,6 +60,10 @@ ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"conte
           "dualdecoder runs, one per speculative head (context, full; full is labelled dualdecoder-fullhead); "
           "pool stores run the first only");
 
+ABSL_FLAG(bool, spec_resync, true,
+          "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens "
+          "(EngineOptions::spec_resync)");
+
 namespace {
 using Clock = std::chrono::steady_clock;
 using dd::engine::DecodeMode;
@@ -276,6 +280,7 @@ int main(int argc, char** argv) {
         dd::engine::EngineOptions o;
         o.mode = mode;
         o.spec_head = variant.head;
+        o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
         o.threads = threads;
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
@@ -405,7 +410,7 @@ int main(int argc, char** argv) {
     }
   }
   nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
-                        {"rounds", rounds},
+                        {"rounds", rounds}, {"spec_resync", absl::GetFlag(FLAGS_spec_resync)},
                         {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
   const std::string out = absl::GetFlag(FLAGS_out);

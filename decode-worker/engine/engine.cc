@@ -177,8 +177,9 @@ int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, 
 void Engine::Release(int32_t seq) {
   if (seq >= 0 && seq < static_cast<int32_t>(oracle_.size())) oracle_[seq] = Oracle();
   kv_->Reset(seq);
-  if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  ClearSpec(seq);
   shortlist_.Reset(seq);
+  history_.Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
 }
 
@@ -212,7 +213,10 @@ absl::Status Engine::Fork(int32_t src, int32_t dst) {
   const int32_t hi = std::max(src, dst);
   if (hi >= static_cast<int32_t>(spec_.size())) spec_.resize(hi + 1, -1);
   spec_[dst] = spec_[src];
+  if (hi >= static_cast<int32_t>(spec_in_.size())) spec_in_.resize(hi + 1, -1);
+  spec_in_[dst] = spec_in_[src];
   if (UsesShortlist()) shortlist_.Copy(src, dst);
+  if (Resyncs()) history_.Copy(src, dst);
   return absl::OkStatus();
 }
 
@@ -261,7 +265,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     const std::function<void(int64_t, int64_t)>& on_progress) {
   RETURN_IF_ERROR(ValidatePrompt(tokens));
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
-  if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  ClearSpec(seq);
   const int64_t n = static_cast<int64_t>(tokens.size());
   RETURN_IF_ERROR(EnsureAdmitted(seq, n));
   std::vector<bool> want(n, positions.empty());
@@ -379,7 +383,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
   for (size_t i = 0; i < seqs.size(); ++i) {
     RETURN_IF_ERROR(Annotate(ValidatePrompt(prompts[i]), absl::StrCat("prompt ", i)));
     if (kv_->Length(seqs[i]) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seqs[i], " is not empty"));
-    if (seqs[i] >= 0 && seqs[i] < static_cast<int32_t>(spec_.size())) spec_[seqs[i]] = -1;
+    ClearSpec(seqs[i]);
     for (size_t j = 0; j < i; ++j) {
       if (seqs[j] == seqs[i]) return absl::InvalidArgumentError(absl::StrCat("slot ", seqs[i], " given twice"));
     }
@@ -427,7 +431,7 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   }
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
-  if (seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+  ClearSpec(seq);
   if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
   if (PrefixReuse()) {
     return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
@@ -505,7 +509,17 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   std::vector<BatchRow> pre;
   for (const BatchRow& r : rows) {
     if (r.seq >= static_cast<int32_t>(spec_.size())) spec_.resize(r.seq + 1, -1);
-    if (spec_[r.seq] < 0) pre.push_back({r.seq, r.pos, r.token, true, /*speculative=*/true});
+    if (r.seq >= static_cast<int32_t>(spec_in_.size())) spec_in_.resize(r.seq + 1, -1);
+    if (spec_[r.seq] < 0) {
+      pre.push_back({r.seq, r.pos, r.token, true, /*speculative=*/true});
+    } else if (Resyncs() && spec_in_[r.seq] >= 0 && spec_in_[r.seq] != r.token) {
+      // Last step's speculative row was fed a wrong token, so the token it returned for this
+      // step's row is conditioned on it: take the context's continuation where there is one.
+      if (const int32_t t = history_.Continuation(r.seq); t >= 0) {
+        spec_[r.seq] = t;
+        ++spec_resyncs_;
+      }
+    }
   }
   std::vector<float> out;
   if (!pre.empty()) {
@@ -522,6 +536,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     const bool spec = r.pos + 1 < model_.config.n_ctx_train;
     has_spec.push_back(spec);
     if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
+    spec_in_[r.seq] = spec ? spec_[r.seq] : -1;
   }
   RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out, hidden_out));
   logits->resize(rows.size() * V);

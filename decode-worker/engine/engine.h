@@ -24,6 +24,7 @@
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
 #include "decode-worker/engine/spec_head.h"
+#include "decode-worker/engine/token_history.h"
 #include "decode-worker/engine/text_stream.h"
 #include "decode-worker/model/transformer.h"
 #include "decode-worker/model/weights.h"
@@ -62,6 +63,10 @@ struct EngineOptions {
   SpecHead spec_head = SpecHead::kFull;
   // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
   int64_t spec_head_common = 0;
+  // dualdecoder (predictors speculative and union): after a step whose speculative token
+  // missed, the next speculative token is the context's continuation of the last two tokens
+  // (TokenHistory) where there is one, instead of the row's output from the wrong token.
+  bool spec_resync = true;
 };
 
 struct GenerateOptions {
@@ -105,6 +110,9 @@ class Engine {
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
   void SetComputeThreads(int n) { pool_.SetActive(n); }
+  // dualdecoder: speculative tokens replaced by the context's continuation after a miss
+  // (EngineOptions::spec_resync), since construction.
+  int64_t spec_resyncs() const { return spec_resyncs_; }
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }
@@ -193,6 +201,20 @@ class Engine {
   std::unique_ptr<KvCache> kv_;
   absl::Status init_status_;
   std::vector<int32_t> spec_;  // dualdecoder: next speculative token per slot (-1: none yet)
+  // dualdecoder: the token the last step fed each slot's speculative row (-1: none), and
+  // every slot's tokens, for the resync after a miss (EngineOptions::spec_resync).
+  std::vector<int32_t> spec_in_;
+  TokenHistory history_;
+  int64_t spec_resyncs_ = 0;
+  bool Resyncs() const {
+    return options_.mode == DecodeMode::kDualDecoder && options_.spec_resync &&
+           (options_.sparse.predictor == Predictor::kSpeculative || options_.sparse.predictor == Predictor::kUnion);
+  }
+  // Forgets slot `seq`'s speculative chain (its next token and the last one fed).
+  void ClearSpec(int32_t seq) {
+    if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
+    if (seq >= 0 && seq < static_cast<int32_t>(spec_in_.size())) spec_in_[seq] = -1;
+  }
   struct Reservation {
     bool active = false;
     bool prefilling = false;  // holds its prompt densely until its first decode step
@@ -225,6 +247,7 @@ class Engine {
   // Adds tokens the slot has consumed to its shortlist (kContext only).
   void NoteTokens(int32_t seq, absl::Span<const int32_t> tokens) {
     if (UsesShortlist()) shortlist_.Note(seq, tokens);
+    if (Resyncs()) history_.Note(seq, tokens);
   }
   ContextShortlist shortlist_;
   struct Oracle {

@@ -131,5 +131,52 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   EXPECT_EQ(copy.Argmax(3, *model_, hidden.data(), two), -1);
 }
 
+// The speculative chain's resync (EngineOptions::spec_resync): text that repeats and then
+// jumps back to its start. The real tokens are fed (a copy of the prompt's text, then its first
+// tokens again), so the step after the jump misses for certain; with the resync the next
+// speculative token is the context's continuation and the chain is back in step, without it the
+// row's output from the wrong token. Results never change: the logits are identical either way.
+TEST_F(SmolLM2EngineTest, SpecResyncPutsTheChainBackInStepAfterAJump) {
+  const std::vector<int32_t> text = Encode(testing_util::LicenseText());
+  ASSERT_GT(text.size(), 400u);
+  const std::vector<int32_t> p(text.begin(), text.begin() + 300);
+  std::vector<int32_t> prompt = p;
+  prompt.insert(prompt.end(), p.begin(), p.begin() + 100);
+  std::vector<int32_t> fed(p.begin() + 100, p.begin() + 140);  // the copy goes on
+  fed.insert(fed.end(), p.begin(), p.begin() + 30);            // then jumps back to its start
+  const int64_t V = model_->config.n_vocab;
+  struct Run {
+    std::vector<float> logits;
+    int64_t hits = 0, resyncs = 0;
+  };
+  auto run = [&](bool resync) {
+    EngineOptions o;
+    o.mode = DecodeMode::kDualDecoder;
+    o.sparse.budget_tokens = 128;
+    o.spec_resync = resync;
+    Engine engine(*model_, o);
+    Run r;
+    EXPECT_TRUE(engine.Prefill(0, prompt).ok());
+    const int32_t seq = 0;
+    std::vector<float> step;
+    for (int32_t t : fed) {
+      EXPECT_TRUE(engine.DecodeStep({&seq, 1}, {&t, 1}, &step).ok());
+      r.logits.insert(r.logits.end(), step.begin(), step.begin() + V);
+    }
+    r.hits = engine.sparse_cache()->total_stats().hits;
+    r.resyncs = engine.spec_resyncs();
+    return r;
+  };
+  const Run on = run(true), off = run(false);
+  ASSERT_EQ(on.logits.size(), off.logits.size());
+  EXPECT_EQ(0, std::memcmp(on.logits.data(), off.logits.data(), on.logits.size() * sizeof(float)));
+  EXPECT_EQ(off.resyncs, 0);
+  EXPECT_GE(on.resyncs, 1);
+  EXPECT_LE(on.resyncs, static_cast<int64_t>(fed.size()));
+  EXPECT_GT(on.hits, off.hits) << "resyncs " << on.resyncs;
+  std::printf("chunk hits: %lld with the resync (%lld resyncs), %lld without\n", static_cast<long long>(on.hits),
+              static_cast<long long>(on.resyncs), static_cast<long long>(off.hits));
+}
+
 }  // namespace
 }  // namespace dd::engine

@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, spec_head, "full",
           "sequence's own tokens: cheaper, lower hit rate); changes the hit rate, never the results");
 ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
+ABSL_FLAG(bool, spec_resync, true,
+          "dualdecoder: after a step whose speculative token missed, speculate the context's continuation of the "
+          "last two tokens (where the context has one) instead of the row's output from the wrong token; "
+          "changes the hit rate, never the results");
 ABSL_FLAG(bool, step_cache, true,
           "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
           "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
@@ -107,6 +111,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   if (o.spec_head_common < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--spec_head_common must be >= 0, got ", o.spec_head_common));
   }
+  o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
   o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
   o.sparse.step_cache = o.mode == engine::DecodeMode::kSparseCached ||
                         (o.mode == engine::DecodeMode::kDualDecoder && absl::GetFlag(FLAGS_step_cache));

@@ -474,6 +474,7 @@ void Scheduler::PublishStats() {
   PublishMemoryLocked();
   stats_.hit_rate = sc ? sc->total_stats().hit_rate() : 0;
   stats_.transfer_wait_ns = engine_.transfer_wait_ns();
+  stats_.spec_resyncs = engine_.spec_resyncs();
   if (sc) {
     const engine::SparseKvCache::LayerStats t = sc->total_stats();
     stats_.kv_prefetch_bytes = t.prefetched * sc->block_bytes();

@@ -92,6 +92,7 @@ struct SchedulerStats {
   int64_t rebuilt = 0;  // requests whose KV was rebuilt after the pool was lost
   double hit_rate = 0;
   int64_t transfer_wait_ns = 0;
+  int64_t spec_resyncs = 0;  // dualdecoder: Engine::spec_resyncs()
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
   std::vector<engine::SparseKvCache::LayerStats> kv_layers;  // sparse modes: per model layer
 };

@@ -46,6 +46,9 @@ class SchedulerCollectable : public prometheus::Collectable {
                          MetricType::Gauge, st.hit_rate));
     out.push_back(family("dd_transfer_wait_seconds", "Compute time spent waiting for KV transfers",
                          MetricType::Counter, st.transfer_wait_ns * 1e-9));
+    out.push_back(family("dd_spec_resyncs_total",
+                         "Speculative tokens replaced by the context's continuation after a speculative miss",
+                         MetricType::Counter, static_cast<double>(st.spec_resyncs)));
     prometheus::MetricFamily kv{"dd_kv_bytes_total", "KV bytes gathered from the store by path", MetricType::Counter, {}};
     for (auto [path, v] : {std::pair{"prefetch", st.kv_prefetch_bytes}, {"urgent", st.kv_urgent_bytes},
                            {"wasted", st.kv_wasted_bytes}}) {
