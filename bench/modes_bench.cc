@@ -57,7 +57,8 @@ ABSL_FLAG(std::vector<std::string>, pool_lanes, std::vector<std::string>({"1"}),
           "Transfer lanes of the pool stores' runs, one run set per count (the link is labelled e.g. ucx-tcp-x2; "
           "0 = gathers on the compute thread, labelled ucx-tcp-inline)");
 ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"context"}),
-          "dualdecoder runs, one per speculative head (context, full; full is labelled dualdecoder-fullhead); "
+          "dualdecoder runs, one per speculative head (context, full, auto: the model's default; full is labelled "
+          "dualdecoder-fullhead; a head already listed is run once); "
           "pool stores run the first only");
 
 ABSL_FLAG(bool, spec_resync, true,
@@ -241,17 +242,25 @@ int main(int argc, char** argv) {
         variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store, true, lanes});
         // Every head on the in-process store; a pool store runs the first head only (CPU time).
         for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
-          auto head = dd::engine::ParseSpecHead(h);
-          if (!head.ok()) return fail(head.status());
-          variants.push_back({*head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
-                              DecodeMode::kDualDecoder, *head, store, true, lanes});
+          auto parsed = dd::engine::ParseSpecHead(h);
+          if (!parsed.ok()) return fail(parsed.status());
+          const dd::engine::SpecHead head = dd::engine::ResolveSpecHead(*parsed, model.config);  // auto: per model
+          if (std::any_of(variants.begin(), variants.end(), [&](const Variant& v) {
+                return v.mode == DecodeMode::kDualDecoder && v.step_cache && v.store == store && v.lanes == lanes &&
+                       v.head == head;
+              })) {
+            continue;  // e.g. auto,context,full: auto already ran one of the two
+          }
+          variants.push_back({head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
+                              DecodeMode::kDualDecoder, head, store, true, lanes});
           if (store != "inproc") break;
         }
       }
       if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
         // The cacheless dualdecoder (ring of prefetch buffers), with the first head.
         const auto first = dd::engine::ParseSpecHead(absl::GetFlag(FLAGS_spec_heads).front());
-        variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, *first, store, /*step_cache=*/false});
+        variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, dd::engine::ResolveSpecHead(*first, model.config),
+                            store, /*step_cache=*/false});
       }
     }
     // With turns (--rounds > 1) a store's modes (and a pool store's lane count) form a group:

@@ -225,7 +225,8 @@ def summary_modes(doc, out_dir):
         lines += ["", "Dual-token step time over a sparse step (p50, infinite link; target ≤ 1.2×):", "",
                   "| context | batch | " + " | ".join(duals) + " |", "|---:|---:|" + "---:|" * len(duals)] + cost
     lines += ["", "`dualdecoder` runs with `--spec_head context` (the speculative row scores only the "
-              "sequence's own tokens), `dualdecoder-fullhead` with `--spec_head full` (the default)."]
+              "sequence's own tokens), `dualdecoder-fullhead` with `--spec_head full`; the default `--spec_head auto` "
+              "is the context head on Gemma 3 270M and the full head on SmolLM2 (docs/decisions.md)."]
     lines.append("")
     def draw(plt):
         ctxs = sorted({x["context"] for x in runs})

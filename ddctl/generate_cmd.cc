@@ -131,6 +131,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
         j["hit_rate"] = total.hit_rate();
         j["hit_rate_after_first"] = total.hit_rate_after_first();  // without the pre-decoded first step
         j["predictor"] = std::string(engine::PredictorName(cfg.engine.sparse.predictor));
+        j["spec_head"] = std::string(engine::SpecHeadName(engine.spec_head()));
         j["spec_resyncs"] = engine.spec_resyncs();
       }
       j["step_cache"] = cfg.engine.sparse.step_cache;

@@ -4,7 +4,8 @@ greedy dualdecoder generations of --steps tokens, once per predictor — the shi
 speculative token, "reuse the previous step's selection", their union at the same transfer
 budget, a random token, and the oracle token (the true next token, replaying the speculative
 run's output); "speculative" uses the context head (the speculative row scores only the
-sequence's own tokens), "speculative-fullhead" the whole LM head (the engine's default). Tokens are identical across
+sequence's own tokens), "speculative-fullhead" the whole LM head (the default `--spec_head auto` is the context head on
+Gemma 3 270M, the full head on SmolLM2). Tokens are identical across
 predictors (checked); only hits change. Reports
 the hit rate |P' ∩ S| / |S| without the pre-decoded first step (which is a hit by
 construction), per layer, per context, through the public CLI.

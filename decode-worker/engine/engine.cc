@@ -13,15 +13,16 @@ namespace dd::engine {
 
 using model::BatchRow;
 
-EngineOptions Engine::Normalized(EngineOptions o) {
+EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& config) {
   if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
   if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
+  o.spec_head = ResolveSpecHead(o.spec_head, config);
   return o;
 }
 
 Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     : model_(model),
-      options_(Normalized(options)),
+      options_(Normalized(options, model.config)),
       pool_(options.threads),
       transformer_(model, pool_, options.matmul),
       kv_(std::make_unique<DenseKvCache>(model.config, pool_)),

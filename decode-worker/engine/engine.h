@@ -57,10 +57,10 @@ struct EngineOptions {
   // request's projected footprint (MemoryPlan) must fit, else admission is refused.
   int64_t device_memory_bytes = 0;
   model::Transformer::MatMulKind matmul = model::Transformer::MatMulKind::kInt8;
-  // dualdecoder: the speculative row's LM head (spec_head.h). kFull: the whole vocabulary (the
-  // default: higher hit rate, bench/results/eval-predictors*.md); kContext: only the sequence's
-  // own tokens (cheaper where the head is compute bound).
-  SpecHead spec_head = SpecHead::kFull;
+  // dualdecoder: the speculative row's LM head (spec_head.h). kFull: the whole vocabulary;
+  // kContext: only the sequence's own tokens (cheaper where the head is compute bound); kAuto
+  // (default): the context head where the LM head outweighs the layers (ResolveSpecHead).
+  SpecHead spec_head = SpecHead::kAuto;
   // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
   int64_t spec_head_common = 0;
   // dualdecoder (predictors speculative and union): after a step whose speculative token
@@ -110,6 +110,8 @@ class Engine {
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
   void SetComputeThreads(int n) { pool_.SetActive(n); }
+  // The speculative row's head as the engine runs it (kAuto resolved).
+  SpecHead spec_head() const { return options_.spec_head; }
   // dualdecoder: speculative tokens replaced by the context's continuation after a miss
   // (EngineOptions::spec_resync), since construction.
   int64_t spec_resyncs() const { return spec_resyncs_; }
@@ -190,7 +192,7 @@ class Engine {
 
  private:
   // The options as the engine runs them: sparse-cached turns the step cache on, sparse off.
-  static EngineOptions Normalized(EngineOptions o);
+  static EngineOptions Normalized(EngineOptions o, const model::ModelConfig& config);
   const model::LoadedModel& model_;
   EngineOptions options_;
   ThreadPool pool_;

@@ -26,6 +26,18 @@ TEST_F(GemmaEngineTest, ConfigFromMetadata) {
   EXPECT_EQ(global, (std::vector<int64_t>{5, 11, 17}));
 }
 
+// The default speculative head on Gemma 3 270M is the context head: its LM head (262144 x 640)
+// has more multiply-adds than its 18 layers. Named heads stay as they are.
+TEST_F(GemmaEngineTest, AutoSpecHeadIsTheContextHead) {
+  const auto& c = model_->config;
+  EXPECT_EQ(ResolveSpecHead(SpecHead::kAuto, c), SpecHead::kContext);
+  EXPECT_EQ(ResolveSpecHead(SpecHead::kFull, c), SpecHead::kFull);
+  Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
+  EXPECT_EQ(dual.spec_head(), SpecHead::kContext);
+  Engine full_head(*model_, {.mode = DecodeMode::kDualDecoder, .spec_head = SpecHead::kFull});
+  EXPECT_EQ(full_head.spec_head(), SpecHead::kFull);
+}
+
 // Ids checked by hand against the GGUF vocabulary: <bos>, "The", "▁capital", "▁of",
 // "▁France", "▁is"; <start_of_turn> (105) is a control token, split out only when asked.
 TEST_F(GemmaEngineTest, TokenizerOnRealVocabulary) {

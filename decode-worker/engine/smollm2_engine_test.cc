@@ -31,6 +31,21 @@ TEST_F(SmolLM2EngineTest, ConfigFromMetadata) {
   for (int64_t l = 0; l < c.n_layer; ++l) EXPECT_FALSE(c.layer_is_swa[l]) << "layer " << l;
 }
 
+// The default speculative head on SmolLM2 is the full head: its LM head (49152 x 576) is a
+// quarter of its 30 layers' multiply-adds. Head names parse; a wrong one names the choices.
+TEST_F(SmolLM2EngineTest, AutoSpecHeadIsTheFullHead) {
+  EXPECT_EQ(ResolveSpecHead(SpecHead::kAuto, model_->config), SpecHead::kFull);
+  EXPECT_EQ(ResolveSpecHead(SpecHead::kContext, model_->config), SpecHead::kContext);
+  Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
+  EXPECT_EQ(dual.spec_head(), SpecHead::kFull);
+  for (SpecHead h : {SpecHead::kFull, SpecHead::kContext, SpecHead::kAuto}) {
+    EXPECT_EQ(*ParseSpecHead(SpecHeadName(h)), h);
+  }
+  const auto bad = ParseSpecHead("fast");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("full, context, auto"), std::string::npos);
+}
+
 // The file says add_bos_token = false; ChatML markers written in a prompt are single control
 // tokens (<|im_start|> 1, <|im_end|> 2) when special tokens are parsed, plain text otherwise.
 TEST_F(SmolLM2EngineTest, TokenizerOnRealVocabulary) {

@@ -11,7 +11,29 @@ namespace dd::engine {
 absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name) {
   if (name == "full") return SpecHead::kFull;
   if (name == "context") return SpecHead::kContext;
-  return absl::InvalidArgumentError(absl::StrCat("unknown speculative head '", name, "' (full, context)"));
+  if (name == "auto") return SpecHead::kAuto;
+  return absl::InvalidArgumentError(absl::StrCat("unknown speculative head '", name, "' (full, context, auto)"));
+}
+
+absl::string_view SpecHeadName(SpecHead head) {
+  switch (head) {
+    case SpecHead::kFull:
+      return "full";
+    case SpecHead::kContext:
+      return "context";
+    case SpecHead::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+SpecHead ResolveSpecHead(SpecHead head, const model::ModelConfig& c) {
+  if (head != SpecHead::kAuto) return head;
+  // Per row: q, k, v and o projections, and a gated FFN's three matrices, in every layer.
+  const double layer = static_cast<double>(c.n_embd) * c.head_dim * (2 * c.n_head + 2 * c.n_head_kv) +
+                       3.0 * static_cast<double>(c.n_embd) * c.n_ff;
+  const double lm_head = static_cast<double>(c.n_vocab) * c.n_embd;
+  return lm_head > layer * static_cast<double>(c.n_layer) ? SpecHead::kContext : SpecHead::kFull;
 }
 
 std::vector<int32_t> CommonTokens(const model::Tokenizer& tokenizer, int64_t common) {

@@ -20,9 +20,17 @@
 namespace dd::engine {
 
 // kFull: the whole LM head, argmax over the vocabulary. kContext: argmax over the sequence's
-// own tokens.
-enum class SpecHead { kFull, kContext };
-absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name);  // "full", "context"
+// own tokens. kAuto: chosen per model by ResolveSpecHead.
+enum class SpecHead { kFull, kContext, kAuto };
+absl::StatusOr<SpecHead> ParseSpecHead(absl::string_view name);  // "full", "context", "auto"
+absl::string_view SpecHeadName(SpecHead head);
+
+// kAuto becomes kContext where the LM head has more multiply-adds per row than all the layers
+// together (Gemma 3 270M: 168M vs 100M), where the full head is most of the speculative row's
+// cost; else kFull (SmolLM2-135M: 28M vs 106M; Llama-3.1-8B: 0.5G vs 7G), where the extra row
+// through a weight-bound head is nearly free. Other heads are returned as they are.
+// docs/decisions.md has the measurements.
+SpecHead ResolveSpecHead(SpecHead head, const model::ModelConfig& config);
 
 // The `common` most frequent normal tokens of a vocabulary: the highest SentencePiece scores
 // (log-probabilities) when the vocabulary has scores, else the lowest ids (byte-level BPE

@@ -32,9 +32,10 @@ ABSL_FLAG(int64_t, prefix_block, 0,
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
-ABSL_FLAG(std::string, spec_head, "full",
-          "dualdecoder: the speculative row's LM head: full (the whole vocabulary) or context (score only the "
-          "sequence's own tokens: cheaper, lower hit rate); changes the hit rate, never the results");
+ABSL_FLAG(std::string, spec_head, "auto",
+          "dualdecoder: the speculative row's LM head: full (the whole vocabulary), context (score only the "
+          "sequence's own tokens) or auto (context where the LM head has more multiply-adds than all the layers, "
+          "e.g. Gemma 3 270M; else full); changes the hit rate and speed, never the results");
 ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
 ABSL_FLAG(bool, spec_resync, true,
