@@ -61,6 +61,9 @@ ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"conte
           "dualdecoder-fullhead; a head already listed is run once); "
           "pool stores run the first only");
 
+ABSL_FLAG(std::vector<std::string>, modes, {},
+          "Only these mode labels (e.g. dualdecoder,sparse; default: all). Without sparse-cached the pcie5 "
+          "link is not calibrated and not run");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens "
           "(EngineOptions::spec_resync)");
@@ -263,6 +266,17 @@ int main(int argc, char** argv) {
                             store, /*step_cache=*/false});
       }
     }
+    if (const std::vector<std::string> only = absl::GetFlag(FLAGS_modes); !only.empty()) {
+      for (const std::string& m : only) {
+        if (std::none_of(variants.begin(), variants.end(), [&](const Variant& v) { return v.label == m; })) {
+          return fail(absl::InvalidArgumentError(absl::StrCat("--modes: no mode '", m, "' in this run")));
+        }
+      }
+      std::erase_if(variants, [&](const Variant& v) { return std::find(only.begin(), only.end(), v.label) == only.end(); });
+    }
+    const bool calibrates = std::any_of(variants.begin(), variants.end(), [](const Variant& v) {
+      return v.mode == DecodeMode::kSparseCached && v.store == "inproc";
+    });
     // With turns (--rounds > 1) a store's modes (and a pool store's lane count) form a group:
     // every engine of the group is built and prefilled first, then each (link, batch) is
     // measured for all of them in turns, so a slow spell of this shared machine falls on every
@@ -335,7 +349,7 @@ int main(int argc, char** argv) {
                        : variant.lanes == 1      ? variant.store
                        : variant.lanes == 0      ? absl::StrCat(variant.store, "-inline")
                                                  : absl::StrCat(variant.store, "-x", variant.lanes)};
-        if (mode != DecodeMode::kFull && variant.store == "inproc") entry.links.push_back("pcie5");
+        if (mode != DecodeMode::kFull && variant.store == "inproc" && calibrates) entry.links.push_back("pcie5");
         group.push_back(std::move(entry));
       }
       g0 = g1;

@@ -180,7 +180,6 @@ void Engine::Release(int32_t seq) {
   kv_->Reset(seq);
   ClearSpec(seq);
   shortlist_.Reset(seq);
-  history_.Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
 }
 

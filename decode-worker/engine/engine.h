@@ -212,10 +212,12 @@ class Engine {
     return options_.mode == DecodeMode::kDualDecoder && options_.spec_resync &&
            (options_.sparse.predictor == Predictor::kSpeculative || options_.sparse.predictor == Predictor::kUnion);
   }
-  // Forgets slot `seq`'s speculative chain (its next token and the last one fed).
+  // Forgets slot `seq`'s speculative chain (its next token, the last one fed and the tokens
+  // the resync looks in): the slot starts a new sequence.
   void ClearSpec(int32_t seq) {
     if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
     if (seq >= 0 && seq < static_cast<int32_t>(spec_in_.size())) spec_in_[seq] = -1;
+    history_.Reset(seq);
   }
   struct Reservation {
     bool active = false;
