@@ -28,11 +28,14 @@ int32_t TokenHistory::Continuation(int32_t seq) const {
   const std::vector<int32_t>& h = slots_[seq];
   const int64_t n = static_cast<int64_t>(h.size());
   const int32_t a = h[n - 2], b = h[n - 1];
-  // Latest j < n - 1 with (h[j - 1], h[j]) == (a, b); its follower h[j + 1] exists.
+  // Latest j < n - 1 with (h[j - 1], h[j]) == (a, b); its follower h[j + 1] exists. Failing
+  // that, the latest j with h[j] == b (seen first on the way back).
+  int32_t one = -1;
   for (int64_t j = n - 2; j >= 1; --j) {
     if (h[j] == b && h[j - 1] == a) return h[j + 1];
+    if (h[j] == b && one < 0) one = h[j + 1];
   }
-  return -1;
+  return one;
 }
 
 }  // namespace dd::engine

@@ -4,7 +4,8 @@
 // from a wrong token and usually derails the chain for several steps, or locks it one step
 // behind on text that repeats itself (docs/decisions.md). After such a miss the engine asks
 // Continuation() instead: the token that followed the latest earlier occurrence of the
-// sequence's last two tokens, a lookup in the context that costs no forward pass.
+// sequence's last two tokens (else of its last token), a lookup in the context that costs no
+// forward pass.
 //
 // Host memory: 4 bytes per token per slot. Not thread-safe: the engine calls it from its one
 // forward thread.
@@ -25,7 +26,8 @@ class TokenHistory {
   void Reset(int32_t seq);
   int64_t size(int32_t seq) const;
   // The token that followed the latest earlier occurrence of the slot's last two tokens (as a
-  // pair); -1 when the slot has fewer than three tokens or the pair never occurred before.
+  // pair), else of its last token alone; -1 when the slot has fewer than three tokens or the
+  // last token never occurred before.
   int32_t Continuation(int32_t seq) const;
 
  private:
