@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 
 
 def paired(cells):
@@ -178,21 +179,26 @@ def summary_modes(doc, out_dir):
         q = [u / w for u, w in zip(turns.get(a, []), turns.get(z, [])) if w]
         return f" ({min(q):.2f}–{max(q):.2f})" if len(q) > 1 else ""
     prow = []
+    # A pool store runs one dualdecoder: the model's default head (or the first one asked for).
+    pool_dual = {lk: next((x["mode"] for x in runs if x["link"] == lk and x["mode"].startswith("dualdecoder")),
+                          "dualdecoder") for lk in pool_links}
     for ctx, b in sorted({(x["context"], x["batch"]) for x in runs if x["link"] in pool_links}):
         cells = []
         for link in pool_links:
-            v = tput.get(("dualdecoder", ctx, b, link))
+            dm = pool_dual[link]
+            v = tput.get((dm, ctx, b, link))
             for bm in ("sparse", "sparse-cached"):
                 sp = tput.get((bm, ctx, b, link))
-                cells.append(f"{v / sp:.2f}×" + spread(("dualdecoder", ctx, b, link), (bm, ctx, b, link))
+                cells.append(f"{v / sp:.2f}×" + spread((dm, ctx, b, link), (bm, ctx, b, link))
                              if v and sp else "–")
         if paired(cells):
             prow.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if prow:
         heads = [f"{link}: / {bm}" for link in pool_links for bm in ("sparse", "sparse-cached")]
-        lines += ["", "KV in a real dd-kv-pool: dualdecoder's throughput over sparse and over sparse-cached on the "
-                  "same transport (target over sparse on ucx://: ≥ 1.3×; `-inline`: gathers on the compute thread, "
-                  "`-xN`: N transfer lanes, else 1):", "",
+        used = sorted(set(pool_dual.values()))
+        lines += ["", f"KV in a real dd-kv-pool: {' / '.join(f'`{m}`' for m in used)}'s throughput over sparse and "
+                  "over sparse-cached on the same transport (target over sparse on ucx://: ≥ 1.3×; `-inline`: gathers "
+                  "on the compute thread, `-xN`: N transfer lanes, else 1):", "",
                   "| context | batch | " + " | ".join(heads) + " |", "|---:|---:|" + "---:|" * len(heads)] + prow
     # Each mode at its own largest batch (what a device holds at once): throughput at capacity.
     at_max = {(x["mode"], x["context"], x["link"]): x for x in runs if x.get("at_max_batch")}
@@ -354,22 +360,39 @@ def summary_serve(doc, out_dir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--preset", required=True)
-    ap.add_argument("--raw", required=True)
-    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--name")
+    ap.add_argument("--preset")
+    ap.add_argument("--raw")
+    ap.add_argument("--out-dir")
     ap.add_argument("--command", default="", help="the command line that produced the results")
     ap.add_argument("--model", default="", help="the model file the benchmark ran")
+    ap.add_argument("--summarize", metavar="RESULTS_JSON",
+                    help="only rewrite the summary (and plot) of an existing results file from what it records "
+                         "(its commit, command and figures stay as they are)")
     a = ap.parse_args()
-    with open(a.raw) as f:
-        results = json.load(f)
-    doc = {"benchmark": a.name, "preset": a.preset, "command": a.command, "model_file": a.model, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "git_sha": git_sha(), "machine": machine(), "results": results}
-    out = os.path.join(a.out_dir, a.name + ".json")
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, out)
+    if a.summarize:
+        try:
+            with open(a.summarize) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"wrap_results: cannot read {a.summarize} as JSON: {e}")
+        if not isinstance(doc, dict) or "benchmark" not in doc or "results" not in doc:
+            sys.exit(f"wrap_results: {a.summarize} is not a results file (no 'benchmark' or 'results')")
+        a.name, a.out_dir = doc["benchmark"], os.path.dirname(os.path.abspath(a.summarize))
+    else:
+        missing = [f"--{k.replace('_', '-')}" for k in ("name", "preset", "raw", "out_dir") if not getattr(a, k)]
+        if missing:
+            ap.error("needs " + ", ".join(missing) + " (or --summarize RESULTS_JSON)")
+        with open(a.raw) as f:
+            results = json.load(f)
+        doc = {"benchmark": a.name, "preset": a.preset, "command": a.command, "model_file": a.model,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               "git_sha": git_sha(), "machine": machine(), "results": results}
+        out = os.path.join(a.out_dir, a.name + ".json")
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=2)
+        os.replace(tmp, out)
     md = os.path.join(a.out_dir, a.name + ".md")
     with open(md, "w") as f:
         if a.name.startswith("decode-modes"):
@@ -380,7 +403,7 @@ def main():
             f.write(summary_pool(doc, a.out_dir))
         else:
             f.write(summary_model(doc))
-    print(f"bench: wrote {out} and {md}")
+    print(f"bench: wrote {md}" if a.summarize else f"bench: wrote {out} and {md}")
 
 
 if __name__ == "__main__":

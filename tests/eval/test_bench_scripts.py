@@ -41,3 +41,28 @@ def test_record_keeps_what_bench_run_passed(monkeypatch):
     # Run by hand: the script's own command line.
     rec = compare_llamacpp.record(ap.parse_args([]), "bench/compare_prefill.py")
     assert rec["command"] == "bench/compare_prefill.py --rounds 2" and rec["preset"] == ""
+
+
+def test_summarize_rewrites_only_the_summary(tmp_path):
+    """wrap_results --summarize: a results file's markdown comes again from what the JSON records
+    (same commit and figures); the pool table names the dualdecoder that ran on the pool."""
+    import json
+    import shutil
+    import subprocess
+    src = REPO / "bench" / "results" / "decode-modes-smollm2.json"
+    res = tmp_path / "decode-modes-smollm2.json"
+    shutil.copy(src, res)
+    before = res.read_bytes()
+    doc = json.loads(before)
+    subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)], check=True,
+                   capture_output=True)
+    assert res.read_bytes() == before
+    md = (tmp_path / "decode-modes-smollm2.md").read_text()
+    assert doc["git_sha"][:12] in md
+    pool_duals = {r["mode"] for r in doc["results"]["runs"]
+                  if r["link"].startswith("ucx") and r["mode"].startswith("dualdecoder")}
+    assert pool_duals, "the results file has no pool run to summarize"
+    assert f"KV in a real dd-kv-pool: `{sorted(pool_duals)[0]}`" in md
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize",
+                          str(REPO / "README.md")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "cannot read" in bad.stderr
