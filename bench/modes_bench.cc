@@ -65,8 +65,8 @@ ABSL_FLAG(std::vector<std::string>, modes, {},
           "Only these mode labels (e.g. dualdecoder,sparse; default: all). Without sparse-cached the pcie5 "
           "link is not calibrated and not run");
 ABSL_FLAG(bool, spec_resync, true,
-          "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens "
-          "(EngineOptions::spec_resync)");
+          "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
+          "of the last one (EngineOptions::spec_resync)");
 
 namespace {
 using Clock = std::chrono::steady_clock;

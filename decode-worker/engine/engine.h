@@ -64,8 +64,9 @@ struct EngineOptions {
   // kContext: also score this many of the vocabulary's most frequent tokens (CommonTokens).
   int64_t spec_head_common = 0;
   // dualdecoder (predictors speculative and union): after a step whose speculative token
-  // missed, the next speculative token is the context's continuation of the last two tokens
-  // (TokenHistory) where there is one, instead of the row's output from the wrong token.
+  // missed, the next speculative token is the context's continuation of the last two tokens,
+  // else of the last one (TokenHistory), where there is one, instead of the row's output from
+  // the wrong token.
   bool spec_resync = true;
 };
 

@@ -40,7 +40,8 @@ ABSL_FLAG(int64_t, spec_head_common, 0,
           "dualdecoder, --spec_head context: also score this many of the vocabulary's most frequent tokens");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a step whose speculative token missed, speculate the context's continuation of the "
-          "last two tokens (where the context has one) instead of the row's output from the wrong token; "
+          "last two tokens, else of the last one (where the context has one), instead of the row's output from the "
+          "wrong token; "
           "changes the hit rate, never the results");
 ABSL_FLAG(bool, step_cache, true,
           "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
