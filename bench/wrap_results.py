@@ -394,16 +394,22 @@ def main():
             json.dump(doc, f, indent=2)
         os.replace(tmp, out)
     md = os.path.join(a.out_dir, a.name + ".md")
+    text = summary(doc, a.name, a.out_dir)  # before opening the summary: a failure leaves the old one
     with open(md, "w") as f:
-        if a.name.startswith("decode-modes"):
-            f.write(summary_modes(doc, a.out_dir))
-        elif a.name.startswith("serve"):
-            f.write(summary_serve(doc, a.out_dir))
-        elif a.name.startswith("pool"):
-            f.write(summary_pool(doc, a.out_dir))
-        else:
-            f.write(summary_model(doc))
+        f.write(text)
     print(f"bench: wrote {md}" if a.summarize else f"bench: wrote {out} and {md}")
+
+
+def summary(doc, name, out_dir):
+    if name.startswith("decode-modes"):
+        return summary_modes(doc, out_dir)
+    if name.startswith("serve"):
+        return summary_serve(doc, out_dir)
+    if name.startswith("pool"):
+        return summary_pool(doc, out_dir)
+    if name.startswith("model"):
+        return summary_model(doc)
+    sys.exit(f"wrap_results: no summary for benchmark '{name}' (decode-modes*, serve*, pool*, model*)")
 
 
 if __name__ == "__main__":

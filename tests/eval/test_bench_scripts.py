@@ -66,3 +66,12 @@ def test_summarize_rewrites_only_the_summary(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize",
                           str(REPO / "README.md")], capture_output=True, text=True)
     assert bad.returncode != 0 and "cannot read" in bad.stderr
+    # A results file of a benchmark this script does not summarize is refused, and its
+    # existing summary is left as it was.
+    other = tmp_path / "eval-tasks.json"
+    other.write_text(json.dumps({"benchmark": "eval-tasks", "results": {}}))
+    (tmp_path / "eval-tasks.md").write_text("kept\n")
+    refused = subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(other)],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "no summary for benchmark 'eval-tasks'" in refused.stderr
+    assert (tmp_path / "eval-tasks.md").read_text() == "kept\n"
