@@ -12,6 +12,7 @@
 //   Axpy does; the output block stays in registers across keys instead of going to memory
 //   once per key.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "dd/kernels/cpu_ops.h"
@@ -159,7 +160,15 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
       for (; e < e1; ++e) {  // scalar tail, same per-element order
         for (int r = 0; r < n; ++r) {
           float a = first ? 0.0f : o[r][e];
-          for (int64_t j = jt; j < je; ++j) a += pr[r][j] * values[j][e];
+          // One fused multiply-add per key, as Axpy's contracted loop does. Written out: GCC
+          // may otherwise vectorize the products and add them one by one (seen on AVX2).
+          for (int64_t j = jt; j < je; ++j) {
+#if defined(__FMA__)
+            a = std::fma(pr[r][j], values[j][e], a);
+#else
+            a += pr[r][j] * values[j][e];
+#endif
+          }
           o[r][e] = a;
         }
       }
