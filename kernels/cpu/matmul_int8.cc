@@ -16,7 +16,12 @@
 // accumulator at −zero_point·Σ(activation block), precomputed once per row.
 //
 // The portable fallback (without AVX-512 F/BW/VL/VNNI/BITALG/VBMI2 and F16C) performs the same integer and float
-// operations per element, so it gives the same bits, only slower.
+// operations per element, so it gives the same bits, only slower. With AVX2 + FMA it runs
+// three ways, all with those bits (dd-bench-matmul --checksum prints the same hashes as the
+// portable build): up to kBytePathMaxRows activation rows, Q8_0/Q4_x/Q5_x rows dot straight
+// from the weight bytes (RowDotBytes, VPMADDUBSW); other types up to kRowPathMaxRows decode a
+// row and dot it (RowDot); more rows decode 8 weight rows into a transposed int16 tile once
+// and dot every activation row against it on VPMADDWD (PairTile).
 
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics' own _mm512_undefined_*
 // pass-through operands (GCC bug 105593, fixed in 13); the pragma covers the header's lines.
@@ -39,6 +44,14 @@
 #define DD_INT8_AVX512 1
 #else
 #define DD_INT8_AVX512 0
+#endif
+// Without AVX-512 but with AVX2 and FMA (e.g. AMD Zen 2/3), the fallback's dots run 8 weight
+// rows at a time on VPMADDWD (PairTile below): the same integer dots and float ops per
+// element, so the same bits.
+#if !DD_INT8_AVX512 && !defined(DD_INT8_PORTABLE) && defined(__AVX2__) && defined(__FMA__)
+#define DD_INT8_AVX2 1
+#else
+#define DD_INT8_AVX2 0
 #endif
 
 namespace dd::kernels {
@@ -563,11 +576,15 @@ void DecodeRow(DType t, const uint8_t* src, int64_t k, DecodedRow* out) {
           ScaleMinK(j, src + 4, &sc, &m);
           out->scale[sb * 8 + j] = d * static_cast<float>(sc);
           out->minscale[sb * 8 + j] = -(dmin * static_cast<float>(m));
-          const int g = j / 2;
-          for (int l = 0; l < 32; ++l) {
-            int v = (j % 2 == 0) ? (ql[32 * g + l] & 0x0f) : (ql[32 * g + l] >> 4);
-            if (five && ((qh[l] >> j) & 1)) v += 16;
-            c[sb * 256 + j * 32 + l] = v;
+          // Sub-block j: the low (even j) or high nibbles of 32 bytes, plus bit j of qh (Q5_K).
+          // Branch-free inner loops, so they vectorize.
+          const uint8_t* qg = ql + 32 * (j / 2);
+          const int shift = 4 * (j % 2);
+          int32_t* dst = c + sb * 256 + j * 32;
+          if (five) {
+            for (int l = 0; l < 32; ++l) dst[l] = ((qg[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4);
+          } else {
+            for (int l = 0; l < 32; ++l) dst[l] = (qg[l] >> shift) & 0x0f;
           }
         }
       }
@@ -612,6 +629,168 @@ float RowDot(DType t, const DecodedRow& w, const QuantActs& a, int64_t r) {
   }
   return acc;
 }
+
+#if DD_INT8_AVX2
+// Types whose 32-element blocks RowDotBytes reads straight from the weight bytes.
+bool HasBytePath(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
+}
+
+// Byte i of the result is 0x10 where bit i of `bits` is set, else 0.
+inline __m256i FifthBits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(bits)),
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i mask = _mm256_set1_epi64x(0x8040201008040201);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(0x10));
+}
+
+// One weight row (a HasBytePath type) · activation row r, from the weight bytes without
+// DecodeRow: RowDot's integer dot per block and its float ops in its order. Unsigned codes
+// times int8 activations on VPMADDUBSW cannot saturate (2·31·127 < 2^15; Q8_0 runs as
+// |w|·sign(x, w), 2·128·127 < 2^15); a zero point comes back as c32 = −zp·Σx, exactly.
+template <DType t>
+float RowDotBytesOf(const uint8_t* src, const QuantActs& a, int64_t r) {
+  const int8_t* q = a.q(r);
+  const float* d = a.d(r);
+  const float* xs = a.xs(r);
+  const int32_t* c32 = a.c32(r);
+  constexpr bool q8 = t == DType::kQ8_0;
+  constexpr bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
+  constexpr bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
+  constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
+  constexpr int head = q8 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+  constexpr int64_t block_bytes = q8 ? 34 : head + 16;
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < a.nb; ++b, src += block_bytes) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
+    __m256i p;
+    if constexpr (q8) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2));
+      p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    } else {
+      // Elements 0..15: the 16 bytes' low nibbles; 16..31: their high nibbles.
+      const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + head));
+      __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), low4);
+      if constexpr (five) {
+        uint32_t qh;
+        std::memcpy(&qh, src + head - 4, 4);
+        w = _mm256_or_si256(w, FifthBits(qh));
+      }
+      p = _mm256_maddubs_epi16(w, x);
+    }
+    p = _mm256_madd_epi16(p, ones);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    const int32_t dot = _mm_cvtsi128_si32(h) + (zp ? c32[b] : 0);
+    acc = std::fma(static_cast<float>(dot), F16ToF32(LoadU16(src)) * d[b], acc);
+    if constexpr (has_min) acc = std::fma(F16ToF32(LoadU16(src + 2)), xs[b], acc);
+  }
+  return acc;
+}
+
+float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {
+  switch (t) {
+    case DType::kQ8_0: return RowDotBytesOf<DType::kQ8_0>(src, a, r);
+    case DType::kQ4_0: return RowDotBytesOf<DType::kQ4_0>(src, a, r);
+    case DType::kQ4_1: return RowDotBytesOf<DType::kQ4_1>(src, a, r);
+    case DType::kQ5_0: return RowDotBytesOf<DType::kQ5_0>(src, a, r);
+    default: return RowDotBytesOf<DType::kQ5_1>(src, a, r);
+  }
+}
+
+constexpr int kPairRows = 8;  // weight rows per PairTile: one 32-bit lane each
+// Up to this many activation rows, one weight row at a time instead of PairTile (whose
+// decode and transpose cost about 4 rows of RowDotBytes, one of RowDot; dd-bench-matmul).
+constexpr int64_t kBytePathMaxRows = 4, kRowPathMaxRows = 1;
+
+struct alignas(32) Lanes8 {
+  int32_t i[8];
+};
+struct alignas(32) Floats8 {
+  float f[8];
+};
+
+// 8 decoded weight rows, transposed for VPMADDWD: lane c of pairs[16 b + p] holds row c's
+// codes 32b + 2p and 32b + 2p + 1 as two int16; per block, the rows' factors as 8 lanes.
+// Rows past the matrix repeat its last row (their lanes are never stored).
+struct PairTile {
+  std::vector<Lanes8> pairs, sc_lo, sc_hi;  // sc_*: Q6_K's int8 scales of the two halves
+  std::vector<Floats8> scale, minscale;
+};
+
+void BuildPairTile(DType t, const WeightView& w, int64_t n0, int valid, DecodedRow* row, PairTile* out) {
+  const int64_t nb = w.cols / kBlock;
+  out->pairs.resize(nb * 16);
+  out->sc_lo.resize(nb);
+  out->sc_hi.resize(nb);
+  out->scale.resize(nb);
+  out->minscale.resize(nb);
+  for (int c = 0; c < kPairRows; ++c) {
+    DecodeRow(t, w.data + (n0 + std::min(c, valid - 1)) * w.row_bytes, w.cols, row);
+    const int32_t* code = row->code.data();
+    for (int64_t j = 0; j < nb * 16; ++j) {
+      out->pairs[j].i[c] = static_cast<int32_t>(static_cast<uint16_t>(code[2 * j]) |
+                                                (static_cast<uint32_t>(static_cast<uint16_t>(code[2 * j + 1])) << 16));
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      out->scale[b].f[c] = row->scale[b];
+      out->minscale[b].f[c] = row->minscale[b];
+      out->sc_lo[b].i[c] = row->sc16[2 * b];
+      out->sc_hi[b].i[c] = row->sc16[2 * b + 1];
+    }
+  }
+}
+
+// Activation row r's int8 codes as int16 pairs (the VPMADDWD broadcast operand), k/2 per row.
+void PackActPairs(const QuantActs& a, int64_t r, int32_t* out) {
+  const int8_t* q = a.q(r);
+  for (int64_t j = 0; j < a.k / 2; ++j) {
+    out[j] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(q[2 * j])) |
+                                  (static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int16_t>(q[2 * j + 1]))) << 16));
+  }
+}
+
+// Rows n0.. n0+valid of y for every activation row: RowDot's integer dots (summed in another
+// order: exact) and its float ops per lane in its order.
+void PairTileRows(DType t, const PairTile& pt, const QuantActs& a, const int32_t* act_pairs, int64_t m_rows,
+                  int64_t n0, int valid, const float* bias, float* y, int64_t y_stride) {
+  const bool q6 = t == DType::kQ6_K, has_min = HasMin(t);
+  for (int64_t r = 0; r < m_rows; ++r) {
+    const int32_t* ap = act_pairs + r * (a.k / 2);
+    const float* d = a.d(r);
+    const float* xs = a.xs(r);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const Lanes8* wp = &pt.pairs[b * 16];
+      const int32_t* bp = ap + b * 16;
+      __m256i half[2];
+      for (int h = 0; h < 2; ++h) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int p = 8 * h; p < 8 * h + 8; p += 2) {
+          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp[p].i)),
+                                                      _mm256_set1_epi32(bp[p])));
+          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp[p + 1].i)),
+                                                      _mm256_set1_epi32(bp[p + 1])));
+        }
+        half[h] = _mm256_add_epi32(s0, s1);
+      }
+      const __m256i dot =
+          q6 ? _mm256_add_epi32(_mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(pt.sc_lo[b].i)), half[0]),
+                                _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(pt.sc_hi[b].i)), half[1]))
+             : _mm256_add_epi32(half[0], half[1]);
+      const __m256 f = _mm256_mul_ps(_mm256_load_ps(pt.scale[b].f), _mm256_set1_ps(d[b]));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), f, acc);
+      if (has_min) acc = _mm256_fmadd_ps(_mm256_load_ps(pt.minscale[b].f), _mm256_set1_ps(xs[b]), acc);
+    }
+    Floats8 out;
+    _mm256_store_ps(out.f, acc);
+    for (int c = 0; c < valid; ++c) y[r * y_stride + n0 + c] = bias != nullptr ? out.f[c] + bias[n0 + c] : out.f[c];
+  }
+}
+#endif  // DD_INT8_AVX2
 
 #endif  // DD_INT8_AVX512
 
@@ -699,6 +878,35 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
     }
     for (int64_t t = t0; t < t1; ++t) {
       RunTile(kernel, prefetch_units, ahead, w, t * kTile, acts, m_rows, bias, y, y_stride);
+    }
+  };
+#elif DD_INT8_AVX2
+  // Every row's int16 activation pairs, once per call (read by the workers like `acts`).
+  thread_local std::vector<int32_t> pair_buf;
+  pair_buf.resize(m_rows * (w.cols / 2));
+  for (int64_t r = 0; r < m_rows; ++r) PackActPairs(acts, r, pair_buf.data() + r * (w.cols / 2));
+  const int32_t* act_pairs = pair_buf.data();
+  auto run_tiles = [&](int64_t t0, int64_t t1) {
+    thread_local DecodedRow row;
+    thread_local PairTile pt;
+    const int64_t n_end = std::min(w.rows, t1 * kTile);
+    if (m_rows <= (HasBytePath(type) ? kBytePathMaxRows : kRowPathMaxRows)) {
+      // Few activation rows: a transpose would not pay for itself; one weight row at a time.
+      for (int64_t n = t0 * kTile; n < n_end; ++n) {
+        const uint8_t* src = w.data + n * w.row_bytes;
+        const bool bytes = HasBytePath(type);
+        if (!bytes) DecodeRow(type, src, w.cols, &row);
+        for (int64_t r = 0; r < m_rows; ++r) {
+          const float v = bytes ? RowDotBytes(type, src, acts, r) : RowDot(type, row, acts, r);
+          y[r * y_stride + n] = bias != nullptr ? v + bias[n] : v;
+        }
+      }
+      return;
+    }
+    for (int64_t n0 = t0 * kTile; n0 < n_end; n0 += kPairRows) {
+      const int valid = static_cast<int>(std::min<int64_t>(kPairRows, w.rows - n0));
+      BuildPairTile(type, w, n0, valid, &row, &pt);
+      PairTileRows(type, pt, acts, act_pairs, m_rows, n0, valid, bias, y, y_stride);
     }
   };
 #else

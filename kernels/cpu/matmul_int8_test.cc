@@ -191,7 +191,7 @@ TEST_P(MatMulInt8TypeTest, BatchAndThreadInvariant) {
   std::normal_distribution<float> nd;
   for (auto& v : bias) v = nd(rng);
   ThreadPool pool1(1), pool3(3);
-  for (int64_t m : {17, 140}) {
+  for (int64_t m : {3, 17, 140}) {  // 3: the AVX2 fallback's one-row-at-a-time path
     const auto x = RandomActivations(m, xs, k, rng);
     std::vector<float> batched(m * ys, NAN);
     MatMulInt8(w, x.data(), m, xs, bias.data(), batched.data(), ys, pool3);
