@@ -11,6 +11,8 @@
 // - A weighted sum adds p_j·v_j into a zeroed output for ascending j, element by element as
 //   Axpy does; the output block stays in registers across keys instead of going to memory
 //   once per key.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -76,6 +78,50 @@ inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, floa
   Store(out, ReduceSixteen(acc));
 }
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define DD_ATTENTION_AVX2 1
+// Scores of 2 queries × 2 keys in AVX2 registers, out[2 * i + c] = Dot(q_i, key_c) bit for
+// bit: each pair's 16-lane accumulator is two 8-float halves (lanes 0-7, 8-15), fused
+// multiply-added over the head dimension like Dot's, then reduced by the same tree (lane i +=
+// lane i + w for w = 8, 4, 2, 1) for the 4 pairs together. Scores4x4's 16 accumulators
+// would take 32 of AVX2's 16 registers.
+inline void Scores2x2(const float* q, int64_t hd, const float* const* keys, float out[4]) {
+  __m256 lo[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 hi[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t e = 0; e < hd; e += kLanes) {
+    const __m256 k0l = _mm256_loadu_ps(keys[0] + e), k0h = _mm256_loadu_ps(keys[0] + e + 8);
+    const __m256 k1l = _mm256_loadu_ps(keys[1] + e), k1h = _mm256_loadu_ps(keys[1] + e + 8);
+    for (int i = 0; i < 2; ++i) {
+      const __m256 ql = _mm256_loadu_ps(q + i * hd + e), qh = _mm256_loadu_ps(q + i * hd + e + 8);
+      lo[2 * i] = _mm256_fmadd_ps(k0l, ql, lo[2 * i]);
+      hi[2 * i] = _mm256_fmadd_ps(k0h, qh, hi[2 * i]);
+      lo[2 * i + 1] = _mm256_fmadd_ps(k1l, ql, lo[2 * i + 1]);
+      hi[2 * i + 1] = _mm256_fmadd_ps(k1h, qh, hi[2 * i + 1]);
+    }
+  }
+  // w = 8: one 8-lane vector per pair.
+  const __m256 a = _mm256_add_ps(lo[0], hi[0]), b = _mm256_add_ps(lo[1], hi[1]);
+  const __m256 c = _mm256_add_ps(lo[2], hi[2]), d = _mm256_add_ps(lo[3], hi[3]);
+  // w = 4: [a 0-3 | b 0-3] and [c | d].
+  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  // w = 2: per 128-bit half, [a 0-1, c 0-1 | b 0-1, d 0-1].
+  const __m256 t2 = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // w = 1: [a, c, a, c | b, d, b, d].
+  const __m256 t1 = _mm256_add_ps(_mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float r[8];
+  _mm256_store_ps(r, t1);
+  out[0] = r[0];  // q0 · k0
+  out[1] = r[4];  // q0 · k1
+  out[2] = r[1];  // q1 · k0
+  out[3] = r[5];  // q1 · k1
+}
+#else
+#define DD_ATTENTION_AVX2 0
+#endif
+
 // NV vectors (16·NV output elements, starting at `e`) of 4 queries, over keys [j0, j1),
 // continuing the sums already in `outs` unless `first` (then from zero). A float stored and
 // reloaded keeps its bits, so splitting the keys into tiles changes nothing.
@@ -99,6 +145,15 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
     for (int t = 0; t < NV; ++t) Store(outs[i] + e + t * kLanes, acc[i][t]);
 }
 
+// Output vectors per query a weighted-sum call keeps in registers: 4 queries × 4 × 16 floats
+// fill AVX-512's 32 registers; with 16-float vectors split in two on AVX2 (16 registers) that
+// many spill on every key, so there 4 × 1. Same bits either way (per-element order unchanged).
+#if defined(__AVX512F__)
+constexpr int kWideVectors = 4;
+#else
+constexpr int kWideVectors = 1;
+#endif
+
 // Keys per tile: ~32 KiB of keys or values, reused from L1/L2 by every query quad.
 inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / std::max<int64_t>(hd, 16)) / 4 * 4); }
 
@@ -111,6 +166,28 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
       for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
     return;
   }
+#if DD_ATTENTION_AVX2
+  // Pairs of queries × pairs of keys (Scores2x2); an odd last query or key goes through Dot.
+  const int64_t nq2 = nq / 2 * 2, nk2 = nk / 2 * 2;
+  const int64_t tile2 = KeyTile(hd);
+  for (int64_t jt = 0; jt < nk2; jt += tile2) {
+    const int64_t je = std::min(nk2, jt + tile2);
+    for (int64_t i = 0; i < nq2; i += 2) {
+      for (int64_t j = jt; j < je; j += 2) {
+        float out[4];
+        Scores2x2(q + i * hd, hd, keys + j, out);
+        s[i * ld + j] = out[0];
+        s[i * ld + j + 1] = out[1];
+        s[(i + 1) * ld + j] = out[2];
+        s[(i + 1) * ld + j + 1] = out[3];
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int64_t j = (i < nq2 ? nk2 : 0); j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+  }
+  return;
+#endif
   // A last partial quad of queries runs padded with copies of its last query (stored once).
   thread_local std::vector<float> pad;
   const int64_t n_quads = (nq + 3) / 4, rem = nq % 4;
@@ -155,7 +232,9 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
         o[r] = outs[i + std::min(r, n - 1)];
       }
       int64_t e = e0;
-      for (; e + 4 * kLanes <= e1; e += 4 * kLanes) WeightedSum4<4>(pr, n, values, jt, je, e, o, first);
+      for (; e + kWideVectors * kLanes <= e1; e += kWideVectors * kLanes) {
+        WeightedSum4<kWideVectors>(pr, n, values, jt, je, e, o, first);
+      }
       for (; e + kLanes <= e1; e += kLanes) WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
       for (; e < e1; ++e) {  // scalar tail, same per-element order
         for (int r = 0; r < n; ++r) {
