@@ -215,6 +215,42 @@ INSTANTIATE_TEST_SUITE_P(Cases, StepCacheTest,
                                   std::to_string(info.param.margin_tokens);
                          });
 
+// spec_candidates = 1: the speculative row chooses only among the real row's 8 best chunks
+// and the chunks that became selectable since, so with the step cache (where the real row's S
+// is resident) its prefetch moves at most the new chunks, while every chunk's prediction
+// (random speculative queries) moves many; results still equal `sparse` bit for bit.
+TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
+  const auto c = TinyConfig();
+  ThreadPool pool(2);
+  SparseOptions o;
+  o.budget_tokens = 64;  // 8 of ~40 selectable chunks
+  auto store_a = kvpool::NewInProcessKvStore();
+  auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
+  auto store_c = kvpool::NewInProcessKvStore();
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), pool);
+  o.step_cache = true;
+  o.spec_candidates = 0;
+  auto every = SparseKvCache::Create(c, o, store_c.get(), pool);
+  o.spec_candidates = 1;
+  auto narrow = SparseKvCache::Create(c, o, store_b.get(), pool);
+  ASSERT_TRUE(sparse.ok() && every.ok() && narrow.ok());
+  constexpr int kSteps = 25;
+  const auto want = Driver(c, sparse->get(), false).Run(kSteps);
+  const auto a = Driver(c, every->get(), true).Run(kSteps);
+  const auto b = Driver(c, narrow->get(), true).Run(kSteps);
+  ASSERT_EQ(want.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(want.data(), a.data(), a.size() * 4));
+  EXPECT_EQ(0, std::memcmp(want.data(), b.data(), b.size() * 4));
+  // At most one chunk per step, sequence, layer and KV head becomes selectable.
+  const int64_t new_chunks_bound = kSteps * 2 * 2 * 2;
+  EXPECT_LE((*narrow)->total_stats().prefetched, new_chunks_bound);
+  EXPECT_GT((*every)->total_stats().prefetched, new_chunks_bound);
+  o.spec_candidates = SparseOptions::kMaxSpecCandidates + 1;
+  auto bad = SparseKvCache::Create(c, o, store_c.get(), pool);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("speculative candidates"), std::string::npos) << bad.status();
+}
+
 // A forked sequence continues exactly like the original (sparse state, store blocks, dense
 // layers all copied).
 TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {

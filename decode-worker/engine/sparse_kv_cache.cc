@@ -39,6 +39,10 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
   if (prefetch_buffers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch buffers must be >= 1, got ", prefetch_buffers));
   }
+  if (spec_candidates < 0 || spec_candidates > kMaxSpecCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative candidates must be in [0, ", kMaxSpecCandidates,
+                                                   "] (× the budget; 0 = every chunk), got ", spec_candidates));
+  }
   return absl::OkStatus();
 }
 
@@ -381,39 +385,58 @@ SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
 }
 
 SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w,
-                                               Selection* ranked) const {
+                                               Selection* ranked, Selection* shortlist,
+                                               const Selection* candidates) const {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
   const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
+  const int64_t k_short = options_.spec_candidates * k_sel;
+  // Score order: higher first, ties by lower chunk index (a strict total order, so the top k
+  // of the top k_short are the top k).
+  const auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   Selection sel(n_kv);
+  if (shortlist != nullptr) shortlist->assign(n_kv, {});
   std::vector<std::pair<float, int64_t>> cand;
   // Landmark scores of the group's gs query heads in one blocked call (Dot's bits per pair).
   thread_local std::vector<const float*> landmarks;
+  thread_local std::vector<int64_t> chunks;
   thread_local std::vector<float> scores;
-  const int64_t n_cand = std::max<int64_t>(0, w.sel_end - w.sel_begin);
   for (int64_t g = 0; g < n_kv; ++g) {
-    cand.clear();
+    chunks.clear();
+    if (candidates != nullptr) {
+      chunks = (*candidates)[g];
+    } else {
+      for (int64_t c = w.sel_begin; c < w.sel_end; ++c) chunks.push_back(c);
+    }
+    const int64_t n_cand = static_cast<int64_t>(chunks.size());
     landmarks.resize(n_cand);
-    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) landmarks[c - w.sel_begin] = st.landmarks.At(c, g * hd);
+    for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = st.landmarks.At(chunks[i], g * hd);
     scores.resize(gs * n_cand);
     kernels::AttentionScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
-    for (int64_t c = w.sel_begin; c < w.sel_end; ++c) {
+    cand.clear();
+    for (int64_t i = 0; i < n_cand; ++i) {
       float best = -INFINITY;
-      for (int64_t h = 0; h < gs; ++h) best = std::max(best, scores[h * n_cand + (c - w.sel_begin)]);
-      cand.push_back({best, c});
+      for (int64_t h = 0; h < gs; ++h) best = std::max(best, scores[h * n_cand + i]);
+      cand.push_back({best, chunks[i]});
+    }
+    if (shortlist != nullptr) {
+      if (static_cast<int64_t>(cand.size()) > k_short) {
+        std::nth_element(cand.begin(), cand.begin() + k_short, cand.end(), better);
+      }
+      const int64_t n_short = std::min<int64_t>(k_short, static_cast<int64_t>(cand.size()));
+      for (int64_t i = 0; i < n_short; ++i) (*shortlist)[g].push_back(cand[i].second);
+      cand.resize(n_short);
     }
     if (static_cast<int64_t>(cand.size()) > k_sel) {
-      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
+      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end(), better);
       cand.resize(k_sel);
     }
     for (const auto& [score, c] : cand) sel[g].push_back(c);
     std::sort(sel[g].begin(), sel[g].end());
     if (ranked != nullptr) {
       ranked->resize(n_kv);
-      std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
+      std::sort(cand.begin(), cand.end(), better);
       (*ranked)[g].clear();
       for (const auto& [score, c] : cand) (*ranked)[g].push_back(c);
     }
@@ -608,7 +631,8 @@ SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const m
     }
   }
   const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
-  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr);
+  has_shortlist_ = spec_follows && options_.spec_candidates > 0;
+  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, has_shortlist_ ? &last_shortlist_ : nullptr);
 }
 
 absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
@@ -698,13 +722,24 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
   const float* own_v = call.v + row * kv_dim;
   // Predicted selection for the next step, whose real row sits at `pos`.
   const Window next = WindowFor(pos + 1);
-  Selection ranked;
-  Selection predicted = Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr);
+  Selection ranked, predicted;
   if (after_real && options_.predictor == Predictor::kPrevious) {
     predicted = UnionOf(last_ranked_, last_ranked_, next);  // the real row's S, within the next window
-  } else if (after_real && options_.predictor == Predictor::kUnion) {
-    predicted = UnionOf(ranked, last_ranked_, next);
+  } else {
+    // After a real row with a shortlist: its best chunks plus those selectable only from the
+    // next step on (the window moved by at most one chunk).
+    const Selection* candidates = nullptr;
+    if (after_real && has_shortlist_) {
+      const int64_t real_end = WindowFor(pos).sel_end;
+      for (auto& list : last_shortlist_) {
+        for (int64_t c = real_end; c < next.sel_end; ++c) list.push_back(c);
+      }
+      candidates = &last_shortlist_;
+    }
+    predicted = Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr, nullptr, candidates);
+    if (after_real && options_.predictor == Predictor::kUnion) predicted = UnionOf(ranked, last_ranked_, next);
   }
+  has_shortlist_ = false;
   st.seeded = !after_real;
   const ListQuery spec{q, call.out + row * q_dim, 0};
   if (after_real) {

@@ -43,6 +43,11 @@ ABSL_FLAG(bool, spec_resync, true,
           "last two tokens, else of the last one (where the context has one), instead of the row's output from the "
           "wrong token; "
           "changes the hit rate, never the results");
+ABSL_FLAG(int64_t, spec_candidates, 4,
+          "dualdecoder: the speculative row scores only the landmarks of the real row's best N x budget chunks "
+          "per KV head (and chunks new since) instead of every chunk (0 = every chunk, at most 64); changes the hit "
+          "rate "
+          "and speed, never the results");
 ABSL_FLAG(bool, step_cache, true,
           "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
           "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
@@ -115,6 +120,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   }
   o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
   o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
+  o.sparse.spec_candidates = absl::GetFlag(FLAGS_spec_candidates);
   o.sparse.step_cache = o.mode == engine::DecodeMode::kSparseCached ||
                         (o.mode == engine::DecodeMode::kDualDecoder && absl::GetFlag(FLAGS_step_cache));
   o.sparse.resident_margin_tokens = absl::GetFlag(FLAGS_resident_margin);
