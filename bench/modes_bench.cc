@@ -64,6 +64,10 @@ ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"conte
 ABSL_FLAG(std::vector<std::string>, modes, {},
           "Only these mode labels (e.g. dualdecoder,sparse; default: all). Without sparse-cached the pcie5 "
           "link is not calibrated and not run");
+ABSL_FLAG(std::vector<std::string>, spec_candidates, std::vector<std::string>({"default"}),
+          "dualdecoder: the speculative row's landmark candidates (× the budget, 0 = every chunk; default: the "
+          "engine's); the first for every dualdecoder run, each further value adds an in-process run of the first "
+          "head labelled dualdecoder-candN");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
           "of the last one (EngineOptions::spec_resync)");
@@ -199,6 +203,16 @@ int main(int argc, char** argv) {
                                    dd::kvpool::TransferQueue::kMaxLanes)) {
     lane_counts.push_back(static_cast<int>(n));
   }
+  std::vector<int64_t> candidate_counts;
+  for (const std::string& c : absl::GetFlag(FLAGS_spec_candidates)) {
+    int64_t n = dd::engine::SparseOptions{}.spec_candidates;
+    if (c != "default" && (!absl::SimpleAtoi(c, &n) || n < 0 || n > dd::engine::SparseOptions::kMaxSpecCandidates)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--spec_candidates '", c, "': expected default or an integer in [0, ",
+                                                          dd::engine::SparseOptions::kMaxSpecCandidates, "]")));
+    }
+    candidate_counts.push_back(n);
+  }
+  if (candidate_counts.empty()) return fail(absl::InvalidArgumentError("--spec_candidates: empty list"));
   // Requested batches, parsed once; 0 stands for 'max' (each mode's largest).
   std::vector<int64_t> batch_req;
   for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
@@ -232,6 +246,7 @@ int main(int argc, char** argv) {
       std::string store;  // inproc, shm, ucx-tcp, ucx-sm
       bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
       int lanes = 1;           // a pool store's transfer lanes
+      int64_t spec_candidates = dd::engine::SparseOptions{}.spec_candidates;
     };
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : stores) {
@@ -255,8 +270,20 @@ int main(int argc, char** argv) {
             continue;  // e.g. auto,context,full: auto already ran one of the two
           }
           variants.push_back({head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
-                              DecodeMode::kDualDecoder, head, store, true, lanes});
+                              DecodeMode::kDualDecoder, head, store, true, lanes, candidate_counts.front()});
           if (store != "inproc") break;
+        }
+      }
+      if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
+        // Further speculative-candidate counts, with the first head.
+        const Variant base = *std::find_if(variants.begin(), variants.end(), [](const Variant& v) {
+          return v.mode == DecodeMode::kDualDecoder && v.store == "inproc";
+        });
+        for (size_t i = 1; i < candidate_counts.size(); ++i) {
+          Variant v = base;
+          v.label = absl::StrCat("dualdecoder-cand", candidate_counts[i]);
+          v.spec_candidates = candidate_counts[i];
+          variants.push_back(v);
         }
       }
       if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
@@ -304,6 +331,7 @@ int main(int argc, char** argv) {
         o.mode = mode;
         o.spec_head = variant.head;
         o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
+        o.sparse.spec_candidates = variant.spec_candidates;
         o.threads = threads;
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
@@ -434,6 +462,7 @@ int main(int argc, char** argv) {
   }
   nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
                         {"rounds", rounds}, {"spec_resync", absl::GetFlag(FLAGS_spec_resync)},
+                        {"spec_candidates", candidate_counts.front()},
                         {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
   const std::string out = absl::GetFlag(FLAGS_out);
