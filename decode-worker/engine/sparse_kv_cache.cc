@@ -396,7 +396,7 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   Selection sel(n_kv);
-  if (shortlist != nullptr) shortlist->assign(n_kv, {});
+  if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
   std::vector<std::pair<float, int64_t>> cand;
   // Landmark scores of the group's gs query heads in one blocked call (Dot's bits per pair).
   thread_local std::vector<const float*> landmarks;
@@ -421,6 +421,7 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
       cand.push_back({best, chunks[i]});
     }
     if (shortlist != nullptr) {
+      (*shortlist)[g].clear();
       if (static_cast<int64_t>(cand.size()) > k_short) {
         std::nth_element(cand.begin(), cand.begin() + k_short, cand.end(), better);
       }
@@ -631,8 +632,8 @@ SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const m
     }
   }
   const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
-  has_shortlist_ = spec_follows && options_.spec_candidates > 0;
-  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, has_shortlist_ ? &last_shortlist_ : nullptr);
+  const bool shortlist = spec_follows && options_.spec_candidates > 0;
+  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, shortlist ? &last_shortlist_ : nullptr);
 }
 
 absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
@@ -726,10 +727,10 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
   if (after_real && options_.predictor == Predictor::kPrevious) {
     predicted = UnionOf(last_ranked_, last_ranked_, next);  // the real row's S, within the next window
   } else {
-    // After a real row with a shortlist: its best chunks plus those selectable only from the
-    // next step on (the window moved by at most one chunk).
+    // After a real row (whose PrepareDecodeRow kept its shortlist: spec_follows): its best
+    // chunks plus those selectable only from the next step on (at most one chunk more).
     const Selection* candidates = nullptr;
-    if (after_real && has_shortlist_) {
+    if (after_real && options_.spec_candidates > 0) {
       const int64_t real_end = WindowFor(pos).sel_end;
       for (auto& list : last_shortlist_) {
         for (int64_t c = real_end; c < next.sel_end; ++c) list.push_back(c);
@@ -739,7 +740,6 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     predicted = Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr, nullptr, candidates);
     if (after_real && options_.predictor == Predictor::kUnion) predicted = UnionOf(ranked, last_ranked_, next);
   }
-  has_shortlist_ = false;
   st.seeded = !after_real;
   const ListQuery spec{q, call.out + row * q_dim, 0};
   if (after_real) {

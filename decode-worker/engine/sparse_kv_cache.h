@@ -292,7 +292,6 @@ class SparseKvCache : public KvCache {
   ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
   Selection last_ranked_;     // the same, by score (previous / union predictors)
   Selection last_shortlist_;  // the real row's best candidates for its speculative row (spec_candidates)
-  bool has_shortlist_ = false;
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)
   std::vector<int64_t> sparse_layers_; // the sparse layers' model indices, in order
