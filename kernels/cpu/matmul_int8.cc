@@ -881,20 +881,23 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
     }
   };
 #elif DD_INT8_AVX2
-  // Every row's int16 activation pairs, once per call (read by the workers like `acts`).
+  // Few activation rows: a transpose would not pay for itself; one weight row at a time.
+  const bool bytes = HasBytePath(type);
+  const bool by_row = m_rows <= (bytes ? kBytePathMaxRows : kRowPathMaxRows);
+  // Otherwise every row's int16 activation pairs, once per call (read by the workers like `acts`).
   thread_local std::vector<int32_t> pair_buf;
-  pair_buf.resize(m_rows * (w.cols / 2));
-  for (int64_t r = 0; r < m_rows; ++r) PackActPairs(acts, r, pair_buf.data() + r * (w.cols / 2));
+  if (!by_row) {
+    pair_buf.resize(m_rows * (w.cols / 2));
+    for (int64_t r = 0; r < m_rows; ++r) PackActPairs(acts, r, pair_buf.data() + r * (w.cols / 2));
+  }
   const int32_t* act_pairs = pair_buf.data();
   auto run_tiles = [&](int64_t t0, int64_t t1) {
     thread_local DecodedRow row;
     thread_local PairTile pt;
     const int64_t n_end = std::min(w.rows, t1 * kTile);
-    if (m_rows <= (HasBytePath(type) ? kBytePathMaxRows : kRowPathMaxRows)) {
-      // Few activation rows: a transpose would not pay for itself; one weight row at a time.
+    if (by_row) {
       for (int64_t n = t0 * kTile; n < n_end; ++n) {
         const uint8_t* src = w.data + n * w.row_bytes;
-        const bool bytes = HasBytePath(type);
         if (!bytes) DecodeRow(type, src, w.cols, &row);
         for (int64_t r = 0; r < m_rows; ++r) {
           const float v = bytes ? RowDotBytes(type, src, acts, r) : RowDot(type, row, acts, r);
