@@ -37,11 +37,20 @@ void ApplyRope(float* head, int64_t half, const float* cos, const float* sin, bo
 }
 
 namespace {
-typedef float V16 __attribute__((vector_size(64), aligned(4), may_alias));
-typedef int32_t I16 __attribute__((vector_size(64), aligned(4), may_alias));
+// Softmax vectors: 16 lanes, held as kParts vectors of 16 / kParts floats. On AVX2 without
+// AVX-512 GCC lowers 16-float generic vectors to stack traffic (15% of a prefill in perf), so
+// there the 16 lanes are two 8-float halves; every lane sees the same operations either way.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+constexpr int kParts = 2;
+#else
+constexpr int kParts = 1;
+#endif
+constexpr int kPartLanes = 16 / kParts;
+typedef float VP __attribute__((vector_size(4 * kPartLanes), aligned(4), may_alias));
+typedef int32_t IP __attribute__((vector_size(4 * kPartLanes), aligned(4), may_alias));
 
-// e^r for |r| <= ln2/2: the degree-7 Taylor polynomial by Horner, for float or V16 (the same
-// operations in the same order, so scalar and vector callers get the same bits).
+// e^r for |r| <= ln2/2: the degree-7 Taylor polynomial by Horner, for float or a vector (the
+// same operations in the same order, so scalar and vector callers get the same bits).
 template <typename T>
 inline T ExpTaylor7(T r) {
   T p = T{} + 1.0f / 5040;
@@ -57,20 +66,20 @@ inline T ExpTaylor7(T r) {
 // exp(x) for x <= 0 (softmax inputs after subtracting the max): x = k ln2 + r with
 // |r| <= ln2/2, e^r by a degree-7 Taylor polynomial (error < 2e-8 relative), times 2^k built
 // in the exponent bits. Inputs below -87 (and -inf) give 0.
-inline V16 ExpNonPositive(V16 x) {
-  const I16 tiny = x < -87.0f;
-  x = tiny ? V16{} - 87.0f : x;
-  const V16 t = x * 1.44269504088896341f - 0.5f;
-  const I16 k = __builtin_convertvector(t, I16);  // truncation toward zero = round(x log2 e)
-  const V16 kf = __builtin_convertvector(k, V16);
-  V16 r = x - kf * 0.693145751953125f;
+inline VP ExpNonPositive(VP x) {
+  const IP tiny = x < -87.0f;
+  x = tiny ? VP{} - 87.0f : x;
+  const VP t = x * 1.44269504088896341f - 0.5f;
+  const IP k = __builtin_convertvector(t, IP);  // truncation toward zero = round(x log2 e)
+  const VP kf = __builtin_convertvector(k, VP);
+  VP r = x - kf * 0.693145751953125f;
   r = r - kf * 1.428606765330187045e-06f;
-  const V16 p = ExpTaylor7(r);
-  const I16 bits = (k + 127) << 23;
-  V16 scale;
+  const VP p = ExpTaylor7(r);
+  const IP bits = (k + 127) << 23;
+  VP scale;
   __builtin_memcpy(&scale, &bits, sizeof(scale));
-  const V16 out = p * scale;
-  return tiny ? V16{} : out;
+  const VP out = p * scale;
+  return tiny ? VP{} : out;
 }
 }  // namespace
 
@@ -78,33 +87,46 @@ void ScaledSoftmax(float* x, int64_t n, float scale) {
   if (n <= 0) return;
   // The max is exact whatever the order, so 16 lanes then across them.
   const int64_t nv = n / 16 * 16;
-  V16 vmx = V16{} - INFINITY;
+  VP vmx[kParts];
+  for (int h = 0; h < kParts; ++h) vmx[h] = VP{} - INFINITY;
   for (int64_t i = 0; i < nv; i += 16) {
-    V16 v;
-    __builtin_memcpy(&v, x + i, sizeof(v));
-    v *= scale;
-    vmx = v > vmx ? v : vmx;
+    for (int h = 0; h < kParts; ++h) {
+      VP v;
+      __builtin_memcpy(&v, x + i + h * kPartLanes, sizeof(v));
+      v *= scale;
+      vmx[h] = v > vmx[h] ? v : vmx[h];
+    }
   }
   float mx = -INFINITY;
-  for (int i = 0; i < 16; ++i) mx = std::max(mx, vmx[i]);
+  for (int h = 0; h < kParts; ++h)
+    for (int i = 0; i < kPartLanes; ++i) mx = std::max(mx, vmx[h][i]);
   for (int64_t i = nv; i < n; ++i) mx = std::max(mx, x[i] * scale);
-  V16 acc = {};
+  // Lane l of the 16 (part l / kPartLanes) sums the exponentials of elements l, l + 16, ...
+  VP acc[kParts] = {};
   for (int64_t i = 0; i < nv; i += 16) {
-    V16 v;
-    __builtin_memcpy(&v, x + i, sizeof(v));
-    v = ExpNonPositive(v * scale - mx);
-    __builtin_memcpy(x + i, &v, sizeof(v));
-    acc += v;
+    for (int h = 0; h < kParts; ++h) {
+      VP v;
+      __builtin_memcpy(&v, x + i + h * kPartLanes, sizeof(v));
+      v = ExpNonPositive(v * scale - mx);
+      __builtin_memcpy(x + i + h * kPartLanes, &v, sizeof(v));
+      acc[h] += v;
+    }
   }
   if (nv < n) {  // the tail through the same vector code, padded with -inf (exp = 0)
-    V16 v = V16{} - INFINITY;
-    __builtin_memcpy(&v, x + nv, (n - nv) * sizeof(float));
-    v = ExpNonPositive(v * scale - mx);
-    __builtin_memcpy(x + nv, &v, (n - nv) * sizeof(float));
-    acc += v;
+    float tail[16];
+    std::fill(tail, tail + 16, -INFINITY);
+    std::memcpy(tail, x + nv, (n - nv) * sizeof(float));
+    for (int h = 0; h < kParts; ++h) {
+      VP v;
+      __builtin_memcpy(&v, tail + h * kPartLanes, sizeof(v));
+      v = ExpNonPositive(v * scale - mx);
+      __builtin_memcpy(tail + h * kPartLanes, &v, sizeof(v));
+      acc[h] += v;
+    }
+    std::memcpy(x + nv, tail, (n - nv) * sizeof(float));
   }
   float lanes[16];
-  __builtin_memcpy(lanes, &acc, sizeof(lanes));
+  __builtin_memcpy(lanes, acc, sizeof(lanes));
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) lanes[i] += lanes[i + w];
   const float inv = 1.0f / lanes[0];
