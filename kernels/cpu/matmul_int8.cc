@@ -19,7 +19,8 @@
 // operations per element, so it gives the same bits, only slower. With AVX2 + FMA it runs
 // three ways, all with those bits (dd-bench-matmul --checksum prints the same hashes as the
 // portable build): up to kBytePathMaxRows activation rows, Q8_0/Q4_x/Q5_x rows dot straight
-// from the weight bytes (RowDotBytes, VPMADDUBSW); other types up to kRowPathMaxRows decode a
+// from the weight bytes, 8 weight rows per call (RowDotBytes8, VPMADDUBSW, one lane per
+// weight row); other types up to kRowPathMaxRows decode a
 // row and dot it (RowDot); more rows decode 8 weight rows into a transposed int16 tile once
 // and dot every activation row against it on VPMADDWD (PairTile).
 
@@ -645,6 +646,38 @@ inline __m256i FifthBits(uint32_t bits) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(0x10));
 }
 
+// Bytes per 32-element block: f16 scale, [f16 min], [32 fifth bits], 16 nibble bytes (Q8_0: 32 codes).
+constexpr int64_t BytePathBlockBytes(DType t) {
+  return t == DType::kQ8_0 ? 34
+                           : 18 + ((t == DType::kQ4_1 || t == DType::kQ5_1) ? 2 : 0) +
+                                 ((t == DType::kQ5_0 || t == DType::kQ5_1) ? 4 : 0);
+}
+
+// One 32-element block of a HasBytePath row times activations x, as eight int32 partial sums
+// whose total is the block's integer dot before the zero point (RowDotBytesOf, RowDotBytes8Of).
+template <DType t>
+inline __m256i BlockProducts(const uint8_t* blk, __m256i x) {
+  constexpr bool q8 = t == DType::kQ8_0;
+  constexpr bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
+  constexpr int head = q8 ? 2 : 2 + ((t == DType::kQ4_1 || t == DType::kQ5_1) ? 2 : 0) + (five ? 4 : 0);
+  __m256i p;
+  if constexpr (q8) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  } else {
+    // Elements 0..15: the 16 bytes' low nibbles; 16..31: their high nibbles.
+    const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + head));
+    __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
+    if constexpr (five) {
+      uint32_t qh;
+      std::memcpy(&qh, blk + head - 4, 4);
+      w = _mm256_or_si256(w, FifthBits(qh));
+    }
+    p = _mm256_maddubs_epi16(w, x);
+  }
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
 // One weight row (a HasBytePath type) · activation row r, from the weight bytes without
 // DecodeRow: RowDot's integer dot per block and its float ops in its order. Unsigned codes
 // times int8 activations on VPMADDUBSW cannot saturate (2·31·127 < 2^15; Q8_0 runs as
@@ -655,32 +688,11 @@ float RowDotBytesOf(const uint8_t* src, const QuantActs& a, int64_t r) {
   const float* d = a.d(r);
   const float* xs = a.xs(r);
   const int32_t* c32 = a.c32(r);
-  constexpr bool q8 = t == DType::kQ8_0;
   constexpr bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
-  constexpr bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
   constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
-  constexpr int head = q8 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
-  constexpr int64_t block_bytes = q8 ? 34 : head + 16;
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
   float acc = 0.0f;
-  for (int64_t b = 0; b < a.nb; ++b, src += block_bytes) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
-    __m256i p;
-    if constexpr (q8) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2));
-      p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    } else {
-      // Elements 0..15: the 16 bytes' low nibbles; 16..31: their high nibbles.
-      const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + head));
-      __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), low4);
-      if constexpr (five) {
-        uint32_t qh;
-        std::memcpy(&qh, src + head - 4, 4);
-        w = _mm256_or_si256(w, FifthBits(qh));
-      }
-      p = _mm256_maddubs_epi16(w, x);
-    }
-    p = _mm256_madd_epi16(p, ones);
+  for (int64_t b = 0; b < a.nb; ++b, src += BytePathBlockBytes(t)) {
+    const __m256i p = BlockProducts<t>(src, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock)));
     __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
@@ -689,6 +701,56 @@ float RowDotBytesOf(const uint8_t* src, const QuantActs& a, int64_t r) {
     if constexpr (has_min) acc = std::fma(F16ToF32(LoadU16(src + 2)), xs[b], acc);
   }
   return acc;
+}
+
+// The f16s at p, p + stride, ..., p + 7·stride, as floats (exact).
+inline __m256 Halves8(const uint8_t* p, int64_t stride) {
+  return _mm256_cvtph_ps(_mm_setr_epi16(LoadU16(p), LoadU16(p + stride), LoadU16(p + 2 * stride),
+                                        LoadU16(p + 3 * stride), LoadU16(p + 4 * stride), LoadU16(p + 5 * stride),
+                                        LoadU16(p + 6 * stride), LoadU16(p + 7 * stride)));
+}
+
+// RowDotBytesOf for 8 weight rows `row_bytes` apart against activation row r, one lane per
+// weight row: lane i gets the same integer dots and the same float ops in the same order as
+// RowDotBytesOf on row i (same bits), without its serial per-block chain and horizontal sums.
+template <DType t>
+void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float out[8]) {
+  const int8_t* q = a.q(r);
+  const float* d = a.d(r);
+  const float* xs = a.xs(r);
+  const int32_t* c32 = a.c32(r);
+  constexpr bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
+  constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b, src += BytePathBlockBytes(t)) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
+    const __m256i p01 = _mm256_hadd_epi32(BlockProducts<t>(src, x), BlockProducts<t>(src + row_bytes, x));
+    const __m256i p23 =
+        _mm256_hadd_epi32(BlockProducts<t>(src + 2 * row_bytes, x), BlockProducts<t>(src + 3 * row_bytes, x));
+    const __m256i p45 =
+        _mm256_hadd_epi32(BlockProducts<t>(src + 4 * row_bytes, x), BlockProducts<t>(src + 5 * row_bytes, x));
+    const __m256i p67 =
+        _mm256_hadd_epi32(BlockProducts<t>(src + 6 * row_bytes, x), BlockProducts<t>(src + 7 * row_bytes, x));
+    // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
+    const __m256i p0123 = _mm256_hadd_epi32(p01, p23), p4567 = _mm256_hadd_epi32(p45, p67);
+    __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
+                                   _mm256_permute2x128_si256(p0123, p4567, 0x31));
+    if constexpr (zp) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(c32[b]));
+    const __m256 sd = _mm256_mul_ps(Halves8(src, row_bytes), _mm256_set1_ps(d[b]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc);
+    if constexpr (has_min) acc = _mm256_fmadd_ps(Halves8(src + 2, row_bytes), _mm256_set1_ps(xs[b]), acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+void RowDotBytes8(DType t, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float out[8]) {
+  switch (t) {
+    case DType::kQ8_0: return RowDotBytes8Of<DType::kQ8_0>(src, row_bytes, a, r, out);
+    case DType::kQ4_0: return RowDotBytes8Of<DType::kQ4_0>(src, row_bytes, a, r, out);
+    case DType::kQ4_1: return RowDotBytes8Of<DType::kQ4_1>(src, row_bytes, a, r, out);
+    case DType::kQ5_0: return RowDotBytes8Of<DType::kQ5_0>(src, row_bytes, a, r, out);
+    default: return RowDotBytes8Of<DType::kQ5_1>(src, row_bytes, a, r, out);
+  }
 }
 
 float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {
@@ -702,9 +764,12 @@ float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {
 }
 
 constexpr int kPairRows = 8;  // weight rows per PairTile: one 32-bit lane each
-// Up to this many activation rows, one weight row at a time instead of PairTile (whose
-// decode and transpose cost about 4 rows of RowDotBytes, one of RowDot; dd-bench-matmul).
-constexpr int64_t kBytePathMaxRows = 4, kRowPathMaxRows = 1;
+// Up to this many activation rows, the weight rows are dotted from their bytes (RowDotBytes8)
+// or decoded one at a time (RowDot) instead of PairTile. dd-bench-matmul, one thread, ms,
+// RowDotBytes8 vs PairTile: Q4_1 1536×576 m = 8 0.38 vs 0.96, m = 16 1.04 vs 1.21, m = 32
+// 1.76 vs 1.86; Q5_0 2048×640 m = 16 1.67 vs 1.84, m = 32 3.22 vs 2.54. PairTile's decode and
+// transpose cost about one row of RowDot.
+constexpr int64_t kBytePathMaxRows = 16, kRowPathMaxRows = 1;
 
 struct alignas(32) Lanes8 {
   int32_t i[8];
@@ -896,7 +961,17 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
     thread_local PairTile pt;
     const int64_t n_end = std::min(w.rows, t1 * kTile);
     if (by_row) {
-      for (int64_t n = t0 * kTile; n < n_end; ++n) {
+      int64_t n = t0 * kTile;
+      if (bytes) {  // 8 weight rows at a time, each activation row against them
+        for (; n + 8 <= n_end; n += 8) {
+          for (int64_t r = 0; r < m_rows; ++r) {
+            float v[8];
+            RowDotBytes8(type, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
+            for (int i = 0; i < 8; ++i) y[r * y_stride + n + i] = bias != nullptr ? v[i] + bias[n + i] : v[i];
+          }
+        }
+      }
+      for (; n < n_end; ++n) {
         const uint8_t* src = w.data + n * w.row_bytes;
         if (!bytes) DecodeRow(type, src, w.cols, &row);
         for (int64_t r = 0; r < m_rows; ++r) {

@@ -156,19 +156,23 @@ void Accuracy(const Shape& s) {
               std::sqrt(sd / sy));
 }
 
+// A hash of the outputs' bits at 1, 3 and 19 activation rows (each CPU path's decode and
+// prefill kernels), 77 weight rows (not a multiple of any kernel's row block).
 void Checksum(const Shape& s) {
-  const int64_t m = 19, n = 77;
+  const int64_t n = 77;
   const auto wdata = RandomWeights(s.type, n, s.k, 3);
   const WeightView w{s.type, wdata.data(), n, s.k, *RowBytes(s.type, s.k)};
-  const auto x = RandomActivations(m, s.k, 4);
-  std::vector<float> y(m * n);
   ThreadPool pool(2);
-  MatMulInt8(w, x.data(), m, s.k, nullptr, y.data(), n, pool);
   uint64_t h = 1469598103934665603ull;
-  for (float v : y) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xff)) * 1099511628211ull;
+  for (const int64_t m : {1, 3, 19}) {
+    const auto x = RandomActivations(m, s.k, 4);
+    std::vector<float> y(m * n);
+    MatMulInt8(w, x.data(), m, s.k, nullptr, y.data(), n, pool);
+    for (float v : y) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xff)) * 1099511628211ull;
+    }
   }
   std::printf("%-5s k=%lld checksum %016llx\n", Name(s.type).c_str(), static_cast<long long>(s.k),
               static_cast<unsigned long long>(h));
