@@ -80,6 +80,29 @@ inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, floa
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define DD_ATTENTION_AVX2 1
+// Four 16-lane accumulators, each as halves lo[p] (lanes 0-7) and hi[p] (8-15), reduced by
+// Dot's tree (lane i += lane i + w for w = 8, 4, 2, 1) together: out[p] is accumulator p's sum.
+inline void ReduceFour(const __m256 (&lo)[4], const __m256 (&hi)[4], float out[4]) {
+  // w = 8: one 8-lane vector per accumulator.
+  const __m256 a = _mm256_add_ps(lo[0], hi[0]), b = _mm256_add_ps(lo[1], hi[1]);
+  const __m256 c = _mm256_add_ps(lo[2], hi[2]), d = _mm256_add_ps(lo[3], hi[3]);
+  // w = 4: [a 0-3 | b 0-3] and [c | d].
+  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  // w = 2: per 128-bit half, [a 0-1, c 0-1 | b 0-1, d 0-1].
+  const __m256 t2 = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // w = 1: [a, c, a, c | b, d, b, d].
+  const __m256 t1 = _mm256_add_ps(_mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float r[8];
+  _mm256_store_ps(r, t1);
+  out[0] = r[0];
+  out[1] = r[4];
+  out[2] = r[1];
+  out[3] = r[5];
+}
+
 // Scores of 2 queries × 2 keys in AVX2 registers, out[2 * i + c] = Dot(q_i, key_c) bit for
 // bit: each pair's 16-lane accumulator is two 8-float halves (lanes 0-7, 8-15), fused
 // multiply-added over the head dimension like Dot's, then reduced by the same tree (lane i +=
@@ -99,24 +122,22 @@ inline void Scores2x2(const float* q, int64_t hd, const float* const* keys, floa
       hi[2 * i + 1] = _mm256_fmadd_ps(k1h, qh, hi[2 * i + 1]);
     }
   }
-  // w = 8: one 8-lane vector per pair.
-  const __m256 a = _mm256_add_ps(lo[0], hi[0]), b = _mm256_add_ps(lo[1], hi[1]);
-  const __m256 c = _mm256_add_ps(lo[2], hi[2]), d = _mm256_add_ps(lo[3], hi[3]);
-  // w = 4: [a 0-3 | b 0-3] and [c | d].
-  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
-  // w = 2: per 128-bit half, [a 0-1, c 0-1 | b 0-1, d 0-1].
-  const __m256 t2 = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  // w = 1: [a, c, a, c | b, d, b, d].
-  const __m256 t1 = _mm256_add_ps(_mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm256_shuffle_ps(t2, t2, _MM_SHUFFLE(3, 1, 3, 1)));
-  alignas(32) float r[8];
-  _mm256_store_ps(r, t1);
-  out[0] = r[0];  // q0 · k0
-  out[1] = r[4];  // q0 · k1
-  out[2] = r[1];  // q1 · k0
-  out[3] = r[5];  // q1 · k1
+  ReduceFour(lo, hi, out);
+}
+
+// Scores of 1 query × 4 keys, out[c] = Dot(q, key_c) bit for bit (Scores2x2's accumulators and
+// tree, for a group's odd last query).
+inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, float out[4]) {
+  __m256 lo[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 hi[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t e = 0; e < hd; e += kLanes) {
+    const __m256 ql = _mm256_loadu_ps(q + e), qh = _mm256_loadu_ps(q + e + 8);
+    for (int c = 0; c < 4; ++c) {
+      lo[c] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[c] + e), ql, lo[c]);
+      hi[c] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[c] + e + 8), qh, hi[c]);
+    }
+  }
+  ReduceFour(lo, hi, out);
 }
 #else
 #define DD_ATTENTION_AVX2 0
@@ -193,7 +214,8 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
     return;
   }
 #if DD_ATTENTION_AVX2
-  // Pairs of queries × pairs of keys (Scores2x2); an odd last query or key goes through Dot.
+  // Pairs of queries × pairs of keys (Scores2x2); an odd last query 4 keys at a time
+  // (Scores1x4), the keys left over through Dot.
   const int64_t nq2 = nq / 2 * 2, nk2 = nk / 2 * 2;
   const int64_t tile2 = KeyTile(hd);
   for (int64_t jt = 0; jt < nk2; jt += tile2) {
@@ -209,8 +231,13 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
       }
     }
   }
-  for (int64_t i = 0; i < nq; ++i) {
-    for (int64_t j = (i < nq2 ? nk2 : 0); j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+  if (nq2 < nq) {  // the odd last query: 4 keys at a time
+    const int64_t nk4 = nk / 4 * 4;
+    for (int64_t j = 0; j < nk4; j += 4) Scores1x4(q + nq2 * hd, hd, keys + j, s + nq2 * ld + j);
+    for (int64_t j = nk4; j < nk; ++j) s[nq2 * ld + j] = Dot(keys[j], q + nq2 * hd, hd);
+  }
+  for (int64_t i = 0; i < nq2; ++i) {
+    for (int64_t j = nk2; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
   }
   return;
 #endif
