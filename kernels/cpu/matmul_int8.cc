@@ -674,19 +674,16 @@ constexpr int64_t BytePathBlockBytes(DType t) {
                                  ((t == DType::kQ5_0 || t == DType::kQ5_1) ? 4 : 0);
 }
 
-// One 32-element block of a HasBytePath row times activations x, as eight int32 partial sums
-// whose total is the block's integer dot before the zero point (RowDotBytesOf, RowDotBytes8Of).
+// A HasBytePath block's 32 weight codes as bytes: Q8_0's signed codes as stored, the others'
+// unsigned codes (elements 0..15: the 16 bytes' low nibbles, 16..31: their high nibbles, plus
+// the fifth bits).
 template <DType t>
-inline __m256i BlockProducts(const uint8_t* blk, __m256i x) {
-  constexpr bool q8 = t == DType::kQ8_0;
-  constexpr bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
-  constexpr int head = q8 ? 2 : 2 + ((t == DType::kQ4_1 || t == DType::kQ5_1) ? 2 : 0) + (five ? 4 : 0);
-  __m256i p;
-  if constexpr (q8) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+inline __m256i BlockCodes(const uint8_t* blk) {
+  if constexpr (t == DType::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   } else {
-    // Elements 0..15: the 16 bytes' low nibbles; 16..31: their high nibbles.
+    constexpr bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
+    constexpr int head = 2 + ((t == DType::kQ4_1 || t == DType::kQ5_1) ? 2 : 0) + (five ? 4 : 0);
     const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + head));
     __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0f));
     if constexpr (five) {
@@ -694,8 +691,16 @@ inline __m256i BlockProducts(const uint8_t* blk, __m256i x) {
       std::memcpy(&qh, blk + head - 4, 4);
       w = _mm256_or_si256(w, FifthBits(qh));
     }
-    p = _mm256_maddubs_epi16(w, x);
+    return w;
   }
+}
+
+// BlockCodes times activations x, as eight int32 partial sums whose total is the block's
+// integer dot before the zero point (RowDotBytesOf, RowDotBytes8Of).
+template <DType t>
+inline __m256i BlockProducts(__m256i w, __m256i x) {
+  const __m256i p = t == DType::kQ8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                                      : _mm256_maddubs_epi16(w, x);
   return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
@@ -713,7 +718,8 @@ float RowDotBytesOf(const uint8_t* src, const QuantActs& a, int64_t r) {
   constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
   float acc = 0.0f;
   for (int64_t b = 0; b < a.nb; ++b, src += BytePathBlockBytes(t)) {
-    const __m256i p = BlockProducts<t>(src, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock)));
+    const __m256i p =
+        BlockProducts<t>(BlockCodes<t>(src), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock)));
     __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
@@ -731,46 +737,64 @@ inline __m256 Halves8(const uint8_t* p, int64_t stride) {
                                         LoadU16(p + 6 * stride), LoadU16(p + 7 * stride)));
 }
 
-// RowDotBytesOf for 8 weight rows `row_bytes` apart against activation row r, one lane per
-// weight row: lane i gets the same integer dots and the same float ops in the same order as
-// RowDotBytesOf on row i (same bits), without its serial per-block chain and horizontal sums.
-template <DType t>
-void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float out[8]) {
-  const int8_t* q = a.q(r);
-  const float* d = a.d(r);
-  const float* xs = a.xs(r);
-  const int32_t* c32 = a.c32(r);
+// RowDotBytesOf for 8 weight rows `row_bytes` apart against activation rows r..r+M-1, one
+// lane per weight row: lane i of out[8m..8m+7] gets the same integer dots and the same float ops
+// in the same order as RowDotBytesOf on row i and activation row r+m (same bits), without its
+// serial per-block chain and horizontal sums; the M activation rows share each weight block's
+// decode and scale loads.
+template <DType t, int M>
+void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
   constexpr bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
   constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b, src += BytePathBlockBytes(t)) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock));
-    const __m256i p01 = _mm256_hadd_epi32(BlockProducts<t>(src, x), BlockProducts<t>(src + row_bytes, x));
-    const __m256i p23 =
-        _mm256_hadd_epi32(BlockProducts<t>(src + 2 * row_bytes, x), BlockProducts<t>(src + 3 * row_bytes, x));
-    const __m256i p45 =
-        _mm256_hadd_epi32(BlockProducts<t>(src + 4 * row_bytes, x), BlockProducts<t>(src + 5 * row_bytes, x));
-    const __m256i p67 =
-        _mm256_hadd_epi32(BlockProducts<t>(src + 6 * row_bytes, x), BlockProducts<t>(src + 7 * row_bytes, x));
-    // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
-    const __m256i p0123 = _mm256_hadd_epi32(p01, p23), p4567 = _mm256_hadd_epi32(p45, p67);
-    __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
-                                   _mm256_permute2x128_si256(p0123, p4567, 0x31));
-    if constexpr (zp) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(c32[b]));
-    const __m256 sd = _mm256_mul_ps(Halves8(src, row_bytes), _mm256_set1_ps(d[b]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc);
-    if constexpr (has_min) acc = _mm256_fmadd_ps(Halves8(src + 2, row_bytes), _mm256_set1_ps(xs[b]), acc);
+    __m256i x[M];
+    for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+    // h[k][m]: rows 2k, 2k+1 against activation row m, pairwise summed.
+    __m256i h[4][M];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i w0 = BlockCodes<t>(src + 2 * k * row_bytes), w1 = BlockCodes<t>(src + (2 * k + 1) * row_bytes);
+      for (int m = 0; m < M; ++m) h[k][m] = _mm256_hadd_epi32(BlockProducts<t>(w0, x[m]), BlockProducts<t>(w1, x[m]));
+    }
+    const __m256 scales = Halves8(src, row_bytes);
+    const __m256 mins = has_min ? Halves8(src + 2, row_bytes) : _mm256_setzero_ps();
+    for (int m = 0; m < M; ++m) {
+      // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
+      const __m256i p0123 = _mm256_hadd_epi32(h[0][m], h[1][m]), p4567 = _mm256_hadd_epi32(h[2][m], h[3][m]);
+      __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
+                                     _mm256_permute2x128_si256(p0123, p4567, 0x31));
+      if constexpr (zp) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(a.c32(r + m)[b]));
+      const __m256 sd = _mm256_mul_ps(scales, _mm256_set1_ps(a.d(r + m)[b]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc[m]);
+      if constexpr (has_min) acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.xs(r + m)[b]), acc[m]);
+    }
   }
-  _mm256_storeu_ps(out, acc);
+  for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
-void RowDotBytes8(DType t, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float out[8]) {
+// Activation rows per RowDotBytes8 call: two share each block's decode within AVX2's 16
+// registers (eight 8-lane partial sums, two activation blocks).
+constexpr int kBytes8Rows = 2;
+
+// RowDotBytes8Of for `rows` (1 or kBytes8Rows) activation rows from r.
+template <DType t>
+void RowDotBytes8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+  if (rows == kBytes8Rows) {
+    RowDotBytes8Of<t, kBytes8Rows>(src, row_bytes, a, r, out);
+  } else {
+    RowDotBytes8Of<t, 1>(src, row_bytes, a, r, out);
+  }
+}
+
+void RowDotBytes8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r,
+                  float* out) {
   switch (t) {
-    case DType::kQ8_0: return RowDotBytes8Of<DType::kQ8_0>(src, row_bytes, a, r, out);
-    case DType::kQ4_0: return RowDotBytes8Of<DType::kQ4_0>(src, row_bytes, a, r, out);
-    case DType::kQ4_1: return RowDotBytes8Of<DType::kQ4_1>(src, row_bytes, a, r, out);
-    case DType::kQ5_0: return RowDotBytes8Of<DType::kQ5_0>(src, row_bytes, a, r, out);
-    default: return RowDotBytes8Of<DType::kQ5_1>(src, row_bytes, a, r, out);
+    case DType::kQ8_0: return RowDotBytes8For<DType::kQ8_0>(rows, src, row_bytes, a, r, out);
+    case DType::kQ4_0: return RowDotBytes8For<DType::kQ4_0>(rows, src, row_bytes, a, r, out);
+    case DType::kQ4_1: return RowDotBytes8For<DType::kQ4_1>(rows, src, row_bytes, a, r, out);
+    case DType::kQ5_0: return RowDotBytes8For<DType::kQ5_0>(rows, src, row_bytes, a, r, out);
+    default: return RowDotBytes8For<DType::kQ5_1>(rows, src, row_bytes, a, r, out);
   }
 }
 
@@ -985,10 +1009,15 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
       int64_t n = t0 * kTile;
       if (bytes) {  // 8 weight rows at a time, each activation row against them
         for (; n + 8 <= n_end; n += 8) {
-          for (int64_t r = 0; r < m_rows; ++r) {
-            float v[8];
-            RowDotBytes8(type, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
-            for (int i = 0; i < 8; ++i) y[r * y_stride + n + i] = bias != nullptr ? v[i] + bias[n + i] : v[i];
+          for (int64_t r = 0; r < m_rows; r += kBytes8Rows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kBytes8Rows, m_rows - r));
+            float v[8 * kBytes8Rows];
+            RowDotBytes8(type, rows, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
+            for (int m = 0; m < rows; ++m) {
+              for (int i = 0; i < 8; ++i) {
+                y[(r + m) * y_stride + n + i] = bias != nullptr ? v[8 * m + i] + bias[n + i] : v[8 * m + i];
+              }
+            }
           }
         }
       }
