@@ -167,33 +167,51 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 }
 
 #if DD_ATTENTION_AVX2
-// WeightedSum4<1> in AVX2 registers: 4 queries × 16 outputs as two 8-float halves each,
-// one fused multiply-add per key and element in ascending key order (same bits). GCC lowers
-// the 16-float generic vectors above to stack traffic on AVX2 (40% of a prefill in perf).
-inline void WeightedSum4Avx2(const float* const* p, int nq, const float* const* values, int64_t j0, int64_t j1,
-                             int64_t e, float* const* outs, bool first) {
-  __m256 lo[4], hi[4];
-  for (int i = 0; i < 4; ++i) {
+// WeightedSum4<1> in AVX2 registers for NQ queries: NQ × 16 outputs as two 8-float halves
+// each, one fused multiply-add per key and element in ascending key order (same bits). GCC
+// lowers the 16-float generic vectors above to stack traffic on AVX2 (40% of a prefill in
+// perf). Up to 6 queries fit (12 accumulators, 2 value halves, 1 broadcast), so a group of 3
+// (SmolLM2's decode) or 6 (its dual step) runs unpadded.
+template <int NQ>
+inline void WeightedSumAvx2(const float* const* p, const float* const* values, int64_t j0, int64_t j1, int64_t e,
+                            float* const* outs, bool first) {
+  __m256 lo[NQ], hi[NQ];
+  for (int i = 0; i < NQ; ++i) {
     lo[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + e);
     hi[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + e + 8);
   }
   for (int64_t j = j0; j < j1; ++j) {
     const __m256 vl = _mm256_loadu_ps(values[j] + e), vh = _mm256_loadu_ps(values[j] + e + 8);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < NQ; ++i) {
       const __m256 pb = _mm256_broadcast_ss(p[i] + j);
       lo[i] = _mm256_fmadd_ps(pb, vl, lo[i]);
       hi[i] = _mm256_fmadd_ps(pb, vh, hi[i]);
     }
   }
-  for (int i = 0; i < nq; ++i) {
+  for (int i = 0; i < NQ; ++i) {
     _mm256_storeu_ps(outs[i] + e, lo[i]);
     _mm256_storeu_ps(outs[i] + e + 8, hi[i]);
   }
 }
+
+inline void WeightedSumAvx2(int nq, const float* const* p, const float* const* values, int64_t j0, int64_t j1,
+                            int64_t e, float* const* outs, bool first) {
+  switch (nq) {
+    case 1: return WeightedSumAvx2<1>(p, values, j0, j1, e, outs, first);
+    case 2: return WeightedSumAvx2<2>(p, values, j0, j1, e, outs, first);
+    case 3: return WeightedSumAvx2<3>(p, values, j0, j1, e, outs, first);
+    case 4: return WeightedSumAvx2<4>(p, values, j0, j1, e, outs, first);
+    case 5: return WeightedSumAvx2<5>(p, values, j0, j1, e, outs, first);
+    default: return WeightedSumAvx2<6>(p, values, j0, j1, e, outs, first);
+  }
+}
+constexpr int kSumQueries = 6;  // queries per weighted-sum block
+#else
+constexpr int kSumQueries = 4;
 #endif
 
 // Output vectors per query a weighted-sum call keeps in registers: 4 queries × 4 × 16 floats
-// fill AVX-512's 32 registers; AVX2 runs WeightedSum4Avx2 (4 × 16) instead, other targets
+// fill AVX-512's 32 registers; AVX2 runs WeightedSumAvx2 (up to 6 × 16) instead, other targets
 // 4 × 1. Same bits either way (per-element order unchanged).
 #if defined(__AVX512F__)
 constexpr int kWideVectors = 4;
@@ -272,15 +290,18 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
                           int64_t e0, int64_t e1, float* const* outs) {
   const int64_t tile = KeyTile(e1 - e0);
-  for (int64_t jt = 0; jt < nk || jt == 0; jt += tile) {  // tile outer: values reused by every quad
+  for (int64_t jt = 0; jt < nk || jt == 0; jt += tile) {  // tile outer: values reused by every block
     const int64_t je = std::min(nk, jt + tile);
     const bool first = jt == 0;
-    for (int64_t i = 0; i < nq; i += 4) {
-      const int n = static_cast<int>(std::min<int64_t>(4, nq - i));
-      // A partial block of queries repeats its last one (same bits, stored once).
-      const float* pr[4];
-      float* o[4];
-      for (int r = 0; r < 4; ++r) {
+    // Blocks of at most kSumQueries, sizes balanced (8 queries: 4 + 4, not 6 + 2).
+    const int64_t n_blocks = (nq + kSumQueries - 1) / kSumQueries;
+    for (int64_t b = 0, i = 0; b < n_blocks; ++b) {
+      const int n = static_cast<int>((nq - i + (n_blocks - b) - 1) / (n_blocks - b));
+      // A partial block of queries repeats its last one (same bits, stored once); the AVX2
+      // kernel runs just the n.
+      const float* pr[kSumQueries];
+      float* o[kSumQueries];
+      for (int r = 0; r < kSumQueries; ++r) {
         pr[r] = p + (i + std::min(r, n - 1)) * ld;
         o[r] = outs[i + std::min(r, n - 1)];
       }
@@ -292,7 +313,7 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
 #endif
       for (; e + kLanes <= e1; e += kLanes) {
 #if DD_ATTENTION_AVX2
-        WeightedSum4Avx2(pr, n, values, jt, je, e, o, first);
+        WeightedSumAvx2(n, pr, values, jt, je, e, o, first);
 #else
         WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
 #endif
@@ -312,6 +333,7 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
           o[r][e] = a;
         }
       }
+      i += n;
     }
   }
 }

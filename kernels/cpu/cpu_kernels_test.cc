@@ -304,7 +304,7 @@ TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t hd : {64, 256, 16, 72, 5}) {
-    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 37}, {4, 37}, {7, 300}, {12, 37}, {12, 301}}) {
+    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 37}, {2, 37}, {3, 37}, {4, 37}, {7, 300}, {8, 37}, {11, 130}, {12, 37}, {12, 301}}) {
       const int64_t ld = nk + 3;
       std::vector<float> q(nq * hd), kv(2 * nk * hd);
       for (auto& v : q) v = nd(rng);
