@@ -19,10 +19,11 @@
 // operations per element, so it gives the same bits, only slower. With AVX2 + FMA it runs
 // three ways, all with those bits (dd-bench-matmul --checksum prints the same hashes as the
 // portable build): up to kBytePathMaxRows activation rows, Q8_0/Q4_x/Q5_x rows dot straight
-// from the weight bytes, 8 weight rows per call (RowDotBytes8, VPMADDUBSW, one lane per
-// weight row); other types up to kRowPathMaxRows decode a
-// row and dot it (RowDot); more rows decode 8 weight rows into a transposed int16 tile once
-// and dot every activation row against it on VPMADDWD (PairTile).
+// from the weight bytes, 8 weight rows and 2 activation rows per call (RowDotBytes8,
+// VPMADDUBSW, one lane per weight row; a tile's last rows one at a time, RowDotBytes); other
+// types up to kRowPathMaxRows decode a row and dot it (RowDot); more rows decode 8 weight rows
+// into a transposed int16 tile once and dot every activation row against it on VPMADDWD
+// (PairTile).
 
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics' own _mm512_undefined_*
 // pass-through operands (GCC bug 105593, fixed in 13); the pragma covers the header's lines.
