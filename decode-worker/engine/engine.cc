@@ -17,6 +17,11 @@ EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& conf
   if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
   if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
   o.spec_head = ResolveSpecHead(o.spec_head, config);
+  // The speculative shortlist by head: the full head's query ranks chunks as the real row's
+  // did, the context head's does not (docs/decisions.md).
+  if (o.sparse.spec_candidates == SparseOptions::kAutoSpecCandidates) {
+    o.sparse.spec_candidates = o.spec_head == SpecHead::kFull ? SparseOptions::kFullHeadSpecCandidates : 0;
+  }
   return o;
 }
 

@@ -113,6 +113,9 @@ class Engine {
   void SetComputeThreads(int n) { pool_.SetActive(n); }
   // The speculative row's head as the engine runs it (kAuto resolved).
   SpecHead spec_head() const { return options_.spec_head; }
+  // The speculative row's landmark candidates (× the budget, 0 = every chunk) as the engine
+  // runs them (SparseOptions::kAutoSpecCandidates resolved by the head).
+  int64_t spec_candidates() const { return options_.sparse.spec_candidates; }
   // dualdecoder: speculative tokens replaced by the context's continuation after a miss
   // (EngineOptions::spec_resync), since construction.
   int64_t spec_resyncs() const { return spec_resyncs_; }

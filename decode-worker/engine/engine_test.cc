@@ -27,15 +27,22 @@ TEST_F(GemmaEngineTest, ConfigFromMetadata) {
 }
 
 // The default speculative head on Gemma 3 270M is the context head: its LM head (262144 x 640)
-// has more multiply-adds than its 18 layers. Named heads stay as they are.
+// has more multiply-adds than its 18 layers. Named heads stay as they are. The default
+// landmark shortlist follows the head: every chunk with the context head (its query does not
+// rank chunks as the real row's did), 4 x budget with the full head; a set value stays.
 TEST_F(GemmaEngineTest, AutoSpecHeadIsTheContextHead) {
   const auto& c = model_->config;
   EXPECT_EQ(ResolveSpecHead(SpecHead::kAuto, c), SpecHead::kContext);
   EXPECT_EQ(ResolveSpecHead(SpecHead::kFull, c), SpecHead::kFull);
   Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
   EXPECT_EQ(dual.spec_head(), SpecHead::kContext);
+  EXPECT_EQ(dual.spec_candidates(), 0);
   Engine full_head(*model_, {.mode = DecodeMode::kDualDecoder, .spec_head = SpecHead::kFull});
   EXPECT_EQ(full_head.spec_head(), SpecHead::kFull);
+  EXPECT_EQ(full_head.spec_candidates(), SparseOptions::kFullHeadSpecCandidates);
+  EngineOptions set{.mode = DecodeMode::kDualDecoder};
+  set.sparse.spec_candidates = 2;
+  EXPECT_EQ(Engine(*model_, set).spec_candidates(), 2);
 }
 
 // Ids checked by hand against the GGUF vocabulary: <bos>, "The", "▁capital", "▁of",

@@ -38,6 +38,7 @@ TEST_F(SmolLM2EngineTest, AutoSpecHeadIsTheFullHead) {
   EXPECT_EQ(ResolveSpecHead(SpecHead::kContext, model_->config), SpecHead::kContext);
   Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
   EXPECT_EQ(dual.spec_head(), SpecHead::kFull);
+  EXPECT_EQ(dual.spec_candidates(), SparseOptions::kFullHeadSpecCandidates);  // the default shortlist
   for (SpecHead h : {SpecHead::kFull, SpecHead::kContext, SpecHead::kAuto}) {
     EXPECT_EQ(*ParseSpecHead(SpecHeadName(h)), h);
   }

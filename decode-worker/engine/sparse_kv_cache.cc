@@ -39,9 +39,10 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
   if (prefetch_buffers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch buffers must be >= 1, got ", prefetch_buffers));
   }
-  if (spec_candidates < 0 || spec_candidates > kMaxSpecCandidates) {
-    return absl::InvalidArgumentError(absl::StrCat("speculative candidates must be in [0, ", kMaxSpecCandidates,
-                                                   "] (× the budget; 0 = every chunk), got ", spec_candidates));
+  if (spec_candidates < kAutoSpecCandidates || spec_candidates > kMaxSpecCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative candidates must be in [-1, ", kMaxSpecCandidates,
+                                                   "] (× the budget; 0 = every chunk, -1 = by the speculative head), got ",
+                                                   spec_candidates));
   }
   return absl::OkStatus();
 }
@@ -50,6 +51,9 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
                              ThreadPool& pool)
     : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
+  if (options_.spec_candidates == SparseOptions::kAutoSpecCandidates) {
+    options_.spec_candidates = SparseOptions::kFullHeadSpecCandidates;  // no Engine resolved it
+  }
   for (int64_t l = 0; l < config.n_layer; ++l) {
     const auto& only = options.sparse_layers;
     if (!config.layer_is_swa[l] && (only.none() || (l < SparseOptions::kMaxLayers && only.test(l)))) {

@@ -80,9 +80,13 @@ struct SparseOptions {
   // row's best `spec_candidates` × budget chunks per KV head (plus chunks that became
   // selectable since), not every chunk: its prediction costs O(budget), not O(context).
   // Changes the prediction, never the results. 0 = every chunk. At most kMaxSpecCandidates.
-  // 4: SmolLM2's hit rate on the license texts 95.4% vs 95.5% with every chunk, 94.3% with 2,
-  // 82.0% with 1 (docs/decisions.md).
-  int64_t spec_candidates = 4;
+  // kAutoSpecCandidates (the default): the Engine picks by the speculative head — 4 with the
+  // full head (SmolLM2's hit rate on the license texts 95.4% vs 95.5% with every chunk, 94.3%
+  // with 2, 82.0% with 1), 0 with the context head (Gemma at 16K: 86.7% with 4 vs 94.2%;
+  // docs/decisions.md); a cache built without an Engine takes 4.
+  static constexpr int64_t kAutoSpecCandidates = -1;
+  static constexpr int64_t kFullHeadSpecCandidates = 4;
+  int64_t spec_candidates = kAutoSpecCandidates;
   static constexpr int64_t kMaxSpecCandidates = 64;
   // Keep attended chunks resident across steps (see above). Off: every step gathers its whole
   // selection (`sparse`) or prefetches its whole prediction into the ring (dualdecoder).

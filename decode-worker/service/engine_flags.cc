@@ -43,11 +43,11 @@ ABSL_FLAG(bool, spec_resync, true,
           "last two tokens, else of the last one (where the context has one), instead of the row's output from the "
           "wrong token; "
           "changes the hit rate, never the results");
-ABSL_FLAG(int64_t, spec_candidates, 4,
+ABSL_FLAG(int64_t, spec_candidates, -1,
           "dualdecoder: the speculative row scores only the landmarks of the real row's best N x budget chunks "
-          "per KV head (and chunks new since) instead of every chunk (0 = every chunk, at most 64); changes the hit "
-          "rate "
-          "and speed, never the results");
+          "per KV head (and chunks new since) instead of every chunk (0 = every chunk, at most 64; -1 = by the "
+          "speculative head: 4 with the full head, 0 with the context head); changes the hit rate and speed, never "
+          "the results");
 ABSL_FLAG(bool, step_cache, true,
           "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
           "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
