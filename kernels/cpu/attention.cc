@@ -139,6 +139,14 @@ inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, floa
   }
   ReduceFour(lo, hi, out);
 }
+
+// Keys and values come from blocks scattered over a resident set larger than the last-level
+// cache; a pass's first sweep over a tile asks for the rows kPrefetchRows ahead, lines [e0, e1)
+// (a hint only: no bits change).
+constexpr int64_t kPrefetchRows = 16;
+inline void PrefetchRow(const float* row, int64_t e0, int64_t e1) {
+  for (int64_t e = e0; e < e1; e += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T0);
+}
 #else
 #define DD_ATTENTION_AVX2 0
 #endif
@@ -167,6 +175,11 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 }
 
 #if DD_ATTENTION_AVX2
+// What a weighted-sum sweep prefetches: rows below nk (none when nk = 0), elements [e0, e1).
+struct Ahead {
+  int64_t nk = 0, e0 = 0, e1 = 0;
+};
+
 // WeightedSum4<1> in AVX2 registers for NQ queries: NQ × 16 outputs as two 8-float halves
 // each, one fused multiply-add per key and element in ascending key order (same bits). GCC
 // lowers the 16-float generic vectors above to stack traffic on AVX2 (40% of a prefill in
@@ -174,13 +187,14 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 // (SmolLM2's decode) or 6 (its dual step) runs unpadded.
 template <int NQ>
 inline void WeightedSumAvx2(const float* const* p, const float* const* values, int64_t j0, int64_t j1, int64_t e,
-                            float* const* outs, bool first) {
+                            float* const* outs, bool first, const Ahead& ahead) {
   __m256 lo[NQ], hi[NQ];
   for (int i = 0; i < NQ; ++i) {
     lo[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + e);
     hi[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + e + 8);
   }
   for (int64_t j = j0; j < j1; ++j) {
+    if (j + kPrefetchRows < ahead.nk) PrefetchRow(values[j + kPrefetchRows], ahead.e0, ahead.e1);
     const __m256 vl = _mm256_loadu_ps(values[j] + e), vh = _mm256_loadu_ps(values[j] + e + 8);
     for (int i = 0; i < NQ; ++i) {
       const __m256 pb = _mm256_broadcast_ss(p[i] + j);
@@ -195,14 +209,14 @@ inline void WeightedSumAvx2(const float* const* p, const float* const* values, i
 }
 
 inline void WeightedSumAvx2(int nq, const float* const* p, const float* const* values, int64_t j0, int64_t j1,
-                            int64_t e, float* const* outs, bool first) {
+                            int64_t e, float* const* outs, bool first, const Ahead& ahead) {
   switch (nq) {
-    case 1: return WeightedSumAvx2<1>(p, values, j0, j1, e, outs, first);
-    case 2: return WeightedSumAvx2<2>(p, values, j0, j1, e, outs, first);
-    case 3: return WeightedSumAvx2<3>(p, values, j0, j1, e, outs, first);
-    case 4: return WeightedSumAvx2<4>(p, values, j0, j1, e, outs, first);
-    case 5: return WeightedSumAvx2<5>(p, values, j0, j1, e, outs, first);
-    default: return WeightedSumAvx2<6>(p, values, j0, j1, e, outs, first);
+    case 1: return WeightedSumAvx2<1>(p, values, j0, j1, e, outs, first, ahead);
+    case 2: return WeightedSumAvx2<2>(p, values, j0, j1, e, outs, first, ahead);
+    case 3: return WeightedSumAvx2<3>(p, values, j0, j1, e, outs, first, ahead);
+    case 4: return WeightedSumAvx2<4>(p, values, j0, j1, e, outs, first, ahead);
+    case 5: return WeightedSumAvx2<5>(p, values, j0, j1, e, outs, first, ahead);
+    default: return WeightedSumAvx2<6>(p, values, j0, j1, e, outs, first, ahead);
   }
 }
 constexpr int kSumQueries = 6;  // queries per weighted-sum block
@@ -240,6 +254,10 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
     const int64_t je = std::min(nk2, jt + tile2);
     for (int64_t i = 0; i < nq2; i += 2) {
       for (int64_t j = jt; j < je; j += 2) {
+        if (i == 0 && j + 1 + kPrefetchRows < nk) {
+          PrefetchRow(keys[j + kPrefetchRows], 0, hd);
+          PrefetchRow(keys[j + 1 + kPrefetchRows], 0, hd);
+        }
         float out[4];
         Scores2x2(q + i * hd, hd, keys + j, out);
         s[i * ld + j] = out[0];
@@ -251,7 +269,12 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
   }
   if (nq2 < nq) {  // the odd last query: 4 keys at a time
     const int64_t nk4 = nk / 4 * 4;
-    for (int64_t j = 0; j < nk4; j += 4) Scores1x4(q + nq2 * hd, hd, keys + j, s + nq2 * ld + j);
+    for (int64_t j = 0; j < nk4; j += 4) {
+      if (nq2 == 0 && j + 3 + kPrefetchRows < nk) {
+        for (int c = 0; c < 4; ++c) PrefetchRow(keys[j + c + kPrefetchRows], 0, hd);
+      }
+      Scores1x4(q + nq2 * hd, hd, keys + j, s + nq2 * ld + j);
+    }
     for (int64_t j = nk4; j < nk; ++j) s[nq2 * ld + j] = Dot(keys[j], q + nq2 * hd, hd);
   }
   for (int64_t i = 0; i < nq2; ++i) {
@@ -313,7 +336,9 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
 #endif
       for (; e + kLanes <= e1; e += kLanes) {
 #if DD_ATTENTION_AVX2
-        WeightedSumAvx2(n, pr, values, jt, je, e, o, first);
+        // The first sweep over the tile fetches the whole rows' slice ahead of use.
+        const Ahead ahead = b == 0 && e == e0 ? Ahead{nk, e0, e1} : Ahead{};
+        WeightedSumAvx2(n, pr, values, jt, je, e, o, first, ahead);
 #else
         WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
 #endif
