@@ -395,13 +395,21 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
   const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
   const int64_t k_short = options_.spec_candidates * k_sel;
   // Score order: higher first, ties by lower chunk index (a strict total order, so the top k
-  // of the top k_short are the top k).
-  const auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  // of the top k_short are the top k), as one integer key per chunk, smaller = better: the
+  // score's bits mapped to an unsigned order (−0 counted as +0, so they tie as floats do),
+  // inverted, above the chunk index. nth_element on these is several times faster than on
+  // (score, chunk) pairs with a comparator.
+  const auto key_of = [](float score, int64_t chunk) {
+    uint32_t u;
+    const float canonical = score + 0.0f;  // −0 → +0
+    std::memcpy(&u, &canonical, sizeof(u));
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
+    return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(chunk);
   };
+  const auto chunk_of = [](uint64_t key) { return static_cast<int64_t>(key & 0xffffffffu); };
   Selection sel(n_kv);
   if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
-  std::vector<std::pair<float, int64_t>> cand;
+  std::vector<uint64_t> cand;
   // Landmark scores of the group's gs query heads in one blocked call (Dot's bits per pair).
   thread_local std::vector<const float*> landmarks;
   thread_local std::vector<int64_t> chunks;
@@ -418,32 +426,30 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = st.landmarks.At(chunks[i], g * hd);
     scores.resize(gs * n_cand);
     kernels::AttentionScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
-    cand.clear();
+    cand.resize(n_cand);
     for (int64_t i = 0; i < n_cand; ++i) {
       float best = -INFINITY;
       for (int64_t h = 0; h < gs; ++h) best = std::max(best, scores[h * n_cand + i]);
-      cand.push_back({best, chunks[i]});
+      cand[i] = key_of(best, chunks[i]);
     }
     if (shortlist != nullptr) {
       (*shortlist)[g].clear();
-      if (static_cast<int64_t>(cand.size()) > k_short) {
-        std::nth_element(cand.begin(), cand.begin() + k_short, cand.end(), better);
-      }
+      if (static_cast<int64_t>(cand.size()) > k_short) std::nth_element(cand.begin(), cand.begin() + k_short, cand.end());
       const int64_t n_short = std::min<int64_t>(k_short, static_cast<int64_t>(cand.size()));
-      for (int64_t i = 0; i < n_short; ++i) (*shortlist)[g].push_back(cand[i].second);
+      for (int64_t i = 0; i < n_short; ++i) (*shortlist)[g].push_back(chunk_of(cand[i]));
       cand.resize(n_short);
     }
     if (static_cast<int64_t>(cand.size()) > k_sel) {
-      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end(), better);
+      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end());
       cand.resize(k_sel);
     }
-    for (const auto& [score, c] : cand) sel[g].push_back(c);
+    for (uint64_t key : cand) sel[g].push_back(chunk_of(key));
     std::sort(sel[g].begin(), sel[g].end());
     if (ranked != nullptr) {
       ranked->resize(n_kv);
-      std::sort(cand.begin(), cand.end(), better);
+      std::sort(cand.begin(), cand.end());
       (*ranked)[g].clear();
-      for (const auto& [score, c] : cand) (*ranked)[g].push_back(c);
+      for (uint64_t key : cand) (*ranked)[g].push_back(chunk_of(key));
     }
   }
   return sel;
