@@ -96,7 +96,7 @@ void Bench(const Shape& s, bool quick, bool decode_only) {
     int64_t m;
     bool cold;
   };
-  std::vector<Case> cases = {{1, false}, {1, true}, {2, false}, {8, false}};  // 2: a dual step
+  std::vector<Case> cases = {{1, false}, {1, true}, {2, false}, {2, true}, {8, false}};  // 2: a dual step
   if (decode_only) cases.pop_back();
   if (!decode_only && (!quick || s.n * s.k <= (4 << 20))) cases.push_back({512, false});
   for (int threads : {1, 2}) {
