@@ -20,10 +20,10 @@
 // three ways, all with those bits (dd-bench-matmul --checksum prints the same hashes as the
 // portable build): up to kBytePathMaxRows activation rows, Q8_0/Q4_x/Q5_x rows dot straight
 // from the weight bytes, 8 weight rows and 2 activation rows per call (RowDotBytes8,
-// VPMADDUBSW, one lane per weight row; a tile's last rows one at a time, RowDotBytes); other
-// types up to kRowPathMaxRows decode a row and dot it (RowDot); more rows decode 8 weight rows
-// into a transposed int16 tile once and dot every activation row against it on VPMADDWD
-// (PairTile).
+// VPMADDUBSW, one lane per weight row; a tile's last rows one at a time, RowDotBytes), Q4_K
+// and Q6_K likewise (RowDotK8; their last rows through DecodeRow and RowDot); other types up
+// to kRowPathMaxRows decode a row and dot it (RowDot); more rows decode 8 weight rows into a
+// transposed int16 tile once and dot every activation row against it on VPMADDWD (PairTile).
 
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics' own _mm512_undefined_*
 // pass-through operands (GCC bug 105593, fixed in 13); the pragma covers the header's lines.
@@ -811,6 +811,118 @@ void RowDotBytes8(DType t, int rows, const uint8_t* src, int64_t row_bytes, cons
   }
 }
 
+// Q4_K / Q6_K rows from their bytes, 8 weight rows and M activation rows per call: lane i of
+// out[8m..8m+7] gets RowDot's integer dot and float ops for row i (same bits), without
+// DecodeRow's int32 codes. Per 256-element superblock the rows' factors are laid out lane by
+// lane first (Q4_K: d·sc and −dmin·m as DecodeRow computes them; Q6_K: d and the two int8
+// half-scales of each block); per 32-element block the codes are bytes (Q4_K: a nibble,
+// Q6_K: 4 + 2 bits, unsigned, its zero point 32 coming back through c16 per 16 elements).
+bool HasKBytePath(DType t) { return t == DType::kQ4_K || t == DType::kQ6_K; }
+
+template <DType t>
+inline __m256i KBlockCodes(const uint8_t* sb, int j) {
+  if constexpr (t == DType::kQ4_K) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16 + 32 * (j / 2)));
+    return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (j % 2))), _mm256_set1_epi8(0x0f));
+  } else {
+    const int h = j / 4, g = j % 4;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * h + 32 * (g & 1)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * h));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (g >> 1))), _mm256_set1_epi8(0x0f));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(0x03));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  }
+}
+
+template <DType t, int M>
+void RowDotK8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+  constexpr bool q4 = t == DType::kQ4_K;
+  constexpr int64_t sb_bytes = q4 ? 144 : 210;
+  alignas(32) float scale[8][8], minscale[8][8];  // [block j][row i]
+  alignas(32) int32_t sc_lo[8][8], sc_hi[8][8];
+  __m256 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* base = src + sb * sb_bytes;
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t* p = base + i * row_bytes;
+      if constexpr (q4) {
+        const float d = F16ToF32(LoadU16(p)), dmin = F16ToF32(LoadU16(p + 2));
+        for (int j = 0; j < 8; ++j) {
+          int sc, mn;
+          ScaleMinK(j, p + 4, &sc, &mn);
+          scale[j][i] = d * static_cast<float>(sc);
+          minscale[j][i] = -(dmin * static_cast<float>(mn));
+        }
+      } else {
+        const float d = F16ToF32(LoadU16(p + 208));
+        for (int j = 0; j < 8; ++j) {
+          scale[j][i] = d;
+          sc_lo[j][i] = static_cast<int8_t>(p[192 + 2 * j]);
+          sc_hi[j][i] = static_cast<int8_t>(p[192 + 2 * j + 1]);
+        }
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = sb * 8 + j;
+      __m256i x[M];
+      for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+      // As RowDotBytes8Of; Q4_K's nibbles stay int16 for 8 products, Q6_K's 6-bit codes widen
+      // after 2 (2 · 63 · 128 < 2^15) and keep each row's two halves apart (lanes 0-3 | 4-7).
+      __m256i h[4][M];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i w0 = KBlockCodes<t>(base + 2 * k * row_bytes, j);
+        const __m256i w1 = KBlockCodes<t>(base + (2 * k + 1) * row_bytes, j);
+        for (int m = 0; m < M; ++m) {
+          const __m256i p0 = _mm256_maddubs_epi16(w0, x[m]), p1 = _mm256_maddubs_epi16(w1, x[m]);
+          h[k][m] = q4 ? _mm256_hadd_epi16(p0, p1)
+                       : _mm256_hadd_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)),
+                                           _mm256_madd_epi16(p1, _mm256_set1_epi16(1)));
+        }
+      }
+      const __m256 sj = _mm256_load_ps(scale[j]);
+      for (int m = 0; m < M; ++m) {
+        __m256i p0123, p4567;
+        if constexpr (q4) {
+          p0123 = _mm256_madd_epi16(_mm256_hadd_epi16(h[0][m], h[1][m]), _mm256_set1_epi16(1));
+          p4567 = _mm256_madd_epi16(_mm256_hadd_epi16(h[2][m], h[3][m]), _mm256_set1_epi16(1));
+        } else {
+          p0123 = _mm256_hadd_epi32(h[0][m], h[1][m]);
+          p4567 = _mm256_hadd_epi32(h[2][m], h[3][m]);
+        }
+        // [rows 0-7] of the first and of the second 16 elements.
+        const __m256i lo = _mm256_permute2x128_si256(p0123, p4567, 0x20);
+        const __m256i hi = _mm256_permute2x128_si256(p0123, p4567, 0x31);
+        __m256i dot;
+        if constexpr (q4) {
+          dot = _mm256_add_epi32(lo, hi);
+        } else {
+          const int32_t* c16 = a.c16(r + m) + 2 * b;
+          dot = _mm256_add_epi32(
+              _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc_lo[j])),
+                                 _mm256_add_epi32(lo, _mm256_set1_epi32(c16[0]))),
+              _mm256_mullo_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc_hi[j])),
+                                 _mm256_add_epi32(hi, _mm256_set1_epi32(c16[1]))));
+        }
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sj, _mm256_set1_ps(a.d(r + m)[b])), acc[m]);
+        if constexpr (q4) {
+          acc[m] = _mm256_fmadd_ps(_mm256_load_ps(minscale[j]), _mm256_set1_ps(a.xs(r + m)[b]), acc[m]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
+}
+
+void RowDotK8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+  if (t == DType::kQ4_K) {
+    if (rows == kBytes8Rows) return RowDotK8Of<DType::kQ4_K, kBytes8Rows>(src, row_bytes, a, r, out);
+    return RowDotK8Of<DType::kQ4_K, 1>(src, row_bytes, a, r, out);
+  }
+  if (rows == kBytes8Rows) return RowDotK8Of<DType::kQ6_K, kBytes8Rows>(src, row_bytes, a, r, out);
+  return RowDotK8Of<DType::kQ6_K, 1>(src, row_bytes, a, r, out);
+}
+
 float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {
   switch (t) {
     case DType::kQ8_0: return RowDotBytesOf<DType::kQ8_0>(src, a, r);
@@ -1005,8 +1117,8 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
   };
 #elif DD_INT8_AVX2
   // Few activation rows: a transpose would not pay for itself; one weight row at a time.
-  const bool bytes = HasBytePath(type);
-  const bool by_row = m_rows <= (bytes ? kBytePathMaxRows : kRowPathMaxRows);
+  const bool bytes = HasBytePath(type), kbytes = HasKBytePath(type);
+  const bool by_row = m_rows <= (bytes || kbytes ? kBytePathMaxRows : kRowPathMaxRows);
   // Otherwise every row's int16 activation pairs, once per call (read by the workers like `acts`).
   thread_local std::vector<int32_t> pair_buf;
   if (!by_row) {
@@ -1020,7 +1132,7 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
     const int64_t n_end = std::min(w.rows, t1 * kTile);
     if (by_row) {
       int64_t n = t0 * kTile;
-      if (bytes) {  // 8 weight rows at a time, each activation row against them
+      if (bytes || kbytes) {  // 8 weight rows at a time, each activation row against them
         for (; n + 8 <= n_end; n += 8) {
           // Decode streams every weight from DRAM once per step (a model's layers exceed the
           // LLC): ask for the eight rows kBytePathAhead octets ahead while these compute.
@@ -1033,7 +1145,11 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
           for (int64_t r = 0; r < m_rows; r += kBytes8Rows) {
             const int rows = static_cast<int>(std::min<int64_t>(kBytes8Rows, m_rows - r));
             float v[8 * kBytes8Rows];
-            RowDotBytes8(type, rows, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
+            if (bytes) {
+              RowDotBytes8(type, rows, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
+            } else {
+              RowDotK8(type, rows, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
+            }
             for (int m = 0; m < rows; ++m) {
               for (int i = 0; i < 8; ++i) {
                 y[(r + m) * y_stride + n + i] = bias != nullptr ? v[8 * m + i] + bias[n + i] : v[8 * m + i];
