@@ -19,6 +19,13 @@ of every family at each length; the generation runs --steps tokens past the answ
 and stop strings ignored), reported per family, per length and per predictor:
 
   python3 eval/predictors.py --families [--quick|--full]  -> bench/results/eval-predictors-families.{json,md}
+
+With --spec-candidates N,M,... the runs are the speculative predictor with the model's default
+head (`--spec_head auto`) at each `--spec_candidates` value instead (the shortlist of the real
+row's best chunks, N × budget; 0 = every chunk), the hit rate each costs per context:
+
+  python3 eval/predictors.py --spec-candidates 0,8,4,2 [--quick|--full] [--lengths 8192,16384]
+                              -> bench/results/eval-spec-candidates.{json,md}
 """
 import argparse
 import contextlib
@@ -114,7 +121,17 @@ def main():
     ap.add_argument("--ddctl")
     ap.add_argument("--model")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--spec-candidates", help="measure the speculative shortlist at these --spec_candidates "
+                    "values (comma-separated, 0 = every chunk) instead of the predictors")
+    ap.add_argument("--lengths", help="contexts in tokens (comma-separated), instead of the preset's")
     a = ap.parse_args()
+    if a.spec_candidates is not None:
+        if a.families:
+            ap.error("--spec-candidates measures natural text; it does not combine with --families")
+        try:
+            use_candidate_predictors(parse_int_list(a.spec_candidates, "--spec-candidates", 0, 64))
+        except ValueError as e:
+            ap.error(str(e))
     a.steps = a.steps if a.steps is not None else (32 if a.families else 64)
     if a.budget <= 0 or a.budget % 8:
         ap.error(f"--budget must be a positive multiple of 8, got {a.budget}")
@@ -124,6 +141,11 @@ def main():
         lengths = [2048, 4096, 8192, 16384] if a.full else [2048, 4096]
     else:
         lengths = [2048, 4096, 8192, 16384, 32000] if a.full else [2048, 4096, 8192]
+    if a.lengths is not None:
+        try:
+            lengths = parse_int_list(a.lengths, "--lengths", 64, 1 << 20)
+        except ValueError as e:
+            ap.error(str(e))
     for p in TEXTS:
         if not Path(p).is_file():
             sys.exit(f"predictors: haystack text {p} is missing (Debian package base-files)")
@@ -144,8 +166,54 @@ def main():
         sys.exit(f"predictors: {e}")
     if a.families:
         write_families(a, runs, seconds)
+    elif a.spec_candidates is not None:
+        write_candidates(a, runs, seconds)
     else:
         write(a, runs, seconds)
+
+
+def parse_int_list(text, flag, lo, hi):
+    """'8,4,0' -> [8, 4, 0]; ValueError naming the flag for anything else or outside [lo, hi]."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} wants comma-separated integers, got {text!r}") from None
+    bad = [v for v in values if not lo <= v <= hi]
+    if bad or len(set(values)) != len(values):
+        raise ValueError(f"{flag} values must be distinct and in [{lo}, {hi}], got {text!r}")
+    return values
+
+
+def use_candidate_predictors(counts):
+    """Replaces the predictor list with one speculative run per shortlist size (default head)."""
+    global PREDICTORS
+    PREDICTORS = [f"cand{n}" for n in counts]
+    for n in counts:
+        PREDICTOR_FLAGS[f"cand{n}"] = ["--predictor", "speculative", "--spec_head", "auto",
+                                       "--spec_candidates", str(n)]
+
+
+def write_candidates(a, runs, seconds):
+    name = results_name(a, "eval-spec-candidates")
+    out = save_json(a, name, runs, seconds)
+    lengths = sorted({r["context"] for r in runs})
+    preds = [p for p in PREDICTORS if any(r["predictor"] == p for r in runs)]
+    md = [f"# Hit rate of the speculative shortlist (budget {a.budget}, {a.steps} tokens)", "",
+          f"Model {models.model_path(a.model).name}, git {wrap_results.git_sha()[:12]}, command "
+          f"`{' '.join(['python3', 'eval/predictors.py'] + sys.argv[1:])}`.", "",
+          "The speculative predictor with the model's default head, the speculative row scoring only the real "
+          "row's best N × budget/8 chunks per KV head (`--spec_candidates N`; cand0 = every chunk). Hit rate "
+          "|P' ∩ S| / |S| averaged over the sparse layers, first decode step excluded; Debian license texts; tokens "
+          f"identical in every run ({'yes' if all(r['same_tokens_as_speculative'] for r in runs) else 'NO'}). A "
+          "shortlist covering every chunk of a context is every chunk by construction.", "",
+          "| --spec_candidates | " + " | ".join(f"{n} tokens" for n in lengths) + " | mean |",
+          "|---|" + "---:|" * (len(lengths) + 1)]
+    for p in preds:
+        cells = [next((r["hit_rate"] for r in runs if r["predictor"] == p and r["context"] == n), float("nan"))
+                 for n in lengths]
+        md.append(f"| {p[4:]} | " + " | ".join(f"{c:.1%}" for c in cells) + f" | {sum(cells) / len(cells):.1%} |")
+    (out / f"{name}.md").write_text("\n".join(md) + "\n")
+    print(f"predictors: wrote {out / (name + '.json')} ({seconds / 60:.1f} min)", file=sys.stderr)
 
 
 def results_name(a, base):

@@ -417,3 +417,32 @@ def test_family_predictor_report_averages_and_states_the_goal(tmp_path):
     runs[0]["hit_rate"] = 0.1  # one bad context pulls the mean under the goal
     predictors.write_families(a, runs, 60.0)
     assert "goal ≥ 85%: missed" in (tmp_path / "eval-predictors-families.md").read_text()
+
+
+# --- speculative shortlist hit rates ----------------------------------------------------------
+
+def test_spec_candidate_report_lists_each_shortlist_per_context(tmp_path, monkeypatch):
+    import argparse
+    import predictors
+    monkeypatch.setattr(predictors, "PREDICTORS", list(predictors.PREDICTORS))  # restored after the test
+    monkeypatch.setattr(predictors, "PREDICTOR_FLAGS", dict(predictors.PREDICTOR_FLAGS))
+    predictors.use_candidate_predictors([0, 4])
+    assert predictors.PREDICTORS == ["cand0", "cand4"]
+    assert predictors.PREDICTOR_FLAGS["cand4"][-2:] == ["--spec_candidates", "4"]
+    runs = [{"context": n, "predictor": p, "hit_rate": h, "same_tokens_as_speculative": True}
+            for n, p, h in ((8192, "cand0", 0.96), (16384, "cand0", 0.94), (8192, "cand4", 0.95),
+                            (16384, "cand4", 0.87))]
+    a = argparse.Namespace(out_dir=str(tmp_path), budget=1024, steps=64, model=None, full=False)
+    predictors.write_candidates(a, runs, 60.0)
+    md = (tmp_path / "eval-spec-candidates.md").read_text()
+    assert "| 0 | 96.0% | 94.0% | 95.0% |" in md
+    assert "| 4 | 95.0% | 87.0% | 91.0% |" in md
+    assert json.loads((tmp_path / "eval-spec-candidates.json").read_text())["runs"] == runs
+
+
+def test_int_lists_are_checked_by_flag():
+    import predictors
+    assert predictors.parse_int_list("0,8,4", "--spec-candidates", 0, 64) == [0, 8, 4]
+    for bad in ("4,x", "65", "4,4", "-1"):
+        with pytest.raises(ValueError, match="--spec-candidates"):
+            predictors.parse_int_list(bad, "--spec-candidates", 0, 64)
