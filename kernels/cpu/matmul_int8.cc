@@ -744,7 +744,7 @@ inline __m256 Halves8(const uint8_t* p, int64_t stride) {
 // serial per-block chain and horizontal sums; the M activation rows share each weight block's
 // decode and scale loads.
 template <DType t, int M>
-void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+__attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
   constexpr bool has_min = t == DType::kQ4_1 || t == DType::kQ5_1;
   constexpr bool zp = t == DType::kQ4_0 || t == DType::kQ5_0;
   __m256 acc[M];
@@ -783,20 +783,27 @@ void RowDotBytes8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, i
   for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
-// Activation rows per RowDotBytes8 call: two share each block's decode within AVX2's 16
-// registers (eight 8-lane partial sums, two activation blocks).
-constexpr int kBytes8Rows = 2;
+// Activation rows per RowDotBytes8 / RowDotK8 call: each weight block's decode and scale
+// loads are shared by this many. Four spill a few partial sums to the stack (AVX2 has 16
+// registers) but halve the per-row decode and scale gathers of two: dd-bench-matmul cold,
+// one thread, median of 3 alternating runs, 4 vs 2 rows per call: Q4_1 1536×576 m = 4 0.155
+// vs 0.220 ms, m = 8 0.302 vs 0.420; Q5_0 2048×640 m = 8 0.484 vs 0.684; Q8_0 49152×576 m = 4
+// 6.3 vs 8.3; Q6_K 640×2048 m = 8 0.59 vs 0.96; Q4_K 640×1024 m = 8 0.28 vs 0.30. Each
+// instantiation stays out of line: inlined together into the dispatch, Q6_K's m = 1 and 2
+// ran 1.4-1.7× slower.
+constexpr int kBytes8Rows = 4;
 // Octets of weight rows the byte path prefetches ahead: 2 beat 1 and 4 on this AMD EPYC
 // (dd-bench-matmul cold rows, alternating runs).
 constexpr int64_t kBytePathAhead = 2;
 
-// RowDotBytes8Of for `rows` (1 or kBytes8Rows) activation rows from r.
+// RowDotBytes8Of for `rows` (1..kBytes8Rows) activation rows from r.
 template <DType t>
 void RowDotBytes8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  if (rows == kBytes8Rows) {
-    RowDotBytes8Of<t, kBytes8Rows>(src, row_bytes, a, r, out);
-  } else {
-    RowDotBytes8Of<t, 1>(src, row_bytes, a, r, out);
+  switch (rows) {
+    case 4: return RowDotBytes8Of<t, 4>(src, row_bytes, a, r, out);
+    case 3: return RowDotBytes8Of<t, 3>(src, row_bytes, a, r, out);
+    case 2: return RowDotBytes8Of<t, 2>(src, row_bytes, a, r, out);
+    default: return RowDotBytes8Of<t, 1>(src, row_bytes, a, r, out);
   }
 }
 
@@ -835,7 +842,7 @@ inline __m256i KBlockCodes(const uint8_t* sb, int j) {
 }
 
 template <DType t, int M>
-void RowDotK8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+__attribute__((noinline)) void RowDotK8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
   constexpr bool q4 = t == DType::kQ4_K;
   constexpr int64_t sb_bytes = q4 ? 144 : 210;
   alignas(32) float scale[8][8], minscale[8][8];  // [block j][row i]
@@ -914,13 +921,19 @@ void RowDotK8Of(const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64
   for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
-void RowDotK8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  if (t == DType::kQ4_K) {
-    if (rows == kBytes8Rows) return RowDotK8Of<DType::kQ4_K, kBytes8Rows>(src, row_bytes, a, r, out);
-    return RowDotK8Of<DType::kQ4_K, 1>(src, row_bytes, a, r, out);
+template <DType t>
+void RowDotK8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+  switch (rows) {
+    case 4: return RowDotK8Of<t, 4>(src, row_bytes, a, r, out);
+    case 3: return RowDotK8Of<t, 3>(src, row_bytes, a, r, out);
+    case 2: return RowDotK8Of<t, 2>(src, row_bytes, a, r, out);
+    default: return RowDotK8Of<t, 1>(src, row_bytes, a, r, out);
   }
-  if (rows == kBytes8Rows) return RowDotK8Of<DType::kQ6_K, kBytes8Rows>(src, row_bytes, a, r, out);
-  return RowDotK8Of<DType::kQ6_K, 1>(src, row_bytes, a, r, out);
+}
+
+void RowDotK8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
+  if (t == DType::kQ4_K) return RowDotK8For<DType::kQ4_K>(rows, src, row_bytes, a, r, out);
+  return RowDotK8For<DType::kQ6_K>(rows, src, row_bytes, a, r, out);
 }
 
 float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {

@@ -96,8 +96,9 @@ void Bench(const Shape& s, bool quick, bool decode_only) {
     int64_t m;
     bool cold;
   };
-  std::vector<Case> cases = {{1, false}, {1, true}, {2, false}, {2, true}, {8, false}};  // 2: a dual step
-  if (decode_only) cases.pop_back();
+  // m = 2, 4, 8 cold: a dual step at batch 1, a sparse and a dual step at batch 4.
+  std::vector<Case> cases = {{1, false}, {1, true}, {2, false}, {2, true}, {4, true}, {8, true}};
+  if (!decode_only) cases.push_back({8, false});
   if (!decode_only && (!quick || s.n * s.k <= (4 << 20))) cases.push_back({512, false});
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
@@ -156,7 +157,7 @@ void Accuracy(const Shape& s) {
               std::sqrt(sd / sy));
 }
 
-// A hash of the outputs' bits at 1, 3 and 19 activation rows (each CPU path's decode and
+// A hash of the outputs' bits at 1, 3, 8, 14 and 19 activation rows (each CPU path's decode and
 // prefill kernels), 77 weight rows (not a multiple of any kernel's row block).
 void Checksum(const Shape& s) {
   const int64_t n = 77;
@@ -164,7 +165,7 @@ void Checksum(const Shape& s) {
   const WeightView w{s.type, wdata.data(), n, s.k, *RowBytes(s.type, s.k)};
   ThreadPool pool(2);
   uint64_t h = 1469598103934665603ull;
-  for (const int64_t m : {1, 3, 19}) {
+  for (const int64_t m : {1, 3, 8, 14, 19}) {
     const auto x = RandomActivations(m, s.k, 4);
     std::vector<float> y(m * n);
     MatMulInt8(w, x.data(), m, s.k, nullptr, y.data(), n, pool);

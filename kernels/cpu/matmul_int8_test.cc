@@ -191,7 +191,8 @@ TEST_P(MatMulInt8TypeTest, BatchAndThreadInvariant) {
   std::normal_distribution<float> nd;
   for (auto& v : bias) v = nd(rng);
   ThreadPool pool1(1), pool3(3);
-  for (int64_t m : {3, 17, 140}) {  // 3: the AVX2 fallback's one-row-at-a-time path
+  // 3, 8, 14: the AVX2 decode path in calls of 3, of 4 + 4 and of 4 + 4 + 4 + 2 activation rows.
+  for (int64_t m : {3, 8, 14, 17, 140}) {
     const auto x = RandomActivations(m, xs, k, rng);
     std::vector<float> batched(m * ys, NAN);
     MatMulInt8(w, x.data(), m, xs, bias.data(), batched.data(), ys, pool3);
