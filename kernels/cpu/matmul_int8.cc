@@ -947,12 +947,15 @@ float RowDotBytes(DType t, const uint8_t* src, const QuantActs& a, int64_t r) {
 }
 
 constexpr int kPairRows = 8;  // weight rows per PairTile: one 32-bit lane each
-// Up to this many activation rows, the weight rows are dotted from their bytes (RowDotBytes8)
-// or decoded one at a time (RowDot) instead of PairTile. dd-bench-matmul, one thread, ms,
-// RowDotBytes8 vs PairTile: Q4_1 1536×576 m = 8 0.38 vs 0.96, m = 16 1.04 vs 1.21, m = 32
-// 1.76 vs 1.86; Q5_0 2048×640 m = 16 1.67 vs 1.84, m = 32 3.22 vs 2.54. PairTile's decode and
-// transpose cost about one row of RowDot.
-constexpr int64_t kBytePathMaxRows = 16, kRowPathMaxRows = 1;
+// Up to this many activation rows, the weight rows are dotted from their bytes (RowDotBytes8,
+// RowDotK8) or decoded one at a time (RowDot) instead of PairTile. PairTile's decode and
+// transpose cost about one row of RowDot. dd-bench-matmul --m, one thread, ms, byte path (4
+// activation rows per call) vs PairTile: Q4_1 1536×576 m = 24 0.84 vs 1.56, m = 32 1.05-1.15
+// vs 1.21-1.69, m = 64 1.89-2.25 vs 2.02-3.41, m = 96+ no better; Q5_0 2048×640 m = 32 1.84 vs
+// 2.24, m = 64 3.56 vs 3.55; Q8_0 2048×640 m = 32 1.73 vs 2.45; Q6_K 640×2048 m = 24 1.85 vs
+// 2.36, m = 32 2.66 vs 2.80, m = 48 4.21 vs 3.61; Q4_K 640×1024 m = 32 0.76 vs 1.12. (With 2
+// rows per call the crossing was m = 16-32.) 32 covers a dual step at batch 16.
+constexpr int64_t kBytePathMaxRows = 32, kRowPathMaxRows = 1;
 
 struct alignas(32) Lanes8 {
   int32_t i[8];

@@ -1,16 +1,18 @@
 // MatMul (f32 dequantize path) vs MatMulInt8 on Gemma-3-270M's shapes.
 //
-//   matmul_int8_bench [--quick] [--decode] [--type=Q5_0] [--checksum]
+//   matmul_int8_bench [--quick] [--decode] [--type=Q5_0] [--m=16,32] [--checksum]
 //
 // For each weight type × m × thread count, runs both kernels alternately and prints the median
 // GFLOP/s (2·m·n·k / time). "m=1 cold" cycles through enough weight copies (> 2× L3) that every
 // call streams its weights from DRAM, as decode does with a whole model. Then prints the int8
 // path's error against MatMul on the same data. --checksum prints only an FNV-1a hash of the
-// MatMulInt8 outputs per type, to compare builds (AVX-512 vs portable fallback).
+// MatMulInt8 outputs per type, to compare builds (AVX-512 vs portable fallback). --m=LIST times
+// only those activation row counts (weights cache-resident), e.g. around a kernel's row threshold.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -85,7 +87,7 @@ std::string Name(DType t) {
   return std::string(n.data(), n.size());
 }
 
-void Bench(const Shape& s, bool quick, bool decode_only) {
+void Bench(const Shape& s, bool quick, bool decode_only, const std::vector<int64_t>& only_m) {
   const int64_t row_bytes = *RowBytes(s.type, s.k);
   const int64_t bytes = s.n * row_bytes;
   // Enough copies that cycling through them defeats the 32 MiB L3.
@@ -100,6 +102,10 @@ void Bench(const Shape& s, bool quick, bool decode_only) {
   std::vector<Case> cases = {{1, false}, {1, true}, {2, false}, {2, true}, {4, true}, {8, true}};
   if (!decode_only) cases.push_back({8, false});
   if (!decode_only && (!quick || s.n * s.k <= (4 << 20))) cases.push_back({512, false});
+  if (!only_m.empty()) {
+    cases.clear();
+    for (const int64_t m : only_m) cases.push_back({m, false});
+  }
   for (int threads : {1, 2}) {
     ThreadPool pool(threads);
     for (const Case& c : cases) {
@@ -186,11 +192,25 @@ int main(int argc, char** argv) {
   using namespace dd::kernels;
   bool quick = false, checksum = false, decode_only = false;
   const char* only = nullptr;
+  std::vector<int64_t> only_m;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--checksum") == 0) checksum = true;
     if (std::strcmp(argv[i], "--decode") == 0) decode_only = true;
     if (std::strncmp(argv[i], "--type=", 7) == 0) only = argv[i] + 7;
+    if (std::strncmp(argv[i], "--m=", 4) == 0) {
+      for (const char* p = argv[i] + 4; *p != '\0';) {
+        char* end = nullptr;
+        const long long m = std::strtoll(p, &end, 10);
+        if (end == p || m < 1 || m > 4096 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--m: expected a comma-separated list of row counts in [1, 4096], got '%s'\n",
+                       argv[i] + 4);
+          return 2;
+        }
+        only_m.push_back(m);
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
   }
   const Shape shapes[] = {
       {DType::kQ5_0, 2048, 640, "ffn_gate/up"},  {DType::kQ6_K, 640, 2048, "ffn_down"},
@@ -206,7 +226,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const Shape& s : shapes) {
-    if (only == nullptr || Name(s.type) == only) Bench(s, quick, decode_only);
+    if (only == nullptr || Name(s.type) == only) Bench(s, quick, decode_only, only_m);
   }
   if (decode_only) return 0;
   std::printf("\naccuracy vs MatMul (f32 path), m=8:\n");
