@@ -796,15 +796,22 @@ constexpr int kBytes8Rows = 4;
 // (dd-bench-matmul cold rows, alternating runs).
 constexpr int64_t kBytePathAhead = 2;
 
+// f.template operator()<M>() with M = rows (1..kBytes8Rows) as a constant.
+template <typename F>
+void WithRows(int rows, F&& f) {
+  static_assert(kBytes8Rows == 4);
+  switch (rows) {
+    case 4: return f.template operator()<4>();
+    case 3: return f.template operator()<3>();
+    case 2: return f.template operator()<2>();
+    default: return f.template operator()<1>();
+  }
+}
+
 // RowDotBytes8Of for `rows` (1..kBytes8Rows) activation rows from r.
 template <DType t>
 void RowDotBytes8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  switch (rows) {
-    case 4: return RowDotBytes8Of<t, 4>(src, row_bytes, a, r, out);
-    case 3: return RowDotBytes8Of<t, 3>(src, row_bytes, a, r, out);
-    case 2: return RowDotBytes8Of<t, 2>(src, row_bytes, a, r, out);
-    default: return RowDotBytes8Of<t, 1>(src, row_bytes, a, r, out);
-  }
+  WithRows(rows, [&]<int M>() { RowDotBytes8Of<t, M>(src, row_bytes, a, r, out); });
 }
 
 void RowDotBytes8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r,
@@ -923,12 +930,7 @@ __attribute__((noinline)) void RowDotK8Of(const uint8_t* src, int64_t row_bytes,
 
 template <DType t>
 void RowDotK8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  switch (rows) {
-    case 4: return RowDotK8Of<t, 4>(src, row_bytes, a, r, out);
-    case 3: return RowDotK8Of<t, 3>(src, row_bytes, a, r, out);
-    case 2: return RowDotK8Of<t, 2>(src, row_bytes, a, r, out);
-    default: return RowDotK8Of<t, 1>(src, row_bytes, a, r, out);
-  }
+  WithRows(rows, [&]<int M>() { RowDotK8Of<t, M>(src, row_bytes, a, r, out); });
 }
 
 void RowDotK8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
