@@ -407,6 +407,9 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(chunk);
   };
   const auto chunk_of = [](uint64_t key) { return static_cast<int64_t>(key & 0xffffffffu); };
+  // A chunk index is below the position count (a chunk holds at least one token), so it fits
+  // the key's low 32 bits.
+  static_assert(model::ModelConfig::kMaxContext <= (int64_t{1} << 32), "chunk index outgrows the key's low 32 bits");
   Selection sel(n_kv);
   if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
   std::vector<uint64_t> cand;
