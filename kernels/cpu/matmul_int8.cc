@@ -750,68 +750,82 @@ __attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_by
   __m256 acc[M];
   for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b, src += BytePathBlockBytes(t)) {
-    __m256i x[M];
-    for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
-    // h[k][m]: rows 2k, 2k+1 against activation row m, pairwise summed. Unsigned 4- and 5-bit
+    // h[k]: rows 2k, 2k+1 against one activation row, pairwise summed. Unsigned 4- and 5-bit
     // codes stay in int16 until 8 products are summed (|8 · 31 · 128| < 2^15): one VPMADDWD per
     // four rows instead of one per row. Integer sums: the same dots whatever the order.
     constexpr bool narrow = t != DType::kQ8_0;
-    __m256i h[4][M];
-    for (int k = 0; k < 4; ++k) {
-      const __m256i w0 = BlockCodes<t>(src + 2 * k * row_bytes), w1 = BlockCodes<t>(src + (2 * k + 1) * row_bytes);
-      for (int m = 0; m < M; ++m) {
-        h[k][m] = narrow ? _mm256_hadd_epi16(_mm256_maddubs_epi16(w0, x[m]), _mm256_maddubs_epi16(w1, x[m]))
-                         : _mm256_hadd_epi32(BlockProducts<t>(w0, x[m]), BlockProducts<t>(w1, x[m]));
-      }
-    }
     const __m256 scales = Halves8(src, row_bytes);
     const __m256 mins = has_min ? Halves8(src + 2, row_bytes) : _mm256_setzero_ps();
+    const auto pair = [](__m256i w0, __m256i w1, __m256i x) {
+      return narrow ? _mm256_hadd_epi16(_mm256_maddubs_epi16(w0, x), _mm256_maddubs_epi16(w1, x))
+                    : _mm256_hadd_epi32(BlockProducts<t>(w0, x), BlockProducts<t>(w1, x));
+    };
     const auto quad = [](__m256i a, __m256i b) {  // rows 0-3 (or 4-7), one int32 each per lane
       return narrow ? _mm256_madd_epi16(_mm256_hadd_epi16(a, b), _mm256_set1_epi16(1)) : _mm256_hadd_epi32(a, b);
     };
-    for (int m = 0; m < M; ++m) {
+    const auto add_row = [&](int m, __m256i h0, __m256i h1, __m256i h2, __m256i h3) {
       // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
-      const __m256i p0123 = quad(h[0][m], h[1][m]), p4567 = quad(h[2][m], h[3][m]);
+      const __m256i p0123 = quad(h0, h1), p4567 = quad(h2, h3);
       __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
                                      _mm256_permute2x128_si256(p0123, p4567, 0x31));
       if constexpr (zp) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(a.c32(r + m)[b]));
       const __m256 sd = _mm256_mul_ps(scales, _mm256_set1_ps(a.d(r + m)[b]));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc[m]);
       if constexpr (has_min) acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.xs(r + m)[b]), acc[m]);
+    };
+    if constexpr (narrow && M > 4) {
+      // The eight rows' codes stay in registers while each activation row runs against them
+      // (at M <= 4 the order below stays: Q5_0 m = 1-2 ran 1.1-1.2× slower in this one).
+      __m256i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = BlockCodes<t>(src + i * row_bytes);
+      for (int m = 0; m < M; ++m) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+        add_row(m, pair(w[0], w[1], x), pair(w[2], w[3], x), pair(w[4], w[5], x), pair(w[6], w[7], x));
+      }
+    } else {
+      // The activation rows loaded first, each weight pair against all of them. Q8_0 (two
+      // VPSIGNB per product) always: in the order above it ran up to 1.4× slower at M = 8.
+      __m256i x[M], h[4][M];
+      for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i w0 = BlockCodes<t>(src + 2 * k * row_bytes), w1 = BlockCodes<t>(src + (2 * k + 1) * row_bytes);
+        for (int m = 0; m < M; ++m) h[k][m] = pair(w0, w1, x[m]);
+      }
+      for (int m = 0; m < M; ++m) add_row(m, h[0][m], h[1][m], h[2][m], h[3][m]);
     }
   }
   for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
 // Activation rows per RowDotBytes8 / RowDotK8 call: each weight block's decode and scale
-// loads are shared by this many. Four spill a few partial sums to the stack (AVX2 has 16
-// registers) but halve the per-row decode and scale gathers of two: dd-bench-matmul cold,
-// one thread, median of 3 alternating runs, 4 vs 2 rows per call: Q4_1 1536×576 m = 4 0.155
-// vs 0.220 ms, m = 8 0.302 vs 0.420; Q5_0 2048×640 m = 8 0.484 vs 0.684; Q8_0 49152×576 m = 4
-// 6.3 vs 8.3; Q6_K 640×2048 m = 8 0.59 vs 0.96; Q4_K 640×1024 m = 8 0.28 vs 0.30. Each
-// instantiation stays out of line: inlined together into the dispatch, Q6_K's m = 1 and 2
-// ran 1.4-1.7× slower.
-constexpr int kBytes8Rows = 4;
+// loads are shared by this many (decisions.md, "Eight activation rows per decode call"). 8
+// beat 4 at m = 8 (a dual step at batch 4) for the 4-6-bit types: dd-bench-matmul cold, one
+// thread, median of 3 alternating runs, 8 vs 4: Q5_0 2048×640 0.77-0.90, Q4_K 640×1024 0.90,
+// Q6_K 640×2048 0.90, Q4_1 1536×576 0.78-0.85. Q8_0 keeps 4 (its products need two VPSIGNB
+// each, and 8 in one call ran up to 1.4× slower). Each instantiation stays out of line:
+// inlined together into the dispatch, Q6_K's m = 1 and 2 ran 1.4-1.7× slower.
+constexpr int kBytes8Rows = 8;
+constexpr int RowsPerCall(DType t) { return t == DType::kQ8_0 ? 4 : kBytes8Rows; }
 // Octets of weight rows the byte path prefetches ahead: 2 beat 1 and 4 on this AMD EPYC
 // (dd-bench-matmul cold rows, alternating runs).
 constexpr int64_t kBytePathAhead = 2;
 
-// f.template operator()<M>() with M = rows (1..kBytes8Rows) as a constant.
-template <typename F>
+// f.template operator()<M>() with M = min(rows, kMax) as a constant (rows >= 1).
+template <int kMax, typename F>
 void WithRows(int rows, F&& f) {
-  static_assert(kBytes8Rows == 4);
-  switch (rows) {
-    case 4: return f.template operator()<4>();
-    case 3: return f.template operator()<3>();
-    case 2: return f.template operator()<2>();
-    default: return f.template operator()<1>();
+  if constexpr (kMax == 1) {
+    f.template operator()<1>();
+  } else if (rows >= kMax) {
+    f.template operator()<kMax>();
+  } else {
+    WithRows<kMax - 1>(rows, f);
   }
 }
 
 // RowDotBytes8Of for `rows` (1..kBytes8Rows) activation rows from r.
 template <DType t>
 void RowDotBytes8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  WithRows(rows, [&]<int M>() { RowDotBytes8Of<t, M>(src, row_bytes, a, r, out); });
+  WithRows<RowsPerCall(t)>(rows, [&]<int M>() { RowDotBytes8Of<t, M>(src, row_bytes, a, r, out); });
 }
 
 void RowDotBytes8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r,
@@ -879,30 +893,27 @@ __attribute__((noinline)) void RowDotK8Of(const uint8_t* src, int64_t row_bytes,
     }
     for (int j = 0; j < 8; ++j) {
       const int64_t b = sb * 8 + j;
-      __m256i x[M];
-      for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
       // As RowDotBytes8Of; Q4_K's nibbles stay int16 for 8 products, Q6_K's 6-bit codes widen
       // after 2 (2 · 63 · 128 < 2^15) and keep each row's two halves apart (lanes 0-3 | 4-7).
-      __m256i h[4][M];
-      for (int k = 0; k < 4; ++k) {
-        const __m256i w0 = KBlockCodes<t>(base + 2 * k * row_bytes, j);
-        const __m256i w1 = KBlockCodes<t>(base + (2 * k + 1) * row_bytes, j);
-        for (int m = 0; m < M; ++m) {
-          const __m256i p0 = _mm256_maddubs_epi16(w0, x[m]), p1 = _mm256_maddubs_epi16(w1, x[m]);
-          h[k][m] = q4 ? _mm256_hadd_epi16(p0, p1)
-                       : _mm256_hadd_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)),
-                                           _mm256_madd_epi16(p1, _mm256_set1_epi16(1)));
-        }
-      }
+      __m256i w[8];
+      for (int i = 0; i < 8; ++i) w[i] = KBlockCodes<t>(base + i * row_bytes, j);
       const __m256 sj = _mm256_load_ps(scale[j]);
       for (int m = 0; m < M; ++m) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+        __m256i h[4];
+        for (int k = 0; k < 4; ++k) {
+          const __m256i p0 = _mm256_maddubs_epi16(w[2 * k], x), p1 = _mm256_maddubs_epi16(w[2 * k + 1], x);
+          h[k] = q4 ? _mm256_hadd_epi16(p0, p1)
+                    : _mm256_hadd_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)),
+                                        _mm256_madd_epi16(p1, _mm256_set1_epi16(1)));
+        }
         __m256i p0123, p4567;
         if constexpr (q4) {
-          p0123 = _mm256_madd_epi16(_mm256_hadd_epi16(h[0][m], h[1][m]), _mm256_set1_epi16(1));
-          p4567 = _mm256_madd_epi16(_mm256_hadd_epi16(h[2][m], h[3][m]), _mm256_set1_epi16(1));
+          p0123 = _mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), _mm256_set1_epi16(1));
+          p4567 = _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), _mm256_set1_epi16(1));
         } else {
-          p0123 = _mm256_hadd_epi32(h[0][m], h[1][m]);
-          p4567 = _mm256_hadd_epi32(h[2][m], h[3][m]);
+          p0123 = _mm256_hadd_epi32(h[0], h[1]);
+          p4567 = _mm256_hadd_epi32(h[2], h[3]);
         }
         // [rows 0-7] of the first and of the second 16 elements.
         const __m256i lo = _mm256_permute2x128_si256(p0123, p4567, 0x20);
@@ -930,7 +941,7 @@ __attribute__((noinline)) void RowDotK8Of(const uint8_t* src, int64_t row_bytes,
 
 template <DType t>
 void RowDotK8For(int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
-  WithRows(rows, [&]<int M>() { RowDotK8Of<t, M>(src, row_bytes, a, r, out); });
+  WithRows<RowsPerCall(t)>(rows, [&]<int M>() { RowDotK8Of<t, M>(src, row_bytes, a, r, out); });
 }
 
 void RowDotK8(DType t, int rows, const uint8_t* src, int64_t row_bytes, const QuantActs& a, int64_t r, float* out) {
@@ -1136,6 +1147,7 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
 #elif DD_INT8_AVX2
   // Few activation rows: a transpose would not pay for itself; one weight row at a time.
   const bool bytes = HasBytePath(type), kbytes = HasKBytePath(type);
+  const int64_t per_call = RowsPerCall(type);  // activation rows per RowDotBytes8 / RowDotK8 call
   const bool by_row = m_rows <= (bytes || kbytes ? kBytePathMaxRows : kRowPathMaxRows);
   // Otherwise every row's int16 activation pairs, once per call (read by the workers like `acts`).
   thread_local std::vector<int32_t> pair_buf;
@@ -1160,8 +1172,8 @@ void MatMulInt8(const WeightView& w, const float* x, int64_t m_rows, int64_t x_s
               _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
             }
           }
-          for (int64_t r = 0; r < m_rows; r += kBytes8Rows) {
-            const int rows = static_cast<int>(std::min<int64_t>(kBytes8Rows, m_rows - r));
+          for (int64_t r = 0; r < m_rows; r += per_call) {
+            const int rows = static_cast<int>(std::min<int64_t>(per_call, m_rows - r));
             float v[8 * kBytes8Rows];
             if (bytes) {
               RowDotBytes8(type, rows, w.data + n * w.row_bytes, w.row_bytes, acts, r, v);
