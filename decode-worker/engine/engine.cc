@@ -19,9 +19,7 @@ EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& conf
   o.spec_head = ResolveSpecHead(o.spec_head, config);
   // The speculative shortlist by head: the full head's query ranks chunks as the real row's
   // did, the context head's does not (docs/decisions.md).
-  if (o.sparse.spec_candidates == SparseOptions::kAutoSpecCandidates) {
-    o.sparse.spec_candidates = o.spec_head == SpecHead::kFull ? SparseOptions::kFullHeadSpecCandidates : 0;
-  }
+  o.sparse.spec_candidates = o.sparse.SpecCandidatesFor(o.spec_head == SpecHead::kFull);
   return o;
 }
 

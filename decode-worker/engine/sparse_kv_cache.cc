@@ -51,9 +51,7 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
                              ThreadPool& pool)
     : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
-  if (options_.spec_candidates == SparseOptions::kAutoSpecCandidates) {
-    options_.spec_candidates = SparseOptions::kFullHeadSpecCandidates;  // no Engine resolved it
-  }
+  options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   for (int64_t l = 0; l < config.n_layer; ++l) {
     const auto& only = options.sparse_layers;
     if (!config.layer_is_swa[l] && (only.none() || (l < SparseOptions::kMaxLayers && only.test(l)))) {

@@ -88,6 +88,12 @@ struct SparseOptions {
   static constexpr int64_t kFullHeadSpecCandidates = 4;
   int64_t spec_candidates = kAutoSpecCandidates;
   static constexpr int64_t kMaxSpecCandidates = 64;
+  // spec_candidates with kAutoSpecCandidates resolved for a speculative head (the one place
+  // the rule above lives).
+  int64_t SpecCandidatesFor(bool full_head) const {
+    if (spec_candidates != kAutoSpecCandidates) return spec_candidates;
+    return full_head ? kFullHeadSpecCandidates : 0;
+  }
   // Keep attended chunks resident across steps (see above). Off: every step gathers its whole
   // selection (`sparse`) or prefetches its whole prediction into the ring (dualdecoder).
   bool step_cache = false;
