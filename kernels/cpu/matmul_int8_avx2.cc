@@ -90,6 +90,26 @@ float RowDotBytesOf(const uint8_t* src, const QuantActs& a, int64_t r) {
   return acc;
 }
 
+// An 8×8 matrix of dwords in v[0..7] (row i in v[i]) transposed in place: dword j of v[i]
+// becomes dword i of v[j].
+inline void TransposeDwords8(__m256i v[8]) {
+  __m256i a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);      // rows i, i+1: dwords 0, 1 | 4, 5
+    a[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);  // dwords 2, 3 | 6, 7
+  }
+  for (int i = 0; i < 8; i += 4) {
+    for (int h = 0; h < 2; ++h) {
+      b[i + 2 * h] = _mm256_unpacklo_epi64(a[i + h], a[i + 2 + h]);      // rows i..i+3: dword 2h | 2h+4
+      b[i + 2 * h + 1] = _mm256_unpackhi_epi64(a[i + h], a[i + 2 + h]);  // dword 2h+1 | 2h+5
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_permute2x128_si256(b[j], b[4 + j], 0x20);
+    v[j + 4] = _mm256_permute2x128_si256(b[j], b[4 + j], 0x31);
+  }
+}
+
 // The f16s at p, p + stride, ..., p + 7·stride, as floats (exact).
 inline __m256 Halves8(const uint8_t* p, int64_t stride) {
   return _mm256_cvtph_ps(_mm_setr_epi16(LoadU16(p), LoadU16(p + stride), LoadU16(p + 2 * stride),
@@ -122,28 +142,40 @@ __attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_by
     const auto quad = [](__m256i a, __m256i b) {  // rows 0-3 (or 4-7), one int32 each per lane
       return narrow ? _mm256_madd_epi16(_mm256_hadd_epi16(a, b), _mm256_set1_epi16(1)) : _mm256_hadd_epi32(a, b);
     };
-    const auto add_row = [&](int m, __m256i h0, __m256i h1, __m256i h2, __m256i h3) {
-      // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
-      const __m256i p0123 = quad(h0, h1), p4567 = quad(h2, h3);
-      __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
-                                     _mm256_permute2x128_si256(p0123, p4567, 0x31));
+    const auto finish = [&](int m, __m256i dot) {  // lane i: weight row i's integer dot
       if constexpr (zp) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(a.c32(r + m)[b]));
       const __m256 sd = _mm256_mul_ps(scales, _mm256_set1_ps(a.d(r + m)[b]));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sd, acc[m]);
       if constexpr (has_min) acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.xs(r + m)[b]), acc[m]);
     };
-    if constexpr (narrow && M > 4) {
-      // The eight rows' codes stay in registers while each activation row runs against them
-      // (at M <= 4 the order below stays: Q5_0 m = 1-2 ran 1.1-1.2× slower in this one).
+    const auto add_row = [&](int m, __m256i h0, __m256i h1, __m256i h2, __m256i h3) {
+      // [rows 0-3 | rows 0-3] and [rows 4-7 | rows 4-7], halves of each row's sum in each lane.
+      const __m256i p0123 = quad(h0, h1), p4567 = quad(h2, h3);
+      finish(m, _mm256_add_epi32(_mm256_permute2x128_si256(p0123, p4567, 0x20),
+                                 _mm256_permute2x128_si256(p0123, p4567, 0x31)));
+    };
+    if constexpr (narrow && M >= 2) {
+      // The eight rows' codes transposed once (dword j of lane i: row i's codes 4j..4j+3), so
+      // each activation dword, broadcast, meets all eight rows in one VPMADDUBSW and the lanes
+      // end up holding the rows' dots: no horizontal sums per activation row. Four products
+      // of a 5-bit code and an int8 stay in int16 (4 · 2 · 31 · 127 < 2^15).
       __m256i w[8];
       for (int i = 0; i < 8; ++i) w[i] = BlockCodes<t>(src + i * row_bytes);
+      TransposeDwords8(w);
       for (int m = 0; m < M; ++m) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
-        add_row(m, pair(w[0], w[1], x), pair(w[2], w[3], x), pair(w[4], w[5], x), pair(w[6], w[7], x));
+        const int32_t* x = reinterpret_cast<const int32_t*>(a.q(r + m) + b * kBlock);
+        const auto dot2 = [&](int k) { return _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x[k])); };
+        const auto four = [&](int j) {
+          return _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_add_epi16(dot2(j), dot2(j + 1)), _mm256_add_epi16(dot2(j + 2), dot2(j + 3))),
+              _mm256_set1_epi16(1));
+        };
+        finish(m, _mm256_add_epi32(four(0), four(4)));
       }
     } else {
-      // The activation rows loaded first, each weight pair against all of them. Q8_0 (two
-      // VPSIGNB per product) always: in the order above it ran up to 1.4× slower at M = 8.
+      // The activation rows loaded first, each weight pair against all of them, summed
+      // horizontally: one row of a 4-5-bit type (the transpose did not pay for itself: Q5_0
+      // 1.08× slower) and Q8_0 (transposed, its sign trick made m = 2 1.1-1.3× slower).
       __m256i x[M], h[4][M];
       for (int m = 0; m < M; ++m) x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
       for (int k = 0; k < 4; ++k) {
@@ -156,13 +188,14 @@ __attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_by
   for (int m = 0; m < M; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
-// Activation rows per RowDotBytes8 / RowDotK8 call: each weight block's decode and scale
-// loads are shared by this many (decisions.md, "Eight activation rows per decode call"). 8
-// beat 4 at m = 8 (a dual step at batch 4) for the 4-6-bit types: dd-bench-matmul cold, one
-// thread, median of 3 alternating runs, 8 vs 4: Q5_0 2048×640 0.77-0.90, Q4_K 640×1024 0.90,
-// Q6_K 640×2048 0.90, Q4_1 1536×576 0.78-0.85. Q8_0 keeps 4 (its products need two VPSIGNB
-// each, and 8 in one call ran up to 1.4× slower). Each instantiation stays out of line:
-// inlined together into the dispatch, Q6_K's m = 1 and 2 ran 1.4-1.7× slower.
+// Activation rows per RowDotBytes8 / RowDotK8 call: each weight block's decode (and, from two
+// rows, its transpose) and scale loads are shared by this many (decisions.md, "Eight
+// activation rows per decode call"). 8 beat 4 at m = 8 (a dual step at batch 4) for the
+// 4-6-bit types: dd-bench-matmul cold, one thread, median of 3 alternating runs, 8 vs 4: Q5_0
+// 2048×640 0.77-0.90, Q4_K 640×1024 0.90, Q6_K 640×2048 0.90, Q4_1 1536×576 0.78-0.85. Q8_0
+// keeps 4 (its products need two VPSIGNB each, and 8 in one call ran up to 1.4× slower).
+// Each instantiation stays out of line: inlined together into the dispatch, Q6_K's m = 1 and
+// 2 ran 1.4-1.7× slower.
 constexpr int kBytes8Rows = 8;
 constexpr int RowsPerCall(DType t) { return t == DType::kQ8_0 ? 4 : kBytes8Rows; }
 // Octets of weight rows the byte path prefetches ahead: 2 beat 1 and 4 on this AMD EPYC
@@ -252,31 +285,48 @@ __attribute__((noinline)) void RowDotK8Of(const uint8_t* src, int64_t row_bytes,
     }
     for (int j = 0; j < 8; ++j) {
       const int64_t b = sb * 8 + j;
-      // As RowDotBytes8Of; Q4_K's nibbles stay int16 for 8 products, Q6_K's 6-bit codes widen
-      // after 2 (2 · 63 · 128 < 2^15) and keep each row's two halves apart (lanes 0-3 | 4-7).
+      // As RowDotBytes8Of. One activation row: Q4_K's nibbles stay int16 for 8 products, Q6_K's
+      // 6-bit codes widen after 2 (2 · 63 · 128 < 2^15); each row's two halves kept apart.
       __m256i w[8];
       for (int i = 0; i < 8; ++i) w[i] = KBlockCodes<t>(base + i * row_bytes, j);
+      // From two activation rows on, the codes transposed as in RowDotBytes8Of: lanes hold the
+      // rows' sums without horizontal adds (Q6_K: two products of a 6-bit code in int16).
+      if constexpr (M >= 2) TransposeDwords8(w);
       const __m256 sj = _mm256_load_ps(scale[j]);
       for (int m = 0; m < M; ++m) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
-        __m256i h[4];
-        for (int k = 0; k < 4; ++k) {
-          const __m256i p0 = _mm256_maddubs_epi16(w[2 * k], x), p1 = _mm256_maddubs_epi16(w[2 * k + 1], x);
-          h[k] = q4 ? _mm256_hadd_epi16(p0, p1)
-                    : _mm256_hadd_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)),
-                                        _mm256_madd_epi16(p1, _mm256_set1_epi16(1)));
-        }
-        __m256i p0123, p4567;
-        if constexpr (q4) {
-          p0123 = _mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), _mm256_set1_epi16(1));
-          p4567 = _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), _mm256_set1_epi16(1));
+        __m256i lo, hi;  // lane i: row i's dot over elements 0-15 and 16-31
+        if constexpr (M >= 2) {
+          const int32_t* x = reinterpret_cast<const int32_t*>(a.q(r + m) + b * kBlock);
+          const auto dot2 = [&](int k) { return _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x[k])); };
+          const auto half = [&](int k) {  // dwords k..k+3
+            const __m256i one = _mm256_set1_epi16(1);
+            const __m256i s01 = _mm256_add_epi16(dot2(k), dot2(k + 1)), s23 = _mm256_add_epi16(dot2(k + 2), dot2(k + 3));
+            return q4 ? _mm256_madd_epi16(_mm256_add_epi16(s01, s23), one)
+                      : _mm256_add_epi32(_mm256_madd_epi16(s01, one), _mm256_madd_epi16(s23, one));
+          };
+          lo = half(0);
+          hi = half(4);
         } else {
-          p0123 = _mm256_hadd_epi32(h[0], h[1]);
-          p4567 = _mm256_hadd_epi32(h[2], h[3]);
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q(r + m) + b * kBlock));
+          __m256i h[4];
+          for (int k = 0; k < 4; ++k) {
+            const __m256i p0 = _mm256_maddubs_epi16(w[2 * k], x), p1 = _mm256_maddubs_epi16(w[2 * k + 1], x);
+            h[k] = q4 ? _mm256_hadd_epi16(p0, p1)
+                      : _mm256_hadd_epi32(_mm256_madd_epi16(p0, _mm256_set1_epi16(1)),
+                                          _mm256_madd_epi16(p1, _mm256_set1_epi16(1)));
+          }
+          __m256i p0123, p4567;
+          if constexpr (q4) {
+            p0123 = _mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), _mm256_set1_epi16(1));
+            p4567 = _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), _mm256_set1_epi16(1));
+          } else {
+            p0123 = _mm256_hadd_epi32(h[0], h[1]);
+            p4567 = _mm256_hadd_epi32(h[2], h[3]);
+          }
+          // [rows 0-7] of the first and of the second 16 elements.
+          lo = _mm256_permute2x128_si256(p0123, p4567, 0x20);
+          hi = _mm256_permute2x128_si256(p0123, p4567, 0x31);
         }
-        // [rows 0-7] of the first and of the second 16 elements.
-        const __m256i lo = _mm256_permute2x128_si256(p0123, p4567, 0x20);
-        const __m256i hi = _mm256_permute2x128_si256(p0123, p4567, 0x31);
         __m256i dot;
         if constexpr (q4) {
           dot = _mm256_add_epi32(lo, hi);
