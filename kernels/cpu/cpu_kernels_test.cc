@@ -272,6 +272,27 @@ TEST(OpsTest, GatedActivationsMatchDouble) {
   }
 }
 
+// The transformer calls the gated activations on each thread's rows: an element's bits must
+// not depend on where a call starts or ends (padded tail vs full vectors).
+TEST(OpsTest, GatedActivationsIgnoreTheSplit) {
+  std::vector<float> x(53), up(53);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = -6.0f + 0.23f * static_cast<float>(i);
+    up[i] = 0.75f + 0.01f * static_cast<float>(i);
+  }
+  for (auto* f : {&GeluTanhMul, &SiluMul}) {
+    std::vector<float> whole(x.size()), split(x.size());
+    f(x.data(), up.data(), whole.data(), static_cast<int64_t>(x.size()));
+    for (const int64_t cut : {1, 5, 16, 21, 37}) {
+      f(x.data(), up.data(), split.data(), cut);
+      f(x.data() + cut, up.data() + cut, split.data() + cut, static_cast<int64_t>(x.size()) - cut);
+      for (size_t i = 0; i < x.size(); ++i) {
+        EXPECT_EQ(std::memcmp(&whole[i], &split[i], sizeof(float)), 0) << "cut " << cut << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(OpsTest, ScaledSoftmaxMatchesDouble) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 30.0f);

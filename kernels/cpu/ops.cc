@@ -145,39 +145,61 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 namespace {
 
-// e^x for any float x (clamped to [-87, 88]): x = n·ln2 + r with |r| <= ln2/2 (ln2 split in
-// two for an exact n·ln2), e^r by a degree-7 Taylor-Horner polynomial, 2^n put in the exponent
-// bits. Plain arithmetic only, so loops calling it vectorize.
-inline float ExpPoly(float x) {
-  x = x < 88.0f ? x : 88.0f;  // comparisons, not fmin/fmax (libm calls that stop vectorizing)
-  x = x > -87.0f ? x : -87.0f;
-  // Round to nearest by adding and removing 1.5·2^23 (std::floor would not vectorize).
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  const float p = ExpTaylor7(r);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
+// e^x for any float x (clamped to [-87, 88]), lane by lane: x = n·ln2 + r with |r| <= ln2/2
+// (ln2 split in two for an exact n·ln2), e^r by a degree-7 Taylor-Horner polynomial, 2^n put
+// in the exponent bits.
+inline VP ExpPoly(VP x) {
+  x = x < 88.0f ? x : VP{} + 88.0f;
+  x = x > -87.0f ? x : VP{} - 87.0f;
+  // Round to nearest by adding and removing 1.5·2^23.
+  const VP n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const VP r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  const VP p = ExpTaylor7(r);
+  const IP bits = (__builtin_convertvector(n, IP) + 127) << 23;
+  VP scale;
+  __builtin_memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+// out[i] = f(gate[i], up[i]) for f on 16-lane vectors (as kParts parts); the last n % 16
+// elements go through the same f in a padded vector, so every element gets the same
+// operations wherever it sits (a row's bits do not depend on how the batch was split).
+// `out` may alias `gate`.
+template <typename F>
+inline void GatedLanes(const float* gate, const float* up, float* out, int64_t n, F f) {
+  const int64_t nv = n / 16 * 16;
+  for (int64_t i = 0; i < nv; i += 16) {
+    for (int h = 0; h < kParts; ++h) {
+      const int64_t at = i + h * kPartLanes;
+      StoreVP(out + at, f(LoadVP(gate + at), LoadVP(up + at)));
+    }
+  }
+  if (nv == n) return;
+  float g[16] = {}, u[16] = {};
+  std::memcpy(g, gate + nv, (n - nv) * sizeof(float));
+  std::memcpy(u, up + nv, (n - nv) * sizeof(float));
+  for (int h = 0; h < kParts; ++h) {
+    StoreVP(g + h * kPartLanes, f(LoadVP(g + h * kPartLanes), LoadVP(u + h * kPartLanes)));
+  }
+  std::memcpy(out + nv, g, (n - nv) * sizeof(float));
 }
 
 }  // namespace
 
+// Both were scalar loops GCC did not vectorize (the exp clamps became branches): GELU 9.1 vs
+// 1.1 ns an element, SiLU 6.0 vs 0.7 (one thread, 4 × 2048 elements); GELU was 1.8 ms of a
+// Gemma batch-4 decode step (perf).
 void GeluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = gate[i];
-    const float y = kSqrt2OverPi * (x + 0.044715f * x * x * x);
-    const float t = 1.0f - 2.0f / (ExpPoly(2.0f * y) + 1.0f);  // tanh(y)
-    out[i] = 0.5f * x * (1.0f + t) * up[i];
-  }
+  GatedLanes(gate, up, out, n, [](VP x, VP u) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    const VP y = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    const VP t = 1.0f - 2.0f / (ExpPoly(2.0f * y) + 1.0f);  // tanh(y)
+    return 0.5f * x * (1.0f + t) * u;
+  });
 }
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = gate[i];
-    out[i] = x / (1.0f + ExpPoly(-x)) * up[i];
-  }
+  GatedLanes(gate, up, out, n, [](VP x, VP u) { return x / (1.0f + ExpPoly(-x)) * u; });
 }
 
 }  // namespace dd::kernels
