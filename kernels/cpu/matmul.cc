@@ -9,6 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "dd/kernels/cpu_ops.h"
 
 namespace dd::kernels {
@@ -71,7 +75,23 @@ inline void KernelNx1(const float* w, int64_t wstride, int nw, const float* x, i
 float Dot(const float* a, const float* b, int64_t n) {
   V16 acc = {};
   const int64_t kv = n / kLanes * kLanes;
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  // On AVX2 GCC kept the 16-float accumulator on the stack across iterations (a store and
+  // reload each, in `objdump`); the same fused multiply-add per lane in two 8-float halves:
+  // the same bits (2600 random dots, n = 1-2048), 4000 × 640 dots 0.84-0.93 vs 2.28-2.38 ms
+  // (the context shortlist's scoring, 2.6 ms of a Gemma batch-4 dual step in perf).
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t i = 0; i < kv; i += kLanes) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+  }
+  float lanes[kLanes];
+  _mm256_storeu_ps(lanes, lo);
+  _mm256_storeu_ps(lanes + 8, hi);
+  std::memcpy(&acc, lanes, sizeof(lanes));
+#else
   for (int64_t i = 0; i < kv; i += kLanes) acc += Load(a + i) * Load(b + i);
+#endif
   return Finish(acc, a, b, kv, n);
 }
 
