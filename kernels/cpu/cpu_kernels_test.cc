@@ -272,6 +272,31 @@ TEST(OpsTest, GatedActivationsMatchDouble) {
   }
 }
 
+#if defined(__FMA__)
+// Dot's order, which the attention kernels and every caller's bits rely on: 16 lanes, each a
+// chain of fused multiply-adds over its elements, then lane i += lane i + w for w = 8, 4, 2, 1
+// (checked bit for bit on lengths without a scalar tail).
+TEST(OpsTest, DotIsSixteenFmaLanesThenTheTree) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const int n : {16, 64, 576, 640, 2048}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> a(n), b(n);
+      for (int i = 0; i < n; ++i) {
+        a[i] = nd(rng);
+        b[i] = nd(rng);
+      }
+      float lane[16] = {};
+      for (int i = 0; i < n; ++i) lane[i % 16] = std::fma(a[i], b[i], lane[i % 16]);
+      for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; ++i) lane[i] += lane[i + w];
+      const float got = Dot(a.data(), b.data(), n);
+      EXPECT_EQ(std::memcmp(&got, &lane[0], sizeof(float)), 0) << "n=" << n << " got " << got << " want " << lane[0];
+    }
+  }
+}
+#endif
+
 // The transformer calls the gated activations on each thread's rows: an element's bits must
 // not depend on where a call starts or ends (padded tail vs full vectors).
 TEST(OpsTest, GatedActivationsIgnoreTheSplit) {
