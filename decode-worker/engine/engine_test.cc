@@ -216,7 +216,6 @@ TEST(SamplerTest, ArgmaxIsTheFirstLargestAsTheScan) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> small(0, 3), pick(0, 9);
-  int checked = 0;
   for (const int n : {1, 2, 7, 8, 15, 16, 17, 23, 24, 31, 40, 100, 1000, 262144}) {
     for (int trial = 0; trial < (n > 1000 ? 3 : 200); ++trial) {
       std::vector<float> x(n);
@@ -228,10 +227,8 @@ TEST(SamplerTest, ArgmaxIsTheFirstLargestAsTheScan) {
       if (trial % 11 == 0) std::fill(x.begin(), x.end(), -inf);
       if (trial % 13 == 0) std::fill(x.begin(), x.end(), nan);
       EXPECT_EQ(Argmax(x.data(), n), scan(x)) << "n=" << n << " trial=" << trial;
-      ++checked;
     }
   }
-  EXPECT_GT(checked, 2000);
   const std::vector<float> last = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
   EXPECT_EQ(Argmax(last.data(), 19), 18);  // the largest in the scalar tail
 }

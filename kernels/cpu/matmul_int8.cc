@@ -21,7 +21,9 @@
 // portable build): up to kBytePathMaxRows activation rows, Q8_0/Q4_x/Q5_x rows dot straight
 // from the weight bytes, 8 weight rows and up to 8 activation rows per call (RowDotBytes8,
 // VPMADDUBSW, one lane per weight row; a tile's last rows one at a time, RowDotBytes), Q4_K
-// and Q6_K likewise (RowDotK8; their last rows through DecodeRow and RowDot); other types up
+// and Q6_K likewise (RowDotK8; their last rows through DecodeRow and RowDot); with two or more
+// activation rows the 8 weight rows' codes are first transposed (TransposeDwords8) so each
+// product lands in its row's lane without horizontal adds (narrow types and K-quants); other types up
 // to kRowPathMaxRows decode a row and dot it (RowDot); more rows decode 8 weight rows into a
 // transposed int16 tile once and dot every activation row against it on VPMADDWD (PairTile).
 // The paths live in matmul_int8_avx512.cc, matmul_int8_avx2.cc and matmul_int8_rows.cc

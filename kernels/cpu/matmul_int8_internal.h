@@ -30,7 +30,7 @@
 #define DD_INT8_AVX512 0
 #endif
 // Without AVX-512 but with AVX2 and FMA (e.g. AMD Zen 2/3), the fallback's dots run 8 weight
-// rows at a time on VPMADDWD (PairTile below): the same integer dots and float ops per
+// rows at a time on VPMADDWD (PairTile in matmul_int8_avx2.cc): the same integer dots and float ops per
 // element, so the same bits.
 #if !DD_INT8_AVX512 && !defined(DD_INT8_PORTABLE) && defined(__AVX2__) && defined(__FMA__)
 #define DD_INT8_AVX2 1
