@@ -68,6 +68,9 @@ ABSL_FLAG(std::vector<std::string>, spec_candidates, std::vector<std::string>({"
           "dualdecoder: the speculative row's landmark candidates (× the budget, 0 = every chunk; default: the "
           "engine's); the first for every dualdecoder run, each further value adds an in-process run of the first "
           "head labelled dualdecoder-candN");
+ABSL_FLAG(bool, carry_ab, false,
+          "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
+          "labelled dualdecoder-nocarry");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
           "of the last one (EngineOptions::spec_resync)");
@@ -97,7 +100,7 @@ struct Measurement {
   Engine* e = nullptr;
   std::unique_ptr<dd::bench::DecodeRun> run;
   Totals before;
-  int64_t wait0 = 0, base_bytes = 0;
+  int64_t wait0 = 0, base_bytes = 0, carried0 = 0;
   std::vector<double> round_tps;
 
   absl::Status Begin(int32_t t0) {
@@ -106,6 +109,7 @@ struct Measurement {
     RETURN_IF_ERROR(run->Start());
     before = Sum(*e);
     wait0 = e->transfer_wait_ns();
+    carried0 = e->carried_rows();
     return absl::OkStatus();
   }
 
@@ -148,6 +152,8 @@ struct Measurement {
         {"urgent_bytes_per_step", static_cast<double>((after.urgent - before.urgent) * bb) / steps},
         {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
         {"wait_ms_per_step", (e->transfer_wait_ns() - wait0) / 1e6 / steps},
+        // Real rows that started from their speculative row's carried state, per decoded token.
+        {"carried_fraction", double(e->carried_rows() - carried0) / (r.batch * steps)},
         {"device_bytes_per_request", dev_per_req},
         {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}};
   }
@@ -247,6 +253,7 @@ int main(int argc, char** argv) {
       bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
       int lanes = 1;           // a pool store's transfer lanes
       int64_t spec_candidates = dd::engine::SparseOptions{}.spec_candidates;
+      bool carry = true;
     };
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : stores) {
@@ -283,6 +290,12 @@ int main(int argc, char** argv) {
           Variant v = base;
           v.label = absl::StrCat("dualdecoder-cand", candidate_counts[i]);
           v.spec_candidates = candidate_counts[i];
+          variants.push_back(v);
+        }
+        if (absl::GetFlag(FLAGS_carry_ab)) {
+          Variant v = base;
+          v.label = "dualdecoder-nocarry";
+          v.carry = false;
           variants.push_back(v);
         }
       }
@@ -332,6 +345,7 @@ int main(int argc, char** argv) {
         o.spec_head = variant.head;
         o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
         o.sparse.spec_candidates = variant.spec_candidates;
+        o.spec_carry = variant.carry;
         o.threads = threads;
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
@@ -435,10 +449,10 @@ int main(int argc, char** argv) {
             const nlohmann::json r = m.Finish();
             runs.push_back(r);
             const RunSpec& spec = m.spec;
-            std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step\n",
+            std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step  carried %.2f\n",
                          spec.label.c_str(), static_cast<long long>(ctx), static_cast<long long>(spec.batch), link.c_str(),
                          r["tokens_per_s"].get<double>(), r["step_ms_p50"].get<double>(), r["hit_rate"].get<double>(),
-                         r["wait_ms_per_step"].get<double>());
+                         r["wait_ms_per_step"].get<double>(), r["carried_fraction"].get<double>());
             if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
               // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
               // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's

@@ -19,8 +19,27 @@ DenseKvCache::Slot& DenseKvCache::GetSlot(int32_t seq) {
     s.v.resize(config_.n_layer);
     s.ring.assign(config_.n_layer, 0);
     s.length.assign(config_.n_layer, 0);
+    s.spec_pos.assign(config_.n_layer, -1);
   }
   return s;
+}
+
+absl::Status DenseKvCache::KeepSpeculative(int32_t seq, int64_t layers) {
+  if (seq < 0 || layers < 0 || layers > config_.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("keep speculative KV: slot ", seq, ", layers ", layers));
+  }
+  Slot& slot = GetSlot(seq);
+  for (int64_t l = 0; l < layers; ++l) {
+    if (slot.spec_pos[l] < 0 || slot.spec_pos[l] != slot.length[l]) {
+      return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " layer ", l, ": no speculative row at position ",
+                                                        slot.length[l], " to keep"));
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    ++slot.length[l];
+    slot.spec_pos[l] = -1;
+  }
+  return absl::OkStatus();
 }
 
 void DenseKvCache::Reset(int32_t seq) {
@@ -77,6 +96,7 @@ void DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const fl
   slot.k[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
   slot.v[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
   slot.length[layer] = length;
+  slot.spec_pos[layer] = -1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t pos = length - n + i;
     if (sliding && pos < length - ring) continue;
@@ -109,7 +129,9 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     // A speculative row's KV is written at its position (so it can see itself) but not
     // counted: the next real row at that position overwrites it.
     AttendGroup(call, slot, r0, r1);
-    slot.length[call.layer] += (r1 - r0) - (call.rows[r1 - 1].speculative ? 1 : 0);
+    const bool spec = call.rows[r1 - 1].speculative;
+    slot.length[call.layer] += (r1 - r0) - (spec ? 1 : 0);
+    slot.spec_pos[call.layer] = spec ? call.rows[r1 - 1].pos : -1;
     r0 = r1;
   }
   return absl::OkStatus();

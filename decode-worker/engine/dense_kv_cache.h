@@ -30,6 +30,12 @@ class DenseKvCache : public KvCache {
   int64_t device_bytes() const override;
 
   absl::Status Attend(const model::AttentionCall& call) override;
+  // Keeps, in layers [0, layers), the KV the last speculative row of slot `seq` wrote (a
+  // speculative row's KV is otherwise dropped): for the dual-token step's carry, when the
+  // next real row has that row's token and position, so its KV bits are the same.
+  // FailedPrecondition (and nothing kept) unless every such layer's last write was a
+  // speculative row right at the end of the stored positions.
+  absl::Status KeepSpeculative(int32_t seq, int64_t layers);
 
   // K and V rows (n_head_kv × head_dim) of a stored position still held (a sliding layer
   // holds the last window positions only); nullptr otherwise.
@@ -45,6 +51,7 @@ class DenseKvCache : public KvCache {
     std::vector<int64_t> length;           // per layer: positions stored
     std::vector<std::vector<float>> k, v;  // per layer: positions × n_head_kv × head_dim
     std::vector<int64_t> ring;             // per layer: ring size in positions (0 = linear)
+    std::vector<int64_t> spec_pos;         // per layer: the last write's speculative row (-1: none)
   };
   // Makes room for positions [p0, p1] of `layer`; returns the storage row of position p
   // through RowOf().

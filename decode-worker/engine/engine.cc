@@ -218,6 +218,7 @@ absl::Status Engine::Fork(int32_t src, int32_t dst) {
   spec_[dst] = spec_[src];
   if (hi >= static_cast<int32_t>(spec_in_.size())) spec_in_.resize(hi + 1, -1);
   spec_in_[dst] = spec_in_[src];
+  if (dst < static_cast<int32_t>(carry_pos_.size())) carry_pos_[dst] = -1;  // a fork starts without a carry
   if (UsesShortlist()) shortlist_.Copy(src, dst);
   if (Resyncs()) history_.Copy(src, dst);
   return absl::OkStatus();
@@ -534,14 +535,37 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   }
   std::vector<BatchRow> dual;
   std::vector<bool> has_spec;
+  const int64_t carry_layers = CarryLayers();
+  if (carry_layers > 0) {
+    if (carry_pos_.size() < spec_in_.size()) carry_pos_.resize(spec_in_.size(), -1);
+    if (carry_x_.size() < spec_in_.size()) carry_x_.resize(spec_in_.size());
+  }
   for (const BatchRow& r : rows) {
     dual.push_back(r);
+    // The last speculative row was fed this very token at this position: start from its state.
+    // (Should the cache no longer hold that row's KV, the row simply runs every layer.)
+    if (carry_layers > 0 && carry_pos_[r.seq] == r.pos && spec_in_[r.seq] == r.token &&
+        sparse_->KeepSpeculative(r.seq, carry_layers).ok()) {
+      dual.back().resume = carry_x_[r.seq].data();
+      ++carried_rows_;
+    }
     const bool spec = r.pos + 1 < model_.config.n_ctx_train;
     has_spec.push_back(spec);
     if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
     spec_in_[r.seq] = spec ? spec_[r.seq] : -1;
   }
-  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out, hidden_out));
+  std::vector<float> carried;
+  const model::Transformer::Carry carry{carry_layers, &carried};
+  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out, hidden_out, carry_layers > 0 ? &carry : nullptr));
+  if (carry_layers > 0) {  // the speculative rows' states, for the next step
+    for (size_t i = 0, c = 0; i < rows.size(); ++i) {
+      carry_pos_[rows[i].seq] = has_spec[i] ? rows[i].pos + 1 : -1;
+      if (has_spec[i]) {
+        carry_x_[rows[i].seq].assign(carried.begin() + c * d, carried.begin() + (c + 1) * d);
+        ++c;
+      }
+    }
+  }
   logits->resize(rows.size() * V);
   size_t o = 0, h = 0;  // rows of `out` and of `hidden` consumed
   for (size_t i = 0; i < rows.size(); ++i) {

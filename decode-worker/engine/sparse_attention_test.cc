@@ -324,5 +324,25 @@ TEST(SparseAttentionTest, RowsInOnePassEqualOneRowAtATime) {
   }
 }
 
+// KeepSpeculative (the dual step's carry) keeps the last speculative row's KV as if a real
+// row had written it, and refuses when the last write had no speculative row at the end.
+TEST(SparseAttentionTest, KeepSpeculativeKeepsOnlyTheLastSpeculativeRow) {
+  const auto c = TinyConfig();
+  ThreadPool pool(1);
+  DenseKvCache cache(c, pool);
+  Driver d(c, &cache, true);
+  std::mt19937 real(3), spec(4);
+  d.Step(0, 0, 20, real, spec, /*with_spec=*/true);  // positions 0-19, speculative row at 20
+  EXPECT_EQ(cache.Length(0), 20);
+  ASSERT_TRUE(cache.KeepSpeculative(0, c.n_layer).ok());
+  EXPECT_EQ(cache.Length(0), 21);
+  const absl::Status twice = cache.KeepSpeculative(0, c.n_layer);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition) << twice;
+  d.Step(0, 21, 1, real, spec, /*with_spec=*/false);  // continues after the kept row
+  EXPECT_EQ(cache.Length(0), 22);
+  EXPECT_EQ(cache.KeepSpeculative(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cache.KeepSpeculative(0, c.n_layer + 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dd::engine

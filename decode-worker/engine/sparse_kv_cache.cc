@@ -139,6 +139,19 @@ SparseKvCache::SeqKvBytes SparseKvCache::SeqTransfers(int32_t seq) const {
   return {s.prefetched * block_bytes(), s.urgent * block_bytes(), s.wasted * block_bytes()};
 }
 
+int64_t SparseKvCache::carry_layers() const {
+  if (options_.offload_sliding || sparse_layers_.empty()) return 0;
+  return sparse_layers_.front();
+}
+
+absl::Status SparseKvCache::KeepSpeculative(int32_t seq, int64_t layers) {
+  if (layers > carry_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("keep speculative KV in ", layers, " layers: only the first ",
+                                                   carry_layers(), " attend densely"));
+  }
+  return dense_.KeepSpeculative(seq, layers);
+}
+
 int64_t SparseKvCache::Length(int32_t seq) const {
   int64_t n = dense_.Length(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(seqs_.size())) {

@@ -121,6 +121,13 @@ class SparseKvCache : public KvCache {
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
   // pool fails this request alone (at admission) instead of a whole forward pass.
   absl::Status Open(int32_t seq) { return GetSeq(seq).status(); }
+  // The dual-token step's carry: layers [0, carry_layers()) attend densely and exactly
+  // (sliding windows, global layers kept dense) up to the first sparse layer, so a speculative
+  // row's state through them is the next real row's when the tokens match. 0 when the first
+  // layer is sparse, or when sliding layers are offloaded (a kept row would skip that).
+  int64_t carry_layers() const;
+  // Keeps slot `seq`'s last speculative KV in those layers (DenseKvCache::KeepSpeculative).
+  absl::Status KeepSpeculative(int32_t seq, int64_t layers);
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;
   int64_t Length(int32_t seq) const override;

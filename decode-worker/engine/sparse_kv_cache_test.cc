@@ -203,10 +203,19 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   const int64_t issued_ahead = std::min<int64_t>(SparseOptions().prefetch_buffers, layers);
   EXPECT_EQ(t.prefetched - t.wasted - 2 * issued_ahead * heads * kChunks, t.hits);
   EXPECT_GT(t.hits, t.selected / 2) << "hit rate " << t.hit_rate();
+  // The carry (EngineOptions::spec_carry) ran where the model has exact layers before its
+  // first sparse one (Gemma 3: 5 sliding layers; SmolLM2's first layer is sparse).
+  if ((*dual)->sparse_cache()->carry_layers() > 0) {
+    EXPECT_GT((*dual)->carried_rows(), 0);
+  } else {
+    EXPECT_EQ((*dual)->carried_rows(), 0);
+  }
+  std::printf("carried rows: %lld of %d\n", static_cast<long long>((*dual)->carried_rows()), kSteps * 2);
 
   // The step cache: sparse-cached, and dualdecoder on the resident set.
   const int64_t sparse_chunks = (*sparse)->sparse_cache()->fetched_chunks();
   const int64_t ring_chunks = (*dual)->sparse_cache()->fetched_chunks();
+  const int64_t ring_carried = (*dual)->carried_rows();
   sparse->reset();
   dual->reset();
   o.mode = DecodeMode::kSparseCached;
@@ -224,6 +233,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   ASSERT_TRUE(resident.ok()) << resident.status();
   const auto d = this->RunForked(**resident, kSteps, SlowLinkFrom(**resident, kSlowFrom));
   EXPECT_EQ(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
+  EXPECT_EQ((*resident)->carried_rows(), ring_carried);  // the same speculative tokens
   const auto td = (*resident)->sparse_cache()->total_stats();
   EXPECT_EQ(td.selected, t.selected);
   EXPECT_EQ(td.hits, t.hits);  // the same predictions

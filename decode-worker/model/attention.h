@@ -28,6 +28,10 @@ struct BatchRow {
   // when it is the only row of its sequence in the pass. Rows without it count as decode rows
   // when they are alone; a backend treats several real rows of one sequence as prompt rows.
   bool prefill = false;
+  // A real decode row resuming from a carried residual (Transformer::Carry): it skips the
+  // embedding and the first carry.layers layers, entering the next with this state
+  // (n_embd floats). Its KV in those layers must already be kept (the speculative row's).
+  const float* resume = nullptr;
 };
 
 struct AttentionCall {

@@ -30,21 +30,9 @@ void Transformer::RmsNormRows(const float* x, const std::vector<float>& w, int64
   });
 }
 
-absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
-                                  std::vector<float>* logits, std::vector<float>* spec_hidden) {
+void Transformer::Resize(int64_t n) {
   const ModelConfig& c = model_.config;
-  const ModelWeights& w = model_.weights;
-  const int64_t n = static_cast<int64_t>(rows.size());
-  const int64_t d = c.n_embd, hd = c.head_dim;
-  const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
-  for (const BatchRow& r : rows) {
-    if (r.token < 0 || r.token >= c.n_vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", r.token, " outside the vocabulary [0, ", c.n_vocab, ")"));
-    }
-    if (r.pos < 0 || r.pos >= c.n_ctx_train) {
-      return absl::InvalidArgumentError(absl::StrCat("position ", r.pos, " outside the model context [0, ", c.n_ctx_train, ")"));
-    }
-  }
+  const int64_t d = c.n_embd, q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   x_.resize(n * d);
   xn_.resize(n * d);
   q_.resize(n * q_dim);
@@ -54,17 +42,30 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
   o_.resize(n * d);
   gate_.resize(n * c.n_ff);
   up_.resize(n * c.n_ff);
-  const int64_t half = c.rope_dim / 2;
-  rope_cos_.resize(2 * n * half);
-  rope_sin_.resize(2 * n * half);
+  rope_cos_.resize(2 * n * (c.rope_dim / 2));
+  rope_sin_.resize(2 * n * (c.rope_dim / 2));
+}
 
-  pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+void Transformer::Embed(absl::Span<const BatchRow> rows) {
+  const ModelConfig& c = model_.config;
+  const ModelWeights& w = model_.weights;
+  const int64_t d = c.n_embd;
+  pool_.ParallelFor(static_cast<int64_t>(rows.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       float* xi = &x_[i * d];
       kernels::DequantizeRow(w.token_embd.type, w.token_embd.data + rows[i].token * w.token_embd.row_bytes, xi, d);
       if (c.embed_scale != 1.0f) {
         for (int64_t j = 0; j < d; ++j) xi[j] *= c.embed_scale;
       }
+    }
+  });
+}
+
+void Transformer::RopeAngles(absl::Span<const BatchRow> rows) {
+  const ModelConfig& c = model_.config;
+  const int64_t n = static_cast<int64_t>(rows.size()), half = c.rope_dim / 2;
+  pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
       // Angles for global layers [0, n*half) and sliding layers [n*half, 2n*half).
       kernels::RopeAngles(c.inv_freq.data(), half, rows[i].pos, &rope_cos_[i * half], &rope_sin_[i * half]);
       if (!c.inv_freq_swa.empty()) {
@@ -73,8 +74,17 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
       }
     }
   });
+}
 
-  for (int64_t l = 0; l < c.n_layer; ++l) {
+absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBackend& attention, int64_t l0,
+                                 int64_t l1) {
+  const ModelConfig& c = model_.config;
+  const ModelWeights& w = model_.weights;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t d = c.n_embd, hd = c.head_dim;
+  const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
+  const int64_t half = c.rope_dim / 2;
+  for (int64_t l = l0; l < l1; ++l) {
     const LayerWeights& L = w.layers[l];
     const bool swa = c.layer_is_swa[l];
     RmsNormRows(x_.data(), L.attn_norm, n, xn_.data());
@@ -126,6 +136,61 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     if (c.post_norms) RmsNormRows(o_.data(), L.post_ffn_norm, n, o_.data());
     for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
+                                  std::vector<float>* logits, std::vector<float>* spec_hidden, const Carry* carry) {
+  const ModelConfig& c = model_.config;
+  const ModelWeights& w = model_.weights;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t d = c.n_embd;
+  const int64_t carry_layers = carry != nullptr ? carry->layers : 0;
+  if (carry_layers < 0 || carry_layers > c.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("carry of ", carry_layers, " layers in a ", c.n_layer, "-layer model"));
+  }
+  bool resumes = false;
+  for (const BatchRow& r : rows) {
+    if (r.token < 0 || r.token >= c.n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", r.token, " outside the vocabulary [0, ", c.n_vocab, ")"));
+    }
+    if (r.pos < 0 || r.pos >= c.n_ctx_train) {
+      return absl::InvalidArgumentError(absl::StrCat("position ", r.pos, " outside the model context [0, ", c.n_ctx_train, ")"));
+    }
+    if (r.resume != nullptr && (carry_layers == 0 || r.speculative)) {
+      return absl::InvalidArgumentError("a resumed row needs a carry of at least one layer and must be a real row");
+    }
+    resumes = resumes || r.resume != nullptr;
+  }
+  // The rows that start from their embedding run the carried layers alone.
+  std::vector<BatchRow> fresh;
+  if (resumes) {
+    for (const BatchRow& r : rows) {
+      if (r.resume == nullptr) fresh.push_back(r);
+    }
+  }
+  const absl::Span<const BatchRow> first = resumes ? absl::Span<const BatchRow>(fresh) : rows;
+  Resize(n);
+  Embed(first);
+  if (carry_layers > 0 && !first.empty()) {
+    RopeAngles(first);
+    RETURN_IF_ERROR(Layers(first, attention, 0, carry_layers));
+  }
+  if (carry != nullptr && carry->spec_out != nullptr) {
+    carry->spec_out->clear();
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (first[i].speculative) carry->spec_out->insert(carry->spec_out->end(), &x_[i * d], &x_[(i + 1) * d]);
+    }
+  }
+  if (resumes) {  // spread the fresh rows' residuals back to their places, the resumed ones beside them
+    std::vector<float> fresh_x(x_.begin(), x_.begin() + first.size() * d);
+    for (int64_t i = 0, j = 0; i < n; ++i) {
+      const float* src = rows[i].resume != nullptr ? rows[i].resume : &fresh_x[j++ * d];
+      std::copy(src, src + d, &x_[i * d]);
+    }
+  }
+  RopeAngles(rows);
+  RETURN_IF_ERROR(Layers(rows, attention, carry_layers, c.n_layer));
 
   std::vector<int64_t> out_rows;
   if (spec_hidden != nullptr) spec_hidden->clear();

@@ -36,8 +36,19 @@ class Transformer {
   // logits only the other rows' (the caller scores a shortlist; softcapping is monotonic, so
   // it does not change an argmax).
   // InvalidArgument for a token id outside the vocabulary or a position past the context.
+  //
+  // The dual-token step's carry: when the first `layers` layers attend exactly (no sparse
+  // selection), a speculative row's residual after them equals, bit for bit, that of the next
+  // step's real row with the same token at the same position (every kernel is
+  // batch-invariant). `spec_out` (resized) receives each speculative row's residual entering
+  // layer `layers` (n_embd floats, in row order); rows with BatchRow::resume start there.
+  struct Carry {
+    int64_t layers = 0;
+    std::vector<float>* spec_out = nullptr;
+  };
   absl::Status Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
-                       std::vector<float>* logits, std::vector<float>* spec_hidden = nullptr);
+                       std::vector<float>* logits, std::vector<float>* spec_hidden = nullptr,
+                       const Carry* carry = nullptr);
 
   const ModelConfig& config() const { return model_.config; }
 
@@ -45,6 +56,12 @@ class Transformer {
   void Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
               const std::vector<float>& bias, float* y, int64_t y_stride);
   void RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y);
+  // Sizes the scratch for n rows; the token embeddings and RoPE angles of `rows`.
+  void Resize(int64_t n);
+  void Embed(absl::Span<const BatchRow> rows);
+  void RopeAngles(absl::Span<const BatchRow> rows);
+  // Layers [l0, l1) for `rows`, whose residuals are in x_.
+  absl::Status Layers(absl::Span<const BatchRow> rows, AttentionBackend& attention, int64_t l0, int64_t l1);
 
   const LoadedModel& model_;
   ThreadPool& pool_;
