@@ -78,6 +78,18 @@ inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, floa
   Store(out, ReduceSixteen(acc));
 }
 
+// Keys and values come from blocks scattered over a resident set larger than the last-level
+// cache; a pass's first sweep over a tile asks for the rows kPrefetchRows ahead, lines [e0, e1)
+// (a hint only: no bits change).
+constexpr int64_t kPrefetchRows = 16;
+inline void PrefetchRow(const float* row, int64_t e0, int64_t e1) {
+  for (int64_t e = e0; e < e1; e += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T0);
+}
+// What a weighted-sum sweep prefetches: rows below nk (none when nk = 0), elements [e0, e1).
+struct Ahead {
+  int64_t nk = 0, e0 = 0, e1 = 0;
+};
+
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define DD_ATTENTION_AVX2 1
 // Four 16-lane accumulators, each as halves lo[p] (lanes 0-7) and hi[p] (8-15), reduced by
@@ -140,13 +152,6 @@ inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, floa
   ReduceFour(lo, hi, out);
 }
 
-// Keys and values come from blocks scattered over a resident set larger than the last-level
-// cache; a pass's first sweep over a tile asks for the rows kPrefetchRows ahead, lines [e0, e1)
-// (a hint only: no bits change).
-constexpr int64_t kPrefetchRows = 16;
-inline void PrefetchRow(const float* row, int64_t e0, int64_t e1) {
-  for (int64_t e = e0; e < e1; e += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T0);
-}
 #else
 #define DD_ATTENTION_AVX2 0
 #endif
@@ -156,13 +161,14 @@ inline void PrefetchRow(const float* row, int64_t e0, int64_t e1) {
 // reloaded keeps its bits, so splitting the keys into tiles changes nothing.
 template <int NV>
 inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t j0, int64_t j1,
-                         int64_t e, float* const* outs, bool first) {
+                         int64_t e, float* const* outs, bool first, const Ahead& ahead = {}) {
   V16 acc[4][NV] = {};
   if (!first) {
     for (int i = 0; i < 4; ++i)
       for (int t = 0; t < NV; ++t) acc[i][t] = Load(outs[i] + e + t * kLanes);
   }
   for (int64_t j = j0; j < j1; ++j) {
+    if (j + kPrefetchRows < ahead.nk) PrefetchRow(values[j + kPrefetchRows], ahead.e0, ahead.e1);
     V16 v[NV];
     for (int t = 0; t < NV; ++t) v[t] = Load(values[j] + e + t * kLanes);
     for (int i = 0; i < 4; ++i) {
@@ -175,10 +181,6 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 }
 
 #if DD_ATTENTION_AVX2
-// What a weighted-sum sweep prefetches: rows below nk (none when nk = 0), elements [e0, e1).
-struct Ahead {
-  int64_t nk = 0, e0 = 0, e1 = 0;
-};
 
 // WeightedSum4<1> in AVX2 registers for NQ queries: NQ × 16 outputs as two 8-float halves
 // each, one fused multiply-add per key and element in ascending key order (same bits). GCC
@@ -300,6 +302,9 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
       const float* qq = partial ? pad.data() : q + i * hd;
       const int rows = partial ? static_cast<int>(rem) : 4;
       for (int64_t j = jt; j < je; j += 4) {
+        if (quad == 0 && j + 3 + kPrefetchRows < nk) {  // scattered keys: ask ahead, as on AVX2
+          for (int c = 0; c < 4; ++c) PrefetchRow(keys[j + c + kPrefetchRows], 0, hd);
+        }
         float out[16];
         Scores4x4(qq, hd, keys + j, out);
         for (int r = 0; r < rows; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
@@ -331,7 +336,9 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
       int64_t e = e0;
 #if !DD_ATTENTION_AVX2
       for (; e + kWideVectors * kLanes <= e1; e += kWideVectors * kLanes) {
-        WeightedSum4<kWideVectors>(pr, n, values, jt, je, e, o, first);
+        // The first sweep over the tile fetches the rows' slice ahead of use, as on AVX2.
+        const Ahead ahead = b == 0 && e == e0 ? Ahead{nk, e0, e1} : Ahead{};
+        WeightedSum4<kWideVectors>(pr, n, values, jt, je, e, o, first, ahead);
       }
 #endif
       for (; e + kLanes <= e1; e += kLanes) {
