@@ -70,7 +70,7 @@ ABSL_FLAG(std::vector<std::string>, spec_candidates, std::vector<std::string>({"
           "head labelled dualdecoder-candN");
 ABSL_FLAG(bool, carry_ab, false,
           "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
-          "labelled dualdecoder-nocarry");
+          "labelled as it with -nocarry (models whose first layer is sparse have nothing to carry: not run)");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
           "of the last one (EngineOptions::spec_resync)");
@@ -292,9 +292,10 @@ int main(int argc, char** argv) {
           v.spec_candidates = candidate_counts[i];
           variants.push_back(v);
         }
-        if (absl::GetFlag(FLAGS_carry_ab)) {
+        // Only where there is something to carry: exact (sliding) layers before the first sparse one.
+        if (absl::GetFlag(FLAGS_carry_ab) && model.config.layer_is_swa[0]) {
           Variant v = base;
-          v.label = "dualdecoder-nocarry";
+          v.label = base.label + "-nocarry";
           v.carry = false;
           variants.push_back(v);
         }

@@ -130,18 +130,22 @@ def summary_modes(doc, out_dir):
                   "| context | batch | sparse-cached / sparse | dualdecoder / dualdecoder-ring |",
                   "|---:|---:|---|---|"] + brows
     # The carry (EngineOptions::spec_carry) against the same engine without it (--carry_ab).
-    carry = {(x["context"], x["batch"], x["link"]): x for x in runs if x["mode"] == "dualdecoder"}
+    by_mode = {(x["mode"], x["context"], x["batch"], x["link"]): x for x in runs}
     crows = []
     for x in runs:
-        c = carry.get((x["context"], x["batch"], x["link"]))
-        if x["mode"] == "dualdecoder-nocarry" and c:
-            crows.append(f"| {x['context']} | {x['batch']} | {x['link']} | {c['tokens_per_s'] / x['tokens_per_s']:.2f}× | "
+        if not x["mode"].endswith("-nocarry"):
+            continue
+        c = by_mode.get((x["mode"][:-len("-nocarry")], x["context"], x["batch"], x["link"]))
+        if c:
+            crows.append(f"| {c['mode']} | {x['context']} | {x['batch']} | {x['link']} | "
+                         f"{c['tokens_per_s'] / x['tokens_per_s']:.2f}× | "
                          f"{x['step_ms_p50'] / c['step_ms_p50']:.2f}× | {c.get('carried_fraction', 0):.0%} |")
     if crows:
         lines += ["", "The carry: real rows whose token the last speculative row had start from its state after "
-                  "the layers before the first sparse one (`dualdecoder` against `dualdecoder-nocarry`, same "
+                  "the layers before the first sparse one (each mode against its `-nocarry` run, same "
                   "run):", "",
-                  "| context | batch | link | tok/s ratio | p50 speed-up | rows carried |", "|---:|---:|---|---:|---:|---:|"] + crows
+                  "| mode | context | batch | link | tok/s ratio | p50 speed-up | rows carried |",
+                  "|---|---:|---:|---|---:|---:|---:|"] + crows
     # Targets: dualdecoder vs sparse on the pcie5 link, and dualdecoder pcie5 vs inmem.
     tput = {(x["mode"], x["context"], x["batch"], x["link"]): x["tokens_per_s"] for x in runs}
     p50_of = {(x["mode"], x["context"], x["batch"], x["link"]): x["step_ms_p50"] for x in runs}
