@@ -292,7 +292,8 @@ int main(int argc, char** argv) {
           v.spec_candidates = candidate_counts[i];
           variants.push_back(v);
         }
-        // Only where there is something to carry: exact (sliding) layers before the first sparse one.
+        // Only where there is something to carry: exact (sliding) layers before the first sparse
+        // one (this bench sets neither --sparse_layers nor prefix reuse, which would change that).
         if (absl::GetFlag(FLAGS_carry_ab) && model.config.layer_is_swa[0]) {
           Variant v = base;
           v.label = base.label + "-nocarry";

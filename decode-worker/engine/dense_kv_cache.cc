@@ -127,7 +127,7 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
       }
     }
     // A speculative row's KV is written at its position (so it can see itself) but not
-    // counted: the next real row at that position overwrites it.
+    // counted: the next row at that position overwrites it, unless KeepSpeculative keeps it.
     AttendGroup(call, slot, r0, r1);
     const bool spec = call.rows[r1 - 1].speculative;
     slot.length[call.layer] += (r1 - r0) - (spec ? 1 : 0);

@@ -485,13 +485,18 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   if (seqs.size() != tokens.size()) return absl::InvalidArgumentError("seqs and tokens differ in length");
   std::vector<BatchRow> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i] < 0 || seqs[i] >= static_cast<int32_t>(reservations_.size()) || !reservations_[seqs[i]].active) {
+      return absl::FailedPreconditionError(absl::StrCat("decode: slot ", seqs[i], " holds no request"));
+    }
+    // Checked here as well as in the forward pass: before any speculative state changes.
+    if (tokens[i] < 0 || tokens[i] >= model_.config.n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " outside the vocabulary [0, ",
+                                                     model_.config.n_vocab, ")"));
+    }
     const int64_t pos = kv_->Length(seqs[i]);
     if (pos >= model_.config.n_ctx_train) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the model context of ",
                                                 model_.config.n_ctx_train, " tokens"));
-    }
-    if (seqs[i] < 0 || seqs[i] >= static_cast<int32_t>(reservations_.size()) || !reservations_[seqs[i]].active) {
-      return absl::FailedPreconditionError(absl::StrCat("decode: slot ", seqs[i], " holds no request"));
     }
     if (pos >= reservations_[seqs[i]].total) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", seqs[i], " reached the ", reservations_[seqs[i]].total,
@@ -549,6 +554,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
       dual.back().resume = carry_x_[r.seq].data();
       ++carried_rows_;
     }
+    if (carry_layers > 0) carry_pos_[r.seq] = -1;  // only a forward that completes arms the next
     const bool spec = r.pos + 1 < model_.config.n_ctx_train;
     has_spec.push_back(spec);
     if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});

@@ -21,8 +21,10 @@ struct BatchRow {
   int32_t token = 0;
   bool want_logits = false; // the forward pass returns this row's logits
   // Speculative row (dual-token step, DESIGN §5.3): it attends like any row (it sees the rows
-  // before it) but its KV lives only for this forward — the cache does not keep it, and no
-  // real row sees it. At most one per sequence per forward, after the sequence's real rows.
+  // before it) but its KV is not counted as the sequence's — no real row sees it, and the next
+  // row at its position overwrites it, unless the engine keeps it for the carry
+  // (DenseKvCache::KeepSpeculative). At most one per sequence per forward, after the
+  // sequence's real rows.
   bool speculative = false;
   // A prompt row (prefill, restore, rebuild): it attends densely over its whole prefix even
   // when it is the only row of its sequence in the pass. Rows without it count as decode rows
