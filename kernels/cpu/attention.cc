@@ -90,7 +90,10 @@ struct Ahead {
   int64_t nk = 0, e0 = 0, e1 = 0;
 };
 
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// The AVX2 kernels below also serve AVX-512 machines: on an AMD EPYC Zen 4 they decoded
+// faster than the 16-lane generic kernels (SmolLM2 full mode at 8000 tokens, alternating
+// binaries: batch 1 1.14-1.32x, batch 8 1.19x; Gemma at 4096 not slower). Same bits.
+#if defined(__AVX2__) && defined(__FMA__)
 #define DD_ATTENTION_AVX2 1
 // Four 16-lane accumulators, each as halves lo[p] (lanes 0-7) and hi[p] (8-15), reduced by
 // Dot's tree (lane i += lane i + w for w = 8, 4, 2, 1) together: out[p] is accumulator p's sum.
