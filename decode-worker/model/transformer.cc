@@ -1,5 +1,6 @@
 #include "decode-worker/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -182,14 +183,15 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
       if (first[i].speculative) carry->spec_out->insert(carry->spec_out->end(), &x_[i * d], &x_[(i + 1) * d]);
     }
   }
-  if (resumes) {  // spread the fresh rows' residuals back to their places, the resumed ones beside them
-    std::vector<float> fresh_x(x_.begin(), x_.begin() + first.size() * d);
-    for (int64_t i = 0, j = 0; i < n; ++i) {
-      const float* src = rows[i].resume != nullptr ? rows[i].resume : &fresh_x[j++ * d];
-      std::copy(src, src + d, &x_[i * d]);
+  if (resumes) {
+    // Spread the fresh rows' residuals to their places, the resumed ones beside them. From the
+    // last row back: fresh row j goes to row i >= j, so no row is overwritten before it moves.
+    for (int64_t i = n - 1, j = static_cast<int64_t>(first.size()) - 1; i >= 0; --i) {
+      const float* src = rows[i].resume != nullptr ? rows[i].resume : &x_[j-- * d];
+      std::copy_backward(src, src + d, &x_[(i + 1) * d]);
     }
   }
-  RopeAngles(rows);
+  if (resumes || carry_layers == 0 || first.empty()) RopeAngles(rows);  // else computed above for the same rows
   RETURN_IF_ERROR(Layers(rows, attention, carry_layers, c.n_layer));
 
   std::vector<int64_t> out_rows;

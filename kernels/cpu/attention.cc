@@ -4,8 +4,9 @@
 // Both give the bits of the one-pair-at-a-time reference (Dot, Axpy) that every other
 // attention path uses, so a cache may switch between them freely:
 // - A score is one 16-lane accumulator walked over the head dimension, reduced by the lane
-//   tree l[i] += l[i + w] for w = 8, 4, 2, 1, then the scalar tail — Dot's order. The 4×4
-//   kernel reduces its 16 accumulators together: each tree level is one vector add of two
+//   tree l[i] += l[i + w] for w = 8, 4, 2, 1, then the scalar tail — Dot's order. With AVX2
+//   (AVX-512 machines included) pairs of queries and keys run in 8-float halves (Scores2x2);
+//   elsewhere the generic 4×4 kernel reduces its 16 accumulators together: each tree level is one vector add of two
 //   shuffles, pairing exactly the lanes the scalar tree pairs (15 adds per 16 scores instead
 //   of 15 per score, which dominated at head_dim 64).
 // - A weighted sum adds p_j·v_j into a zeroed output for ascending j, element by element as
@@ -229,15 +230,6 @@ constexpr int kSumQueries = 6;  // queries per weighted-sum block
 constexpr int kSumQueries = 4;
 #endif
 
-// Output vectors per query a weighted-sum call keeps in registers: 4 queries × 4 × 16 floats
-// fill AVX-512's 32 registers; AVX2 runs WeightedSumAvx2 (up to 6 × 16) instead, other targets
-// 4 × 1. Same bits either way (per-element order unchanged).
-#if defined(__AVX512F__)
-constexpr int kWideVectors = 4;
-#else
-constexpr int kWideVectors = 1;
-#endif
-
 // Keys per tile: ~32 KiB of keys or values, reused from L1/L2 by every query quad.
 inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / std::max<int64_t>(hd, 16)) / 4 * 4); }
 
@@ -337,20 +329,13 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
         o[r] = outs[i + std::min(r, n - 1)];
       }
       int64_t e = e0;
-#if !DD_ATTENTION_AVX2
-      for (; e + kWideVectors * kLanes <= e1; e += kWideVectors * kLanes) {
-        // The first sweep over the tile fetches the rows' slice ahead of use, as on AVX2.
-        const Ahead ahead = b == 0 && e == e0 ? Ahead{nk, e0, e1} : Ahead{};
-        WeightedSum4<kWideVectors>(pr, n, values, jt, je, e, o, first, ahead);
-      }
-#endif
       for (; e + kLanes <= e1; e += kLanes) {
-#if DD_ATTENTION_AVX2
         // The first sweep over the tile fetches the whole rows' slice ahead of use.
         const Ahead ahead = b == 0 && e == e0 ? Ahead{nk, e0, e1} : Ahead{};
+#if DD_ATTENTION_AVX2
         WeightedSumAvx2(n, pr, values, jt, je, e, o, first, ahead);
 #else
-        WeightedSum4<1>(pr, n, values, jt, je, e, o, first);
+        WeightedSum4<1>(pr, n, values, jt, je, e, o, first, ahead);
 #endif
       }
       for (; e < e1; ++e) {  // scalar tail, same per-element order
