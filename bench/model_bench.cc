@@ -23,7 +23,7 @@
 ABSL_FLAG(std::string, model, "", "Model path (.gguf or HF directory)");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::vector<std::string>, prefill, std::vector<std::string>({"1024", "8192"}), "Prompt lengths to prefill");
-ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"1024", "8192"}), "Contexts for decode");
+ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"1024", "8192"}), "Contexts for decode (empty: no decode, prefill only)");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}), "Decode batch sizes");
 ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per measurement");
 ABSL_FLAG(int32_t, threads, 0, "Threads (0 = all cores)");
@@ -84,7 +84,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "prefill %6lld tokens: %8.1f tokens/s\n", static_cast<long long>(n), tps);
   }
   const int steps = absl::GetFlag(FLAGS_decode_steps);
-  for (int64_t ctx : Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1)) {
+  // An empty --contexts= measures prefill alone (bench/compare_prefill.py runs it so).
+  const std::vector<std::string>& context_flag = absl::GetFlag(FLAGS_contexts);
+  const std::vector<int64_t> contexts =
+      context_flag.empty() ? std::vector<int64_t>{} : Ints(context_flag, "--contexts", 1);
+  for (int64_t ctx : contexts) {
     auto p = prompt_of(ctx);
     auto r = engine.Prefill(0, p);
     if (!r.ok()) {
