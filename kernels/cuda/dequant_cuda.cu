@@ -76,10 +76,16 @@ absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols
   const int64_t n_blocks = rows * cols / block_elems;
   uint8_t* d_src = nullptr;
   float* d_dst = nullptr;
-  absl::Status st = Check(cudaMalloc(&d_src, n_blocks * block_bytes), "cudaMalloc");
-  if (st.ok()) st = Check(cudaMalloc(&d_dst, rows * cols * sizeof(float)), "cudaMalloc");
-  if (st.ok()) st = Check(cudaMemcpy(d_src, src, n_blocks * block_bytes, cudaMemcpyHostToDevice), "copy in");
-  if (st.ok()) {
+  // One error code carried through the steps (absl::Status assignments trip nvcc's nodiscard
+  // check under -Werror all-warnings), turned into a Status once at the end.
+  const char* what = "cudaMalloc";
+  cudaError_t err = cudaMalloc(&d_src, n_blocks * block_bytes);
+  if (err == cudaSuccess) err = cudaMalloc(&d_dst, rows * cols * sizeof(float));
+  if (err == cudaSuccess) {
+    what = "copy in";
+    err = cudaMemcpy(d_src, src, n_blocks * block_bytes, cudaMemcpyHostToDevice);
+  }
+  if (err == cudaSuccess) {
     const int threads = 128;
     const int64_t grid = (n_blocks + threads - 1) / threads;
     if (t == DType::kQ8_0) {
@@ -87,12 +93,16 @@ absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols
     } else {
       DequantQ4_KKernel<<<grid, threads>>>(d_src, d_dst, n_blocks);
     }
-    st = Check(cudaGetLastError(), "kernel launch");
+    what = "kernel launch";
+    err = cudaGetLastError();
   }
-  if (st.ok()) st = Check(cudaMemcpy(dst, d_dst, rows * cols * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
+  if (err == cudaSuccess) {
+    what = "copy out";
+    err = cudaMemcpy(dst, d_dst, rows * cols * sizeof(float), cudaMemcpyDeviceToHost);
+  }
   (void)cudaFree(d_src);
   (void)cudaFree(d_dst);
-  return st;
+  return Check(err, what);
 }
 
 }  // namespace dd::kernels::cuda
