@@ -1,7 +1,8 @@
 // dd-bench-matvec-cuda: the decode step's matrix-vector products on a real GPU, on synthetic
 // Q4_K weights of the Llama-3.1-8B shape (generated on the device, not downloaded): 32 layers of
-// q/k/v/o (4096 -> 4096/1024/1024/4096), gate/up (4096 -> 14336) and down (14336 -> 4096), each
-// layer's inputs quantized to int8 as the forward does. Reports the time of one step's products
+// q, k, v concatenated (4096 -> 6144, as engines fuse them at load), o (4096 -> 4096), gate and
+// up concatenated (4096 -> 28672) and down (14336 -> 4096), each layer's inputs quantized to
+// int8 as the forward does. Also each shape alone over its 32 layers' copies (cold in L2). Reports the time of one step's products
 // at batch 1..8 against the HBM roofline (weight bytes / 4.8 TB/s) and against a plain read of
 // the same bytes measured in the same run, launched one by one and replayed as a CUDA graph.
 // Issue 12's target: full-mode decode at batch 1 on this shape >= 60% of the roofline (the LM
@@ -127,9 +128,9 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties (is there a GPU?)");
   const int64_t hidden = 4096, kv = 1024, ffn = 14336;
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{hidden, hidden}, {kv, hidden}, {kv, hidden},
-                                                          {hidden, hidden}, {ffn, hidden}, {ffn, hidden},
-                                                          {hidden, ffn}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {hidden + 2 * kv, hidden}, {hidden, hidden}, {2 * ffn, hidden}, {hidden, ffn}};
+  const char* shape_names[] = {"qkv", "o", "gate_up", "down"};
   int64_t total = 0;
   for (auto [n, k] : shapes) total += n * (k / 256) * 144;
   total *= layers;
@@ -161,14 +162,10 @@ int main(int argc, char** argv) {
   Check(cudaDeviceSynchronize(), "init");
   cudaStream_t s;
   Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  // One step's products: per layer, quantize the attention input once (q, k, v), the output
-  // projection's input, the MLP input (gate, up) and the down projection's input.
+  // One step's products: per layer, each of the four products quantizes its input first.
   auto step = [&](int rows) {
     for (size_t m = 0; m < mats.size(); ++m) {
-      const int which = static_cast<int>(m % shapes.size());
-      if (which == 0 || which == 3 || which == 4 || which == 6) {
-        Check(QuantizeRowsInt8(x, rows, mats[m].k, q, d, qs, s), "quantize");
-      }
+      Check(QuantizeRowsInt8(x, rows, mats[m].k, q, d, qs, s), "quantize");  // every product's input
       Check(MatVecQ4K(mats[m].w, mats[m].n, mats[m].k, q, d, qs, rows, y, s), "matvec");
     }
   };
@@ -259,6 +256,28 @@ int main(int argc, char** argv) {
                    100 * read_ms / out[i].ms);
     }
   }
+  // Each shape alone: its 32 layers' matrices in turn at batch 1, replayed as a graph.
+  struct ShapeRow { std::string name; double ms_per_matrix, gbps; };
+  std::vector<ShapeRow> per_shape;
+  for (size_t sh = 0; sh < shapes.size(); ++sh) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    Check(QuantizeRowsInt8(x, 1, shapes[sh].second, q, d, qs, s), "quantize");
+    Check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (size_t m = sh; m < mats.size(); m += shapes.size()) {
+      Check(MatVecQ4K(mats[m].w, mats[m].n, mats[m].k, q, d, qs, 1, y, s), "matvec");
+    }
+    Check(cudaStreamEndCapture(s, &g), "capture");
+    Check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    const double ms = median([&] { Check(cudaGraphLaunch(ge, s), "graph launch"); }) / layers;
+    const double bytes = static_cast<double>(shapes[sh].first) * (shapes[sh].second / 256) * 144;
+    per_shape.push_back({shape_names[sh], ms, bytes / ms / 1e6});
+    std::fprintf(stderr, "%-8s %6lld x %5lld: %.4f ms per matrix, %.0f GB/s\n", shape_names[sh],
+                 static_cast<long long>(shapes[sh].first), static_cast<long long>(shapes[sh].second), ms,
+                 bytes / ms / 1e6);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+  }
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -266,13 +285,18 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f == nullptr) { std::perror(json.c_str()); return 1; }
     std::fprintf(f, "{\n  \"benchmark\": \"gpu-matvec\",\n  \"command\": \"%s\",\n  \"preset\": \"gpu-check\",\n"
-                 "  \"git_sha\": \"%s\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n  \"shape\": \"Llama-3.1-8B, Q4_K, %d layers, "
+                 "  \"git_sha\": \"%s\",\n  \"date\": \"%s\",\n  \"device\": \"%s\",\n  \"shape\": \"Llama-3.1-8B, Q4_K, %d layers, qkv and gate_up concatenated, "
                  "no LM head\",\n  \"weight_bytes\": %lld,\n  \"roofline_ms\": %.4f,\n  \"plain_read_ms\": %.4f,\n  \"steps\": [\n",
                  command.c_str(), sha.c_str(), date, prop.name, layers, static_cast<long long>(total), roofline_ms, read_ms);
     for (size_t i = 0; i < out.size(); ++i) {
       std::fprintf(f, "    {\"batch\": %d, \"launch\": \"%s\", \"median_ms\": %.4f, \"of_roofline\": %.3f, \"of_plain_read\": %.3f}%s\n",
                    out[i].rows, out[i].launch.c_str(), out[i].ms, roofline_ms / out[i].ms, read_ms / out[i].ms,
                    i + 1 < out.size() ? "," : "");
+    }
+    std::fprintf(f, "  ],\n  \"per_shape_batch1\": [\n");
+    for (size_t i = 0; i < per_shape.size(); ++i) {
+      std::fprintf(f, "    {\"shape\": \"%s\", \"ms_per_matrix\": %.5f, \"gbps\": %.1f}%s\n", per_shape[i].name.c_str(),
+                   per_shape[i].ms_per_matrix, per_shape[i].gbps, i + 1 < per_shape.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);
@@ -281,8 +305,8 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(md.c_str(), "w");
     if (f == nullptr) { std::perror(md.c_str()); return 1; }
     std::fprintf(f, "# Decode-step matrix-vector products on %s\n\n`%s` at %s, %s. Synthetic Q4_K weights of the "
-                 "Llama-3.1-8B shape, %d layers (%.2f GB; no LM head, no attention); activations quantized to int8 per "
-                 "layer input. Median of %d steps. Roofline: weight bytes / 4.8 TB/s = %.3f ms; a plain read of the same "
+                 "Llama-3.1-8B shape, %d layers (%.2f GB; no LM head, no attention), q/k/v and gate/up concatenated; "
+                 "each product's input quantized to int8 first. Median of %d steps. Roofline: weight bytes / 4.8 TB/s = %.3f ms; a plain read of the same "
                  "bytes in this run: %.3f ms (%.0f GB/s).\n\n| batch | launch | ms per step | GB/s of weights | of roofline | of plain read |\n"
                  "|---|---|---|---|---|---|\n",
                  prop.name, command.c_str(), sha.c_str(), date, layers, total / 1e9, reps, roofline_ms, read_ms,
@@ -291,6 +315,9 @@ int main(int argc, char** argv) {
       std::fprintf(f, "| %d | %s | %.3f | %.0f | %.0f%% | %.0f%% |\n", r.rows, r.launch.c_str(), r.ms, total / r.ms / 1e6,
                    100 * roofline_ms / r.ms, 100 * read_ms / r.ms);
     }
+    std::fprintf(f, "\nEach shape alone at batch 1 (its 32 layers' matrices in turn, one graph):\n\n"
+                 "| product | ms per matrix | GB/s |\n|---|---|---|\n");
+    for (const ShapeRow& r : per_shape) std::fprintf(f, "| %s | %.4f | %.0f |\n", r.name.c_str(), r.ms_per_matrix, r.gbps);
     std::fclose(f);
   }
   return 0;

@@ -14,23 +14,6 @@ constexpr float kMinBlockMax = 1e-30f;  // as the CPU: blocks below quantize to 
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-__device__ inline float H2F(const uint8_t* p) {
-  __half_raw r;
-  r.x = static_cast<unsigned short>(p[0] | (p[1] << 8));
-  return __half2float(__half(r));
-}
-
-// Sub-block j's 6-bit scale and min (GGUF's get_scale_min_k4).
-__device__ inline void ScaleMin(int j, const uint8_t* s, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // One warp per block of 32: the same float operations as QuantizeRowInt8Blocks, in the same
 // order (max, 127 / max, max / 127, x * (127 / max) rounded half to even).
 __global__ void QuantizeKernel(const float* __restrict__ x, int64_t blocks, int8_t* __restrict__ q,
@@ -53,54 +36,89 @@ __global__ void QuantizeKernel(const float* __restrict__ x, int64_t blocks, int8
   }
 }
 
-// One warp per output. Lane l takes sub-blocks l, l + 32, ...; for each activation row it keeps
-// its own f32 sum, then the warp adds the 32 sums in a fixed butterfly. Nothing depends on how
-// many rows there are, so a row's result is the same in any batch.
-__global__ void __launch_bounds__(32 * kWarpsPerBlock, 4) MatVecQ4KKernel(const uint8_t* __restrict__ w, int64_t n, int64_t k,
-                                const int8_t* __restrict__ q, const float* __restrict__ d,
-                                const int32_t* __restrict__ qsum, int rows, float* __restrict__ y,
-                                int64_t y_stride) {
+// Sub-block j's (0..7) 6-bit scale and min (GGUF's get_scale_min_k4), from the 12 scale bytes
+// held in three words: bytes 0-3 (lo), 4-7 (mid), 8-11 (hi). No indexing of a register array.
+__device__ inline void ScaleMin(int j, unsigned lo, unsigned mid, unsigned hi, float* sc, float* m) {
+  const int shift = 8 * (j & 3);
+  const unsigned a = (lo >> shift) & 0xff, b = (mid >> shift) & 0xff, c = (hi >> shift) & 0xff;
+  if (j < 4) {
+    *sc = static_cast<float>(a & 63);
+    *m = static_cast<float>(b & 63);
+  } else {
+    *sc = static_cast<float>((c & 0x0f) | ((a >> 6) << 4));
+    *m = static_cast<float>((c >> 4) | ((b >> 6) << 4));
+  }
+}
+
+__device__ inline float HalfBits(unsigned bits) {
+  __half_raw r;
+  r.x = static_cast<unsigned short>(bits);
+  return __half2float(__half(r));
+}
+
+// The integer dot product of 32 weight codes (4 bits each, one per byte after the mask) with
+// 32 int8 activations.
+__device__ inline int Dot32(const unsigned (&w)[8], uint4 a0, uint4 a1) {
+  int s = 0;
+  s = __dp4a(static_cast<int>(w[0]), static_cast<int>(a0.x), s);
+  s = __dp4a(static_cast<int>(w[1]), static_cast<int>(a0.y), s);
+  s = __dp4a(static_cast<int>(w[2]), static_cast<int>(a0.z), s);
+  s = __dp4a(static_cast<int>(w[3]), static_cast<int>(a0.w), s);
+  s = __dp4a(static_cast<int>(w[4]), static_cast<int>(a1.x), s);
+  s = __dp4a(static_cast<int>(w[5]), static_cast<int>(a1.y), s);
+  s = __dp4a(static_cast<int>(w[6]), static_cast<int>(a1.z), s);
+  s = __dp4a(static_cast<int>(w[7]), static_cast<int>(a1.w), s);
+  return s;
+}
+
+// One warp per output. Lane l takes the 64-element pairs of sub-blocks l, l + 32, ... (a pair
+// shares 32 bytes of nibbles: low nibbles the even sub-block, high the odd one), reading its
+// super-block's header in one 16-byte load; for each activation row it keeps its own f32 sum,
+// then the warp adds the 32 sums in a fixed butterfly. Nothing depends on how many rows there
+// are, so a row's result is the same in any batch.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, 4)
+    MatVecQ4KKernel(const uint8_t* __restrict__ w, int64_t n, int64_t k, const int8_t* __restrict__ q,
+                    const float* __restrict__ d, const int32_t* __restrict__ qsum, int rows,
+                    float* __restrict__ y, int64_t y_stride) {
   const int lane = threadIdx.x & 31;
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (i >= n) return;
-  const int64_t nsub = k / kBlock;
+  const int64_t npairs = k / 64, nsub = k / kBlock;
   const uint8_t* row = w + i * (k / kSuper) * kSuperBytes;
   float acc[kMatVecRows];
 #pragma unroll
   for (int r = 0; r < kMatVecRows; ++r) acc[r] = 0.0f;
 #pragma unroll 2
-  for (int64_t s = lane; s < nsub; s += 32) {
-    const int j = static_cast<int>(s & 7);
-    const uint8_t* blk = row + (s >> 3) * kSuperBytes;
-    const uint4* nib = reinterpret_cast<const uint4*>(blk + 16 + (j >> 1) * 32);
+  for (int64_t pi = lane; pi < npairs; pi += 32) {
+    const int p = static_cast<int>(pi & 3);
+    const uint8_t* blk = row + (pi >> 2) * kSuperBytes;
+    const uint4 h = *reinterpret_cast<const uint4*>(blk);
+    const uint4* nib = reinterpret_cast<const uint4*>(blk + 16 + p * 32);
     const uint4 n0 = nib[0], n1 = nib[1];
-    const float dw = H2F(blk), dmin = H2F(blk + 2);
-    int sc, m;
-    ScaleMin(j, blk + 4, &sc, &m);
-    const float ds = __fmul_rn(dw, static_cast<float>(sc)), ms = __fmul_rn(dmin, static_cast<float>(m));
-    const int shift = (j & 1) * 4;
-    const unsigned wq[8] = {(n0.x >> shift) & 0x0f0f0f0fu, (n0.y >> shift) & 0x0f0f0f0fu,
-                            (n0.z >> shift) & 0x0f0f0f0fu, (n0.w >> shift) & 0x0f0f0f0fu,
-                            (n1.x >> shift) & 0x0f0f0f0fu, (n1.y >> shift) & 0x0f0f0f0fu,
-                            (n1.z >> shift) & 0x0f0f0f0fu, (n1.w >> shift) & 0x0f0f0f0fu};
+    const float dw = HalfBits(h.x & 0xffffu), dmin = HalfBits(h.x >> 16);
+    float sc0, m0, sc1, m1;
+    ScaleMin(2 * p, h.y, h.z, h.w, &sc0, &m0);
+    ScaleMin(2 * p + 1, h.y, h.z, h.w, &sc1, &m1);
+    const float ds0 = __fmul_rn(dw, sc0), ms0 = __fmul_rn(dmin, m0);
+    const float ds1 = __fmul_rn(dw, sc1), ms1 = __fmul_rn(dmin, m1);
+    const unsigned lo[8] = {n0.x & 0x0f0f0f0fu, n0.y & 0x0f0f0f0fu, n0.z & 0x0f0f0f0fu, n0.w & 0x0f0f0f0fu,
+                            n1.x & 0x0f0f0f0fu, n1.y & 0x0f0f0f0fu, n1.z & 0x0f0f0f0fu, n1.w & 0x0f0f0f0fu};
+    const unsigned hi[8] = {(n0.x >> 4) & 0x0f0f0f0fu, (n0.y >> 4) & 0x0f0f0f0fu, (n0.z >> 4) & 0x0f0f0f0fu,
+                            (n0.w >> 4) & 0x0f0f0f0fu, (n1.x >> 4) & 0x0f0f0f0fu, (n1.y >> 4) & 0x0f0f0f0fu,
+                            (n1.z >> 4) & 0x0f0f0f0fu, (n1.w >> 4) & 0x0f0f0f0fu};
+    const int64_t s0 = 2 * pi;  // the even sub-block's index in the row's activation blocks
 #pragma unroll
     for (int r = 0; r < kMatVecRows; ++r) {
       if (r < rows) {
-        const uint4* a = reinterpret_cast<const uint4*>(q + r * k + s * kBlock);
-        const uint4 a0 = a[0], a1 = a[1];
-        int isum = 0;
-        isum = __dp4a(static_cast<int>(wq[0]), static_cast<int>(a0.x), isum);
-        isum = __dp4a(static_cast<int>(wq[1]), static_cast<int>(a0.y), isum);
-        isum = __dp4a(static_cast<int>(wq[2]), static_cast<int>(a0.z), isum);
-        isum = __dp4a(static_cast<int>(wq[3]), static_cast<int>(a0.w), isum);
-        isum = __dp4a(static_cast<int>(wq[4]), static_cast<int>(a1.x), isum);
-        isum = __dp4a(static_cast<int>(wq[5]), static_cast<int>(a1.y), isum);
-        isum = __dp4a(static_cast<int>(wq[6]), static_cast<int>(a1.z), isum);
-        isum = __dp4a(static_cast<int>(wq[7]), static_cast<int>(a1.w), isum);
+        const uint4* a = reinterpret_cast<const uint4*>(q + r * k + s0 * kBlock);
+        const int i0 = Dot32(lo, a[0], a[1]), i1 = Dot32(hi, a[2], a[3]);
+        const float2 dx = *reinterpret_cast<const float2*>(d + r * nsub + s0);
+        const int2 qs = *reinterpret_cast<const int2*>(qsum + r * nsub + s0);
         // Rounded operations spelled out: no contraction the compiler might choose per row slot.
-        const float t = __fsub_rn(__fmul_rn(ds, static_cast<float>(isum)),
-                                  __fmul_rn(ms, static_cast<float>(qsum[r * nsub + s])));
-        acc[r] = __fmaf_rn(d[r * nsub + s], t, acc[r]);
+        const float t0 = __fsub_rn(__fmul_rn(ds0, static_cast<float>(i0)), __fmul_rn(ms0, static_cast<float>(qs.x)));
+        const float t1 = __fsub_rn(__fmul_rn(ds1, static_cast<float>(i1)), __fmul_rn(ms1, static_cast<float>(qs.y)));
+        acc[r] = __fmaf_rn(dx.x, t0, acc[r]);
+        acc[r] = __fmaf_rn(dx.y, t1, acc[r]);
       }
     }
   }
@@ -133,7 +151,8 @@ cudaError_t MatVecQ4K(const uint8_t* w, int64_t n, int64_t k, const int8_t* q, c
   if (n <= 0 || k <= 0 || k % kSuper != 0 || rows < 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (w == nullptr || q == nullptr || d == nullptr || qsum == nullptr || y == nullptr ||
-      !Aligned16(w) || !Aligned16(q)) {
+      !Aligned16(w) || !Aligned16(q) || (reinterpret_cast<uintptr_t>(d) & 7) != 0 ||
+      (reinterpret_cast<uintptr_t>(qsum) & 7) != 0) {
     return cudaErrorInvalidValue;
   }
   const int threads = 32 * kWarpsPerBlock;

@@ -21,7 +21,8 @@ cudaError_t QuantizeRowsInt8(const float* x, int64_t rows, int64_t k, int8_t* q,
                              int32_t* qsum, cudaStream_t stream);
 
 // y[r][i] = sum_j W[i][j] * xq[r][j] for r < rows, i < n; W is n rows of k/256 Q4_K blocks
-// (144 bytes each), k a multiple of 256; y has row stride n. All pointers on the device.
+// (144 bytes each), k a multiple of 256; y has row stride n. All pointers on the device; w and q
+// 16-byte aligned, d and qsum 8-byte aligned (as cudaMalloc gives).
 cudaError_t MatVecQ4K(const uint8_t* w, int64_t n, int64_t k, const int8_t* q, const float* d,
                       const int32_t* qsum, int64_t rows, float* y, cudaStream_t stream);
 
