@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/gather_cuda.h"
 
 namespace {
@@ -26,12 +27,7 @@ using dd::kernels::cuda::CopyBatchScratch;
 using dd::kernels::cuda::GatherChunksCopyEngine;
 using dd::kernels::cuda::GatherChunksOnDevice;
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "dd-bench-gather-cuda: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+void Check(cudaError_t e, const char* what) { dd::kernels::cuda::CheckOrExit(e, "dd-bench-gather-cuda", what); }
 
 std::vector<int64_t> ParseList(const char* flag, const std::string& v) {
   std::vector<int64_t> out;

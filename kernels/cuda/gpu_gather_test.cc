@@ -6,18 +6,12 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/gather_cuda.h"
 #include "gtest/gtest.h"
 
 namespace dd::kernels::cuda {
 namespace {
-
-bool HaveDevice() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  (void)cudaGetLastError();
-  return ok;
-}
 
 TEST(GatherArgsTest, RefusesWhatTheCopiesCannotDo) {
   alignas(16) static char buf[64];
@@ -48,7 +42,7 @@ TEST(GatherArgsTest, CopyEngineRefusesMisalignedOffsetsBeforeCallingCuda) {
 class GatherCopyTest : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(GatherCopyTest, BothPathsCopyTheListedChunksExactly) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: the gathers are not run here";
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: the gathers are not run here";
   const int64_t chunk = GetParam();
   const int64_t slots = 512, count = 300;
   char* host = nullptr;

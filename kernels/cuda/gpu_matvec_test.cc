@@ -9,19 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/matvec_cuda.h"
 #include "dd/kernels/cpu_ops.h"
 #include "gtest/gtest.h"
 
 namespace dd::kernels::cuda {
 namespace {
-
-bool HaveDevice() {
-  int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  (void)cudaGetLastError();
-  return ok;
-}
 
 // Random Q4_K rows with finite, small super-block scales (as gpu_kernels_test does).
 std::vector<uint8_t> RandomQ4K(int64_t n, int64_t k, uint32_t seed) {
@@ -66,7 +60,7 @@ struct Case {
 class GpuMatVecTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuMatVecTest, MatchesTheCpuAndIsBatchInvariant) {
-  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device: the GPU matrix-vector product is not run here";
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: the GPU matrix-vector product is not run here";
   const auto [n, k] = GetParam();
   const int64_t rows = 11, nsub = k / 32;  // two passes of kMatVecRows, the second partial
   std::vector<uint8_t> w = RandomQ4K(n, k, static_cast<uint32_t>(n + k));
@@ -130,6 +124,15 @@ TEST_P(GpuMatVecTest, MatchesTheCpuAndIsBatchInvariant) {
       ASSERT_NEAR(y[r * n + i], cpu[r * n + i], 2 * bound) << "output " << i << " row " << r << " vs CPU";
     }
   }
+
+  // Every outputs-per-warp variant gives the default's bits (odd n: a last warp with fewer
+  // outputs).
+  for (int variant : {1, 2, 4}) {
+    ASSERT_EQ(MatVecQ4KVariant(variant, w_dev, n, k, q_dev, d_dev, s_dev, rows, y_dev, nullptr), cudaSuccess);
+    const std::vector<float> yv = FromDevice(y_dev, rows * n);
+    EXPECT_EQ(std::memcmp(yv.data(), y.data(), rows * n * sizeof(float)), 0) << "outputs per warp " << variant;
+  }
+  EXPECT_EQ(MatVecQ4KVariant(3, w_dev, n, k, q_dev, d_dev, s_dev, rows, y_dev, nullptr), cudaErrorInvalidValue);
 
   // Batch invariance: row 0 alone, as row 9 of the 11-row batch above, and in every slot of a
   // pass (a batch of 9 copies of it: slots 0-7 and the next pass's first) give the same bits.

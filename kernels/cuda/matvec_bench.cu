@@ -19,19 +19,16 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_check.h"
 #include "cuda/matvec_cuda.h"
 
 namespace {
 
 using dd::kernels::cuda::MatVecQ4K;
+using dd::kernels::cuda::MatVecQ4KVariant;
 using dd::kernels::cuda::QuantizeRowsInt8;
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "dd-bench-matvec-cuda: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+void Check(cudaError_t e, const char* what) { dd::kernels::cuda::CheckOrExit(e, "dd-bench-matvec-cuda", what); }
 
 // Random bytes with each super-block's f16 scales set to small finite values.
 __global__ void FillQ4K(uint8_t* w, int64_t blocks, uint64_t seed) {
@@ -163,10 +160,13 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   // One step's products: per layer, each of the four products quantizes its input first.
-  auto step = [&](int rows) {
+  // variant 0: MatVecQ4K's default; else that many outputs per warp.
+  auto step = [&](int rows, int variant = 0) {
     for (size_t m = 0; m < mats.size(); ++m) {
       Check(QuantizeRowsInt8(x, rows, mats[m].k, q, d, qs, s), "quantize");  // every product's input
-      Check(MatVecQ4K(mats[m].w, mats[m].n, mats[m].k, q, d, qs, rows, y, s), "matvec");
+      Check(variant == 0 ? MatVecQ4K(mats[m].w, mats[m].n, mats[m].k, q, d, qs, rows, y, s)
+                         : MatVecQ4KVariant(variant, mats[m].w, mats[m].n, mats[m].k, q, d, qs, rows, y, s),
+            "matvec");
     }
   };
   // Self-check before timing: the first matrix's first 64 outputs at batch 8 against a host
@@ -256,6 +256,24 @@ int main(int argc, char** argv) {
                    100 * read_ms / out[i].ms);
     }
   }
+  // The outputs-per-warp variants side by side, each step replayed as a graph.
+  struct VariantRow { int variant, rows; double ms; };
+  std::vector<VariantRow> variants;
+  for (int variant : {1, 2, 4}) {
+    for (int rows : {1, 2, 4, 8}) {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      Check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+      step(rows, variant);
+      Check(cudaStreamEndCapture(s, &g), "capture");
+      Check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+      variants.push_back({variant, rows, median([&] { Check(cudaGraphLaunch(ge, s), "graph launch"); })});
+      std::fprintf(stderr, "outputs per warp %d, batch %d: %.3f ms per step (%.0f%% of roofline)\n", variant, rows,
+                   variants.back().ms, 100 * roofline_ms / variants.back().ms);
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+    }
+  }
   // Each shape alone: its 32 layers' matrices in turn at batch 1, replayed as a graph.
   struct ShapeRow { std::string name; double ms_per_matrix, gbps; };
   std::vector<ShapeRow> per_shape;
@@ -293,6 +311,12 @@ int main(int argc, char** argv) {
                    out[i].rows, out[i].launch.c_str(), out[i].ms, roofline_ms / out[i].ms, read_ms / out[i].ms,
                    i + 1 < out.size() ? "," : "");
     }
+    std::fprintf(f, "  ],\n  \"variants_graph\": [\n");
+    for (size_t i = 0; i < variants.size(); ++i) {
+      std::fprintf(f, "    {\"outputs_per_warp\": %d, \"batch\": %d, \"median_ms\": %.4f, \"of_roofline\": %.3f}%s\n",
+                   variants[i].variant, variants[i].rows, variants[i].ms, roofline_ms / variants[i].ms,
+                   i + 1 < variants.size() ? "," : "");
+    }
     std::fprintf(f, "  ],\n  \"per_shape_batch1\": [\n");
     for (size_t i = 0; i < per_shape.size(); ++i) {
       std::fprintf(f, "    {\"shape\": \"%s\", \"ms_per_matrix\": %.5f, \"gbps\": %.1f}%s\n", per_shape[i].name.c_str(),
@@ -314,6 +338,15 @@ int main(int argc, char** argv) {
     for (const Row& r : out) {
       std::fprintf(f, "| %d | %s | %.3f | %.0f | %.0f%% | %.0f%% |\n", r.rows, r.launch.c_str(), r.ms, total / r.ms / 1e6,
                    100 * roofline_ms / r.ms, 100 * read_ms / r.ms);
+    }
+    std::fprintf(f, "\nOutputs (weight rows) per warp, each step as a graph (the default is %d; every variant gives the same "
+                 "bits):\n\n| outputs per warp | batch 1 | batch 2 | batch 4 | batch 8 |\n|---|---|---|---|---|\n",
+                 dd::kernels::cuda::kMatVecDefaultOutputsPerWarp);
+    for (size_t i = 0; i + 3 < variants.size(); i += 4) {
+      std::fprintf(f, "| %d | %.3f ms (%.0f%%) | %.3f ms (%.0f%%) | %.3f ms (%.0f%%) | %.3f ms (%.0f%%) |\n", variants[i].variant,
+                   variants[i].ms, 100 * roofline_ms / variants[i].ms, variants[i + 1].ms, 100 * roofline_ms / variants[i + 1].ms,
+                   variants[i + 2].ms, 100 * roofline_ms / variants[i + 2].ms, variants[i + 3].ms,
+                   100 * roofline_ms / variants[i + 3].ms);
     }
     std::fprintf(f, "\nEach shape alone at batch 1 (its 32 layers' matrices in turn, one graph):\n\n"
                  "| product | ms per matrix | GB/s |\n|---|---|---|\n");

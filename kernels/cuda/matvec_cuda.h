@@ -26,4 +26,12 @@ cudaError_t QuantizeRowsInt8(const float* x, int64_t rows, int64_t k, int8_t* q,
 cudaError_t MatVecQ4K(const uint8_t* w, int64_t n, int64_t k, const int8_t* q, const float* d,
                       const int32_t* qsum, int64_t rows, float* y, cudaStream_t stream);
 
+// The same product with a chosen number of outputs (weight rows) per warp, 1, 2 or 4: warps that
+// compute several outputs read each activation row once for all of them. Every variant gives the
+// same bits (each output's operations are the same); MatVecQ4K uses
+// kMatVecDefaultOutputsPerWarp. For the tests and the benchmark.
+constexpr int kMatVecDefaultOutputsPerWarp = 2;
+cudaError_t MatVecQ4KVariant(int outputs_per_warp, const uint8_t* w, int64_t n, int64_t k, const int8_t* q,
+                             const float* d, const int32_t* qsum, int64_t rows, float* y, cudaStream_t stream);
+
 }  // namespace dd::kernels::cuda
