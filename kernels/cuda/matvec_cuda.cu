@@ -210,7 +210,9 @@ cudaError_t MatVecQ4KVariant(int outputs_per_warp, const uint8_t* w, int64_t n, 
 
 cudaError_t MatVecQ4K(const uint8_t* w, int64_t n, int64_t k, const int8_t* q, const float* d,
                       const int32_t* qsum, int64_t rows, float* y, cudaStream_t stream) {
-  return MatVecQ4KVariant(kMatVecDefaultOutputsPerWarp, w, n, k, q, d, qsum, rows, y, stream);
+  // Measured on an H200 (bench/results/gpu-matvec.md, the variants table): 2 outputs per warp
+  // were fastest at batch 1-2, 4 from batch 4. The bits are the same either way.
+  return MatVecQ4KVariant(rows >= 4 ? 4 : 2, w, n, k, q, d, qsum, rows, y, stream);
 }
 
 }  // namespace dd::kernels::cuda
