@@ -70,21 +70,24 @@ cudaError_t GatherChunksOnDevice(const void* src, const int64_t* offsets, int64_
   return cudaGetLastError();
 }
 
-cudaError_t GatherChunksCopyEngine(const void* src, const int64_t* offsets, int64_t count,
+cudaError_t GatherChunksCopyEngine(const void* src, int64_t src_bytes, const int64_t* offsets, int64_t count,
                                    int64_t chunk_bytes, void* dst, bool prefer_overlap,
                                    CopyBatchScratch* scratch, cudaStream_t stream,
                                    int64_t* copies) {
   if (cudaError_t e = CheckGatherArgs(src, count, chunk_bytes, dst); e != cudaSuccess) return e;
   if (copies != nullptr) *copies = 0;
   if (count == 0) return cudaSuccess;
-  if (offsets == nullptr || scratch == nullptr || stream == nullptr) return cudaErrorInvalidValue;
+  if (offsets == nullptr || scratch == nullptr || stream == nullptr || stream == cudaStreamLegacy ||
+      src_bytes < chunk_bytes) {
+    return cudaErrorInvalidValue;
+  }
   scratch->dsts.clear();
   scratch->srcs.clear();
   scratch->sizes.clear();
   const auto* from = static_cast<const char*>(src);
   auto* to = static_cast<char*>(dst);
   for (int64_t c = 0; c < count; ++c) {
-    if (offsets[c] < 0 || offsets[c] % 16 != 0) return cudaErrorInvalidValue;
+    if (offsets[c] < 0 || offsets[c] % 16 != 0 || offsets[c] > src_bytes - chunk_bytes) return cudaErrorInvalidValue;
     const char* s = from + offsets[c];
     char* d = to + c * chunk_bytes;
     if (!scratch->sizes.empty() && static_cast<const char*>(scratch->srcs.back()) +
@@ -104,8 +107,17 @@ cudaError_t GatherChunksCopyEngine(const void* src, const int64_t* offsets, int6
   attr.flags = prefer_overlap ? cudaMemcpyFlagPreferOverlapWithCompute : cudaMemcpyFlagDefault;
   size_t attr_index = 0;
   if (copies != nullptr) *copies = static_cast<int64_t>(scratch->sizes.size());
+#if CUDART_VERSION >= 13000
   return cudaMemcpyBatchAsync(scratch->dsts.data(), scratch->srcs.data(), scratch->sizes.data(),
                               scratch->sizes.size(), &attr, &attr_index, 1, stream);
+#elif CUDART_VERSION >= 12080
+  size_t fail_index = 0;  // 12.x's signature reports the failing copy too
+  return cudaMemcpyBatchAsync(scratch->dsts.data(), const_cast<void**>(scratch->srcs.data()),
+                              scratch->sizes.data(), scratch->sizes.size(), &attr, &attr_index, 1,
+                              &fail_index, stream);
+#else
+  return cudaErrorNotSupported;
+#endif
 }
 
 }  // namespace dd::kernels::cuda

@@ -39,11 +39,13 @@ struct CopyBatchScratch {
   std::vector<size_t> sizes;
 };
 
-// The copy-engine path. `offsets` is a host array; runs of chunks adjacent in both source and
-// destination are merged into one copy. `prefer_overlap` passes the driver's hint to overlap the
-// copies with compute (cudaMemcpyFlagPreferOverlapWithCompute). `stream` must not be the legacy
-// default stream. Returns the number of copies issued in *copies when copies is not null.
-cudaError_t GatherChunksCopyEngine(const void* src, const int64_t* offsets, int64_t count,
+// The copy-engine path. `offsets` is a host array, each chunk within the `src_bytes` of `src`
+// (checked); runs of chunks adjacent in both source and destination are merged into one copy.
+// `prefer_overlap` passes the driver's hint to overlap the copies with compute
+// (cudaMemcpyFlagPreferOverlapWithCompute). `stream` must not be the legacy default stream.
+// Returns the number of copies issued in *copies when copies is not null. Needs CUDA 12.8 or
+// later (cudaErrorNotSupported before).
+cudaError_t GatherChunksCopyEngine(const void* src, int64_t src_bytes, const int64_t* offsets, int64_t count,
                                    int64_t chunk_bytes, void* dst, bool prefer_overlap,
                                    CopyBatchScratch* scratch, cudaStream_t stream,
                                    int64_t* copies = nullptr);

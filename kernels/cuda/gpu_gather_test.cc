@@ -30,11 +30,17 @@ TEST(GatherArgsTest, CopyEngineRefusesMisalignedOffsetsBeforeCallingCuda) {
   CopyBatchScratch scratch;
   const int64_t offsets[] = {0, 8};
   // A non-null stream handle is never used: the offset check fails first.
-  EXPECT_EQ(GatherChunksCopyEngine(buf, offsets, 2, 16, buf, false, &scratch,
-                                   reinterpret_cast<cudaStream_t>(1)),
+  const auto some_stream = reinterpret_cast<cudaStream_t>(0x1000);
+  EXPECT_EQ(GatherChunksCopyEngine(buf, sizeof buf, offsets, 2, 16, buf, false, &scratch, some_stream),
+            cudaErrorInvalidValue);
+  // A chunk past the source's end, and the legacy stream, are refused the same way.
+  const int64_t past[] = {0, 64};
+  EXPECT_EQ(GatherChunksCopyEngine(buf, sizeof buf, past, 2, 16, buf, false, &scratch, some_stream),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(GatherChunksCopyEngine(buf, sizeof buf, offsets, 1, 16, buf, false, &scratch, cudaStreamLegacy),
             cudaErrorInvalidValue);
   int64_t copies = -1;
-  EXPECT_EQ(GatherChunksCopyEngine(buf, offsets, 0, 16, buf, false, &scratch, nullptr, &copies),
+  EXPECT_EQ(GatherChunksCopyEngine(buf, sizeof buf, offsets, 0, 16, buf, false, &scratch, nullptr, &copies),
             cudaSuccess);
   EXPECT_EQ(copies, 0);
 }
@@ -80,7 +86,7 @@ TEST_P(GatherCopyTest, BothPathsCopyTheListedChunksExactly) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     CopyBatchScratch scratch;
     int64_t copies = 0;
-    ASSERT_EQ(GatherChunksCopyEngine(host, offsets.data(), count, chunk, dst, hint, &scratch, s, &copies),
+    ASSERT_EQ(GatherChunksCopyEngine(host, slots * chunk, offsets.data(), count, chunk, dst, hint, &scratch, s, &copies),
               cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(got.data(), dst, count * chunk, cudaMemcpyDeviceToHost), cudaSuccess);

@@ -150,7 +150,9 @@ int main(int argc, char** argv) {
   int32_t* qs = nullptr;
   unsigned* sink = nullptr;
   Check(cudaMalloc(&x, max_rows * ffn * sizeof(float)), "cudaMalloc");
-  Check(cudaMalloc(&y, max_rows * ffn * sizeof(float)), "cudaMalloc");
+  int64_t max_n = 0;  // the widest product's outputs (gate_up), for y
+  for (auto [n, k] : shapes) max_n = std::max(max_n, n);
+  Check(cudaMalloc(&y, max_rows * max_n * sizeof(float)), "cudaMalloc");
   Check(cudaMalloc(&q, max_rows * ffn), "cudaMalloc");
   Check(cudaMalloc(&d, max_rows * ffn / 32 * sizeof(float)), "cudaMalloc");
   Check(cudaMalloc(&qs, max_rows * ffn / 32 * sizeof(int32_t)), "cudaMalloc");
