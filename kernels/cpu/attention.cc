@@ -6,9 +6,9 @@
 // - A score is one 16-lane accumulator walked over the head dimension, reduced by the lane
 //   tree l[i] += l[i + w] for w = 8, 4, 2, 1, then the scalar tail — Dot's order. With AVX2
 //   (AVX-512 machines included) pairs of queries and keys run in 8-float halves (Scores2x2);
-//   elsewhere the generic 4×4 kernel reduces its 16 accumulators together: each tree level is one vector add of two
-//   shuffles, pairing exactly the lanes the scalar tree pairs (15 adds per 16 scores instead
-//   of 15 per score, which dominated at head_dim 64).
+//   elsewhere the generic 4×4 kernel reduces its 16 accumulators together: each tree level is
+//   one vector add of two shuffles, pairing exactly the lanes the scalar tree pairs (15 adds per
+//   16 scores instead of 15 per score, which dominated at head_dim 64).
 // - A weighted sum adds p_j·v_j into a zeroed output for ascending j, element by element as
 //   Axpy does; the output block stays in registers across keys instead of going to memory
 //   once per key.
@@ -160,33 +160,26 @@ inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, floa
 #define DD_ATTENTION_AVX2 0
 #endif
 
-// NV vectors (16·NV output elements, starting at `e`) of 4 queries, over keys [j0, j1),
-// continuing the sums already in `outs` unless `first` (then from zero). A float stored and
-// reloaded keeps its bits, so splitting the keys into tiles changes nothing.
-template <int NV>
+// One vector (16 output elements, starting at `e`) of 4 queries, over keys [j0, j1), continuing
+// the sums already in `outs` unless `first` (then from zero). A float stored and reloaded keeps
+// its bits, so splitting the keys into tiles changes nothing.
 inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t j0, int64_t j1,
                          int64_t e, float* const* outs, bool first, const Ahead& ahead = {}) {
-  V16 acc[4][NV] = {};
+  V16 acc[4] = {};
   if (!first) {
-    for (int i = 0; i < 4; ++i)
-      for (int t = 0; t < NV; ++t) acc[i][t] = Load(outs[i] + e + t * kLanes);
+    for (int i = 0; i < 4; ++i) acc[i] = Load(outs[i] + e);
   }
   for (int64_t j = j0; j < j1; ++j) {
     if (j + kPrefetchRows < ahead.nk) PrefetchRow(values[j + kPrefetchRows], ahead.e0, ahead.e1);
-    V16 v[NV];
-    for (int t = 0; t < NV; ++t) v[t] = Load(values[j] + e + t * kLanes);
-    for (int i = 0; i < 4; ++i) {
-      const V16 pb = V16{} + p[i][j];
-      for (int t = 0; t < NV; ++t) acc[i][t] += pb * v[t];
-    }
+    const V16 v = Load(values[j] + e);
+    for (int i = 0; i < 4; ++i) acc[i] += (V16{} + p[i][j]) * v;
   }
-  for (int i = 0; i < nq; ++i)
-    for (int t = 0; t < NV; ++t) Store(outs[i] + e + t * kLanes, acc[i][t]);
+  for (int i = 0; i < nq; ++i) Store(outs[i] + e, acc[i]);
 }
 
 #if DD_ATTENTION_AVX2
 
-// WeightedSum4<1> in AVX2 registers for NQ queries: NQ × 16 outputs as two 8-float halves
+// WeightedSum4 in AVX2 registers for NQ queries: NQ × 16 outputs as two 8-float halves
 // each, one fused multiply-add per key and element in ascending key order (same bits). GCC
 // lowers the 16-float generic vectors above to stack traffic on AVX2 (40% of a prefill in
 // perf). Up to 6 queries fit (12 accumulators, 2 value halves, 1 broadcast), so a group of 3
@@ -335,7 +328,7 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
 #if DD_ATTENTION_AVX2
         WeightedSumAvx2(n, pr, values, jt, je, e, o, first, ahead);
 #else
-        WeightedSum4<1>(pr, n, values, jt, je, e, o, first, ahead);
+        WeightedSum4(pr, n, values, jt, je, e, o, first, ahead);
 #endif
       }
       for (; e < e1; ++e) {  // scalar tail, same per-element order
