@@ -30,22 +30,7 @@ using dd::kernels::cuda::GatherChunksOnDevice;
 void Check(cudaError_t e, const char* what) { dd::kernels::cuda::CheckOrExit(e, "dd-bench-gather-cuda", what); }
 
 std::vector<int64_t> ParseList(const char* flag, const std::string& v) {
-  std::vector<int64_t> out;
-  size_t pos = 0;
-  while (pos <= v.size()) {
-    const size_t comma = std::min(v.find(',', pos), v.size());
-    char* end = nullptr;
-    const std::string item = v.substr(pos, comma - pos);
-    const long long x = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || x <= 0 || x > (1 << 20)) {
-      std::fprintf(stderr, "dd-bench-gather-cuda: %s: '%s' is not a positive integer <= 2^20\n",
-                   flag, item.c_str());
-      std::exit(2);
-    }
-    out.push_back(x);
-    pos = comma + 1;
-  }
-  return out;
+  return dd::kernels::cuda::PositiveIntsOrExit("dd-bench-gather-cuda", flag, v);
 }
 
 // The command line as a JSON string's body: quotes, backslashes and control bytes escaped.

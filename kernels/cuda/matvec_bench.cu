@@ -64,7 +64,9 @@ float HostF16(const uint8_t* p) {
   return __half2float(__half(r));
 }
 
-// Host Q4_K dequantization of one row (GGUF's layout), for the self-check.
+// Host Q4_K dequantization of one row (GGUF's layout), for the self-check. Not the CPU backend's
+// DequantizeRow: this benchmark builds with nvcc and the CUDA runtime alone (scripts/gpu-check on
+// a machine without the project's dependencies), and an independent reference checks more.
 void DequantQ4KRow(const uint8_t* row, int64_t k, std::vector<double>* out) {
   out->resize(k);
   for (int64_t b = 0; b < k / 256; ++b) {
@@ -89,6 +91,16 @@ void DequantQ4KRow(const uint8_t* row, int64_t k, std::vector<double>* out) {
   }
 }
 
+// One positive integer flag value (at most 2^20), else exit 2 naming the flag.
+int64_t One(const char* flag, const std::string& v) {
+  const std::vector<int64_t> x = dd::kernels::cuda::PositiveIntsOrExit("dd-bench-matvec-cuda", flag, v);
+  if (x.size() != 1) {
+    std::fprintf(stderr, "dd-bench-matvec-cuda: %s takes one value\n", flag);
+    std::exit(2);
+  }
+  return x[0];
+}
+
 struct Mat {
   int64_t n, k;
   uint8_t* w;
@@ -105,8 +117,8 @@ int main(int argc, char** argv) {
     if (a.rfind("--json=", 0) == 0) json = a.substr(7);
     else if (a.rfind("--md=", 0) == 0) md = a.substr(5);
     else if (a.rfind("--git_sha=", 0) == 0) sha = a.substr(10);
-    else if (a.rfind("--layers=", 0) == 0) layers = std::atoi(a.c_str() + 9);
-    else if (a.rfind("--reps=", 0) == 0) reps = std::atoi(a.c_str() + 7);
+    else if (a.rfind("--layers=", 0) == 0) layers = static_cast<int>(One("--layers", a.substr(9)));
+    else if (a.rfind("--reps=", 0) == 0) reps = static_cast<int>(One("--reps", a.substr(7)));
     else {
       std::fprintf(stderr, "dd-bench-matvec-cuda: unknown argument %s\n", a.c_str());
       return 2;
