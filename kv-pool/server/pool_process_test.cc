@@ -380,5 +380,85 @@ TEST_P(PoolTransportTest, KilledPoolGivesACleanErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
 }
 
+// Gathers in flight when the pool dies, on both UCX data paths (active messages; one-sided gets
+// against a pool run with --ucx_rma) over tcp and shared memory: the gathering thread gets
+// UNAVAILABLE within the bound (UCX's peer-failure callback, the data path's deadline, or the
+// lease renewal, whichever comes first), and every gather that succeeded before returned
+// exactly the bytes written.
+class KilledMidGatherTest : public ::testing::TestWithParam<std::tuple<UcxPath, const char*>> {};
+
+INSTANTIATE_TEST_SUITE_P(PathsAndTransports, KilledMidGatherTest,
+                         ::testing::Combine(::testing::Values(UcxPath::kActiveMessages, UcxPath::kRma),
+                                            ::testing::Values("tcp", "sm,self")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == UcxPath::kRma ? "rma_" : "am_") +
+                                  (std::get<1>(info.param)[0] == 't' ? "tcp" : "sm");
+                         });
+
+TEST_P(KilledMidGatherTest, GathersInFlightFailWithUnavailable) {
+  const auto [path, tls] = GetParam();
+  PoolProcess pool(/*lease_ttl_ms=*/600, "8MiB",
+                   path == UcxPath::kRma ? std::vector<std::string>{"--ucx_rma"} : std::vector<std::string>{});
+  const char* was = std::getenv("UCX_TLS");
+  const std::string saved = was != nullptr ? was : "";
+  setenv("UCX_TLS", tls, 1);  // read when the store's UCX context is made
+  auto s = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                               .ucx_path = path, .first_extent_chunks = 4});
+  if (was != nullptr) setenv("UCX_TLS", saved.c_str(), 1);
+  else unsetenv("UCX_TLS");
+  ASSERT_TRUE(s.ok()) << s.status();
+  KvStore& store = **s;
+  auto seq = store.Open(kLayout);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  const int64_t chunks = 40;
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int32_t l = 0; l < 3; ++l) {
+      for (int32_t h = 0; h < 2; ++h) ASSERT_TRUE(store.Write(*seq, {l, h, c}, BlockFor(5, {l, h, c}).data()).ok());
+    }
+  }
+  std::atomic<int> gathers{0}, mismatches{0};
+  std::atomic<bool> finished{false};
+  absl::Status failure;
+  std::thread gatherer([&] {
+    std::mt19937 g(11);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < give_up) {
+      std::vector<ChunkRef> refs;
+      for (int i = 0; i < 96; ++i) {
+        refs.push_back({static_cast<int32_t>(g() % 3), static_cast<int32_t>(g() % 2), static_cast<int64_t>(g() % chunks)});
+      }
+      std::vector<float> dst(refs.size() * kLayout.block_floats());
+      auto id = store.Gather(*seq, refs, dst.data(), Priority::kUrgent);
+      absl::Status st = id.ok() ? store.Wait(*id) : id.status();
+      if (!st.ok()) {
+        failure = st;
+        break;
+      }
+      for (size_t i = 0; i < refs.size(); ++i) {
+        if (std::memcmp(&dst[i * kLayout.block_floats()], BlockFor(5, refs[i]).data(),
+                        kLayout.block_floats() * sizeof(float)) != 0) {
+          ++mismatches;
+        }
+      }
+      ++gathers;
+    }
+    finished = true;
+  });
+  // Kill the pool while the thread is gathering back to back.
+  const auto start_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (gathers < 20 && !finished && std::chrono::steady_clock::now() < start_deadline) std::this_thread::yield();
+  ASSERT_GE(gathers.load(), 20) << "gathers did not get going: " << failure;
+  pool.Kill(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  while (!finished && std::chrono::steady_clock::now() - killed < std::chrono::seconds(15)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto took = std::chrono::steady_clock::now() - killed;
+  gatherer.join();  // it gives up by itself after 20 s at the latest
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
+  EXPECT_LT(took, std::chrono::seconds(8));
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
 }  // namespace
 }  // namespace dd::kvpool
