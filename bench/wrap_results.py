@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -275,50 +276,80 @@ def summary_modes(doc, out_dir):
 def summary_pool(doc, out_dir):
     r = doc["results"]
     runs = r["runs"]
-    base = {(x["blocks_per_gather"], x["concurrency"]): x["gbps"] for x in runs if x["transport"] == "memcpy"}
+    rnd = lambda x: x.get("round", 0)  # files before rounds have one
+    n_rounds = len({rnd(x) for x in runs})
+    base = {(rnd(x), x["blocks_per_gather"], x["concurrency"]): x["gbps"] for x in runs if x["transport"] == "memcpy"}
+    cells = {}  # (transport, blocks, gatherers) -> its rows, one per round, in the order first measured
+    for x in runs:
+        cells.setdefault((x["transport"], x["blocks_per_gather"], x["concurrency"]), []).append(x)
+    med = lambda xs: statistics.median(xs) if xs else None
     lines = [f"# KV-pool gathers ({doc['preset']})", "",
              f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), git {doc['git_sha'][:12]}, {doc['date']}. "
              f"Blocks of {r['block_bytes'] // 1024} KiB (one [K|V] chunk of Gemma 3 270M), drawn at random from "
              f"{r['chunks_per_gatherer']} per gatherer; memcpy is the same gather pattern in plain memory, same run.", "",
              "ucx-tcp / ucx-sm use active messages (the default, tenant-bounded); ucx-*-busy the same against a "
              "pool whose progress thread busy-polls (--ucx_busy_poll); ucx-*-rma one-sided gets (a pool run with "
-             "--ucx_rma). 'vs UCX' is against ucx_perftest tag_bw at the gather's size over the same UCX_TLS, same "
-             "run (UCX's own ceiling; the median of 3 perftest runs where the file has them, all listed below). `cma` is the same gathers as one process_vm_readv each from another process: "
+             "--ucx_rma). 'vs tag_bw' is against ucx_perftest tag_bw at the gather's size over the same UCX_TLS, same "
+             "run (a window of messages in flight: UCX's streaming ceiling); 'vs ping-pong' against ucx_perftest "
+             "tag_lat (one message at a time each way, the size over the one-way latency: UCX's ceiling for one "
+             "request at a time, as each gatherer's gathers go); each the median of 3 perftest runs, all listed below. "
+             "`cma` is the same gathers as one process_vm_readv each from another process: "
              "the kernel copy UCX's shared-memory zero-copy path uses, so the ceiling of any cma-based path. "
-             "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", "",
-             "| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs UCX | p50 ms | p99 ms | gatherer CPU | pool CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ceiling = {("tcp" if c["ucx_tls"] == "tcp" else "sm", c["blocks_per_gather"]): c["gbps"]
-               for c in r.get("ucx_ceiling", []) if c["gbps"] > 0}
-    for x in runs:
-        b = base.get((x["blocks_per_gather"], x["concurrency"]))
-        ratio = f"{x['gbps'] / b:.0%}" if b else "–"
-        t = x["transport"]
-        c = ceiling.get(("tcp" if t.startswith("ucx-tcp") else "sm", x["blocks_per_gather"])) if t.startswith("ucx") else None
-        vs_ucx = f"{x['gbps'] / c:.0%}" if c else "–"
-        cpu = [f"{x[k]:.2f}" if x.get(k) is not None else "–" for k in ("gatherer_cpu_cores", "pool_cpu_cores")]
-        lines.append(f"| {t} | {x['blocks_per_gather']} | {x['concurrency']} | {x['gbps']:.2f} | {ratio} | {vs_ucx} | "
-                     f"{x['latency_ms_p50']:.3f} | {x['latency_ms_p99']:.3f} | {cpu[0]} | {cpu[1]} |")
-    if ceiling:
-        runs_of = {("tcp" if c["ucx_tls"] == "tcp" else "sm", c["blocks_per_gather"]): c.get("gbps_runs")
-                   for c in r.get("ucx_ceiling", [])}
+             "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", ""]
+    if n_rounds > 1:
+        lines += [f"Every row was measured in {n_rounds} rounds, the transports in turn (reversed every other round); "
+                  "the table gives medians over the rounds, and 'vs memcpy' the median of each round's ratio to that "
+                  "round's memcpy (min–max in brackets): this shared host's speed swings up to 2x between minutes, so "
+                  "rows measured minutes apart do not compare.", ""]
+    lines += ["| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs tag_bw | vs ping-pong | p50 ms | p99 ms | "
+              "gatherer CPU | pool CPU |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    yard = {}  # (perftest test, tls, blocks) -> GB/s
+    for c in r.get("ucx_ceiling", []):
+        if c["gbps"] > 0:
+            yard[(c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
+                  c["blocks_per_gather"])] = c["gbps"]
+    medians = {}
+    for (t, blocks, conc), xs in cells.items():
+        gbps = med([x["gbps"] for x in xs])
+        medians[(t, blocks, conc)] = gbps
+        ratios = [x["gbps"] / base[(rnd(x), blocks, conc)] for x in xs if base.get((rnd(x), blocks, conc))]
+        ratio = "–"
+        if ratios:
+            ratio = f"{med(ratios):.0%}" + (f" ({min(ratios):.0%}–{max(ratios):.0%})" if len(ratios) > 1 else "")
+        tls = "tcp" if t.startswith("ucx-tcp") else "sm"
+        vs = [f"{gbps / yard[(test, tls, blocks)]:.0%}" if t.startswith("ucx") and yard.get((test, tls, blocks)) else "–"
+              for test in ("tag_bw", "tag_lat")]
+        cpu = []
+        for k in ("gatherer_cpu_cores", "pool_cpu_cores"):
+            v = med([x[k] for x in xs if x.get(k) is not None])
+            cpu.append(f"{v:.2f}" if v is not None else "–")
+        lines.append(f"| {t} | {blocks} | {conc} | {gbps:.2f} | {ratio} | {vs[0]} | {vs[1]} | "
+                     f"{med([x['latency_ms_p50'] for x in xs]):.3f} | {med([x['latency_ms_p99'] for x in xs]):.3f} | "
+                     f"{cpu[0]} | {cpu[1]} |")
+    if yard:
+        runs_of = {(c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
+                    c["blocks_per_gather"]): c.get("gbps_runs") for c in r.get("ucx_ceiling", [])}
         def each(key):
             rs = runs_of.get(key)
             return f" (runs {', '.join(f'{v:.2f}' for v in rs)})" if rs else ""
-        lines += ["", "ucx_perftest tag_bw (GB/s): " + ", ".join(
-            f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}{each((tls, blocks))}"
-            for (tls, blocks), g in sorted(ceiling.items()))]
+        for test in ("tag_bw", "tag_lat"):
+            got = sorted((k, g) for k, g in yard.items() if k[0] == test)
+            if got:
+                lines += ["", f"ucx_perftest {test} (GB/s): " + ", ".join(
+                    f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}{each((test, tls, blocks))}"
+                    for (_, tls, blocks), g in got)]
     lines.append("")
     def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))
-        for t in dict.fromkeys(x["transport"] for x in runs):
-            pts = sorted((x["blocks_per_gather"], x["gbps"]) for x in runs if x["transport"] == t and x["concurrency"] == 1)
+        for t in dict.fromkeys(k[0] for k in cells):
+            pts = sorted((b, g) for (tt, b, c), g in medians.items() if tt == t and c == 1)
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=t)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("blocks per gather (1 gatherer)")
-        ax.set_ylabel("GB/s")
+        ax.set_ylabel("GB/s" + (f" (median of {n_rounds} rounds)" if n_rounds > 1 else ""))
         ax.legend()
         return fig
 

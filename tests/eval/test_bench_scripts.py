@@ -75,3 +75,35 @@ def test_summarize_rewrites_only_the_summary(tmp_path):
                              capture_output=True, text=True)
     assert refused.returncode != 0 and "no summary for benchmark 'eval-tasks'" in refused.stderr
     assert (tmp_path / "eval-tasks.md").read_text() == "kept\n"
+
+
+def test_pool_summary_takes_ratios_within_rounds(tmp_path):
+    """A pool results file measured in rounds: the table gives each row's median over the rounds,
+    and 'vs memcpy' the median of each round's ratio to that round's memcpy, with its range."""
+    import json
+    import subprocess
+    def row(t, rnd, gbps):
+        return {"transport": t, "round": rnd, "blocks_per_gather": 64, "concurrency": 1, "block_bytes": 16384,
+                "gbps": gbps, "latency_ms_p50": 1.0 / gbps, "latency_ms_p99": 2.0 / gbps, "gathers": 10,
+                "gatherer_cpu_cores": 1.0, "pool_cpu_cores": None if t == "memcpy" else 0.5}
+    # The host is twice as fast in round 1: the pooled ratio of medians (5/15) would hide that
+    # ucx-sm moved half of memcpy's bytes in each round.
+    runs = [row("memcpy", 0, 10.0), row("ucx-sm", 0, 5.0), row("ucx-sm", 1, 10.0), row("memcpy", 1, 20.0),
+            row("memcpy", 2, 12.0), row("ucx-sm", 2, 3.0)]
+    ceiling = [{"tool": "ucx_perftest tag_bw", "ucx_tls": "sm,self", "message_bytes": 1 << 20,
+                "blocks_per_gather": 64, "gbps": 10.0, "gbps_runs": [9.0, 10.0, 11.0]},
+               {"tool": "ucx_perftest tag_lat", "ucx_tls": "sm,self", "message_bytes": 1 << 20,
+                "blocks_per_gather": 64, "gbps": 4.0, "gbps_runs": [4.0, 4.0, 4.0]}]
+    doc = {"benchmark": "pool", "preset": "quick", "git_sha": "0" * 40, "date": "2026-12-04",
+           "machine": {"cpu": "test cpu", "cores": 2},
+           "results": {"runs": runs, "ucx_ceiling": ceiling, "block_bytes": 16384, "chunks_per_gatherer": 2048}}
+    res = tmp_path / "pool.json"
+    res.write_text(json.dumps(doc))
+    subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)], check=True,
+                   capture_output=True)
+    md = (tmp_path / "pool.md").read_text()
+    assert "measured in 3 rounds" in md
+    # memcpy median 12.00; ucx-sm median 5.00, ratios 50% / 50% / 25%, vs tag_bw 50%, vs ping-pong 125%.
+    assert "| memcpy | 64 | 1 | 12.00 | 100% (100%–100%) |" in md
+    assert "| ucx-sm | 64 | 1 | 5.00 | 50% (25%–50%) | 50% | 125% | 0.200 | 0.400 | 1.00 | 0.50 |" in md
+    assert "ucx_perftest tag_lat (GB/s): sm 1024 KiB 4.00" in md
