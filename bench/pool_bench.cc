@@ -50,6 +50,9 @@ ABSL_FLAG(std::vector<std::string>, transports,
           "Transports to measure (ucx-*: active messages; -busy: against a busy-polling pool; -rma: one-sided gets)");
 ABSL_FLAG(bool, pool_busy_poll, false, "Start the main pool with --ucx_busy_poll too (its progress thread spins)");
 ABSL_FLAG(int64_t, pool_spin_us, -1, "The main pool's --ucx_spin_us (-1: the pool's default)");
+ABSL_FLAG(bool, spin_yield, true,
+          "Spinning UCX threads yield their core every 16 idle polls: the pools' --ucx_spin_yield and the "
+          "gatherers' $DD_UCX_SPIN_YIELD (false: neither, for comparison)");
 ABSL_FLAG(bool, perftest, true,
           "Measure ucx_perftest tag_bw (streaming) and tag_lat (ping-pong) over tcp and sm at each gather size");
 ABSL_FLAG(int64_t, rounds, 1,
@@ -207,6 +210,9 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_pool_spin_us) >= 0) {
     pool_flags.push_back("--ucx_spin_us=" + std::to_string(absl::GetFlag(FLAGS_pool_spin_us)));
   }
+  const std::string yield_flag = absl::GetFlag(FLAGS_spin_yield) ? "--ucx_spin_yield=true" : "--ucx_spin_yield=false";
+  pool_flags.push_back(yield_flag);
+  setenv("DD_UCX_SPIN_YIELD", absl::GetFlag(FLAGS_spin_yield) ? "1" : "0", 1);  // read at the first UCX wait
   dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB", pool_flags);
   if (pool.address().empty()) {
     std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";
@@ -251,7 +257,7 @@ int main(int argc, char** argv) {
           if (absl::EndsWith(transport, "-busy")) {
             unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
             busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
-                30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll"});
+                30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll", yield_flag});
             if (busy_pool->address().empty()) return std::cerr << "pool_bench: the busy-polling pool did not start\n", 1;
             serving = busy_pool.get();
           }

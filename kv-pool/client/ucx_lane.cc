@@ -1,6 +1,7 @@
 #include "kv-pool/client/ucx_lane.h"
 
 #include <poll.h>
+#include <sched.h>
 
 #include <cstring>
 
@@ -40,6 +41,18 @@ std::chrono::microseconds SpinTime() {
   static const std::chrono::microseconds v = [] {
     const char* e = std::getenv("DD_UCX_SPIN_US");
     return std::chrono::microseconds(e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 50);
+  }();
+  return v;
+}
+
+// Whether a spinning waiter yields its core every 16 polls; $DD_UCX_SPIN_YIELD=0 turns it off,
+// for benchmarks. On 2 cores, two gatherers and the pool's thread: without it a spinning waiter
+// held the core the pool needed (two gatherers over sm 1.2-4.1 GB/s, p99 3-12 ms; with it, and
+// the pool yielding too, 5.7-7.2 GB/s, p99 0.16-1.07 ms; docs/decisions.md).
+bool SpinYield() {
+  static const bool v = [] {
+    const char* e = std::getenv("DD_UCX_SPIN_YIELD");
+    return e == nullptr || std::string(e) != "0";
   }();
   return v;
 }
@@ -301,7 +314,10 @@ bool UcxLane::Drive(const std::function<bool()>& done, Clock::time_point deadlin
       quiet_since = now;
       continue;
     }
-    if (efd_ < 0 || now - quiet_since < SpinTime()) continue;
+    if (efd_ < 0 || now - quiet_since < SpinTime()) {
+      if (SpinYield()) sched_yield();  // the pool's thread or another gatherer may need this core
+      continue;
+    }
     if (ucp_worker_arm(worker_) != UCS_OK) continue;  // BUSY: events arrived meanwhile
     // At most 1 ms: the abort flag and the deadline are checked, and progress that raises no
     // event (a send stalled on a full shared-memory FIFO) is not held for long.

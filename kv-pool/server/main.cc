@@ -43,6 +43,9 @@ ABSL_FLAG(bool, ucx_rma, false,
 ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
 ABSL_FLAG(int64_t, ucx_spin_us, 50,
           "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping");
+ABSL_FLAG(bool, ucx_spin_yield, true,
+          "While the UCX progress thread spins with nothing to do, yield the core every 16 polls (to the threads "
+          "it waits for, on a host with more runnable threads than cores)");
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
           "abstract socket with a fresh name");
@@ -101,7 +104,8 @@ int main(int argc, char** argv) {
     for (int t = 0; t < (*pool)->tenants(); ++t) regions.push_back({(*pool)->region_data(t), (*pool)->region_bytes(t)});
     auto server = dd::kvpool::UcxServer::Create(std::move(regions), {.rma = absl::GetFlag(FLAGS_ucx_rma),
                                                                      .busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll),
-                                                                     .spin_us = absl::GetFlag(FLAGS_ucx_spin_us)});
+                                                                     .spin_us = absl::GetFlag(FLAGS_ucx_spin_us),
+                                                                     .spin_yield = absl::GetFlag(FLAGS_ucx_spin_yield)});
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;

@@ -1,6 +1,7 @@
 #include "kv-pool/server/ucx_server.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -320,17 +321,26 @@ void UcxServer::Start() {
 // receiver drains it. (Two gatherers on 2 cores still see p99s of 4-37 ms: oversubscribed.)
 void UcxServer::Progress() {
   const auto spin = std::chrono::microseconds(options_.spin_us);
+  unsigned idle_polls = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     do {
       impl_->Pump();  // replies whose turn came (a send finished, or one in flight stalled)
     } while (ucp_worker_progress(impl_->worker) != 0);
-    if (options_.busy_poll) continue;
+    if (options_.busy_poll) {
+      if (options_.spin_yield && ++idle_polls % 16 == 0) sched_yield();
+      continue;
+    }
     if (spin.count() > 0) {  // the next message of a rendezvous often follows within µs
       const auto until = std::chrono::steady_clock::now() + spin;
       bool more = false;
       for (unsigned n = 1; !more; ++n) {
         more = ucp_worker_progress(impl_->worker) != 0;
-        if (n % 16 == 0 && std::chrono::steady_clock::now() > until) break;
+        if (n % 16 != 0) continue;
+        if (std::chrono::steady_clock::now() > until) break;
+        // Two gatherers and this thread on 2 cores: without the yield a spinning thread kept a
+        // core the others waited for (two gatherers over sm 1.2-4.1 GB/s, p99 3-12 ms; with it
+        // 5.7-7.2 GB/s, p99 0.16-1.07 ms; docs/decisions.md).
+        if (options_.spin_yield) sched_yield();
       }
       if (more) continue;
     }

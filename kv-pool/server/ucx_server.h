@@ -8,7 +8,9 @@
 // Replies with blocks go out at most two at a time, one per endpoint, in turn (reply_queue.h).
 // Replies complete only as fast as this thread progresses: after traffic it keeps polling for
 // `spin_us`, then sleeps on the worker's event fd; `busy_poll` spins always (lowest latency,
-// one core spent).
+// one core spent). While it spins with nothing to do it yields the core every 16 polls
+// (`spin_yield`): on a host with more runnable threads than cores a spinning pool thread held
+// the core its gatherer needed to send the next request.
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,7 @@ struct UcxServerOptions {
   bool rma = false;        // also register regions for one-sided access (trusted tenants / RDMA)
   bool busy_poll = false;  // spin instead of sleeping on the event fd
   int64_t spin_us = 0;     // else keep polling this long after the last progress before sleeping
+  bool spin_yield = true;  // sched_yield every 16 idle polls while spinning
 };
 
 struct UcxRegion {
