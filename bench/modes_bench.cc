@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, out, "", "Output JSON path");
 ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
           "Where sparse modes keep offloaded KV: inproc (with the inmem and pcie5 link models), shm, ucx-tcp, "
           "ucx-sm (a real dd-kv-pool started by the benchmark; the transport itself is the link)");
+ABSL_FLAG(bool, spin_yield, true,
+          "Spinning UCX threads yield their core every 16 idle polls: the pool's --ucx_spin_yield and the "
+          "engine's $DD_UCX_SPIN_YIELD (false: neither, for comparison)");
 ABSL_FLAG(std::vector<std::string>, pool_lanes, std::vector<std::string>({"1"}),
           "Transfer lanes of the pool stores' runs, one run set per count (the link is labelled e.g. ucx-tcp-x2; "
           "0 = gathers on the compute thread, labelled ucx-tcp-inline)");
@@ -351,7 +354,12 @@ int main(int argc, char** argv) {
         o.threads = threads;
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
-          if (!pool) pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB");
+          if (!pool) {
+            const bool yield = absl::GetFlag(FLAGS_spin_yield);
+            setenv("DD_UCX_SPIN_YIELD", yield ? "1" : "0", 1);  // read at the engine's first UCX wait
+            pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
+                60000, "16GiB", std::vector<std::string>{yield ? "--ucx_spin_yield=true" : "--ucx_spin_yield=false"});
+          }
           if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
           // UCX reads UCX_TLS when the engine's pool client creates its context.
           if (variant.store == "ucx-tcp") setenv("UCX_TLS", "tcp", 1);
