@@ -18,8 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "kv-pool/client/data_path.h"
+#include "kv-pool/client/ucx_config.h"
 #include "kv-pool/client/ucx_lane.h"
 
 namespace dd::kvpool {
@@ -36,18 +38,6 @@ int MaxLanes() {
   return v;
 }
 
-bool IsSharedMemoryTransport(absl::string_view t) {
-  return t == "sm" || t == "shm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" || t == "knem";
-}
-// UCX_TLS is unset or names a shared-memory transport.
-bool SharedMemoryAllowed() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0') return true;
-  for (absl::string_view t : absl::StrSplit(tls, ',')) {
-    if (t == "all" || IsSharedMemoryTransport(t)) return true;
-  }
-  return false;
-}
 // UCX_TLS names only shared-memory transports (sm, posix, sysv, cma, self).
 bool SharedMemoryOnly() {
   const char* tls = std::getenv("UCX_TLS");
@@ -75,6 +65,16 @@ class UcxDataPath : public DataPath {
     if (hs.ucx_worker_address().empty()) {
       return absl::FailedPreconditionError("the kv pool runs without UCX (start it with --ucx)");
     }
+    // Over UCX's shared memory both ends must size the FIFO alike, or the pool crashes inside
+    // UCX (ucx_config.h): refuse rather than connect when the settings differ.
+    if (pool_is_local && FifoTransportsAllowed() && hs.ucx_shm_settings() != UcxSharedMemorySettings() &&
+        !absl::EndsWith(hs.ucx_shm_settings(), kNoSharedMemory)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv pool ucx: this worker's UCX shared-memory settings (", UcxSharedMemorySettings(), ") differ from the pool's (",
+          hs.ucx_shm_settings().empty() ? "not reported: an older pool" : hs.ucx_shm_settings(),
+          "); over shared memory a mismatch crashes the pool. Run both with the same UCX and UCX_MM_*/UCX_POSIX_*/"
+          "UCX_SYSV_* settings, or set UCX_TLS without shared memory (e.g. tcp)"));
+    }
     config_.rma = mode == UcxPath::kRma || (mode == UcxPath::kAuto && !hs.ucx_rkey().empty());
     if (config_.rma && hs.ucx_rkey().empty()) {
       return absl::FailedPreconditionError("the kv pool offers no one-sided UCX access (start it with --ucx_rma)");
@@ -92,11 +92,10 @@ class UcxDataPath : public DataPath {
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = (config_.rma ? UCP_FEATURE_RMA : UCP_FEATURE_AM) | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;  // each lane's worker runs on its caller's thread
-    ucp_config_t* config = nullptr;
-    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-    if (st != UCS_OK) return UcxError("ucp_config_read", st);
-    st = ucp_init(&params, config, &config_.context);
-    ucp_config_release(config);
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+    if (!config.ok()) return config.status();
+    ucs_status_t st = ucp_init(&params, *config, &config_.context);
+    ucp_config_release(*config);
     if (st != UCS_OK) return UcxError("ucp_init", st);
     auto lane = UcxLane::Create(config_);  // the first lane now: a pool UCX cannot reach fails here
     if (!lane.ok()) return lane.status();

@@ -380,6 +380,57 @@ TEST_P(PoolTransportTest, KilledPoolGivesACleanErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
 }
 
+// Sets an environment variable for a scope (the pool process and UCX contexts read it at start).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* was = std::getenv(name);
+    had_ = was != nullptr;
+    if (had_) saved_ = was;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
+// Over UCX's shared memory a worker whose segment size differs from the pool's crashed the pool
+// inside UCX (both ways round, measured by hand). Such a worker is refused before it connects,
+// naming both settings; over tcp the same worker connects and round-trips, and the pool lives.
+TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
+  std::unique_ptr<PoolProcess> pool;
+  {
+    ScopedEnv seg("UCX_MM_SEG_SIZE", "16k");  // the pool's alone
+    pool = std::make_unique<PoolProcess>();
+  }
+  ASSERT_FALSE(pool->address().empty());
+  auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                     .first_extent_chunks = 4});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=16k"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=32k (default)"), std::string::npos) << refused.status();
+  ScopedEnv tcp("UCX_TLS", "tcp");
+  auto s = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                               .first_extent_chunks = 4});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto seq = (*s)->Open(kLayout);
+  ASSERT_TRUE(seq.ok()) << seq.status();
+  const ChunkRef r{2, 1, 3};
+  ASSERT_TRUE((*s)->Write(*seq, r, BlockFor(4, r).data()).ok());
+  std::vector<float> dst(kLayout.block_floats());
+  auto id = (*s)->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
+  ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok());
+  EXPECT_EQ(std::memcmp(dst.data(), BlockFor(4, r).data(), dst.size() * sizeof(float)), 0);
+  EXPECT_EQ(kill(pool->pid(), 0), 0);
+}
+
 // Gathers in flight when the pool dies, on both UCX data paths (active messages; one-sided gets
 // against a pool run with --ucx_rma) over tcp and shared memory: the gathering thread gets
 // UNAVAILABLE within the bound (UCX's peer-failure callback, the data path's deadline, or the

@@ -46,6 +46,7 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   }
   if (ucx_ != nullptr) {
     resp->set_ucx_worker_address(ucx_->worker_address());
+    resp->set_ucx_shm_settings(ucx_->shm_settings());
     resp->set_ucx_session(ucx_->NewSession(t));
     resp->set_ucx_rkey(ucx_->rkey(t));  // empty unless the pool runs with --ucx_rma
   }

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kv-pool/client/data_path.h"
+#include "kv-pool/client/ucx_config.h"
 #include "kv-pool/client/ucx_protocol.h"
 #include "kv-pool/server/pool_process.h"
 
@@ -42,10 +43,11 @@ class RawAm {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_AM;
-    ucp_config_t* config = nullptr;
-    ucp_config_read(nullptr, nullptr, &config);
-    ok_ = ucp_init(&params, config, &context_) == UCS_OK;
-    ucp_config_release(config);
+    // The pool's own shared-memory settings: a mismatch crashes the pool inside UCX, which an
+    // attacker on the pool's uid could do more simply (ucx_config.h); this test is about offsets.
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+    ok_ = config.ok() && ucp_init(&params, *config, &context_) == UCS_OK;
+    if (config.ok()) ucp_config_release(*config);
     ucp_worker_params_t wp{};
     ok_ = ok_ && ucp_worker_create(context_, &wp, &worker_) == UCS_OK;
     ucp_am_handler_param_t hp{};

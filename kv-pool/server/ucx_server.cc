@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "kv-pool/client/ucx_config.h"
 #include "kv-pool/client/ucx_protocol.h"
 #include "kv-pool/server/reply_queue.h"
 
@@ -238,12 +239,11 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegi
   // Without `rma` the context has no RMA feature, so UCX installs no handler that would serve a
   // software-emulated get or put against a forged key.
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options.rma ? UCP_FEATURE_RMA : 0);
-  ucp_config_t* config = nullptr;
-  if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
-    return absl::InternalError(absl::StrCat("ucp_config_read: ", ucs_status_string(st)));
-  }
-  ucs_status_t st = ucp_init(&params, config, &s->impl_->context);
-  ucp_config_release(config);
+  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+  if (!config.ok()) return config.status();
+  s->shm_settings_ = UcxSharedMemorySettings();
+  ucs_status_t st = ucp_init(&params, *config, &s->impl_->context);
+  ucp_config_release(*config);
   if (st != UCS_OK) return absl::InternalError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

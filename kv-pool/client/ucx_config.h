@@ -1,0 +1,43 @@
+// The UCX configuration both ends of the ucx:// data path read (the pool's UCX side and the
+// worker's), and the settings two processes must share to talk over UCX's shared memory.
+//
+// UCX 1.13's shared-memory transports (posix, sysv) size their FIFO elements from the local
+// configuration only: a peer whose segment size (UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE, ...)
+// differs writes past the elements or reads garbage, and the pool process dies (an assertion
+// or SIGSEGV inside UCX; measured: a worker with 32 KiB segments against a pool with 8 KiB and
+// the reverse both crashed the pool). So the pool reports its settings in the Handshake and a
+// worker that could reach it over shared memory refuses to connect when they differ
+// (docs/decisions.md "UCX data plane").
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dd::kvpool {
+
+// A UCX_TLS entry that names a shared-memory transport (sm, shm, posix, sysv, cma, xpmem, knem).
+bool IsSharedMemoryTransport(absl::string_view t);
+// UCX_TLS is unset, "all", "^..." (all but some), or names a shared-memory transport.
+bool SharedMemoryAllowed();
+// UCX_TLS lets UCX load its FIFO transports (posix, sysv: sm, shm, all, unset or "^..."), the
+// ones whose settings peers must share.
+bool FifoTransportsAllowed();
+
+// UCX's configuration from the environment, with the data path's default where UCX_TLS allows
+// the FIFO transports: segments of 32 KiB (UCX's 8 KiB moves a reply in four times as many FIFO
+// elements; 64 KiB trips an assertion in UCX 1.13) unless UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE
+// or UCX_SYSV_SEG_SIZE is set. The caller releases it (ucp_config_release).
+absl::StatusOr<ucp_config_t*> ReadUcxConfig();
+
+// What a peer over UCX's shared memory must agree with, as one comparable line: UCX's version,
+// the data path's segment default when it applies, and every UCX_MM_*, UCX_POSIX_*,
+// UCX_SYSV_* and UCX_XPMEM_* variable set in this process, sorted; ending in kNoSharedMemory
+// when UCX_TLS leaves the FIFO transports out (no peer can reach this process through them).
+std::string UcxSharedMemorySettings();
+inline constexpr absl::string_view kNoSharedMemory = "no shared memory";
+
+}  // namespace dd::kvpool
