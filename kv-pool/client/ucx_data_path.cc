@@ -66,8 +66,10 @@ class UcxDataPath : public DataPath {
       return absl::FailedPreconditionError("the kv pool runs without UCX (start it with --ucx)");
     }
     // Over UCX's shared memory both ends must size the FIFO alike, or the pool crashes inside
-    // UCX (ucx_config.h): refuse rather than connect when the settings differ.
-    if (pool_is_local && FifoTransportsAllowed() && hs.ucx_shm_settings() != UcxSharedMemorySettings() &&
+    // UCX (ucx_config.h): refuse rather than connect when the settings differ. Whatever the
+    // address: UCX reaches a pool over shared memory whenever it shares the host and IPC
+    // namespace (a pod IP on the same node included), which the address cannot tell.
+    if (FifoTransportsAllowed() && hs.ucx_shm_settings() != UcxSharedMemorySettings() &&
         !absl::EndsWith(hs.ucx_shm_settings(), kNoSharedMemory)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: this worker's UCX shared-memory settings (", UcxSharedMemorySettings(), ") differ from the pool's (",
