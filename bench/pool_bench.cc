@@ -161,9 +161,13 @@ constexpr int kPerftestRuns = 3;
 double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& test) {
   const int port = FreePort();
   const std::string p = std::to_string(port), size = std::to_string(bytes);
+  // The data path's shared-memory segments (ucx_config.h) unless the caller chose others.
+  const bool seg = tls != "tcp" && std::getenv("UCX_MM_SEG_SIZE") == nullptr &&
+                   std::getenv("UCX_POSIX_SEG_SIZE") == nullptr && std::getenv("UCX_SYSV_SEG_SIZE") == nullptr;
   const pid_t server = fork();
   if (server == 0) {
     setenv("UCX_TLS", tls.c_str(), 1);
+    if (seg) setenv("UCX_MM_SEG_SIZE", "32k", 1);
     freopen("/dev/null", "w", stdout);
     execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
     _exit(127);
@@ -171,7 +175,8 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   double gbps = -1;
   const int64_t volume = test == "tag_bw" ? int64_t{2} << 30 : int64_t{1} << 30;  // ~2 GiB, 1 GiB each way
   const int64_t iters = std::clamp<int64_t>(volume / bytes, 200, 20000);
-  const std::string cmd = "UCX_TLS=" + tls + " ucx_perftest 127.0.0.1 -p " + p + " -t " + test + " -s " + size + " -n " +
+  const std::string cmd = "UCX_TLS=" + tls + (seg ? " UCX_MM_SEG_SIZE=32k" : "") + " ucx_perftest 127.0.0.1 -p " + p +
+                          " -t " + test + " -s " + size + " -n " +
                           std::to_string(iters) + " -w 50 2>/dev/null";
   for (int attempt = 0; attempt < 50 && gbps < 0; ++attempt) {  // until the server listens (5 s)
     if (FILE* f = popen(cmd.c_str(), "r")) {

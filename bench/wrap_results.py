@@ -290,9 +290,10 @@ def summary_pool(doc, out_dir):
              "ucx-tcp / ucx-sm use active messages (the default, tenant-bounded); ucx-*-busy the same against a "
              "pool whose progress thread busy-polls (--ucx_busy_poll); ucx-*-rma one-sided gets (a pool run with "
              "--ucx_rma). 'vs tag_bw' is against ucx_perftest tag_bw at the gather's size over the same UCX_TLS, same "
-             "run (a window of messages in flight: UCX's streaming ceiling); 'vs ping-pong' against ucx_perftest "
-             "tag_lat (one message at a time each way, the size over the one-way latency: UCX's ceiling for one "
-             "request at a time, as each gatherer's gathers go); each the median of 3 perftest runs, all listed below. "
+             "run (a window of messages in flight: UCX's streaming figure); 'vs ping-pong' against ucx_perftest "
+             "tag_lat (one message at a time each way, the size over the one-way latency: UCX's figure for one "
+             "request at a time, as each gatherer's gathers go); yardsticks, not ceilings (the gathers' request is "
+             "small, perftest's messages go both ways); each the median of 3 perftest runs, all listed below. "
              "`cma` is the same gathers as one process_vm_readv each from another process: "
              "the kernel copy UCX's shared-memory zero-copy path uses, so the ceiling of any cma-based path. "
              "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", ""]

@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kv-pool/client/data_path.h"
 #include "kv-pool/client/transfer_queue.h"
+#include "kv-pool/client/ucx_config.h"
 #include "proto/kvpool.grpc.pb.h"
 
 namespace dd::kvpool {
@@ -83,7 +84,9 @@ class PoolKvStore : public KvStore {
 
   absl::Status Connect() {
     v1::HandshakeResponse hs;
-    RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, {}, &hs); }));
+    v1::HandshakeRequest hr;
+    if (options_.transport == PoolTransport::kUcx) hr.set_ucx_shm_settings(UcxSharedMemorySettings());
+    RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, hr, &hs); }));
     auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs, options_.token)
                                                           : NewUcxDataPath(hs, options_.rpc_timeout_ms, options_.ucx_path,
                                                                            NamesThisHost(options_.address));

@@ -26,25 +26,36 @@ bool SegmentSizeSet() {
 }  // namespace
 
 bool IsSharedMemoryTransport(absl::string_view t) {
-  return t == "sm" || t == "shm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" || t == "knem";
+  return t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" ||
+         t == "knem";
 }
 
-bool SharedMemoryAllowed() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;  // "^x,y": all but those
-  for (absl::string_view t : absl::StrSplit(tls, ',')) {
-    if (t == "all" || IsSharedMemoryTransport(t)) return true;
+bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
+  const char* env = std::getenv("UCX_TLS");
+  absl::string_view tls = env != nullptr ? env : "";
+  if (tls.empty()) return true;
+  const bool exclude = absl::ConsumePrefix(&tls, "^");  // "^a,b": every transport but a and b
+  // Whether a UCX_TLS entry names transport `t` (itself, or an alias covering it).
+  auto names = [](absl::string_view entry, absl::string_view t) {
+    if (entry == t || entry == "all") return true;
+    const bool shared = t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" || t == "knem";
+    if ((entry == "sm" || entry == "shm") && shared) return true;
+    return entry == "mm" && (t == "posix" || t == "sysv" || t == "xpmem");
+  };
+  for (absl::string_view t : transports) {
+    bool named = false;
+    for (absl::string_view entry : absl::StrSplit(tls, ',')) named = named || names(entry, t);
+    if (named != exclude) return true;
   }
   return false;
 }
 
-bool FifoTransportsAllowed() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return true;
-  for (absl::string_view t : absl::StrSplit(tls, ',')) {
-    if (t == "all" || t == "sm" || t == "shm" || t == "posix" || t == "sysv") return true;
-  }
-  return false;
+bool SharedMemoryAllowed() { return TlsAllowsAny({"posix", "sysv", "cma", "xpmem", "knem"}); }
+
+bool FifoTransportsAllowed() { return TlsAllowsAny({"posix", "sysv", "xpmem"}); }
+
+bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b) {
+  return a == b || absl::EndsWith(a, kNoSharedMemory) || absl::EndsWith(b, kNoSharedMemory);
 }
 
 absl::StatusOr<ucp_config_t*> ReadUcxConfig() {
@@ -75,7 +86,8 @@ std::string UcxSharedMemorySettings() {
       }
     }
   }
-  if (!SegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kSegSizeDefault, " (default)"));
+  // Written as the variable would be: an explicit UCX_MM_SEG_SIZE=32k compares equal.
+  if (!SegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kSegSizeDefault));
   std::sort(set.begin(), set.end());
   return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ", absl::StrJoin(set, " "));
 }

@@ -12,6 +12,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,12 +20,15 @@
 
 namespace dd::kvpool {
 
-// A UCX_TLS entry that names a shared-memory transport (sm, shm, posix, sysv, cma, xpmem, knem).
+// A UCX_TLS entry that names a shared-memory transport or alias (sm, shm, mm, posix, sysv,
+// cma, xpmem, knem).
 bool IsSharedMemoryTransport(absl::string_view t);
-// UCX_TLS is unset, "all", "^..." (all but some), or names a shared-memory transport.
+// UCX_TLS (unset: all; "a,b": those; "^a,b": all but those; aliases all, sm/shm, mm) lets UCX
+// use at least one of `transports`.
+bool TlsAllowsAny(std::initializer_list<absl::string_view> transports);
+// UCX_TLS allows a shared-memory transport (posix, sysv, cma, xpmem, knem).
 bool SharedMemoryAllowed();
-// UCX_TLS lets UCX load its FIFO transports (posix, sysv: sm, shm, all, unset or "^..."), the
-// ones whose settings peers must share.
+// UCX_TLS allows a FIFO transport (posix, sysv, xpmem): the ones whose settings peers must share.
 bool FifoTransportsAllowed();
 
 // UCX's configuration from the environment, with the data path's default where UCX_TLS allows
@@ -39,5 +43,9 @@ absl::StatusOr<ucp_config_t*> ReadUcxConfig();
 // when UCX_TLS leaves the FIFO transports out (no peer can reach this process through them).
 std::string UcxSharedMemorySettings();
 inline constexpr absl::string_view kNoSharedMemory = "no shared memory";
+// Two processes with these settings can talk over UCX safely: equal, or one of them cannot use
+// the FIFO transports. Different spellings of one value (32k, 32K, 32768) count as different:
+// the refusal names both, and the fix is to write them alike.
+bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b);
 
 }  // namespace dd::kvpool

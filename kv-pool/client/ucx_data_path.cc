@@ -62,20 +62,24 @@ class UcxDataPath : public DataPath {
     config_.pack = pack != nullptr && *pack != '\0' ? std::string(pack) != "0"
                                                     : !(pool_is_local && SharedMemoryAllowed());
     config_.shared_memory_only = SharedMemoryOnly();
-    if (hs.ucx_worker_address().empty()) {
+    if (hs.ucx_worker_address().empty() && hs.ucx_shm_settings().empty()) {
       return absl::FailedPreconditionError("the kv pool runs without UCX (start it with --ucx)");
     }
     // Over UCX's shared memory both ends must size the FIFO alike, or the pool crashes inside
     // UCX (ucx_config.h): refuse rather than connect when the settings differ. Whatever the
     // address: UCX reaches a pool over shared memory whenever it shares the host and IPC
     // namespace (a pod IP on the same node included), which the address cannot tell.
-    if (FifoTransportsAllowed() && hs.ucx_shm_settings() != UcxSharedMemorySettings() &&
-        !absl::EndsWith(hs.ucx_shm_settings(), kNoSharedMemory)) {
+    if (!UcxSharedMemoryCompatible(hs.ucx_shm_settings(), UcxSharedMemorySettings())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: this worker's UCX shared-memory settings (", UcxSharedMemorySettings(), ") differ from the pool's (",
           hs.ucx_shm_settings().empty() ? "not reported: an older pool" : hs.ucx_shm_settings(),
           "); over shared memory a mismatch crashes the pool. Run both with the same UCX and UCX_MM_*/UCX_POSIX_*/"
           "UCX_SYSV_* settings, or set UCX_TLS without shared memory (e.g. tcp)"));
+    }
+    if (hs.ucx_worker_address().empty()) {  // withheld: the pool judged our settings incompatible
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv pool ucx: the pool withheld its UCX address: it found this worker's shared-memory settings (",
+          UcxSharedMemorySettings(), ") incompatible with its own (", hs.ucx_shm_settings(), ")"));
     }
     config_.rma = mode == UcxPath::kRma || (mode == UcxPath::kAuto && !hs.ucx_rkey().empty());
     if (config_.rma && hs.ucx_rkey().empty()) {

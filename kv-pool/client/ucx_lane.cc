@@ -45,14 +45,17 @@ std::chrono::microseconds SpinTime() {
   return v;
 }
 
-// Whether a spinning waiter yields its core every 16 polls; $DD_UCX_SPIN_YIELD=0 turns it off,
-// for benchmarks. On 2 cores, two gatherers and the pool's thread: without it a spinning waiter
-// held the core the pool needed (two gatherers over sm 1.2-4.1 GB/s, p99 3-12 ms; with it, and
-// the pool yielding too, 5.7-7.2 GB/s, p99 0.16-1.07 ms; docs/decisions.md).
+// Whether a spinning waiter yields its core every 16 polls; $DD_UCX_SPIN_YIELD=0 (or false,
+// off, no) turns it off, for benchmarks; unset or empty: on. On 2 cores, two gatherers and the
+// pool's thread: without it a spinning waiter held the core the pool needed (two gatherers over
+// sm 1.1-4.4 GB/s, p99 4-12.5 ms; with it, and the pool yielding too, 1.9-7.3 GB/s, p99
+// 0.15-3.0 ms; docs/decisions.md).
 bool SpinYield() {
   static const bool v = [] {
     const char* e = std::getenv("DD_UCX_SPIN_YIELD");
-    return e == nullptr || std::string(e) != "0";
+    if (e == nullptr || *e == '\0') return true;
+    const std::string s(e);
+    return !(s == "0" || s == "false" || s == "off" || s == "no");
   }();
   return v;
 }
@@ -136,12 +139,34 @@ UcxLane::~UcxLane() {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    (void)WaitAll({ucp_ep_close_nbx(ep_, &p)});
+    ucp_ep_h ep = ep_;
+    ep_ = nullptr;  // a failed wait below must not close it again (Abandon)
+    (void)WaitAll({ucp_ep_close_nbx(ep, &p)});
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
 }
 
+// After a wait gave up. ucp_request_cancel acts on tag receives only, so UCX may still hold
+// gets and rendezvous receives that would write into the caller's buffers (which the caller
+// frees once it has the error) whenever this worker progresses again. Closing the endpoint by
+// force completes them with an error; and the lane takes no further work, so no other thread
+// that was waiting for it progresses this worker.
+void UcxLane::Abandon() {
+  dead_ = true;
+  if (ep_ == nullptr) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep_, &p);
+  ep_ = nullptr;
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+  const auto until = Clock::now() + std::chrono::milliseconds(500);
+  while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < until) ucp_worker_progress(worker_);
+  if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);  // else leaked, not freed under UCX
+}
+
 absl::Status UcxLane::Put(int64_t offset, const void* src, int64_t bytes) {
+  if (dead_) return absl::UnavailableError("kv pool ucx: this lane gave up on the pool earlier");
   if (config_.rma) {  // flushed before returning: a get on another lane must see the bytes
     ucp_request_param_t p{};
     ucs_status_ptr_t put = ucp_put_nbx(ep_, src, bytes, config_.base + offset, rkey_, &p);
@@ -164,6 +189,7 @@ absl::Status UcxLane::Put(int64_t offset, const void* src, int64_t bytes) {
 }
 
 absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) {
+  if (dead_) return absl::UnavailableError("kv pool ucx: this lane gave up on the pool earlier");
   if (config_.rma) return GetRma(offsets, block_bytes, dsts);
   if (offsets.empty()) return absl::OkStatus();
   if (block_bytes <= 0 || block_bytes > wire::kMaxReplyBytes) {
@@ -355,6 +381,7 @@ absl::Status UcxLane::WaitPending(const std::vector<Pending*>& ps) {
     const auto grace = Clock::now() + std::chrono::milliseconds(200);
     while (!all_done() && Clock::now() < grace) ucp_worker_progress(worker_);
     if (result.ok()) result = Lost();
+    if (!all_done()) Abandon();
   }
   for (Pending* p : ps) {
     if (result.ok() && !p->status.ok()) result = p->status;
@@ -371,7 +398,8 @@ absl::Status UcxLane::WaitPending(const std::vector<Pending*>& ps) {
 
 // Progresses until every request is done or the deadline passes (or the pool is gone); then
 // cancels all that are left at once and gives them one grace period together (one each, in
-// turn, made a gather of 96 one-sided gets take 19 s to fail against a killed pool).
+// turn, made a gather of 96 one-sided gets take 19 s to fail against a killed pool), and
+// abandons the lane if any is still held (a cancel does not reach gets: Abandon).
 absl::Status UcxLane::WaitAll(const std::vector<ucs_status_ptr_t>& reqs) {
   const auto deadline = Clock::now() + config_.timeout;
   absl::Status result;
@@ -397,6 +425,7 @@ absl::Status UcxLane::WaitAll(const std::vector<ucs_status_ptr_t>& reqs) {
     const auto grace = Clock::now() + std::chrono::milliseconds(200);
     while (!all_done() && Clock::now() < grace) ucp_worker_progress(worker_);
     if (result.ok()) result = Lost();
+    if (!all_done()) Abandon();
   }
   for (ucs_status_ptr_t r : live) {
     const ucs_status_t st = ucp_request_check_status(r);

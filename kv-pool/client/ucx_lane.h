@@ -65,6 +65,7 @@ class UcxLane {
   absl::Status WaitAll(const std::vector<ucs_status_ptr_t>& reqs);
   bool GiveUp() const;
   absl::Status Lost() const;
+  void Abandon();
 
   const UcxLaneConfig& config_;
   std::mutex mu_;
@@ -76,6 +77,7 @@ class UcxLane {
   std::list<std::unique_ptr<Pending>> pending_;
   absl::flat_hash_map<uint64_t, Pending*> by_id_;
   bool peer_failed_ = false;  // set by UCX's error callback (from ucp_worker_progress)
+  bool dead_ = false;         // a wait gave up: the lane takes no further work (Abandon)
 };
 
 absl::Status UcxError(const char* what, ucs_status_t st);

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kv-pool/client/ucx_config.h"
+
 namespace dd::kvpool {
 namespace {
 
@@ -34,22 +36,25 @@ absl::StatusOr<int> KvPoolService::Tenant(grpc::ServerContext* ctx) const {
   return pool_.Authenticate(absl::string_view(it->second.data(), it->second.size()));
 }
 
-grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest*, v1::HandshakeResponse* resp) {
+grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::HandshakeRequest* req,
+                                      v1::HandshakeResponse* resp) {
   DD_TENANT(t, ctx);
   resp->set_tenant(pool_.tenant_name(t));
   resp->set_shm_name(pool_.shm_name(t));
   resp->set_fd_socket(fd_socket_);
   resp->set_region_bytes(pool_.region_bytes(t));
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
-  if (ucx_ != nullptr && !ucx_->rkey(t).empty()) {  // only one-sided access needs the address
+  if (ucx_ == nullptr) return grpc::Status::OK;
+  resp->set_ucx_shm_settings(ucx_->shm_settings());
+  // A worker that could reach this pool over UCX's shared memory with other settings (or an
+  // older one that reports none) would crash it inside UCX: it gets no address to reach it by.
+  if (!UcxSharedMemoryCompatible(req->ucx_shm_settings(), ucx_->shm_settings())) return grpc::Status::OK;
+  if (!ucx_->rkey(t).empty()) {  // only one-sided access needs the address
     resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));
   }
-  if (ucx_ != nullptr) {
-    resp->set_ucx_worker_address(ucx_->worker_address());
-    resp->set_ucx_shm_settings(ucx_->shm_settings());
-    resp->set_ucx_session(ucx_->NewSession(t));
-    resp->set_ucx_rkey(ucx_->rkey(t));  // empty unless the pool runs with --ucx_rma
-  }
+  resp->set_ucx_worker_address(ucx_->worker_address());
+  resp->set_ucx_session(ucx_->NewSession(t));
+  resp->set_ucx_rkey(ucx_->rkey(t));  // empty unless the pool runs with --ucx_rma
   return grpc::Status::OK;
 }
 

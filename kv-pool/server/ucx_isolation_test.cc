@@ -31,7 +31,9 @@ v1::HandshakeResponse Handshake(PoolProcess& pool, const char* token) {
   v1::HandshakeResponse hs;
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", std::string("Bearer ") + token);
-  EXPECT_TRUE(pool.Stub()->Handshake(&ctx, {}, &hs).ok());
+  v1::HandshakeRequest req;
+  req.set_ucx_shm_settings(UcxSharedMemorySettings());  // as a ucx:// worker does
+  EXPECT_TRUE(pool.Stub()->Handshake(&ctx, req, &hs).ok());
   return hs;
 }
 

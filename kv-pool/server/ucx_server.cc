@@ -318,7 +318,7 @@ void UcxServer::Start() {
 // Progresses the worker until stopped. Between bursts it sleeps on the worker's event fd
 // (unless busy_poll); while replies are still being sent it wakes at least every 200 µs, a
 // safeguard: a send stalled on a full shared-memory FIFO need not raise an event when the
-// receiver drains it. (Two gatherers on 2 cores still see p99s of 4-37 ms: oversubscribed.)
+// receiver drains it. While spinning it yields the core every 16 idle polls (spin_yield).
 void UcxServer::Progress() {
   const auto spin = std::chrono::microseconds(options_.spin_us);
   unsigned idle_polls = 0;
@@ -338,8 +338,8 @@ void UcxServer::Progress() {
         if (n % 16 != 0) continue;
         if (std::chrono::steady_clock::now() > until) break;
         // Two gatherers and this thread on 2 cores: without the yield a spinning thread kept a
-        // core the others waited for (two gatherers over sm 1.2-4.1 GB/s, p99 3-12 ms; with it
-        // 5.7-7.2 GB/s, p99 0.16-1.07 ms; docs/decisions.md).
+        // core the others waited for (two gatherers over sm 1.1-4.4 GB/s, p99 4-12.5 ms; with
+        // it 1.9-7.3 GB/s, p99 0.15-3.0 ms; docs/decisions.md).
         if (options_.spin_yield) sched_yield();
       }
       if (more) continue;
