@@ -355,10 +355,10 @@ int main(int argc, char** argv) {
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
           if (!pool) {
-            const bool yield = absl::GetFlag(FLAGS_spin_yield);
-            setenv("DD_UCX_SPIN_YIELD", yield ? "1" : "0", 1);  // read at the engine's first UCX wait
             pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
-                60000, "16GiB", std::vector<std::string>{yield ? "--ucx_spin_yield=true" : "--ucx_spin_yield=false"});
+                60000, "16GiB",
+                std::vector<std::string>{
+                    dd::kvpool::testing_util::SpinYieldEverywhere(absl::GetFlag(FLAGS_spin_yield))});
           }
           if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
           // UCX reads UCX_TLS when the engine's pool client creates its context.

@@ -36,6 +36,7 @@
 #include "absl/strings/match.h"
 #include "bench/flag_ints.h"
 #include "kv-pool/client/pool_kv_store.h"
+#include "kv-pool/client/ucx_config.h"
 #include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
 
@@ -162,12 +163,13 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   const int port = FreePort();
   const std::string p = std::to_string(port), size = std::to_string(bytes);
   // The data path's shared-memory segments (ucx_config.h) unless the caller chose others.
-  const bool seg = tls != "tcp" && std::getenv("UCX_MM_SEG_SIZE") == nullptr &&
-                   std::getenv("UCX_POSIX_SEG_SIZE") == nullptr && std::getenv("UCX_SYSV_SEG_SIZE") == nullptr;
+  const std::string seg = tls != "tcp" && !dd::kvpool::UcxSegmentSizeSet()
+                              ? " UCX_MM_SEG_SIZE=" + std::string(dd::kvpool::kUcxSegSizeDefault)
+                              : "";
   const pid_t server = fork();
   if (server == 0) {
     setenv("UCX_TLS", tls.c_str(), 1);
-    if (seg) setenv("UCX_MM_SEG_SIZE", "32k", 1);
+    if (!seg.empty()) setenv("UCX_MM_SEG_SIZE", std::string(dd::kvpool::kUcxSegSizeDefault).c_str(), 1);
     freopen("/dev/null", "w", stdout);
     execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
     _exit(127);
@@ -175,7 +177,7 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   double gbps = -1;
   const int64_t volume = test == "tag_bw" ? int64_t{2} << 30 : int64_t{1} << 30;  // ~2 GiB, 1 GiB each way
   const int64_t iters = std::clamp<int64_t>(volume / bytes, 200, 20000);
-  const std::string cmd = "UCX_TLS=" + tls + (seg ? " UCX_MM_SEG_SIZE=32k" : "") + " ucx_perftest 127.0.0.1 -p " + p +
+  const std::string cmd = "UCX_TLS=" + tls + seg + " ucx_perftest 127.0.0.1 -p " + p +
                           " -t " + test + " -s " + size + " -n " +
                           std::to_string(iters) + " -w 50 2>/dev/null";
   for (int attempt = 0; attempt < 50 && gbps < 0; ++attempt) {  // until the server listens (5 s)
@@ -215,9 +217,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_pool_spin_us) >= 0) {
     pool_flags.push_back("--ucx_spin_us=" + std::to_string(absl::GetFlag(FLAGS_pool_spin_us)));
   }
-  const std::string yield_flag = absl::GetFlag(FLAGS_spin_yield) ? "--ucx_spin_yield=true" : "--ucx_spin_yield=false";
+  const std::string yield_flag = dd::kvpool::testing_util::SpinYieldEverywhere(absl::GetFlag(FLAGS_spin_yield));
   pool_flags.push_back(yield_flag);
-  setenv("DD_UCX_SPIN_YIELD", absl::GetFlag(FLAGS_spin_yield) ? "1" : "0", 1);  // read at the first UCX wait
   dd::kvpool::testing_util::PoolProcess pool(30000, std::to_string(quota_mib) + "MiB", pool_flags);
   if (pool.address().empty()) {
     std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";

@@ -12,18 +12,12 @@
 extern char** environ;
 
 namespace dd::kvpool {
-namespace {
-
-constexpr const char* kSegSizeDefault = "32k";
-
-bool SegmentSizeSet() {
+bool UcxSegmentSizeSet() {
   for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
     if (std::getenv(name) != nullptr) return true;
   }
   return false;
 }
-
-}  // namespace
 
 bool IsSharedMemoryTransport(absl::string_view t) {
   return t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" ||
@@ -54,6 +48,15 @@ bool SharedMemoryAllowed() { return TlsAllowsAny({"posix", "sysv", "cma", "xpmem
 
 bool FifoTransportsAllowed() { return TlsAllowsAny({"posix", "sysv", "xpmem"}); }
 
+bool SharedMemoryOnly() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0') return false;
+  for (absl::string_view t : absl::StrSplit(tls, ',')) {
+    if (!IsSharedMemoryTransport(t) && t != "self") return false;
+  }
+  return true;
+}
+
 bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b) {
   return a == b || absl::EndsWith(a, kNoSharedMemory) || absl::EndsWith(b, kNoSharedMemory);
 }
@@ -63,8 +66,9 @@ absl::StatusOr<ucp_config_t*> ReadUcxConfig() {
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
     return absl::InternalError(absl::StrCat("kv pool ucx: ucp_config_read: ", ucs_status_string(st)));
   }
-  if (FifoTransportsAllowed() && !SegmentSizeSet()) {  // else UCX warns of a setting no transport took
-    if (ucs_status_t st = ucp_config_modify(config, "MM_SEG_SIZE", kSegSizeDefault); st != UCS_OK) {
+  if (FifoTransportsAllowed() && !UcxSegmentSizeSet()) {  // else UCX warns of a setting no transport took
+    const std::string seg(kUcxSegSizeDefault);
+    if (ucs_status_t st = ucp_config_modify(config, "MM_SEG_SIZE", seg.c_str()); st != UCS_OK) {
       ucp_config_release(config);
       return absl::InternalError(absl::StrCat("kv pool ucx: setting MM_SEG_SIZE: ", ucs_status_string(st)));
     }
@@ -87,7 +91,7 @@ std::string UcxSharedMemorySettings() {
     }
   }
   // Written as the variable would be: an explicit UCX_MM_SEG_SIZE=32k compares equal.
-  if (!SegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kSegSizeDefault));
+  if (!UcxSegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kUcxSegSizeDefault));
   std::sort(set.begin(), set.end());
   return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ", absl::StrJoin(set, " "));
 }

@@ -30,6 +30,13 @@ bool TlsAllowsAny(std::initializer_list<absl::string_view> transports);
 bool SharedMemoryAllowed();
 // UCX_TLS allows a FIFO transport (posix, sysv, xpmem): the ones whose settings peers must share.
 bool FifoTransportsAllowed();
+// UCX_TLS names only shared-memory transports and self (e.g. "sm,self").
+bool SharedMemoryOnly();
+
+// The data path's shared-memory segment size, and whether the environment chose one instead
+// (UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE or UCX_SYSV_SEG_SIZE).
+inline constexpr absl::string_view kUcxSegSizeDefault = "32k";
+bool UcxSegmentSizeSet();
 
 // UCX's configuration from the environment, with the data path's default where UCX_TLS allows
 // the FIFO transports: segments of 32 KiB (UCX's 8 KiB moves a reply in four times as many FIFO

@@ -18,8 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_cat.h"
 #include "kv-pool/client/data_path.h"
 #include "kv-pool/client/ucx_config.h"
 #include "kv-pool/client/ucx_lane.h"
@@ -36,16 +35,6 @@ int MaxLanes() {
     return n > 0 ? std::min(n, 64) : 4;
   }();
   return v;
-}
-
-// UCX_TLS names only shared-memory transports (sm, posix, sysv, cma, self).
-bool SharedMemoryOnly() {
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0') return false;
-  for (absl::string_view t : absl::StrSplit(tls, ',')) {
-    if (!IsSharedMemoryTransport(t) && t != "self") return false;
-  }
-  return true;
 }
 
 class UcxDataPath : public DataPath {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,6 +23,14 @@
 namespace dd::kvpool::testing_util {
 
 inline constexpr char kAlice[] = "alice-token-0123456789", kBob[] = "bob-token-0123456789ab";
+
+// For benchmarks comparing UCX threads that yield while they spin with ones that do not: sets
+// this process's $DD_UCX_SPIN_YIELD (read at its first UCX wait) and returns the dd-kv-pool
+// flag that does the same in the pool.
+inline std::string SpinYieldEverywhere(bool yield) {
+  setenv("DD_UCX_SPIN_YIELD", yield ? "1" : "0", 1);
+  return yield ? "--ucx_spin_yield=true" : "--ucx_spin_yield=false";
+}
 
 // Starts dd-kv-pool (next to this test binary) and reads the port it prints.
 class PoolProcess {
