@@ -162,14 +162,17 @@ constexpr int kPerftestRuns = 3;
 double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& test) {
   const int port = FreePort();
   const std::string p = std::to_string(port), size = std::to_string(bytes);
-  // The data path's shared-memory segments (ucx_config.h) unless the caller chose others.
-  const std::string seg = tls != "tcp" && !dd::kvpool::UcxSegmentSizeSet()
-                              ? " UCX_MM_SEG_SIZE=" + std::string(dd::kvpool::kUcxSegSizeDefault)
-                              : "";
+  // The data path's segments (ucx_config.h: tcp's receive segments, else shared memory's) unless
+  // the caller chose others.
+  const bool tcp = tls == "tcp";
+  const std::string seg_var = tcp ? "UCX_TCP_RX_SEG_SIZE" : "UCX_MM_SEG_SIZE";
+  const std::string seg_value(tcp ? dd::kvpool::kUcxTcpSegSizeDefault : dd::kvpool::kUcxSegSizeDefault);
+  const bool set = tcp ? dd::kvpool::UcxTcpSegmentSizeSet() : dd::kvpool::UcxSegmentSizeSet();
+  const std::string seg = set ? "" : " " + seg_var + "=" + seg_value;
   const pid_t server = fork();
   if (server == 0) {
     setenv("UCX_TLS", tls.c_str(), 1);
-    if (!seg.empty()) setenv("UCX_MM_SEG_SIZE", std::string(dd::kvpool::kUcxSegSizeDefault).c_str(), 1);
+    if (!set) setenv(seg_var.c_str(), seg_value.c_str(), 1);
     freopen("/dev/null", "w", stdout);
     execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
     _exit(127);

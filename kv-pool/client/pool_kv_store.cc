@@ -85,7 +85,10 @@ class PoolKvStore : public KvStore {
   absl::Status Connect() {
     v1::HandshakeResponse hs;
     v1::HandshakeRequest hr;
-    if (options_.transport == PoolTransport::kUcx) hr.set_ucx_shm_settings(UcxSharedMemorySettings());
+    if (options_.transport == PoolTransport::kUcx) {
+      hr.set_ucx_shm_settings(UcxSharedMemorySettings());
+      hr.set_ucx_tcp_settings(UcxTcpSettings());
+    }
     RETURN_IF_ERROR(Call("handshake", [&](grpc::ClientContext* c) { return stub_->Handshake(c, hr, &hs); }));
     auto path = options_.transport == PoolTransport::kShm ? NewShmDataPath(hs, options_.token)
                                                           : NewUcxDataPath(hs, options_.rpc_timeout_ms, options_.ucx_path,

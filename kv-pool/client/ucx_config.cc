@@ -19,6 +19,8 @@ bool UcxSegmentSizeSet() {
   return false;
 }
 
+bool UcxTcpSegmentSizeSet() { return std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr; }
+
 bool IsSharedMemoryTransport(absl::string_view t) {
   return t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" ||
          t == "knem";
@@ -61,16 +63,25 @@ bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b) {
   return a == b || absl::EndsWith(a, kNoSharedMemory) || absl::EndsWith(b, kNoSharedMemory);
 }
 
+bool UcxTcpCompatible(absl::string_view a, absl::string_view b) { return a == b || a == kNoTcp || b == kNoTcp; }
+
 absl::StatusOr<ucp_config_t*> ReadUcxConfig() {
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
     return absl::InternalError(absl::StrCat("kv pool ucx: ucp_config_read: ", ucs_status_string(st)));
   }
-  if (FifoTransportsAllowed() && !UcxSegmentSizeSet()) {  // else UCX warns of a setting no transport took
-    const std::string seg(kUcxSegSizeDefault);
-    if (ucs_status_t st = ucp_config_modify(config, "MM_SEG_SIZE", seg.c_str()); st != UCS_OK) {
+  // Only where a transport takes the setting (else UCX warns of it), and not over the user's own.
+  const struct {
+    bool applies;
+    const char* name;
+    absl::string_view value;
+  } defaults[] = {{FifoTransportsAllowed() && !UcxSegmentSizeSet(), "MM_SEG_SIZE", kUcxSegSizeDefault},
+                  {TlsAllowsAny({"tcp"}) && !UcxTcpSegmentSizeSet(), "RX_SEG_SIZE", kUcxTcpSegSizeDefault}};
+  for (const auto& d : defaults) {
+    if (!d.applies) continue;
+    if (ucs_status_t st = ucp_config_modify(config, d.name, std::string(d.value).c_str()); st != UCS_OK) {
       ucp_config_release(config);
-      return absl::InternalError(absl::StrCat("kv pool ucx: setting MM_SEG_SIZE: ", ucs_status_string(st)));
+      return absl::InternalError(absl::StrCat("kv pool ucx: setting ", d.name, ": ", ucs_status_string(st)));
     }
   }
   return config;
@@ -94,6 +105,18 @@ std::string UcxSharedMemorySettings() {
   if (!UcxSegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kUcxSegSizeDefault));
   std::sort(set.begin(), set.end());
   return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ", absl::StrJoin(set, " "));
+}
+
+std::string UcxTcpSettings() {
+  if (!TlsAllowsAny({"tcp"})) return std::string(kNoTcp);
+  std::vector<std::string> set;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const absl::string_view v(*e);
+    if (absl::StartsWith(v, "UCX_TCP_") && absl::StrContains(v.substr(0, v.find('=')), "SEG_SIZE")) set.emplace_back(v);
+  }
+  if (!UcxTcpSegmentSizeSet()) set.push_back(absl::StrCat("UCX_TCP_RX_SEG_SIZE=", kUcxTcpSegSizeDefault));
+  std::sort(set.begin(), set.end());
+  return absl::StrJoin(set, " ");
 }
 
 }  // namespace dd::kvpool

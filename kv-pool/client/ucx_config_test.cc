@@ -1,10 +1,15 @@
 // UCX_TLS parsing and the shared-memory settings a pool and its workers compare (ucx_config.h).
 #include "kv-pool/client/ucx_config.h"
 
+#include <ucs/debug/log_def.h>
+
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -28,7 +33,8 @@ class UcxConfigTest : public ::testing::Test {
     }
   }
   static void Tls(const char* v) { v != nullptr ? (void)setenv("UCX_TLS", v, 1) : (void)unsetenv("UCX_TLS"); }
-  static constexpr const char* kNames[] = {"UCX_TLS", "UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"};
+  static constexpr const char* kNames[] = {"UCX_TLS",           "UCX_MM_SEG_SIZE",     "UCX_POSIX_SEG_SIZE",
+                                           "UCX_SYSV_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -65,6 +71,74 @@ TEST_F(UcxConfigTest, SettingsNameTheSegmentsAndCompareOnlyWhereTheyMatter) {
   EXPECT_TRUE(UcxSharedMemoryCompatible(tcp, by_default));
   EXPECT_TRUE(UcxSharedMemoryCompatible(by_default, tcp));
   EXPECT_TRUE(UcxSharedMemoryCompatible(by_default, by_default));
+}
+
+TEST_F(UcxConfigTest, TcpSettingsNameTheReceiveSegmentsAndCompareOnlyWhereTcpIsUsed) {
+  Tls(nullptr);
+  const std::string by_default = UcxTcpSettings();
+  EXPECT_EQ(by_default, "UCX_TCP_RX_SEG_SIZE=1m");
+  setenv("UCX_TCP_RX_SEG_SIZE", "1m", 1);  // written out, the default compares equal
+  EXPECT_EQ(UcxTcpSettings(), by_default);
+  setenv("UCX_TCP_RX_SEG_SIZE", "64k", 1);
+  EXPECT_EQ(UcxTcpSettings(), "UCX_TCP_RX_SEG_SIZE=64k");
+  EXPECT_FALSE(UcxTcpCompatible(UcxTcpSettings(), by_default));
+  unsetenv("UCX_TCP_RX_SEG_SIZE");
+  setenv("UCX_TCP_TX_SEG_SIZE", "16k", 1);  // a sender's bcopy fragments: compared too
+  EXPECT_EQ(UcxTcpSettings(), "UCX_TCP_RX_SEG_SIZE=1m UCX_TCP_TX_SEG_SIZE=16k");
+  EXPECT_FALSE(UcxTcpCompatible(UcxTcpSettings(), by_default));
+  unsetenv("UCX_TCP_TX_SEG_SIZE");
+  EXPECT_FALSE(UcxTcpCompatible("", by_default));  // an older peer reports nothing
+  for (const char* tls : {"sm,self", "^tcp", "rc,ud"}) {  // no tcp: nothing to agree on
+    Tls(tls);
+    EXPECT_EQ(UcxTcpSettings(), std::string(kNoTcp)) << tls;
+    EXPECT_TRUE(UcxTcpCompatible(UcxTcpSettings(), by_default)) << tls;
+    EXPECT_TRUE(UcxTcpCompatible(by_default, UcxTcpSettings())) << tls;
+    EXPECT_TRUE(UcxTcpCompatible("", UcxTcpSettings())) << tls;
+  }
+  Tls("tcp,sm");
+  EXPECT_EQ(UcxTcpSettings(), by_default);
+}
+
+// UCX's warnings and errors while a test runs (a setting no transport takes is only a warning).
+std::vector<std::string>* ucx_complaints = nullptr;
+ucs_log_func_rc_t RecordComplaint(const char*, unsigned, const char*, ucs_log_level_t level,
+                                  const ucs_log_component_config_t*, const char* format, va_list ap) {
+  if (level > UCS_LOG_LEVEL_WARN || ucx_complaints == nullptr) return UCS_LOG_FUNC_RC_CONTINUE;
+  char line[512];
+  std::vsnprintf(line, sizeof(line), format, ap);
+  ucx_complaints->push_back(line);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+// The defaults reach UCX: a worker made from ReadUcxConfig draws no complaint, whatever UCX_TLS
+// loads (a key no transport knows, e.g. "TCP_RX_SEG_SIZE" for tcp's "RX_SEG_SIZE", is only
+// warned about, and the transport keeps its own default).
+TEST_F(UcxConfigTest, TheDefaultsAreSettingsUcxTakes) {
+  std::vector<std::string> complaints;
+  ucx_complaints = &complaints;
+  ucs_log_push_handler(&RecordComplaint);
+  for (const char* tls : {static_cast<const char*>(nullptr), "tcp", "sm,self", "tcp,sm,self"}) {
+    Tls(tls);
+    const char* name = tls != nullptr ? tls : "(unset)";
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+    ASSERT_TRUE(config.ok()) << config.status();
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    ucp_context_h context = nullptr;
+    const ucs_status_t st = ucp_init(&params, *config, &context);
+    ucp_config_release(*config);
+    ASSERT_EQ(st, UCS_OK) << name;
+    ucp_worker_params_t wp{};
+    ucp_worker_h worker = nullptr;
+    EXPECT_EQ(ucp_worker_create(context, &wp, &worker), UCS_OK) << name;
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+    EXPECT_TRUE(complaints.empty()) << name << ": " << (complaints.empty() ? "" : complaints.front());
+    complaints.clear();
+  }
+  ucs_log_pop_handler();
+  ucx_complaints = nullptr;
 }
 
 }  // namespace

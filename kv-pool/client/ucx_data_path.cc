@@ -7,7 +7,7 @@
 // into an iov of them). The pool sends the blocks from the region as an iov when the pool is on
 // this host and UCX may use shared memory (cma reads them, one copy), else packed into one
 // buffer (tcp's and RDMA's zero-copy rendezvous need contiguous memory; blocks that lie together
-// go as they lie); $DD_UCX_PACK=0|1 overrides. With a pool started
+// go as they lie; over tcp in fragments of up to 1 MiB, ucx_config.h); $DD_UCX_PACK=0|1 overrides. With a pool started
 // with --ucx_rma the path can instead do one-sided gets and puts against the region's remote
 // key (UcxPath). A lane that lost the pool breaks the path: every later call fails at once.
 #include <ucp/api/ucp.h>
@@ -65,10 +65,19 @@ class UcxDataPath : public DataPath {
           "); over shared memory a mismatch crashes the pool. Run both with the same UCX and UCX_MM_*/UCX_POSIX_*/"
           "UCX_SYSV_* settings, or set UCX_TLS without shared memory (e.g. tcp)"));
     }
+    // Over tcp too: a fragment larger than the receiver's segment kills the receiver inside UCX.
+    if (!UcxTcpCompatible(hs.ucx_tcp_settings(), UcxTcpSettings())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv pool ucx: this worker's UCX tcp settings (", UcxTcpSettings(), ") differ from the pool's (",
+          hs.ucx_tcp_settings().empty() ? "not reported: an older pool" : hs.ucx_tcp_settings(),
+          "); over tcp a mismatch kills the receiving process inside UCX. Run both with the same "
+          "UCX_TCP_RX_SEG_SIZE and UCX_TCP_TX_SEG_SIZE, or set UCX_TLS without tcp (e.g. sm,self on the pool's host)"));
+    }
     if (hs.ucx_worker_address().empty()) {  // withheld: the pool judged our settings incompatible
       return absl::FailedPreconditionError(absl::StrCat(
-          "kv pool ucx: the pool withheld its UCX address: it found this worker's shared-memory settings (",
-          UcxSharedMemorySettings(), ") incompatible with its own (", hs.ucx_shm_settings(), ")"));
+          "kv pool ucx: the pool withheld its UCX address: it found this worker's settings (shared memory: ",
+          UcxSharedMemorySettings(), "; tcp: ", UcxTcpSettings(), ") incompatible with its own (",
+          hs.ucx_shm_settings(), "; tcp: ", hs.ucx_tcp_settings(), ")"));
     }
     config_.rma = mode == UcxPath::kRma || (mode == UcxPath::kAuto && !hs.ucx_rkey().empty());
     if (config_.rma && hs.ucx_rkey().empty()) {

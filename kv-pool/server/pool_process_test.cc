@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kv-pool/client/fd_passing.h"
 #include "kv-pool/client/pool_kv_store.h"
+#include "kv-pool/client/ucx_config.h"
 #include "kv-pool/server/pool_process.h"
 #include "proto/kvpool.grpc.pb.h"
 
@@ -442,6 +443,69 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   auto id = (*s)->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
   ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok());
   EXPECT_EQ(std::memcmp(dst.data(), BlockFor(4, r).data(), dst.size() * sizeof(float)), 0);
+  int status = 0;
+  EXPECT_EQ(waitpid(pool->pid(), &status, WNOHANG), 0) << "the pool exited";
+}
+
+// Over tcp a fragment larger than the receiver's segment killed the receiver inside UCX (a pool
+// with 1 MiB receive segments against a worker with 64 KiB, by hand). A worker with other tcp
+// settings is refused before it connects, naming both; one with the pool's settings gathers a
+// reply of many fragments byte-exact; one that leaves tcp out connects whatever they are.
+TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
+  ScopedEnv any_tls("UCX_TLS", nullptr);
+  ScopedEnv rx("UCX_TCP_RX_SEG_SIZE", nullptr), tx("UCX_TCP_TX_SEG_SIZE", nullptr);
+  std::unique_ptr<PoolProcess> pool;
+  {
+    ScopedEnv seg("UCX_TCP_RX_SEG_SIZE", "256k");  // the pool's alone
+    pool = std::make_unique<PoolProcess>();
+  }
+  ASSERT_FALSE(pool->address().empty());
+  // A worker of the stop before, which reports shared-memory settings but no tcp ones, gets no
+  // UCX address or session to reach it by.
+  {
+    v1::HandshakeResponse hs;
+    v1::HandshakeRequest req;
+    req.set_ucx_shm_settings(UcxSharedMemorySettings());
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
+    ASSERT_TRUE(pool->Stub()->Handshake(&ctx, req, &hs).ok());
+    EXPECT_TRUE(hs.ucx_worker_address().empty());
+    EXPECT_TRUE(hs.ucx_session().empty());
+    EXPECT_EQ(hs.ucx_tcp_settings(), "UCX_TCP_RX_SEG_SIZE=256k");
+  }
+  {
+    ScopedEnv tcp("UCX_TLS", "tcp");
+    auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                       .first_extent_chunks = 4});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=256k"), std::string::npos) << refused.status();
+    EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=1m"), std::string::npos) << refused.status();
+  }
+  // Each of these round-trips 960 blocks of 2 KiB in one gather (over tcp two packed replies of
+  // 960 KiB, each four fragments of the pool's 256 KiB segments).
+  for (const auto& [tls, seg] : {std::pair{"tcp", "256k"}, std::pair{"sm,self", "64k"}}) {
+    ScopedEnv transport("UCX_TLS", tls), rx_seg("UCX_TCP_RX_SEG_SIZE", seg);
+    auto s = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                 .first_extent_chunks = 160});
+    ASSERT_TRUE(s.ok()) << tls << ": " << s.status();
+    auto seq = (*s)->Open(kLayout);
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    std::vector<ChunkRef> refs;
+    for (int64_t c = 0; c < 160; ++c) {
+      for (int32_t l = 0; l < kLayout.n_layers; ++l) {
+        for (int32_t h = 0; h < kLayout.n_kv_heads; ++h) refs.push_back({l, h, c});
+      }
+    }
+    for (const ChunkRef& r : refs) ASSERT_TRUE((*s)->Write(*seq, r, BlockFor(5, r).data()).ok());
+    std::vector<float> dst(refs.size() * kLayout.block_floats());
+    auto id = (*s)->Gather(*seq, refs, dst.data(), Priority::kUrgent);
+    ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok()) << tls;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      ASSERT_EQ(std::memcmp(dst.data() + i * kLayout.block_floats(), BlockFor(5, refs[i]).data(),
+                            kLayout.block_floats() * sizeof(float)), 0) << tls << " block " << i;
+    }
+  }
   int status = 0;
   EXPECT_EQ(waitpid(pool->pid(), &status, WNOHANG), 0) << "the pool exited";
 }

@@ -46,9 +46,14 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
   if (ucx_ == nullptr) return grpc::Status::OK;
   resp->set_ucx_shm_settings(ucx_->shm_settings());
-  // A worker that could reach this pool over UCX's shared memory with other settings (or an
-  // older one that reports none) would crash it inside UCX: it gets no address to reach it by.
-  if (!UcxSharedMemoryCompatible(req->ucx_shm_settings(), ucx_->shm_settings())) return grpc::Status::OK;
+  resp->set_ucx_tcp_settings(ucx_->tcp_settings());
+  // A worker that could reach this pool over UCX's shared memory or tcp with other settings (or
+  // an older one that reports none) would crash it, or itself, inside UCX: it gets no address
+  // to reach it by.
+  if (!UcxSharedMemoryCompatible(req->ucx_shm_settings(), ucx_->shm_settings()) ||
+      !UcxTcpCompatible(req->ucx_tcp_settings(), ucx_->tcp_settings())) {
+    return grpc::Status::OK;
+  }
   if (!ucx_->rkey(t).empty()) {  // only one-sided access needs the address
     resp->set_remote_base(reinterpret_cast<uint64_t>(pool_.region_data(t)));
   }

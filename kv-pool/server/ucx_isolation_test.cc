@@ -33,6 +33,7 @@ v1::HandshakeResponse Handshake(PoolProcess& pool, const char* token) {
   ctx.AddMetadata("authorization", std::string("Bearer ") + token);
   v1::HandshakeRequest req;
   req.set_ucx_shm_settings(UcxSharedMemorySettings());  // as a ucx:// worker does
+  req.set_ucx_tcp_settings(UcxTcpSettings());
   EXPECT_TRUE(pool.Stub()->Handshake(&ctx, req, &hs).ok());
   return hs;
 }

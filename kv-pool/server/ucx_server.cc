@@ -242,6 +242,7 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegi
   absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
   if (!config.ok()) return config.status();
   s->shm_settings_ = UcxSharedMemorySettings();
+  s->tcp_settings_ = UcxTcpSettings();
   ucs_status_t st = ucp_init(&params, *config, &s->impl_->context);
   ucp_config_release(*config);
   if (st != UCS_OK) return absl::InternalError(absl::StrCat("ucp_init: ", ucs_status_string(st)));

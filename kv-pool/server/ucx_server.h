@@ -60,6 +60,7 @@ class UcxServer {
   const std::string& worker_address() const { return address_; }
   // UCX's version and shared-memory settings in this process (ucx_config.h), for the Handshake.
   const std::string& shm_settings() const { return shm_settings_; }
+  const std::string& tcp_settings() const { return tcp_settings_; }
   const UcxCounters& counters() const { return counters_; }
 
   struct Impl;  // public for the C callbacks in ucx_server.cc
@@ -73,6 +74,7 @@ class UcxServer {
   UcxServerOptions options_;
   std::string address_;
   std::string shm_settings_;
+  std::string tcp_settings_;
   std::mutex mu_;  // sessions (Handshake threads write, the progress thread reads)
   absl::flat_hash_map<std::string, int> sessions_;
   std::vector<std::deque<std::string>> session_order_;
