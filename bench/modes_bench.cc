@@ -358,6 +358,7 @@ int main(int argc, char** argv) {
             pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
                 60000, "16GiB",
                 std::vector<std::string>{
+                    "--ucx_tcp",  // ucx-tcp runs: a loopback benchmark (only on a network where every peer is trusted)
                     dd::kvpool::testing_util::SpinYieldEverywhere(absl::GetFlag(FLAGS_spin_yield))});
           }
           if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));

@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
   const int64_t rounds = absl::GetFlag(FLAGS_rounds);
   if (rounds < 1 || rounds > 100) return std::cerr << "pool_bench: --rounds must be 1..100, not " << rounds << "\n", 2;
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
-  std::vector<std::string> pool_flags{"--ucx_rma"};
+  // A loopback benchmark: the pool serves tcp too (--ucx_tcp; on a network only where every peer is trusted).
+  std::vector<std::string> pool_flags{"--ucx_rma", "--ucx_tcp"};
   if (absl::GetFlag(FLAGS_pool_busy_poll)) pool_flags.push_back("--ucx_busy_poll");
   if (absl::GetFlag(FLAGS_pool_spin_us) >= 0) {
     pool_flags.push_back("--ucx_spin_us=" + std::to_string(absl::GetFlag(FLAGS_pool_spin_us)));
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
           if (absl::EndsWith(transport, "-busy")) {
             unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
             busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
-                30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll", yield_flag});
+                30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll", "--ucx_tcp", yield_flag});
             if (busy_pool->address().empty()) return std::cerr << "pool_bench: the busy-polling pool did not start\n", 1;
             serving = busy_pool.get();
           }

@@ -46,6 +46,33 @@ bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
   return false;
 }
 
+absl::StatusOr<std::string> TlsWithoutTcp(absl::string_view tls) {
+  if (tls.empty()) return std::string("^tcp");
+  if (absl::ConsumePrefix(&tls, "^")) {
+    std::vector<absl::string_view> out = absl::StrSplit(tls, ',', absl::SkipEmpty());
+    if (std::find(out.begin(), out.end(), "tcp") == out.end()) out.push_back("tcp");
+    return absl::StrCat("^", absl::StrJoin(out, ","));
+  }
+  std::vector<absl::string_view> kept;
+  for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
+    if (t == "all") return std::string("^tcp");
+    if (t != "tcp") kept.push_back(t);
+  }
+  if (kept.empty() || (kept.size() == 1 && kept[0] == "self")) {
+    return absl::FailedPreconditionError(absl::StrCat("UCX_TLS=", tls, " leaves no transport but tcp"));
+  }
+  return absl::StrJoin(kept, ",");
+}
+
+bool TlsNamesTcp() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '^') return false;
+  for (absl::string_view t : absl::StrSplit(tls, ',')) {
+    if (t == "tcp") return true;
+  }
+  return false;
+}
+
 bool SharedMemoryAllowed() { return TlsAllowsAny({"posix", "sysv", "cma", "xpmem", "knem"}); }
 
 bool FifoTransportsAllowed() { return TlsAllowsAny({"posix", "sysv", "xpmem"}); }
@@ -65,10 +92,23 @@ bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b) {
 
 bool UcxTcpCompatible(absl::string_view a, absl::string_view b) { return a == b || a == kNoTcp || b == kNoTcp; }
 
-absl::StatusOr<ucp_config_t*> ReadUcxConfig() {
+absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp) {
+  std::string tls;  // UCX_TLS for this context, when it differs from the environment's
+  if (!tcp && TlsAllowsAny({"tcp"})) {
+    const char* env = std::getenv("UCX_TLS");
+    absl::StatusOr<std::string> without = TlsWithoutTcp(env != nullptr ? env : "");
+    if (!without.ok()) return absl::FailedPreconditionError(absl::StrCat("kv pool ucx: ", without.status().message()));
+    tls = *without;
+  }
   ucp_config_t* config = nullptr;
   if (ucs_status_t st = ucp_config_read(nullptr, nullptr, &config); st != UCS_OK) {
     return absl::InternalError(absl::StrCat("kv pool ucx: ucp_config_read: ", ucs_status_string(st)));
+  }
+  if (!tls.empty()) {
+    if (ucs_status_t st = ucp_config_modify(config, "TLS", tls.c_str()); st != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InternalError(absl::StrCat("kv pool ucx: setting TLS=", tls, ": ", ucs_status_string(st)));
+    }
   }
   // Only where a transport takes the setting (else UCX warns of it), and not over the user's own.
   const struct {
@@ -76,7 +116,7 @@ absl::StatusOr<ucp_config_t*> ReadUcxConfig() {
     const char* name;
     absl::string_view value;
   } defaults[] = {{FifoTransportsAllowed() && !UcxSegmentSizeSet(), "MM_SEG_SIZE", kUcxSegSizeDefault},
-                  {TlsAllowsAny({"tcp"}) && !UcxTcpSegmentSizeSet(), "RX_SEG_SIZE", kUcxTcpSegSizeDefault}};
+                  {tcp && TlsAllowsAny({"tcp"}) && !UcxTcpSegmentSizeSet(), "RX_SEG_SIZE", kUcxTcpSegSizeDefault}};
   for (const auto& d : defaults) {
     if (!d.applies) continue;
     if (ucs_status_t st = ucp_config_modify(config, d.name, std::string(d.value).c_str()); st != UCS_OK) {

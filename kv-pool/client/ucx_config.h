@@ -46,14 +46,26 @@ bool UcxSegmentSizeSet();
 inline constexpr absl::string_view kUcxTcpSegSizeDefault = "1m";
 bool UcxTcpSegmentSizeSet();
 
+// UCX 1.13's tcp transport writes wherever a peer's put request says, unchecked, whatever the
+// UCP context's features: any process that can reach a UCX tcp listener can write anywhere in
+// the listening process (ucx_tcp_exposure_test). So the pool serves UCX over tcp only when its
+// operator says the network is trusted (--ucx_tcp), and a worker loads tcp only for a pool that
+// does. UCX_TLS (unset or empty: every transport) with tcp left out: "^tcp" for every
+// transport, "^a,b" gains tcp, a list loses it (and "all" becomes "^tcp"); an error when
+// nothing would be left (e.g. "tcp" alone).
+absl::StatusOr<std::string> TlsWithoutTcp(absl::string_view tls);
+// UCX_TLS names tcp itself (not through "all" or an exclusion).
+bool TlsNamesTcp();
+
 // UCX's configuration from the environment, with the data path's defaults: where UCX_TLS allows
 // the FIFO transports, segments of 32 KiB (UCX's 8 KiB moves a reply in four times as many FIFO
 // elements; 64 KiB trips an assertion in UCX 1.13) unless UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE
 // or UCX_SYSV_SEG_SIZE is set; where it allows tcp, receive segments of 1 MiB (UCX's 64 KiB cut
 // a 512 KiB reply into nine messages: 64 x 16 KiB gathers over tcp went 2.34 -> 3.67 GB/s,
-// median of 8 alternations; resident memory unchanged) unless UCX_TCP_RX_SEG_SIZE is set. The
-// caller releases it (ucp_config_release).
-absl::StatusOr<ucp_config_t*> ReadUcxConfig();
+// median of 8 alternations; resident memory unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With
+// `tcp` false, tcp is left out of UCX_TLS (TlsWithoutTcp) for this context alone. The caller
+// releases it (ucp_config_release).
+absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp = true);
 
 // What a peer over UCX's shared memory must agree with, as one comparable line: UCX's version,
 // the data path's segment default when it applies, and every UCX_MM_*, UCX_POSIX_*,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace dd::kvpool {
@@ -99,6 +100,30 @@ TEST_F(UcxConfigTest, TcpSettingsNameTheReceiveSegmentsAndCompareOnlyWhereTcpIsU
   EXPECT_EQ(UcxTcpSettings(), by_default);
 }
 
+TEST_F(UcxConfigTest, TcpIsLeftOutOfAnyTransportList) {
+  struct Case {
+    const char* tls;
+    const char* without;  // nullptr: nothing would be left
+  };
+  for (const Case& c : {Case{"", "^tcp"}, Case{"all", "^tcp"}, Case{"tcp,all", "^tcp"}, Case{"^rc", "^rc,tcp"},
+                        Case{"^tcp", "^tcp"}, Case{"^rc,tcp", "^rc,tcp"}, Case{"tcp,sm,self", "sm,self"},
+                        Case{"sm,self", "sm,self"}, Case{"rc,ud", "rc,ud"}, Case{"tcp", nullptr},
+                        Case{"tcp,self", nullptr}}) {
+    absl::StatusOr<std::string> got = TlsWithoutTcp(c.tls);
+    if (c.without == nullptr) {
+      EXPECT_FALSE(got.ok()) << c.tls << " -> " << *got;
+    } else {
+      EXPECT_EQ(got.value_or("(error)"), c.without) << c.tls;
+    }
+  }
+  Tls("tcp,sm");
+  EXPECT_TRUE(TlsNamesTcp());
+  for (const char* tls : {static_cast<const char*>(nullptr), "all", "^tcp", "^rc", "sm,self"}) {
+    Tls(tls);
+    EXPECT_FALSE(TlsNamesTcp()) << (tls ? tls : "(unset)");
+  }
+}
+
 // UCX's warnings and errors while a test runs (a setting no transport takes is only a warning).
 std::vector<std::string>* ucx_complaints = nullptr;
 ucs_log_func_rc_t RecordComplaint(const char*, unsigned, const char*, ucs_log_level_t level,
@@ -117,10 +142,12 @@ TEST_F(UcxConfigTest, TheDefaultsAreSettingsUcxTakes) {
   std::vector<std::string> complaints;
   ucx_complaints = &complaints;
   ucs_log_push_handler(&RecordComplaint);
-  for (const char* tls : {static_cast<const char*>(nullptr), "tcp", "sm,self", "tcp,sm,self"}) {
+  for (const auto& [tls, tcp] : {std::pair{static_cast<const char*>(nullptr), true}, std::pair{"tcp", true},
+                                 std::pair{"sm,self", true}, std::pair{"tcp,sm,self", true},
+                                 std::pair{static_cast<const char*>(nullptr), false}, std::pair{"tcp,sm,self", false}}) {
     Tls(tls);
-    const char* name = tls != nullptr ? tls : "(unset)";
-    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+    const std::string name = absl::StrCat(tls != nullptr ? tls : "(unset)", tcp ? "" : ", tcp left out");
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(tcp);
     ASSERT_TRUE(config.ok()) << config.status();
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;

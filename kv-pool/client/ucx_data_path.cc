@@ -50,7 +50,9 @@ class UcxDataPath : public DataPath {
     const char* pack = std::getenv("DD_UCX_PACK");
     config_.pack = pack != nullptr && *pack != '\0' ? std::string(pack) != "0"
                                                     : !(pool_is_local && SharedMemoryAllowed());
-    config_.shared_memory_only = SharedMemoryOnly();
+    // Only shared memory will carry it: UCX_TLS says so, or the pool is on this host and serves no
+    // tcp (then UCX takes shared memory, which has no peer-failure handling to ask for).
+    config_.shared_memory_only = SharedMemoryOnly() || (pool_is_local && hs.ucx_tcp_settings() == kNoTcp);
     if (hs.ucx_worker_address().empty() && hs.ucx_shm_settings().empty()) {
       return absl::FailedPreconditionError("the kv pool runs without UCX (start it with --ucx)");
     }
@@ -96,8 +98,14 @@ class UcxDataPath : public DataPath {
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = (config_.rma ? UCP_FEATURE_RMA : UCP_FEATURE_AM) | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;  // each lane's worker runs on its caller's thread
-    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
-    if (!config.ok()) return config.status();
+    // A pool that serves no tcp (its operator did not pass --ucx_tcp) gets no tcp from us either:
+    // over tcp any peer could write into this process (ucx_config.h).
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(/*tcp=*/hs.ucx_tcp_settings() != kNoTcp);
+    if (!config.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          config.status().message(), ", and the pool serves UCX without tcp (any process that can reach a UCX "
+          "tcp port can write the pool's memory; its operator enables tcp with --ucx_tcp on a trusted network)"));
+    }
     ucs_status_t st = ucp_init(&params, *config, &config_.context);
     ucp_config_release(*config);
     if (st != UCS_OK) return UcxError("ucp_init", st);

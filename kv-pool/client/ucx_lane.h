@@ -30,7 +30,7 @@ struct UcxLaneConfig {
   std::string pool_address;  // the pool worker's UCX address
   bool rma = false;          // one-sided gets and puts against `rkey` (else active messages)
   bool pack = false;         // ask the pool for contiguous replies
-  bool shared_memory_only = false;  // UCX_TLS names only shared-memory transports
+  bool shared_memory_only = false;  // only shared-memory transports will reach the pool
   std::string rkey;          // packed remote key of the tenant's region (rma)
   uint64_t base = 0;         // the region's address in the pool (rma)
   uint8_t session[ucxproto::kSessionBytes] = {};

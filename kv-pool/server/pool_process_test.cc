@@ -412,7 +412,7 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   std::unique_ptr<PoolProcess> pool;
   {
     ScopedEnv seg("UCX_MM_SEG_SIZE", "16k");  // the pool's alone
-    pool = std::make_unique<PoolProcess>();
+    pool = std::make_unique<PoolProcess>(30000, "8MiB", std::vector<std::string>{"--ucx_tcp"});
   }
   ASSERT_FALSE(pool->address().empty());
   // An older worker, which reports no settings, gets no UCX address or session to reach it by.
@@ -457,7 +457,7 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
   std::unique_ptr<PoolProcess> pool;
   {
     ScopedEnv seg("UCX_TCP_RX_SEG_SIZE", "256k");  // the pool's alone
-    pool = std::make_unique<PoolProcess>();
+    pool = std::make_unique<PoolProcess>(30000, "8MiB", std::vector<std::string>{"--ucx_tcp"});
   }
   ASSERT_FALSE(pool->address().empty());
   // A worker of the stop before, which reports shared-memory settings but no tcp ones, gets no
@@ -528,7 +528,8 @@ INSTANTIATE_TEST_SUITE_P(PathsAndTransports, KilledMidGatherTest,
 TEST_P(KilledMidGatherTest, GathersInFlightFailWithUnavailable) {
   const auto [path, tls] = GetParam();
   PoolProcess pool(/*lease_ttl_ms=*/600, "8MiB",
-                   path == UcxPath::kRma ? std::vector<std::string>{"--ucx_rma"} : std::vector<std::string>{});
+                   path == UcxPath::kRma ? std::vector<std::string>{"--ucx_tcp", "--ucx_rma"}
+                                         : std::vector<std::string>{"--ucx_tcp"});
   absl::StatusOr<std::unique_ptr<KvStore>> s;
   {
     ScopedEnv transport("UCX_TLS", tls);  // read when the store's UCX context is made

@@ -158,6 +158,10 @@ class UcxIsolationTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }  // read by the pool and the clients
   void TearDown() override { unsetenv("UCX_TLS"); }
+  // The pool serves tcp only when told (ucx_tcp_exposure_test).
+  static std::vector<std::string> PoolFlags() {
+    return std::string(GetParam()) == "tcp" ? std::vector<std::string>{"--ucx_tcp"} : std::vector<std::string>{};
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxIsolationTest, ::testing::Values("tcp", "sm,self"),
@@ -166,7 +170,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxIsolationTest, ::testing::Values("tcp", 
 constexpr int64_t kBlock = 4096;
 
 TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
-  PoolProcess pool;
+  PoolProcess pool(30000, "8MiB", PoolFlags());
   ASSERT_FALSE(pool.address().empty());
   const v1::HandshakeResponse alice_hs = Handshake(pool, kAlice), bob_hs = Handshake(pool, kBob);
   // No one-sided access is offered: no remote key, no address of the pool's memory.
@@ -232,7 +236,9 @@ TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
   // One-sided access with a key of the right shape (from another pool run with --ucx_rma, at
   // this pool's own address): the pool has no RMA feature, so nothing serves it.
   {
-    PoolProcess rma_pool(30000, "8MiB", {"--ucx_rma"});
+    std::vector<std::string> flags = PoolFlags();
+    flags.push_back("--ucx_rma");
+    PoolProcess rma_pool(30000, "8MiB", flags);
     const v1::HandshakeResponse other = Handshake(rma_pool, kBob);
     ASSERT_FALSE(other.ucx_rkey().empty());
     v1::HandshakeResponse spliced = bob_hs;
@@ -256,7 +262,7 @@ TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
 // destinations: over tcp the pool packs the reply and the worker receives it staged (a buffer
 // kept for the next reply up to 4 MiB, fresh above); over shared memory an iov both ways.
 TEST_P(UcxIsolationTest, LargeGathersComeBackExactlyInAnyOrder) {
-  PoolProcess pool;
+  PoolProcess pool(30000, "8MiB", PoolFlags());
   auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
   ASSERT_TRUE(alice.ok()) << alice.status();
   constexpr int64_t kBig = 16384, kStored = 384;  // 6 MiB of alice's 8
@@ -286,7 +292,7 @@ TEST_P(UcxIsolationTest, LargeGathersComeBackExactlyInAnyOrder) {
 // most 256 waiting replies (the rest refused, RESOURCE_EXHAUSTED); another tenant's gathers still
 // come through (reply_queue.h: a stalled send stops counting against the others after 500 ms).
 TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
-  PoolProcess pool;
+  PoolProcess pool(30000, "8MiB", PoolFlags());
   const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
   auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
   ASSERT_TRUE(alice.ok()) << alice.status();

@@ -70,6 +70,27 @@ def test_prefix_reuse_across_processes(tiny, pool, scheme):  # noqa: F811
     assert js["tokens"] == jf["tokens"]
 
 
+def test_pool_refuses_ucx_over_tcp_unless_told(tmp_path):
+    """UCX's tcp lets any peer write the pool's memory: a pool asked for tcp in UCX_TLS without
+    --ucx_tcp exits with a message naming the flag; with it, the pool starts and warns."""
+    exe = BIN / "dd-kv-pool"
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "8MiB"}]))
+    env = dict(os.environ, UCX_TLS="tcp,sm,self")
+    refused = subprocess.run([str(exe), f"--tenants={cfg}"], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "--ucx_tcp" in refused.stderr and "names tcp" in refused.stderr, refused.stderr
+    proc = subprocess.Popen([str(exe), f"--tenants={cfg}", "--ucx_tcp"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "can write its memory" in err, err
+
+
 def test_pool_over_tls(tiny, tmp_path):  # noqa: F811
     """--tls_cert/--tls_key serve the control plane over TLS; a client trusting the CA
     ($DD_KV_POOL_CA) works, one without it is refused with a clear error."""
