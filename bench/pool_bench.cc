@@ -10,8 +10,9 @@
 // UCX's shared-memory zero-copy uses, so the ceiling of any cma-based path). ucx-*-busy run
 // against a second pool whose progress thread busy-polls. Each measurement records the CPU the
 // pool process and this process (the gatherers) spent, in cores. With --rounds every row is
-// measured that many times, the transports in turn, so each round's ratios compare rows taken
-// seconds apart (this shared host's speed swings 2x between minutes). Starts its own dd-kv-pool.
+// measured that many times, the transports (and ucx_perftest) in turn, so each round's ratios
+// compare figures taken seconds apart (this shared host's speed swings 2x between minutes).
+// Starts its own dd-kv-pool.
 // Writes one JSON object.
 #include <algorithm>
 #include <atomic>
@@ -229,12 +230,42 @@ int main(int argc, char** argv) {
     return 1;
   }
   nlohmann::json runs = nlohmann::json::array();
+  nlohmann::json ceilings = nlohmann::json::array();
+  // UCX's own figures at each gather's size, measured within each round as one more turn (so a
+  // row's ratio to them compares figures taken seconds apart): `runs` runs each, the median kept.
+  auto yardsticks = [&](int64_t round, int runs_each) {
+    for (const char* test : {"tag_bw", "tag_lat"}) {
+      for (const char* tls : {"tcp", "sm,self"}) {
+        for (int64_t blocks : blocks_list) {
+          std::vector<double> all;
+          for (int k = 0; k < runs_each; ++k) all.push_back(PerftestGbps(tls, blocks * block_bytes, test));
+          std::vector<double> sorted = all;
+          std::sort(sorted.begin(), sorted.end());
+          const double gbps = sorted[sorted.size() / 2];
+          ceilings.push_back({{"tool", std::string("ucx_perftest ") + test}, {"ucx_tls", tls},
+                              {"message_bytes", blocks * block_bytes}, {"blocks_per_gather", blocks}, {"gbps", gbps},
+                              {"gbps_runs", all}, {"round", round}});
+          std::string each;
+          for (double g : all) each += (each.empty() ? "" : ", ") + std::to_string(g).substr(0, 5);
+          std::fprintf(stderr, "ucx_perftest %-7s %-7s %8lld bytes: %7.2f GB/s (runs: %s)\n", test, tls,
+                       static_cast<long long>(blocks * block_bytes), gbps, each.c_str());
+        }
+      }
+    }
+  };
   std::vector<float> block(layout.block_floats());
   for (int64_t round = 0; round < rounds; ++round) {
     std::vector<std::string> transports = absl::GetFlag(FLAGS_transports);
+    if (absl::GetFlag(FLAGS_perftest)) transports.push_back("ucx_perftest");  // a turn of its own
     if (round % 2 == 1) std::reverse(transports.begin(), transports.end());  // neither order favoured
     if (rounds > 1) std::fprintf(stderr, "round %lld of %lld\n", static_cast<long long>(round + 1), static_cast<long long>(rounds));
     for (const std::string& transport : transports) {
+      if (transport == "ucx_perftest") {
+        // One run each per round (the rounds give the spread); three in a single round, whose
+        // overall figure swings 2-3x on this VM (its per-iteration average then stays high).
+        yardsticks(round, rounds > 1 ? 1 : kPerftestRuns);
+        continue;
+      }
       std::unique_ptr<dd::kvpool::testing_util::PoolProcess> busy_pool;  // only while its transport runs
       const dd::kvpool::testing_util::PoolProcess* serving = nullptr;    // the pool whose CPU is counted
       std::unique_ptr<dd::kvpool::KvStore> store;
@@ -342,27 +373,6 @@ int main(int argc, char** argv) {
       if (holder > 0) {
         close(holder_pipe[1]);
         waitpid(holder, nullptr, 0);
-      }
-    }
-  }
-  nlohmann::json ceilings = nlohmann::json::array();
-  if (absl::GetFlag(FLAGS_perftest)) {
-    for (const char* test : {"tag_bw", "tag_lat"}) {
-      for (const char* tls : {"tcp", "sm,self"}) {
-        for (int64_t blocks : blocks_list) {
-          // Three runs, the median the yardstick: one run's overall figure swings 2-3x on this VM
-          // (its own per-iteration average then stays high), so a single run is no yardstick.
-          std::vector<double> all;
-          for (int k = 0; k < kPerftestRuns; ++k) all.push_back(PerftestGbps(tls, blocks * block_bytes, test));
-          std::vector<double> sorted = all;
-          std::sort(sorted.begin(), sorted.end());
-          const double gbps = sorted[sorted.size() / 2];
-          ceilings.push_back({{"tool", std::string("ucx_perftest ") + test}, {"ucx_tls", tls},
-                              {"message_bytes", blocks * block_bytes}, {"blocks_per_gather", blocks}, {"gbps", gbps},
-                              {"gbps_runs", all}});
-          std::fprintf(stderr, "ucx_perftest %-7s %-7s %8lld bytes: %7.2f GB/s (median of %.2f, %.2f, %.2f)\n", test,
-                       tls, static_cast<long long>(blocks * block_bytes), gbps, all[0], all[1], all[2]);
-        }
       }
     }
   }

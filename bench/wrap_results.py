@@ -293,7 +293,9 @@ def summary_pool(doc, out_dir):
              "run (a window of messages in flight: UCX's streaming figure); 'vs ping-pong' against ucx_perftest "
              "tag_lat (one message at a time each way, the size over the one-way latency: UCX's figure for one "
              "request at a time, as each gatherer's gathers go); yardsticks, not ceilings (the gathers' request is "
-             "small, perftest's messages go both ways); each the median of 3 perftest runs, all listed below. "
+             "small, perftest's messages go both ways); measured in every round beside the rows, each row's ratio "
+             "the median of its rounds' (min–max in brackets; with one round, to the median of 3 runs), all listed "
+             "below. "
              "`cma` is the same gathers as one process_vm_readv each from another process: "
              "the kernel copy UCX's shared-memory zero-copy path uses, so the ceiling of any cma-based path. "
              "CPU columns: cores busy during the measurement, in the gathering process and in the pool.", ""]
@@ -305,11 +307,29 @@ def summary_pool(doc, out_dir):
     lines += ["| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs tag_bw | vs ping-pong | p50 ms | p99 ms | "
               "gatherer CPU | pool CPU |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    yard = {}  # (perftest test, tls, blocks) -> GB/s
+    # ucx_perftest per (test, tls, blocks, round): files since stop 41 measure it in every round
+    # (a yardstick taken seconds from the rows it judges); older ones once, at the end (round -1).
+    yard_key = lambda c: (c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
+                          c["blocks_per_gather"])
+    yard_rounds = {}
     for c in r.get("ucx_ceiling", []):
         if c["gbps"] > 0:
-            yard[(c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
-                  c["blocks_per_gather"])] = c["gbps"]
+            yard_rounds[(*yard_key(c), c.get("round", -1))] = c["gbps"]
+    per_round = any(k[3] >= 0 for k in yard_rounds)
+
+    def vs_yard(t, xs, test, blocks):
+        """A row's ratio to the yardstick: per round (median, min–max), else to the one figure."""
+        if not t.startswith("ucx"):
+            return "–"
+        tls = "tcp" if t.startswith("ucx-tcp") else "sm"
+        if per_round:
+            rs = [x["gbps"] / yard_rounds[(test, tls, blocks, rnd(x))] for x in xs
+                  if yard_rounds.get((test, tls, blocks, rnd(x)))]
+            if not rs:
+                return "–"
+            return f"{med(rs):.0%}" + (f" ({min(rs):.0%}–{max(rs):.0%})" if len(rs) > 1 else "")
+        y = yard_rounds.get((test, tls, blocks, -1))
+        return f"{med([x['gbps'] for x in xs]) / y:.0%}" if y else "–"
     medians = {}
     for (t, blocks, conc), xs in cells.items():
         gbps = med([x["gbps"] for x in xs])
@@ -318,9 +338,7 @@ def summary_pool(doc, out_dir):
         ratio = "–"
         if ratios:
             ratio = f"{med(ratios):.0%}" + (f" ({min(ratios):.0%}–{max(ratios):.0%})" if len(ratios) > 1 else "")
-        tls = "tcp" if t.startswith("ucx-tcp") else "sm"
-        vs = [f"{gbps / yard[(test, tls, blocks)]:.0%}" if t.startswith("ucx") and yard.get((test, tls, blocks)) else "–"
-              for test in ("tag_bw", "tag_lat")]
+        vs = [vs_yard(t, xs, test, blocks) for test in ("tag_bw", "tag_lat")]
         cpu = []
         for k in ("gatherer_cpu_cores", "pool_cpu_cores"):
             v = med([x[k] for x in xs if x.get(k) is not None])
@@ -328,18 +346,17 @@ def summary_pool(doc, out_dir):
         lines.append(f"| {t} | {blocks} | {conc} | {gbps:.2f} | {ratio} | {vs[0]} | {vs[1]} | "
                      f"{med([x['latency_ms_p50'] for x in xs]):.3f} | {med([x['latency_ms_p99'] for x in xs]):.3f} | "
                      f"{cpu[0]} | {cpu[1]} |")
-    if yard:
-        runs_of = {(c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
-                    c["blocks_per_gather"]): c.get("gbps_runs") for c in r.get("ucx_ceiling", [])}
-        def each(key):
-            rs = runs_of.get(key)
-            return f" (runs {', '.join(f'{v:.2f}' for v in rs)})" if rs else ""
+    if yard_rounds:
+        figures = {}  # (test, tls, blocks) -> every run's GB/s, in order
+        for c in r.get("ucx_ceiling", []):
+            figures.setdefault(yard_key(c), []).extend(c.get("gbps_runs") or [c["gbps"]])
         for test in ("tag_bw", "tag_lat"):
-            got = sorted((k, g) for k, g in yard.items() if k[0] == test)
+            got = sorted((k, v) for k, v in figures.items() if k[0] == test)
             if got:
-                lines += ["", f"ucx_perftest {test} (GB/s): " + ", ".join(
-                    f"{tls} {blocks * r['block_bytes'] // 1024} KiB {g:.2f}{each((test, tls, blocks))}"
-                    for (_, tls, blocks), g in got)]
+                lines += ["", f"ucx_perftest {test} (GB/s, median; every run in order"
+                          + (", one per round" if per_round else "") + "): " + ", ".join(
+                              f"{tls} {blocks * r['block_bytes'] // 1024} KiB {med(v):.2f} "
+                              f"({', '.join(f'{g:.2f}' for g in v)})" for (_, tls, blocks), v in got)]
     lines.append("")
     def draw(plt):
         fig, ax = plt.subplots(figsize=(7, 4))

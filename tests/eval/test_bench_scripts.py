@@ -106,4 +106,15 @@ def test_pool_summary_takes_ratios_within_rounds(tmp_path):
     # memcpy median 12.00; ucx-sm median 5.00, ratios 50% / 50% / 25%, vs tag_bw 50%, vs ping-pong 125%.
     assert "| memcpy | 64 | 1 | 12.00 | 100% (100%–100%) |" in md
     assert "| ucx-sm | 64 | 1 | 5.00 | 50% (25%–50%) | 50% | 125% | 0.200 | 0.400 | 1.00 | 0.50 |" in md
-    assert "ucx_perftest tag_lat (GB/s): sm 1024 KiB 4.00" in md
+    assert "ucx_perftest tag_lat (GB/s, median; every run in order): sm 1024 KiB 4.00 (4.00, 4.00, 4.00)" in md
+    # Since stop 41 perftest runs in every round: each row is judged against its own round's figure.
+    doc["results"]["ucx_ceiling"] = [dict(c, round=k, gbps=g, gbps_runs=[g])
+                                     for c, per_round in zip(ceiling, ([10.0, 20.0, 6.0], [4.0, 8.0, 3.0]))
+                                     for k, g in enumerate(per_round)]
+    res.write_text(json.dumps(doc))
+    subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)], check=True,
+                   capture_output=True)
+    md = (tmp_path / "pool.md").read_text()
+    # ucx-sm 5/10, 10/20, 3/6 of tag_bw; 5/4, 10/8, 3/3 of tag_lat.
+    assert "| ucx-sm | 64 | 1 | 5.00 | 50% (25%–50%) | 50% (50%–50%) | 125% (100%–125%) |" in md
+    assert "ucx_perftest tag_bw (GB/s, median; every run in order, one per round): sm 1024 KiB 10.00 (10.00, 20.00, 6.00)" in md
