@@ -403,28 +403,35 @@ class ScopedEnv {
   std::string saved_;
 };
 
+// A pool (serving tcp too) started with `name`=`value` in its environment alone.
+std::unique_ptr<PoolProcess> PoolWithOwnSetting(const char* name, const char* value) {
+  ScopedEnv own(name, value);
+  return std::make_unique<PoolProcess>(30000, "8MiB", std::vector<std::string>{"--ucx_tcp"});
+}
+
+// Alice's Handshake with `req`, as a worker of an earlier build sends it: the pool answers but
+// withholds its UCX address and a session.
+v1::HandshakeResponse WithheldHandshake(PoolProcess& pool, const v1::HandshakeRequest& req) {
+  v1::HandshakeResponse hs;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
+  EXPECT_TRUE(pool.Stub()->Handshake(&ctx, req, &hs).ok());
+  EXPECT_TRUE(hs.ucx_worker_address().empty());
+  EXPECT_TRUE(hs.ucx_session().empty());
+  return hs;
+}
+
 // Over UCX's shared memory a worker whose segment size differs from the pool's crashed the pool
 // inside UCX (both ways round, measured by hand). Such a worker is refused before it connects,
 // naming both settings; over tcp the same worker connects and round-trips, and the pool lives.
 TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   ScopedEnv any_tls("UCX_TLS", nullptr);  // both ends may use shared memory, whatever CI's environment
   ScopedEnv mm("UCX_MM_SEG_SIZE", nullptr), posix("UCX_POSIX_SEG_SIZE", nullptr), sysv("UCX_SYSV_SEG_SIZE", nullptr);
-  std::unique_ptr<PoolProcess> pool;
-  {
-    ScopedEnv seg("UCX_MM_SEG_SIZE", "16k");  // the pool's alone
-    pool = std::make_unique<PoolProcess>(30000, "8MiB", std::vector<std::string>{"--ucx_tcp"});
-  }
+  std::unique_ptr<PoolProcess> pool = PoolWithOwnSetting("UCX_MM_SEG_SIZE", "16k");
   ASSERT_FALSE(pool->address().empty());
   // An older worker, which reports no settings, gets no UCX address or session to reach it by.
-  {
-    v1::HandshakeResponse hs;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
-    ASSERT_TRUE(pool->Stub()->Handshake(&ctx, {}, &hs).ok());
-    EXPECT_TRUE(hs.ucx_worker_address().empty());
-    EXPECT_TRUE(hs.ucx_session().empty());
-    EXPECT_NE(hs.ucx_shm_settings().find("UCX_MM_SEG_SIZE=16k"), std::string::npos) << hs.ucx_shm_settings();
-  }
+  const std::string shm = WithheldHandshake(*pool, {}).ucx_shm_settings();
+  EXPECT_NE(shm.find("UCX_MM_SEG_SIZE=16k"), std::string::npos) << shm;
   auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
                                      .first_extent_chunks = 4});
   ASSERT_FALSE(refused.ok());
@@ -454,25 +461,13 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
 TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
   ScopedEnv any_tls("UCX_TLS", nullptr);
   ScopedEnv rx("UCX_TCP_RX_SEG_SIZE", nullptr), tx("UCX_TCP_TX_SEG_SIZE", nullptr);
-  std::unique_ptr<PoolProcess> pool;
-  {
-    ScopedEnv seg("UCX_TCP_RX_SEG_SIZE", "256k");  // the pool's alone
-    pool = std::make_unique<PoolProcess>(30000, "8MiB", std::vector<std::string>{"--ucx_tcp"});
-  }
+  std::unique_ptr<PoolProcess> pool = PoolWithOwnSetting("UCX_TCP_RX_SEG_SIZE", "256k");
   ASSERT_FALSE(pool->address().empty());
   // A worker of the stop before, which reports shared-memory settings but no tcp ones, gets no
   // UCX address or session to reach it by.
-  {
-    v1::HandshakeResponse hs;
-    v1::HandshakeRequest req;
-    req.set_ucx_shm_settings(UcxSharedMemorySettings());
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
-    ASSERT_TRUE(pool->Stub()->Handshake(&ctx, req, &hs).ok());
-    EXPECT_TRUE(hs.ucx_worker_address().empty());
-    EXPECT_TRUE(hs.ucx_session().empty());
-    EXPECT_EQ(hs.ucx_tcp_settings(), "UCX_TCP_RX_SEG_SIZE=256k");
-  }
+  v1::HandshakeRequest stop40;
+  stop40.set_ucx_shm_settings(UcxSharedMemorySettings());
+  EXPECT_EQ(WithheldHandshake(*pool, stop40).ucx_tcp_settings(), "UCX_TCP_RX_SEG_SIZE=256k");
   {
     ScopedEnv tcp("UCX_TLS", "tcp");
     auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,

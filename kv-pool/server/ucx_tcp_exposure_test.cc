@@ -233,39 +233,50 @@ class UcxTcpExposureTest : public ::testing::Test {
   std::optional<std::string> saved_;
 };
 
-TEST_F(UcxTcpExposureTest, APoolServesNoTcpUnlessItsOperatorTrustsTheNetwork) {
-  PoolProcess pool;
+// What an attack on `pool` needs: Bob's block written (to see whether it changed), his region's
+// address in the pool, the pool's tcp settings as Alice's Handshake reports them, and the
+// pool's UCX tcp port on the loopback (0: none).
+struct Target {
+  std::unique_ptr<BobsBlock> block;
+  uint64_t bobs_region = 0;
+  std::string tcp_settings;
+  uint16_t port = 0;
+};
+void Aim(PoolProcess& pool, Target* t) {
   ASSERT_FALSE(pool.address().empty());
   const v1::HandshakeResponse alice = Handshake(pool, kAlice), bob = Handshake(pool, kBob);
-  EXPECT_EQ(alice.ucx_tcp_settings(), std::string(kNoTcp));
-  BobsBlock block(pool);
-  ASSERT_NE(block.store, nullptr);
+  t->tcp_settings = alice.ucx_tcp_settings();
+  t->block = std::make_unique<BobsBlock>(pool);
+  ASSERT_NE(t->block->store, nullptr);
   const std::optional<uint64_t> base = MappedAt(pool.pid(), bob.shm_name());
   ASSERT_TRUE(base.has_value()) << bob.shm_name();
-  const uint16_t port = UcxTcpPort(pool);
-  EXPECT_EQ(port, 0) << "the pool listens for UCX over tcp";
-  if (port != 0) {
-    const absl::Status put = PutOverUctTcp(port, *base, kMarker);
+  t->bobs_region = *base;
+  t->port = UcxTcpPort(pool);
+}
+
+TEST_F(UcxTcpExposureTest, APoolServesNoTcpUnlessItsOperatorTrustsTheNetwork) {
+  PoolProcess pool;
+  Target t;
+  ASSERT_NO_FATAL_FAILURE(Aim(pool, &t));
+  EXPECT_EQ(t.tcp_settings, std::string(kNoTcp));
+  EXPECT_EQ(t.port, 0) << "the pool listens for UCX over tcp";
+  if (t.port != 0) {
+    const absl::Status put = PutOverUctTcp(t.port, t.bobs_region, kMarker);
     EXPECT_FALSE(put.ok()) << "the put landed";
   }
-  EXPECT_FALSE(block.Holds(kMarker));
+  EXPECT_FALSE(t.block->Holds(kMarker));
 }
 
 // With --ucx_tcp the hazard is real: the put lands in Bob's region. The flag's help and the
 // README say so; this test keeps them honest (it fails once UCX checks what a peer may write).
 TEST_F(UcxTcpExposureTest, WithUcxTcpAnyPeerWritesAnyTenantsRegion) {
   PoolProcess pool(30000, "8MiB", {"--ucx_tcp"});
-  ASSERT_FALSE(pool.address().empty());
-  const v1::HandshakeResponse alice = Handshake(pool, kAlice), bob = Handshake(pool, kBob);
-  EXPECT_NE(alice.ucx_tcp_settings(), std::string(kNoTcp));
-  BobsBlock block(pool);
-  ASSERT_NE(block.store, nullptr);
-  const std::optional<uint64_t> base = MappedAt(pool.pid(), bob.shm_name());
-  ASSERT_TRUE(base.has_value()) << bob.shm_name();
-  const uint16_t port = UcxTcpPort(pool);
-  ASSERT_NE(port, 0);
-  ASSERT_TRUE(PutOverUctTcp(port, *base, kMarker).ok());
-  EXPECT_TRUE(block.Holds(kMarker));
+  Target t;
+  ASSERT_NO_FATAL_FAILURE(Aim(pool, &t));
+  EXPECT_NE(t.tcp_settings, std::string(kNoTcp));
+  ASSERT_NE(t.port, 0);
+  ASSERT_TRUE(PutOverUctTcp(t.port, t.bobs_region, kMarker).ok());
+  EXPECT_TRUE(t.block->Holds(kMarker));
 }
 
 // A worker that can only speak tcp, against a pool that serves none: refused with the reason,

@@ -97,11 +97,13 @@ def test_pool_summary_takes_ratios_within_rounds(tmp_path):
     doc = {"benchmark": "pool", "preset": "quick", "git_sha": "0" * 40, "date": "2026-12-04",
            "machine": {"cpu": "test cpu", "cores": 2},
            "results": {"runs": runs, "ucx_ceiling": ceiling, "block_bytes": 16384, "chunks_per_gatherer": 2048}}
-    res = tmp_path / "pool.json"
-    res.write_text(json.dumps(doc))
-    subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)], check=True,
-                   capture_output=True)
-    md = (tmp_path / "pool.md").read_text()
+    def summarize():
+        res = tmp_path / "pool.json"
+        res.write_text(json.dumps(doc))
+        subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)],
+                       check=True, capture_output=True)
+        return (tmp_path / "pool.md").read_text()
+    md = summarize()
     assert "measured in 3 rounds" in md
     # memcpy median 12.00; ucx-sm median 5.00, ratios 50% / 50% / 25%, vs tag_bw 50%, vs ping-pong 125%.
     assert "| memcpy | 64 | 1 | 12.00 | 100% (100%–100%) |" in md
@@ -111,10 +113,7 @@ def test_pool_summary_takes_ratios_within_rounds(tmp_path):
     doc["results"]["ucx_ceiling"] = [dict(c, round=k, gbps=g, gbps_runs=[g])
                                      for c, per_round in zip(ceiling, ([10.0, 20.0, 6.0], [4.0, 8.0, 3.0]))
                                      for k, g in enumerate(per_round)]
-    res.write_text(json.dumps(doc))
-    subprocess.run([sys.executable, str(REPO / "bench" / "wrap_results.py"), "--summarize", str(res)], check=True,
-                   capture_output=True)
-    md = (tmp_path / "pool.md").read_text()
+    md = summarize()
     # ucx-sm 5/10, 10/20, 3/6 of tag_bw; 5/4, 10/8, 3/3 of tag_lat.
     assert "| ucx-sm | 64 | 1 | 5.00 | 50% (25%–50%) | 50% (50%–50%) | 125% (100%–125%) |" in md
     assert "ucx_perftest tag_bw (GB/s, median; every run in order, one per round): sm 1024 KiB 10.00 (10.00, 20.00, 6.00)" in md
