@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -61,6 +62,8 @@ ABSL_FLAG(int64_t, rounds, 1,
           "Measure every row this many times, transports in turn (reversed every other round): on a shared "
           "host the rows' ratios are taken within a round and summarized over rounds");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
+
+extern char** environ;
 
 namespace {
 
@@ -170,14 +173,26 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   const std::string seg_value(tcp ? dd::kvpool::kUcxTcpSegSizeDefault : dd::kvpool::kUcxSegSizeDefault);
   const bool set = tcp ? dd::kvpool::UcxTcpSegmentSizeSet() : dd::kvpool::UcxSegmentSizeSet();
   const std::string seg = set ? "" : " " + seg_var + "=" + seg_value;
+  // The server's environment and arguments are built before fork: the child of this threaded
+  // process may only make async-signal-safe calls (no setenv, no malloc) before exec.
+  std::vector<std::string> env_strings{"UCX_TLS=" + tls};
+  if (!set) env_strings.push_back(seg_var + "=" + seg_value);
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string v(*e);
+    if (v.rfind("UCX_TLS=", 0) != 0 && (set || v.rfind(seg_var + "=", 0) != 0)) env_strings.push_back(v);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : env_strings) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  const char* argv[] = {"ucx_perftest", "-p", p.c_str(), nullptr};
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
   const pid_t server = fork();
   if (server == 0) {
-    setenv("UCX_TLS", tls.c_str(), 1);
-    if (!set) setenv(seg_var.c_str(), seg_value.c_str(), 1);
-    freopen("/dev/null", "w", stdout);
-    execlp("ucx_perftest", "ucx_perftest", "-p", p.c_str(), static_cast<char*>(nullptr));
+    if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
+    execvpe("ucx_perftest", const_cast<char* const*>(argv), envp.data());
     _exit(127);
   }
+  if (devnull >= 0) close(devnull);
   double gbps = -1;
   const int64_t volume = test == "tag_bw" ? int64_t{2} << 30 : int64_t{1} << 30;  // ~2 GiB, 1 GiB each way
   const int64_t iters = std::clamp<int64_t>(volume / bytes, 200, 20000);

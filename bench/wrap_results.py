@@ -354,7 +354,7 @@ def summary_pool(doc, out_dir):
             got = sorted((k, v) for k, v in figures.items() if k[0] == test)
             if got:
                 lines += ["", f"ucx_perftest {test} (GB/s, median; every run in order"
-                          + (", one per round" if per_round else "") + "): " + ", ".join(
+                          + (", one per round" if per_round and n_rounds > 1 else "") + "): " + ", ".join(
                               f"{tls} {blocks * r['block_bytes'] // 1024} KiB {med(v):.2f} "
                               f"({', '.join(f'{g:.2f}' for g in v)})" for (_, tls, blocks), v in got)]
     lines.append("")

@@ -1,6 +1,7 @@
 #include "kv-pool/client/ucx_config.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -26,11 +27,21 @@ bool IsSharedMemoryTransport(absl::string_view t) {
          t == "knem";
 }
 
+// A UCX_TLS entry as the transport it names: UCX also takes "\\tcp" (strictly that name) and
+// "tcp:aux" (as an auxiliary transport), and loads tcp for both.
+absl::string_view TlsEntry(absl::string_view entry) {
+  absl::ConsumePrefix(&entry, "\\");
+  absl::ConsumeSuffix(&entry, ":aux");
+  return entry;
+}
+
 bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
   const char* env = std::getenv("UCX_TLS");
   absl::string_view tls = env != nullptr ? env : "";
   if (tls.empty()) return true;
   const bool exclude = absl::ConsumePrefix(&tls, "^");  // "^a,b": every transport but a and b
+  // UCX reads "^all..." as every transport (its list parser takes a first "all" as "allow all").
+  if (exclude && TlsEntry(std::vector<absl::string_view>(absl::StrSplit(tls, ',')).front()) == "all") return true;
   // Whether a UCX_TLS entry names transport `t` (itself, or an alias covering it).
   auto names = [](absl::string_view entry, absl::string_view t) {
     if (entry == t || entry == "all") return true;
@@ -40,7 +51,7 @@ bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
   };
   for (absl::string_view t : transports) {
     bool named = false;
-    for (absl::string_view entry : absl::StrSplit(tls, ',')) named = named || names(entry, t);
+    for (absl::string_view entry : absl::StrSplit(tls, ',')) named = named || names(TlsEntry(entry), t);
     if (named != exclude) return true;
   }
   return false;
@@ -50,13 +61,16 @@ absl::StatusOr<std::string> TlsWithoutTcp(absl::string_view tls) {
   if (tls.empty()) return std::string("^tcp");
   if (absl::ConsumePrefix(&tls, "^")) {
     std::vector<absl::string_view> out = absl::StrSplit(tls, ',', absl::SkipEmpty());
-    if (std::find(out.begin(), out.end(), "tcp") == out.end()) out.push_back("tcp");
+    if (!out.empty() && TlsEntry(out.front()) == "all") return std::string("^tcp");  // UCX: every transport
+    bool has_tcp = false;
+    for (absl::string_view t : out) has_tcp = has_tcp || TlsEntry(t) == "tcp";
+    if (!has_tcp) out.push_back("tcp");
     return absl::StrCat("^", absl::StrJoin(out, ","));
   }
   std::vector<absl::string_view> kept;
   for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
-    if (t == "all") return std::string("^tcp");
-    if (t != "tcp") kept.push_back(t);
+    if (TlsEntry(t) == "all") return std::string("^tcp");
+    if (TlsEntry(t) != "tcp") kept.push_back(t);
   }
   if (kept.empty() || (kept.size() == 1 && kept[0] == "self")) {
     return absl::FailedPreconditionError(absl::StrCat("UCX_TLS=", tls, " leaves no transport but tcp"));
@@ -68,9 +82,21 @@ bool TlsNamesTcp() {
   const char* tls = std::getenv("UCX_TLS");
   if (tls == nullptr || *tls == '^') return false;
   for (absl::string_view t : absl::StrSplit(tls, ',')) {
-    if (t == "tcp") return true;
+    if (TlsEntry(t) == "tcp") return true;
   }
   return false;
+}
+
+bool UcxContextHasTcp(ucp_context_h context) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return true;  // cannot tell: assume the worst
+  ucp_context_print_info(context, f);
+  std::fclose(f);
+  const bool tcp = text == nullptr || absl::StrContains(absl::string_view(text, size), "-- tcp/");
+  std::free(text);
+  return tcp;
 }
 
 bool SharedMemoryAllowed() { return TlsAllowsAny({"posix", "sysv", "cma", "xpmem", "knem"}); }

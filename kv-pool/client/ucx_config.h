@@ -54,15 +54,18 @@ bool UcxTcpSegmentSizeSet();
 // transport, "^a,b" gains tcp, a list loses it (and "all" becomes "^tcp"); an error when
 // nothing would be left (e.g. "tcp" alone).
 absl::StatusOr<std::string> TlsWithoutTcp(absl::string_view tls);
-// UCX_TLS names tcp itself (not through "all" or an exclusion).
+// UCX_TLS names tcp itself (also as "\\tcp" or "tcp:aux"; not through "all" or an exclusion).
 bool TlsNamesTcp();
+// Whether UCX loaded a tcp resource into `context` (what ucp_context_print_info lists): the
+// check that does not depend on parsing UCX_TLS as UCX does. Both ends fail closed on it.
+bool UcxContextHasTcp(ucp_context_h context);
 
 // UCX's configuration from the environment, with the data path's defaults: where UCX_TLS allows
 // the FIFO transports, segments of 32 KiB (UCX's 8 KiB moves a reply in four times as many FIFO
 // elements; 64 KiB trips an assertion in UCX 1.13) unless UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE
 // or UCX_SYSV_SEG_SIZE is set; where it allows tcp, receive segments of 1 MiB (UCX's 64 KiB cut
-// a 512 KiB reply into nine messages: 64 x 16 KiB gathers over tcp went 2.34 -> 3.67 GB/s,
-// median of 8 alternations; resident memory unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With
+// a 512 KiB reply into nine messages: 64 x 16 KiB gathers over tcp went 2.52 -> 3.89 GB/s,
+// median of 6 alternations; resident memory unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With
 // `tcp` false, tcp is left out of UCX_TLS (TlsWithoutTcp) for this context alone. The caller
 // releases it (ucp_config_release).
 absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp = true);

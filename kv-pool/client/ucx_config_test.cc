@@ -108,7 +108,8 @@ TEST_F(UcxConfigTest, TcpIsLeftOutOfAnyTransportList) {
   for (const Case& c : {Case{"", "^tcp"}, Case{"all", "^tcp"}, Case{"tcp,all", "^tcp"}, Case{"^rc", "^rc,tcp"},
                         Case{"^tcp", "^tcp"}, Case{"^rc,tcp", "^rc,tcp"}, Case{"tcp,sm,self", "sm,self"},
                         Case{"sm,self", "sm,self"}, Case{"rc,ud", "rc,ud"}, Case{"tcp", nullptr},
-                        Case{"tcp,self", nullptr}}) {
+                        Case{"tcp,self", nullptr}, Case{"^all", "^tcp"}, Case{"\\tcp,sm", "sm"},
+                        Case{"sm,tcp:aux", "sm"}, Case{"^\\tcp", "^\\tcp"}}) {
     absl::StatusOr<std::string> got = TlsWithoutTcp(c.tls);
     if (c.without == nullptr) {
       EXPECT_FALSE(got.ok()) << c.tls << " -> " << *got;
@@ -116,8 +117,10 @@ TEST_F(UcxConfigTest, TcpIsLeftOutOfAnyTransportList) {
       EXPECT_EQ(got.value_or("(error)"), c.without) << c.tls;
     }
   }
-  Tls("tcp,sm");
-  EXPECT_TRUE(TlsNamesTcp());
+  for (const char* tls : {"tcp,sm", "\\tcp", "sm,tcp:aux"}) {
+    Tls(tls);
+    EXPECT_TRUE(TlsNamesTcp()) << tls;
+  }
   for (const char* tls : {static_cast<const char*>(nullptr), "all", "^tcp", "^rc", "sm,self"}) {
     Tls(tls);
     EXPECT_FALSE(TlsNamesTcp()) << (tls ? tls : "(unset)");
@@ -166,6 +169,32 @@ TEST_F(UcxConfigTest, TheDefaultsAreSettingsUcxTakes) {
   }
   ucs_log_pop_handler();
   ucx_complaints = nullptr;
+}
+
+// Whatever form UCX_TLS takes, a context read with tcp left out has no tcp resource (UCX's own
+// list of what it loaded), and one read with tcp has it: the check both ends fail closed on.
+TEST_F(UcxConfigTest, TcpLeftOutMeansNoTcpResource) {
+  auto loads_tcp = [](bool tcp) -> std::optional<bool> {
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(tcp);
+    if (!config.ok()) return std::nullopt;
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    ucp_context_h context = nullptr;
+    const ucs_status_t st = ucp_init(&params, *config, &context);
+    ucp_config_release(*config);
+    if (st != UCS_OK) return std::nullopt;
+    const bool has = UcxContextHasTcp(context);
+    ucp_cleanup(context);
+    return has;
+  };
+  Tls(nullptr);
+  EXPECT_EQ(loads_tcp(true), std::optional<bool>(true));
+  for (const char* tls : {static_cast<const char*>(nullptr), "all", "^all", "^sm", "tcp,sm,self", "\\tcp,sm,self",
+                          "sm,self,tcp:aux"}) {
+    Tls(tls);
+    EXPECT_EQ(loads_tcp(false), std::optional<bool>(false)) << (tls ? tls : "(unset)");
+  }
 }
 
 }  // namespace

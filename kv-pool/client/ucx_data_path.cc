@@ -52,7 +52,8 @@ class UcxDataPath : public DataPath {
                                                     : !(pool_is_local && SharedMemoryAllowed());
     // Only shared memory will carry it: UCX_TLS says so, or the pool is on this host and serves no
     // tcp (then UCX takes shared memory, which has no peer-failure handling to ask for).
-    config_.shared_memory_only = SharedMemoryOnly() || (pool_is_local && hs.ucx_tcp_settings() == kNoTcp);
+    const bool pool_tcp = hs.ucx_tcp_settings() != kNoTcp;
+    config_.shared_memory_only = SharedMemoryOnly() || (pool_is_local && !pool_tcp && SharedMemoryAllowed());
     if (hs.ucx_worker_address().empty() && hs.ucx_shm_settings().empty()) {
       return absl::FailedPreconditionError("the kv pool runs without UCX (start it with --ucx)");
     }
@@ -65,15 +66,18 @@ class UcxDataPath : public DataPath {
           "kv pool ucx: this worker's UCX shared-memory settings (", UcxSharedMemorySettings(), ") differ from the pool's (",
           hs.ucx_shm_settings().empty() ? "not reported: an older pool" : hs.ucx_shm_settings(),
           "); over shared memory a mismatch crashes the pool. Run both with the same UCX and UCX_MM_*/UCX_POSIX_*/"
-          "UCX_SYSV_* settings, or set UCX_TLS without shared memory (e.g. tcp)"));
+          "UCX_SYSV_* settings", hs.ucx_shm_settings().empty() ? " (upgrade the pool)" : "",
+          ", or leave shared memory out of this worker's UCX_TLS (it then needs RDMA, or tcp on a pool run with "
+          "--ucx_tcp)"));
     }
     // Over tcp too: a fragment larger than the receiver's segment kills the receiver inside UCX.
     if (!UcxTcpCompatible(hs.ucx_tcp_settings(), UcxTcpSettings())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: this worker's UCX tcp settings (", UcxTcpSettings(), ") differ from the pool's (",
           hs.ucx_tcp_settings().empty() ? "not reported: an older pool" : hs.ucx_tcp_settings(),
-          "); over tcp a mismatch kills the receiving process inside UCX. Run both with the same "
-          "UCX_TCP_RX_SEG_SIZE and UCX_TCP_TX_SEG_SIZE, or set UCX_TLS without tcp (e.g. sm,self on the pool's host)"));
+          "); over tcp a mismatch kills the receiving process inside UCX. ",
+          hs.ucx_tcp_settings().empty() ? "Upgrade the pool" : "Run both with the same UCX_TCP_RX_SEG_SIZE and UCX_TCP_TX_SEG_SIZE",
+          ", or leave tcp out of this worker's UCX_TLS (e.g. sm,self on the pool's host)"));
     }
     if (hs.ucx_worker_address().empty()) {  // withheld: the pool judged our settings incompatible
       return absl::FailedPreconditionError(absl::StrCat(
@@ -100,17 +104,27 @@ class UcxDataPath : public DataPath {
     params.mt_workers_shared = 1;  // each lane's worker runs on its caller's thread
     // A pool that serves no tcp (its operator did not pass --ucx_tcp) gets no tcp from us either:
     // over tcp any peer could write into this process (ucx_config.h).
-    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(/*tcp=*/hs.ucx_tcp_settings() != kNoTcp);
+    constexpr char kNoTcpWhy[] =
+        "the pool serves UCX without tcp (any process that can reach a UCX tcp port can write the memory of the "
+        "process behind it; the pool's operator enables tcp with --ucx_tcp, on a trusted network only)";
+    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(pool_tcp);
     if (!config.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          config.status().message(), ", and the pool serves UCX without tcp (any process that can reach a UCX "
-          "tcp port can write the pool's memory; its operator enables tcp with --ucx_tcp on a trusted network)"));
+      if (pool_tcp || config.status().code() != absl::StatusCode::kFailedPrecondition) return config.status();
+      return absl::FailedPreconditionError(absl::StrCat(config.status().message(), ", and ", kNoTcpWhy));
     }
     ucs_status_t st = ucp_init(&params, *config, &config_.context);
     ucp_config_release(*config);
     if (st != UCS_OK) return UcxError("ucp_init", st);
+    if (!pool_tcp && UcxContextHasTcp(config_.context)) {  // fail closed, whatever UCX_TLS said
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv pool ucx: UCX loaded its tcp transport although ", kNoTcpWhy, "; check UCX_TLS and UCX's config files"));
+    }
     auto lane = UcxLane::Create(config_);  // the first lane now: a pool UCX cannot reach fails here
-    if (!lane.ok()) return lane.status();
+    if (!lane.ok()) {
+      if (pool_tcp || pool_is_local) return lane.status();
+      return absl::Status(lane.status().code(), absl::StrCat(lane.status().message(), " (", kNoTcpWhy,
+                                                             ", and no RDMA device reaches it from here?)"));
+    }
     lanes_.push_back(std::move(*lane));
     return absl::OkStatus();
   }

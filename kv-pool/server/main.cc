@@ -6,10 +6,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -45,7 +47,7 @@ ABSL_FLAG(bool, ucx_tcp, false,
           "Serve ucx:// over tcp too. UCX 1.13's tcp transport writes wherever a peer's put request says, "
           "unchecked: any process that can reach the pool's UCX tcp ports can write any of its memory, every "
           "tenant's region included. Only on a network where every peer is trusted; without it UCX serves "
-          "shared memory and RDMA (UCX_TLS gains ^tcp)");
+          "shared memory and RDMA (tcp is left out of UCX_TLS, and the pool exits if UCX loads it anyway)");
 ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
 ABSL_FLAG(int64_t, ucx_spin_us, 50,
           "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping");
@@ -85,11 +87,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     absl::StatusOr<std::string> tls = dd::kvpool::TlsWithoutTcp(env != nullptr ? env : "");
-    if (!tls.ok() || setenv("UCX_TLS", tls->c_str(), 1) != 0) {
+    if (!tls.ok()) {
       std::cerr << "dd-kv-pool: cannot leave tcp out of UCX_TLS: " << tls.status().message() << "\n";
       return 2;
     }
-  } else if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_tcp)) {
+    if (setenv("UCX_TLS", tls->c_str(), 1) != 0) {
+      std::cerr << "dd-kv-pool: cannot set UCX_TLS=" << *tls << ": " << std::strerror(errno) << "\n";
+      return 1;
+    }
+  } else if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_tcp) && dd::kvpool::TlsAllowsAny({"tcp"})) {
     std::cerr << "dd-kv-pool: --ucx_tcp: any process that can reach this pool's UCX tcp ports can write its memory; "
               << "keep them on a trusted network (UCX_TCP_PORT_RANGE pins them)\n";
   }
@@ -130,7 +136,8 @@ int main(int argc, char** argv) {
     auto server = dd::kvpool::UcxServer::Create(std::move(regions), {.rma = absl::GetFlag(FLAGS_ucx_rma),
                                                                      .busy_poll = absl::GetFlag(FLAGS_ucx_busy_poll),
                                                                      .spin_us = absl::GetFlag(FLAGS_ucx_spin_us),
-                                                                     .spin_yield = absl::GetFlag(FLAGS_ucx_spin_yield)});
+                                                                     .spin_yield = absl::GetFlag(FLAGS_ucx_spin_yield),
+                                                                     .tcp = absl::GetFlag(FLAGS_ucx_tcp)});
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;

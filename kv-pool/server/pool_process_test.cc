@@ -19,6 +19,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kv-pool/client/data_path.h"
 #include "kv-pool/client/fd_passing.h"
 #include "kv-pool/client/pool_kv_store.h"
 #include "kv-pool/client/ucx_config.h"
@@ -476,6 +477,22 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
     EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=256k"), std::string::npos) << refused.status();
     EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=1m"), std::string::npos) << refused.status();
+    // A pool of the stop before reports no tcp settings: refused too, with the fix that helps.
+    ScopedEnv same("UCX_TCP_RX_SEG_SIZE", "256k");
+    v1::HandshakeRequest req;
+    req.set_ucx_shm_settings(UcxSharedMemorySettings());
+    req.set_ucx_tcp_settings(UcxTcpSettings());
+    v1::HandshakeResponse hs;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
+    ASSERT_TRUE(pool->Stub()->Handshake(&ctx, req, &hs).ok());
+    ASSERT_FALSE(hs.ucx_worker_address().empty());  // this worker matches the pool ...
+    hs.clear_ucx_tcp_settings();                       // ... as the older pool would not say
+    auto older = NewUcxDataPath(hs, 1000, UcxPath::kActiveMessages, true);
+    ASSERT_FALSE(older.ok());
+    EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition) << older.status();
+    EXPECT_NE(older.status().message().find("an older pool"), std::string::npos) << older.status();
+    EXPECT_NE(older.status().message().find("Upgrade the pool"), std::string::npos) << older.status();
   }
   // Each of these round-trips 960 blocks of 2 KiB in one gather (over tcp two packed replies of
   // 960 KiB, each four fragments of the pool's 256 KiB segments).

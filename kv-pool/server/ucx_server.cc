@@ -239,13 +239,17 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegi
   // Without `rma` the context has no RMA feature, so UCX installs no handler that would serve a
   // software-emulated get or put against a forged key.
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options.rma ? UCP_FEATURE_RMA : 0);
-  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(options.tcp);
   if (!config.ok()) return config.status();
   s->shm_settings_ = UcxSharedMemorySettings();
-  s->tcp_settings_ = UcxTcpSettings();
+  s->tcp_settings_ = options.tcp ? UcxTcpSettings() : std::string(kNoTcp);
   ucs_status_t st = ucp_init(&params, *config, &s->impl_->context);
   ucp_config_release(*config);
   if (st != UCS_OK) return absl::InternalError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
+  if (!options.tcp && UcxContextHasTcp(s->impl_->context)) {  // fail closed, whatever UCX_TLS said
+    return absl::FailedPreconditionError(
+        "UCX loaded its tcp transport although --ucx_tcp is off (check UCX_TLS and UCX's config files)");
+  }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it (signal is safe)

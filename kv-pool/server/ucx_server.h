@@ -32,6 +32,8 @@ struct UcxServerOptions {
   bool busy_poll = false;  // spin instead of sleeping on the event fd
   int64_t spin_us = 0;     // else keep polling this long after the last progress before sleeping
   bool spin_yield = true;  // sched_yield every 16 idle polls while spinning
+  bool tcp = false;        // load UCX's tcp transport (--ucx_tcp: any peer can write the pool's
+                           // memory over it, ucx_config.h); without it Create fails if UCX did
 };
 
 struct UcxRegion {

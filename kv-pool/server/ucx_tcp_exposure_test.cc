@@ -59,8 +59,9 @@ std::optional<uint64_t> MappedAt(pid_t pid, const std::string& name) {
   return std::nullopt;
 }
 
-// The IPv4 loopback ports `pid` listens on (its sockets in /proc/<pid>/net/tcp, state LISTEN).
-std::vector<uint16_t> LoopbackListeners(pid_t pid) {
+// The TCP ports `pid` listens on (its sockets in /proc/<pid>/net/tcp and tcp6, state LISTEN),
+// on the IPv4 loopback only or on any address.
+std::vector<uint16_t> Listeners(pid_t pid, bool loopback_only) {
   const std::string proc = "/proc/" + std::to_string(pid);
   std::set<std::string> inodes;
   std::error_code ec;
@@ -69,16 +70,21 @@ std::vector<uint16_t> LoopbackListeners(pid_t pid) {
     if (absl::StartsWith(link, "socket:[")) inodes.insert(link.substr(8, link.size() - 9));
   }
   std::vector<uint16_t> ports;
-  std::ifstream tcp(proc + "/net/tcp");
-  std::string line;
-  std::getline(tcp, line);  // the header
-  while (std::getline(tcp, line)) {
-    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.size() < 10 || f[3] != "0A" || !absl::StartsWith(f[1], "0100007F:") || inodes.count(f[9]) == 0) continue;
-    ports.push_back(static_cast<uint16_t>(std::stoul(f[1].substr(9), nullptr, 16)));
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    if (loopback_only && std::string(table) == "/net/tcp6") continue;
+    std::ifstream tcp(proc + table);
+    std::string line;
+    std::getline(tcp, line);  // the header
+    while (std::getline(tcp, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() < 10 || f[3] != "0A" || inodes.count(f[9]) == 0) continue;
+      if (loopback_only && !absl::StartsWith(f[1], "0100007F:")) continue;
+      ports.push_back(static_cast<uint16_t>(std::stoul(f[1].substr(f[1].rfind(':') + 1), nullptr, 16)));
+    }
   }
   return ports;
 }
+std::vector<uint16_t> LoopbackListeners(pid_t pid) { return Listeners(pid, /*loopback_only=*/true); }
 
 // An attacker below UCP: UCX's tcp transport alone (no UCP, no wireup, no key), connected to
 // `port` on the loopback, puts `bytes` at `address` in the listening process. OK once the put
@@ -91,6 +97,7 @@ absl::Status PutOverUctTcp(uint16_t port, uint64_t address, const std::string& b
   uct_md_h md = nullptr;
   uct_iface_h iface = nullptr;
   uct_ep_h ep = nullptr;
+  uct_completion_t done{[](uct_completion_t*) {}, 1, UCS_OK};  // outlives the endpoint
   absl::Status result = absl::InternalError("no tcp component in UCX");
   if (ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async) != UCS_OK ||
       uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker) != UCS_OK ||
@@ -146,7 +153,6 @@ absl::Status PutOverUctTcp(uint16_t port, uint64_t address, const std::string& b
     } else if (uct_ep_create(&ep_params, &ep) != UCS_OK) {
       result = absl::UnavailableError("uct_ep_create");
     } else {
-      uct_completion_t done{[](uct_completion_t*) {}, 1, UCS_OK};
       uct_iov_t iov{const_cast<char*>(bytes.data()), bytes.size(), UCT_MEM_HANDLE_NULL, bytes.size(), 1};
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
       ucs_status_t st = UCS_ERR_NO_RESOURCE;
@@ -277,6 +283,33 @@ TEST_F(UcxTcpExposureTest, WithUcxTcpAnyPeerWritesAnyTenantsRegion) {
   ASSERT_NE(t.port, 0);
   ASSERT_TRUE(PutOverUctTcp(t.port, t.bobs_region, kMarker).ok());
   EXPECT_TRUE(t.block->Holds(kMarker));
+}
+
+// However UCX_TLS asks for tcp, a pool without --ucx_tcp either refuses to start (UCX_TLS names
+// tcp) or listens on no more TCP ports, on any address, than a pool without UCX (UCX's own
+// spellings: "^all" loads every transport, "\\tcp" and "tcp:aux" load tcp).
+TEST_F(UcxTcpExposureTest, NoFormOfUcxTlsOpensTcpWithoutTheFlag) {
+  size_t without_ucx = 0;
+  {
+    PoolProcess pool(30000, "8MiB", {"--ucx=false"});
+    ASSERT_FALSE(pool.address().empty());
+    without_ucx = Listeners(pool.pid(), /*loopback_only=*/false).size();
+  }
+  {
+    PoolProcess pool(30000, "8MiB", {"--ucx_tcp"});  // the count sees UCX's tcp listeners
+    ASSERT_FALSE(pool.address().empty());
+    EXPECT_GT(Listeners(pool.pid(), /*loopback_only=*/false).size(), without_ucx);
+  }
+  for (const char* tls : {"all", "^all", "^sm", "\\tcp,sm,self", "sm,self,tcp:aux", "tcp"}) {
+    setenv("UCX_TLS", tls, 1);
+    const bool names_tcp = TlsNamesTcp();
+    PoolProcess pool;
+    unsetenv("UCX_TLS");
+    EXPECT_EQ(pool.address().empty(), names_tcp) << tls << (names_tcp ? ": started" : ": did not start");
+    if (pool.address().empty()) continue;
+    EXPECT_EQ(Listeners(pool.pid(), /*loopback_only=*/false).size(), without_ucx) << tls;
+    EXPECT_EQ(Handshake(pool, kAlice).ucx_tcp_settings(), std::string(kNoTcp)) << tls;
+  }
 }
 
 // A worker that can only speak tcp, against a pool that serves none: refused with the reason,
