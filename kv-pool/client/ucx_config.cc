@@ -27,6 +27,8 @@ bool IsSharedMemoryTransport(absl::string_view t) {
          t == "knem";
 }
 
+namespace {
+
 // A UCX_TLS entry as the transport it names: UCX also takes "\\tcp" (strictly that name) and
 // "tcp:aux" (as an auxiliary transport), and loads tcp for both.
 absl::string_view TlsEntry(absl::string_view entry) {
@@ -35,13 +37,20 @@ absl::string_view TlsEntry(absl::string_view entry) {
   return entry;
 }
 
+// UCX reads an exclusion list that starts with "all" ("^all...") as every transport (its list
+// parser takes a first "all" as "allow all"). `excluded`: UCX_TLS after its "^".
+bool ExcludesAllMeansAll(absl::string_view excluded) {
+  return TlsEntry(excluded.substr(0, excluded.find(','))) == "all";
+}
+
+}  // namespace
+
 bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
   const char* env = std::getenv("UCX_TLS");
   absl::string_view tls = env != nullptr ? env : "";
   if (tls.empty()) return true;
   const bool exclude = absl::ConsumePrefix(&tls, "^");  // "^a,b": every transport but a and b
-  // UCX reads "^all..." as every transport (its list parser takes a first "all" as "allow all").
-  if (exclude && TlsEntry(std::vector<absl::string_view>(absl::StrSplit(tls, ',')).front()) == "all") return true;
+  if (exclude && ExcludesAllMeansAll(tls)) return true;
   // Whether a UCX_TLS entry names transport `t` (itself, or an alias covering it).
   auto names = [](absl::string_view entry, absl::string_view t) {
     if (entry == t || entry == "all") return true;
@@ -60,8 +69,8 @@ bool TlsAllowsAny(std::initializer_list<absl::string_view> transports) {
 absl::StatusOr<std::string> TlsWithoutTcp(absl::string_view tls) {
   if (tls.empty()) return std::string("^tcp");
   if (absl::ConsumePrefix(&tls, "^")) {
+    if (ExcludesAllMeansAll(tls)) return std::string("^tcp");
     std::vector<absl::string_view> out = absl::StrSplit(tls, ',', absl::SkipEmpty());
-    if (!out.empty() && TlsEntry(out.front()) == "all") return std::string("^tcp");  // UCX: every transport
     bool has_tcp = false;
     for (absl::string_view t : out) has_tcp = has_tcp || TlsEntry(t) == "tcp";
     if (!has_tcp) out.push_back("tcp");
@@ -153,36 +162,44 @@ absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp) {
   return config;
 }
 
+namespace {
+
+// The environment's UCX variables that `wanted` picks, plus `default_line` (unless empty), sorted
+// and joined: a settings line two processes compare.
+template <typename Pred>
+std::string SettingsLine(const Pred& wanted, std::string default_line) {
+  std::vector<std::string> set;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (wanted(absl::string_view(*e))) set.emplace_back(*e);
+  }
+  if (!default_line.empty()) set.push_back(std::move(default_line));
+  std::sort(set.begin(), set.end());
+  return absl::StrJoin(set, " ");
+}
+
+}  // namespace
+
 std::string UcxSharedMemorySettings() {
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
   if (!FifoTransportsAllowed()) return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ", kNoSharedMemory);
-  std::vector<std::string> set;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const absl::string_view v(*e);
+  const auto fifo = [](absl::string_view v) {
     for (const char* prefix : {"UCX_MM_", "UCX_POSIX_", "UCX_SYSV_", "UCX_XPMEM_"}) {
-      if (absl::StartsWith(v, prefix)) {
-        set.emplace_back(v);
-        break;
-      }
+      if (absl::StartsWith(v, prefix)) return true;
     }
-  }
-  // Written as the variable would be: an explicit UCX_MM_SEG_SIZE=32k compares equal.
-  if (!UcxSegmentSizeSet()) set.push_back(absl::StrCat("UCX_MM_SEG_SIZE=", kUcxSegSizeDefault));
-  std::sort(set.begin(), set.end());
-  return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ", absl::StrJoin(set, " "));
+    return false;
+  };
+  // The default written as the variable would be: an explicit UCX_MM_SEG_SIZE=32k compares equal.
+  return absl::StrCat("ucx ", major, ".", minor, ".", release, "; ",
+                      SettingsLine(fifo, UcxSegmentSizeSet() ? "" : absl::StrCat("UCX_MM_SEG_SIZE=", kUcxSegSizeDefault)));
 }
 
 std::string UcxTcpSettings() {
   if (!TlsAllowsAny({"tcp"})) return std::string(kNoTcp);
-  std::vector<std::string> set;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const absl::string_view v(*e);
-    if (absl::StartsWith(v, "UCX_TCP_") && absl::StrContains(v.substr(0, v.find('=')), "SEG_SIZE")) set.emplace_back(v);
-  }
-  if (!UcxTcpSegmentSizeSet()) set.push_back(absl::StrCat("UCX_TCP_RX_SEG_SIZE=", kUcxTcpSegSizeDefault));
-  std::sort(set.begin(), set.end());
-  return absl::StrJoin(set, " ");
+  const auto segments = [](absl::string_view v) {
+    return absl::StartsWith(v, "UCX_TCP_") && absl::StrContains(v.substr(0, v.find('=')), "SEG_SIZE");
+  };
+  return SettingsLine(segments, UcxTcpSegmentSizeSet() ? "" : absl::StrCat("UCX_TCP_RX_SEG_SIZE=", kUcxTcpSegSizeDefault));
 }
 
 }  // namespace dd::kvpool

@@ -127,6 +127,20 @@ TEST_F(UcxConfigTest, TcpIsLeftOutOfAnyTransportList) {
   }
 }
 
+// An active-message context from ReadUcxConfig(tcp), or an error; the caller cleans it up.
+absl::StatusOr<ucp_context_h> AmContext(bool tcp) {
+  absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(tcp);
+  if (!config.ok()) return config.status();
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  const ucs_status_t st = ucp_init(&params, *config, &context);
+  ucp_config_release(*config);
+  if (st != UCS_OK) return absl::InternalError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
+  return context;
+}
+
 // UCX's warnings and errors while a test runs (a setting no transport takes is only a warning).
 std::vector<std::string>* ucx_complaints = nullptr;
 ucs_log_func_rc_t RecordComplaint(const char*, unsigned, const char*, ucs_log_level_t level,
@@ -150,20 +164,13 @@ TEST_F(UcxConfigTest, TheDefaultsAreSettingsUcxTakes) {
                                  std::pair{static_cast<const char*>(nullptr), false}, std::pair{"tcp,sm,self", false}}) {
     Tls(tls);
     const std::string name = absl::StrCat(tls != nullptr ? tls : "(unset)", tcp ? "" : ", tcp left out");
-    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(tcp);
-    ASSERT_TRUE(config.ok()) << config.status();
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM;
-    ucp_context_h context = nullptr;
-    const ucs_status_t st = ucp_init(&params, *config, &context);
-    ucp_config_release(*config);
-    ASSERT_EQ(st, UCS_OK) << name;
+    absl::StatusOr<ucp_context_h> context = AmContext(tcp);
+    ASSERT_TRUE(context.ok()) << name << ": " << context.status();
     ucp_worker_params_t wp{};
     ucp_worker_h worker = nullptr;
-    EXPECT_EQ(ucp_worker_create(context, &wp, &worker), UCS_OK) << name;
+    EXPECT_EQ(ucp_worker_create(*context, &wp, &worker), UCS_OK) << name;
     if (worker != nullptr) ucp_worker_destroy(worker);
-    ucp_cleanup(context);
+    ucp_cleanup(*context);
     EXPECT_TRUE(complaints.empty()) << name << ": " << (complaints.empty() ? "" : complaints.front());
     complaints.clear();
   }
@@ -175,17 +182,10 @@ TEST_F(UcxConfigTest, TheDefaultsAreSettingsUcxTakes) {
 // list of what it loaded), and one read with tcp has it: the check both ends fail closed on.
 TEST_F(UcxConfigTest, TcpLeftOutMeansNoTcpResource) {
   auto loads_tcp = [](bool tcp) -> std::optional<bool> {
-    absl::StatusOr<ucp_config_t*> config = ReadUcxConfig(tcp);
-    if (!config.ok()) return std::nullopt;
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM;
-    ucp_context_h context = nullptr;
-    const ucs_status_t st = ucp_init(&params, *config, &context);
-    ucp_config_release(*config);
-    if (st != UCS_OK) return std::nullopt;
-    const bool has = UcxContextHasTcp(context);
-    ucp_cleanup(context);
+    absl::StatusOr<ucp_context_h> context = AmContext(tcp);
+    if (!context.ok()) return std::nullopt;
+    const bool has = UcxContextHasTcp(*context);
+    ucp_cleanup(*context);
     return has;
   };
   Tls(nullptr);

@@ -6,12 +6,10 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <iostream>
@@ -47,7 +45,7 @@ ABSL_FLAG(bool, ucx_tcp, false,
           "Serve ucx:// over tcp too. UCX 1.13's tcp transport writes wherever a peer's put request says, "
           "unchecked: any process that can reach the pool's UCX tcp ports can write any of its memory, every "
           "tenant's region included. Only on a network where every peer is trusted; without it UCX serves "
-          "shared memory and RDMA (tcp is left out of UCX_TLS, and the pool exits if UCX loads it anyway)");
+          "shared memory and RDMA (tcp is left out of UCX's configuration, and the pool exits if UCX loads it anyway)");
 ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
 ABSL_FLAG(int64_t, ucx_spin_us, 50,
           "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping");
@@ -76,26 +74,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dd-kv-pool --tenants FILE [--listen HOST:PORT] [--lease_ttl_ms N]");
   absl::ParseCommandLine(argc, argv);
-  // UCX over tcp lets any peer write this process's memory (ucx_config.h): only on request. Set
-  // before any thread runs, and before UCX or anything else reads UCX_TLS.
-  if (absl::GetFlag(FLAGS_ucx) && !absl::GetFlag(FLAGS_ucx_tcp) && dd::kvpool::TlsAllowsAny({"tcp"})) {
-    const char* env = std::getenv("UCX_TLS");
-    if (dd::kvpool::TlsNamesTcp()) {
-      std::cerr << "dd-kv-pool: UCX_TLS=" << env << " names tcp, over which any process that can reach the pool "
-                << "can write its memory (UCX checks no address or key); pass --ucx_tcp on a network where every "
-                << "peer is trusted, or leave tcp out of UCX_TLS\n";
-      return 2;
-    }
-    absl::StatusOr<std::string> tls = dd::kvpool::TlsWithoutTcp(env != nullptr ? env : "");
-    if (!tls.ok()) {
-      std::cerr << "dd-kv-pool: cannot leave tcp out of UCX_TLS: " << tls.status().message() << "\n";
-      return 2;
-    }
-    if (setenv("UCX_TLS", tls->c_str(), 1) != 0) {
-      std::cerr << "dd-kv-pool: cannot set UCX_TLS=" << *tls << ": " << std::strerror(errno) << "\n";
-      return 1;
-    }
-  } else if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_tcp) && dd::kvpool::TlsAllowsAny({"tcp"})) {
+  // UCX over tcp lets any peer write this process's memory (ucx_config.h): only on request.
+  // UcxServer leaves tcp out of its own configuration (and fails if UCX loads it anyway); a
+  // UCX_TLS that asks for tcp by name is refused here, with the reason.
+  if (absl::GetFlag(FLAGS_ucx) && !absl::GetFlag(FLAGS_ucx_tcp) && dd::kvpool::TlsNamesTcp()) {
+    std::cerr << "dd-kv-pool: UCX_TLS=" << std::getenv("UCX_TLS") << " names tcp, over which any process that can "
+              << "reach the pool can write its memory (UCX checks no address or key); pass --ucx_tcp on a network "
+              << "where every peer is trusted, or leave tcp out of UCX_TLS\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_tcp) && dd::kvpool::TlsAllowsAny({"tcp"})) {
     std::cerr << "dd-kv-pool: --ucx_tcp: any process that can reach this pool's UCX tcp ports can write its memory; "
               << "keep them on a trusted network (UCX_TCP_PORT_RANGE pins them)\n";
   }

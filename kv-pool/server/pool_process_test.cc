@@ -422,6 +422,16 @@ v1::HandshakeResponse WithheldHandshake(PoolProcess& pool, const v1::HandshakeRe
   return hs;
 }
 
+// A default ucx:// worker (this process's environment) is refused by `pool` before it connects,
+// with a message naming each of `named`.
+void ExpectRefusedNaming(const PoolProcess& pool, std::initializer_list<const char*> named) {
+  auto refused = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                     .first_extent_chunks = 4});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  for (const char* n : named) EXPECT_NE(refused.status().message().find(n), std::string::npos) << refused.status();
+}
+
 // Over UCX's shared memory a worker whose segment size differs from the pool's crashed the pool
 // inside UCX (both ways round, measured by hand). Such a worker is refused before it connects,
 // naming both settings; over tcp the same worker connects and round-trips, and the pool lives.
@@ -433,12 +443,7 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   // An older worker, which reports no settings, gets no UCX address or session to reach it by.
   const std::string shm = WithheldHandshake(*pool, {}).ucx_shm_settings();
   EXPECT_NE(shm.find("UCX_MM_SEG_SIZE=16k"), std::string::npos) << shm;
-  auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
-                                     .first_extent_chunks = 4});
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=16k"), std::string::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=32k"), std::string::npos) << refused.status();
+  ExpectRefusedNaming(*pool, {"UCX_MM_SEG_SIZE=16k", "UCX_MM_SEG_SIZE=32k"});
   ScopedEnv tcp("UCX_TLS", "tcp");
   auto s = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
                                .first_extent_chunks = 4});
@@ -471,12 +476,7 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
   EXPECT_EQ(WithheldHandshake(*pool, stop40).ucx_tcp_settings(), "UCX_TCP_RX_SEG_SIZE=256k");
   {
     ScopedEnv tcp("UCX_TLS", "tcp");
-    auto refused = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
-                                       .first_extent_chunks = 4});
-    ASSERT_FALSE(refused.ok());
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-    EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=256k"), std::string::npos) << refused.status();
-    EXPECT_NE(refused.status().message().find("UCX_TCP_RX_SEG_SIZE=1m"), std::string::npos) << refused.status();
+    ExpectRefusedNaming(*pool, {"UCX_TCP_RX_SEG_SIZE=256k", "UCX_TCP_RX_SEG_SIZE=1m"});
     // A pool of the stop before reports no tcp settings: refused too, with the fix that helps.
     ScopedEnv same("UCX_TCP_RX_SEG_SIZE", "256k");
     v1::HandshakeRequest req;

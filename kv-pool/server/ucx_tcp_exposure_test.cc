@@ -185,12 +185,16 @@ absl::Status PutOverUctTcp(uint16_t port, uint64_t address, const std::string& b
   return result;
 }
 
+// The port of "host:port".
+uint16_t PortOf(const std::string& hostport) {
+  return static_cast<uint16_t>(std::stoul(hostport.substr(hostport.rfind(':') + 1)));
+}
+
 // The pool's UCX tcp listener on the loopback: its loopback listeners but gRPC's and the
 // metrics'; 0 when there is none.
 uint16_t UcxTcpPort(PoolProcess& pool) {
-  const auto port_of = [](const std::string& hostport) { return static_cast<uint16_t>(std::stoul(hostport.substr(hostport.rfind(':') + 1))); };
   for (uint16_t p : LoopbackListeners(pool.pid())) {
-    if (p != port_of(pool.address()) && p != port_of(pool.metrics())) return p;
+    if (p != PortOf(pool.address()) && p != PortOf(pool.metrics())) return p;
   }
   return 0;
 }
