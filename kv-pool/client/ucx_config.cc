@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ucs/config/parser.h"
 
 extern char** environ;
 
@@ -21,6 +22,41 @@ bool UcxSegmentSizeSet() {
 }
 
 bool UcxTcpSegmentSizeSet() { return std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr; }
+
+int64_t UcxTcpSegmentBytes() {
+  const char* env = std::getenv("UCX_TCP_RX_SEG_SIZE");
+  const std::string text = env != nullptr ? std::string(env) : std::string(kUcxTcpSegSizeDefault);
+  size_t bytes = 0;
+  if (ucs_config_sscanf_memunits(text.c_str(), &bytes, nullptr) != 1) return 0;
+  return bytes > static_cast<size_t>(INT64_MAX) ? 0 : static_cast<int64_t>(bytes);  // "inf"
+}
+
+std::string UcxAmTransport(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return "";
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  std::string found;
+  // e.g. "#   lane[0]:  1:tcp/lo.0 md[0]   -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup"
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text != nullptr ? text : "", size), '\n')) {
+    if (!absl::StrContains(line, "lane[")) continue;
+    const std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (std::find(words.begin(), words.end(), "am") == words.end()) continue;
+    for (absl::string_view w : words) {  // the first "<index>:<transport>/<device>"
+      const size_t colon = w.find(':'), slash = w.find('/');
+      if (colon != absl::string_view::npos && slash != absl::string_view::npos && colon < slash && colon > 0 &&
+          w.substr(0, colon).find_first_not_of("0123456789") == absl::string_view::npos) {
+        found = std::string(w.substr(colon + 1, slash - colon - 1));
+        break;
+      }
+    }
+    if (!found.empty()) break;
+  }
+  std::free(text);
+  return found;
+}
 
 bool IsSharedMemoryTransport(absl::string_view t) {
   return t == "sm" || t == "shm" || t == "mm" || t == "posix" || t == "sysv" || t == "cma" || t == "xpmem" ||

@@ -15,6 +15,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -45,6 +46,12 @@ bool UcxSegmentSizeSet();
 // environment chose one instead (UCX_TCP_RX_SEG_SIZE).
 inline constexpr absl::string_view kUcxTcpSegSizeDefault = "1m";
 bool UcxTcpSegmentSizeSet();
+// That segment in bytes (UCX_TCP_RX_SEG_SIZE read as UCX reads sizes, else the default); 0 when
+// UCX cannot read the setting (then UCX itself refuses it at ucp_init).
+int64_t UcxTcpSegmentBytes();
+// The transport UCX chose for an endpoint's active messages ("tcp", "sysv", "rc_mlx5", ...;
+// from ucp_ep_print_info), or "" when it cannot be told.
+std::string UcxAmTransport(ucp_ep_h ep);
 
 // UCX 1.13's tcp transport writes wherever a peer's put request says, unchecked, whatever the
 // UCP context's features: any process that can reach a UCX tcp listener can write anywhere in

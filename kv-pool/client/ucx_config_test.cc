@@ -197,5 +197,54 @@ TEST_F(UcxConfigTest, TcpLeftOutMeansNoTcpResource) {
   }
 }
 
+// The tcp segment as UCX reads sizes: the default, a setting, one UCX would refuse.
+TEST_F(UcxConfigTest, TcpSegmentBytesAsUcxReadsThem) {
+  EXPECT_EQ(UcxTcpSegmentBytes(), int64_t{1} << 20);
+  for (const auto& [text, bytes] : {std::pair{"256k", int64_t{256} << 10}, std::pair{"64K", int64_t{64} << 10},
+                                    std::pair{"2m", int64_t{2} << 20}, std::pair{"9000", int64_t{9000}},
+                                    std::pair{"lots", int64_t{0}}, std::pair{"", int64_t{0}}}) {
+    setenv("UCX_TCP_RX_SEG_SIZE", text, 1);
+    EXPECT_EQ(UcxTcpSegmentBytes(), bytes) << text;
+  }
+}
+
+// The transport of an endpoint's active messages, from UCX's own description of its lanes:
+// tcp when only tcp is allowed, a shared-memory transport on one host when it is.
+TEST_F(UcxConfigTest, AnEndpointNamesTheTransportOfItsActiveMessages) {
+  for (const auto& [tls, want_tcp] : {std::pair{"tcp", true}, std::pair{"sm,self", false}}) {
+    Tls(tls);
+    absl::StatusOr<ucp_context_h> context = AmContext(true);
+    ASSERT_TRUE(context.ok()) << tls << ": " << context.status();
+    ucp_worker_params_t wp{};
+    ucp_worker_h a = nullptr, b = nullptr;
+    ASSERT_EQ(ucp_worker_create(*context, &wp, &a), UCS_OK);
+    ASSERT_EQ(ucp_worker_create(*context, &wp, &b), UCS_OK);
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    ASSERT_EQ(ucp_worker_get_address(b, &address, &length), UCS_OK);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = address;
+    ucp_ep_h e = nullptr;
+    ASSERT_EQ(ucp_ep_create(a, &ep, &e), UCS_OK) << tls;
+    const std::string t = UcxAmTransport(e);
+    if (want_tcp) {
+      EXPECT_EQ(t, "tcp");
+    } else {
+      EXPECT_TRUE(t == "posix" || t == "sysv" || t == "cma" || t == "xpmem") << "\"" << t << "\"";
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(e, &p);
+    while (r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+    ucp_worker_release_address(b, address);
+    ucp_worker_destroy(a);
+    ucp_worker_destroy(b);
+    ucp_cleanup(*context);
+  }
+}
+
 }  // namespace
 }  // namespace dd::kvpool

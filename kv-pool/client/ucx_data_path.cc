@@ -7,7 +7,8 @@
 // into an iov of them). The pool sends the blocks from the region as an iov when the pool is on
 // this host and UCX may use shared memory (cma reads them, one copy), else packed into one
 // buffer (tcp's and RDMA's zero-copy rendezvous need contiguous memory; blocks that lie together
-// go as they lie; over tcp in fragments of up to 1 MiB, ucx_config.h); $DD_UCX_PACK=0|1 overrides. With a pool started
+// go as they lie; over tcp as eager replies that fit the 1 MiB tcp segment, ucx_lane.cc);
+// $DD_UCX_PACK=0|1 overrides. With a pool started
 // with --ucx_rma the path can instead do one-sided gets and puts against the region's remote
 // key (UcxPath). A lane that lost the pool breaks the path: every later call fails at once.
 #include <ucp/api/ucp.h>

@@ -78,6 +78,7 @@ class UcxLane {
   absl::flat_hash_map<uint64_t, Pending*> by_id_;
   bool peer_failed_ = false;  // set by UCX's error callback (from ucp_worker_progress)
   bool dead_ = false;         // a wait gave up: the lane takes no further work (Abandon)
+  int64_t eager_bytes_ = 0;   // the largest reply the pool may send eager (0: none; Init)
 };
 
 absl::Status UcxError(const char* what, ucs_status_t st);

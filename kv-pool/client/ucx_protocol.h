@@ -9,7 +9,8 @@
 //   kGetId:   GetRequest header, data = count little-endian int64 offsets (sent eager)
 //   kPutId:   PutRequest header, data = `bytes` bytes to store at `offset`
 //   kReplyId: Reply header; for a get that succeeded, data = the blocks in request order
-//             (the receiver scatters them straight into its destinations)
+//             (the receiver scatters them straight into its destinations, or copies them out
+//             of UCX's receive buffer when the reply came eager)
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,9 @@ inline constexpr uint32_t kPackReply = 1;  // send the blocks as one contiguous 
                                            // copies them together): the zero-copy rendezvous of
                                            // tcp and RDMA needs contiguous memory; over shared
                                            // memory an iov of the region's blocks is one copy less
+inline constexpr uint32_t kEagerReply = 2;  // over tcp: pack the blocks and send them as one eager
+                                            // message (no rendezvous round trip); the worker asks
+                                            // only when the reply fits its tcp receive segment
 
 struct GetRequest {
   uint32_t magic = kMagic;

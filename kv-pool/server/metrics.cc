@@ -48,7 +48,11 @@ class PoolCollectable : public prometheus::Collectable {
     for (auto [op, v] : {std::pair{"get", &c.get_bytes}, {"put", &c.put_bytes}}) {
       moved.metric.push_back(Counter({{"op", op}}, static_cast<double>(v->load(std::memory_order_relaxed))));
     }
-    return {bytes, seqs, evictions, expired, hits, requests, moved};
+    prometheus::MetricFamily eager{"dd_pool_ucx_eager_replies_total",
+                                   "Get replies sent as one eager message (over tcp: no rendezvous round trip)",
+                                   MetricType::Counter, {}};
+    eager.metric.push_back(Counter({}, static_cast<double>(c.eager_replies.load(std::memory_order_relaxed))));
+    return {bytes, seqs, evictions, expired, hits, requests, moved, eager};
   }
 
  private:

@@ -2,7 +2,8 @@
 //   dd_pool_bytes{tenant, state="quota|used|leased"}, dd_pool_sequences{tenant},
 //   dd_pool_evictions_total{tenant}, dd_pool_expired_leases_total{tenant},
 //   dd_pool_prefix_hits_total{tenant}; with UCX, dd_pool_ucx_requests_total{op="get|put|refused"}
-//   and dd_pool_ucx_bytes_total{op="get|put"} (the active-message data path).
+//   dd_pool_ucx_bytes_total{op="get|put"} (the active-message data path) and
+//   dd_pool_ucx_eager_replies_total (get replies sent as one eager message, over tcp).
 #pragma once
 
 #include <memory>

@@ -494,8 +494,8 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
     EXPECT_NE(older.status().message().find("an older pool"), std::string::npos) << older.status();
     EXPECT_NE(older.status().message().find("Upgrade the pool"), std::string::npos) << older.status();
   }
-  // Each of these round-trips 960 blocks of 2 KiB in one gather (over tcp two packed replies of
-  // 960 KiB, each four fragments of the pool's 256 KiB segments).
+  // Each of these round-trips 960 blocks of 2 KiB in one gather (over tcp eight eager replies of
+  // 240 KiB, each nearly filling the 256 KiB segments of both ends).
   for (const auto& [tls, seg] : {std::pair{"tcp", "256k"}, std::pair{"sm,self", "64k"}}) {
     ScopedEnv transport("UCX_TLS", tls), rx_seg("UCX_TCP_RX_SEG_SIZE", seg);
     auto s = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
@@ -520,6 +520,46 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
   }
   int status = 0;
   EXPECT_EQ(waitpid(pool->pid(), &status, WNOHANG), 0) << "the pool exited";
+}
+
+// Over tcp a gather's reply travels as eager messages that fit the tcp receive segment (no
+// rendezvous round trip): with 1 MiB segments 40 blocks of 64 KiB go as three replies of at most
+// 15 blocks, all eager; with 64 KiB segments no block fits, and two rendezvous replies carry them.
+// Byte-exact either way, counted by the pool's metrics.
+TEST(PoolProcessTest, UcxTcpRepliesGoEagerWhenTheyFitASegment) {
+  ScopedEnv any_tls("UCX_TLS", nullptr), pieces("DD_UCX_PIECES", nullptr), eager("DD_UCX_EAGER", nullptr);
+  ScopedEnv rx("UCX_TCP_RX_SEG_SIZE", nullptr), tx("UCX_TCP_TX_SEG_SIZE", nullptr);
+  const KvLayout big{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1024, .chunk_tokens = 8};
+  ASSERT_EQ(big.block_floats() * sizeof(float), size_t{64} << 10);
+  constexpr int64_t kBlocks = 40;
+  for (const auto& [seg, eager_replies, gets] : {std::tuple{"1m", 3, 3}, std::tuple{"64k", 0, 2}}) {
+    std::unique_ptr<PoolProcess> pool = PoolWithOwnSetting("UCX_TCP_RX_SEG_SIZE", seg);
+    ASSERT_FALSE(pool->address().empty());
+    ScopedEnv tcp("UCX_TLS", "tcp"), same("UCX_TCP_RX_SEG_SIZE", seg);
+    auto s = ConnectPoolKvStore({.address = pool->address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                 .first_extent_chunks = kBlocks});
+    ASSERT_TRUE(s.ok()) << seg << ": " << s.status();
+    auto seq = (*s)->Open(big);
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    std::vector<ChunkRef> refs;
+    std::vector<float> want(kBlocks * big.block_floats());
+    std::mt19937 g(7);
+    for (int64_t c = 0; c < kBlocks; ++c) {
+      refs.push_back({0, 0, kBlocks - 1 - c});  // in reverse: no two lie together, so each reply is packed
+      float* block = want.data() + c * big.block_floats();
+      for (int64_t i = 0; i < big.block_floats(); ++i) block[i] = std::uniform_real_distribution<float>(-1, 1)(g);
+      ASSERT_TRUE((*s)->Write(*seq, refs.back(), block).ok());
+    }
+    std::vector<float> dst(want.size());
+    auto id = (*s)->Gather(*seq, refs, dst.data(), Priority::kUrgent);
+    ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok()) << seg;
+    EXPECT_EQ(std::memcmp(dst.data(), want.data(), want.size() * sizeof(float)), 0) << seg;
+    const std::string body = Scrape(pool->metrics());
+    EXPECT_EQ(Sample(body, "dd_pool_ucx_eager_replies_total"), eager_replies) << seg << "\n" << body;
+    EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="get"})"), gets) << seg;
+    int status = 0;
+    EXPECT_EQ(waitpid(pool->pid(), &status, WNOHANG), 0) << "the pool exited";
+  }
 }
 
 // Gathers in flight when the pool dies, on both UCX data paths (active messages; one-sided gets

@@ -57,13 +57,15 @@ class RawAm {
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     hp.id = wire::kReplyId;
     hp.arg = this;
-    hp.cb = [](void* arg, const void* header, size_t length, void* data, size_t, const ucp_am_recv_param_t* param) {
+    hp.cb = [](void* arg, const void* header, size_t length, void* data, size_t data_length,
+               const ucp_am_recv_param_t* param) {
       auto* self = static_cast<RawAm*>(arg);
       wire::Reply r;
       if (length == sizeof(r)) {
         std::memcpy(&r, header, sizeof(r));
         self->reply_ = r.code;
         ++self->codes_[r.code];
+        self->reply_bytes_ = data_length;
       }
       // A hoarder keeps the blocks of a rendezvous reply and never takes them: the pool's send
       // never completes.
@@ -89,6 +91,7 @@ class RawAm {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
   bool ok() const { return ok_; }
+  size_t reply_bytes() const { return reply_bytes_; }  // of the last reply
   void set_hoard(bool on) { hoard_ = on; }
   // Replies seen per status code.
   int replies(absl::StatusCode code) const {
@@ -149,6 +152,7 @@ class RawAm {
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   std::optional<int32_t> reply_;
+  size_t reply_bytes_ = 0;
   std::map<int32_t, int> codes_;
   bool hoard_ = false;
   std::vector<void*> held_;  // rendezvous replies kept, released at the end
@@ -321,6 +325,36 @@ TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
   ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+// A worker asks for an eager reply only when it fits its tcp segment; one that asks for an
+// eager reply of 64 MiB (4096 blocks, the most a get may name) gets it whole, in as many
+// fragments as UCX needs, and the pool goes on serving another tenant.
+TEST_P(UcxIsolationTest, AnOversizedEagerReplyArrivesWhole) {
+  PoolProcess pool(30000, "8MiB", PoolFlags());
+  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
+  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  std::vector<float> secret(kBlock / sizeof(float), 1.5f), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+
+  RawAm bob(bob_hs.ucx_worker_address());
+  ASSERT_TRUE(bob.ok());
+  wire::GetRequest get;
+  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  get.count = wire::kMaxBlocksPerGet;
+  get.flags = wire::kPackReply | wire::kEagerReply;
+  get.block_bytes = wire::kMaxReplyBytes / get.count;
+  std::vector<int64_t> offsets(get.count);
+  for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (i * 7 % 64) * get.block_bytes;
+  bob.Flood(1, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), 1,
+            std::chrono::seconds(20));  // the request eager, as the pool wants it
+  EXPECT_EQ(bob.replies(absl::StatusCode::kOk), 1);
+  EXPECT_EQ(bob.reply_bytes(), static_cast<size_t>(wire::kMaxReplyBytes));
+
+  float* dst = got.data();
+  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct UcxServer::Impl {
     size_t packed_bytes = 0;
     ucp_dt_iov_t contiguous{nullptr, 0};  // or, when they lie together, straight from the region
     bool pack = false;                    // to be packed when it is sent
+    bool eager = false;                   // sent as one eager message (kEagerReply)
     uint64_t ticket = 0;                  // a reply with blocks: its place in `replies`
     ucp_ep_h ep = nullptr;
     Impl* impl = nullptr;
@@ -79,6 +80,11 @@ struct UcxServer::Impl {
   void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    if (out->eager) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_AM_SEND_FLAG_EAGER;
+      server->counters_.eager_replies.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!out->iov.empty()) {  // a bare answer has no data (UCX wants no iov then)
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       p.datatype = ucp_dt_make_iov();
@@ -160,10 +166,14 @@ struct UcxServer::Impl {
         out->iov.push_back({region.base + off, static_cast<size_t>(req.block_bytes)});
       }
     }
-    if ((req.flags & kPackReply) && out->iov.size() == 1) {  // one piece: contiguous as it lies
+    // An eager reply is packed too: UCX 1.13's eager path over an iov of many blocks is not safe
+    // (its multi-fragment iov send asserted, killing the pool, in a trial; docs/decisions.md).
+    const bool pack = (req.flags & (kPackReply | kEagerReply)) != 0;
+    out->eager = (req.flags & kEagerReply) != 0;
+    if (pack && out->iov.size() == 1) {  // one piece: contiguous as it lies
       out->contiguous = out->iov[0];
       out->iov.clear();
-    } else if (req.flags & kPackReply) {
+    } else if (pack) {
       out->pack = true;
       out->packed_bytes = static_cast<size_t>(req.count) * req.block_bytes;
     }

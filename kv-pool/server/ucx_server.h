@@ -44,6 +44,7 @@ struct UcxRegion {
 // What the active-message path served and refused (for /metrics and tests).
 struct UcxCounters {
   std::atomic<int64_t> gets{0}, get_blocks{0}, get_bytes{0}, puts{0}, put_bytes{0}, refused{0};
+  std::atomic<int64_t> eager_replies{0};  // get replies sent as one eager message (kEagerReply)
 };
 
 class UcxServer {
