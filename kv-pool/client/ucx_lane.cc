@@ -293,8 +293,9 @@ ucs_status_t UcxLane::OnReply(void* arg, const void* header, size_t header_lengt
     auto it = self->by_id_.find(reply.id);
     if (it != self->by_id_.end() && !it->second->replied) p = it->second;
   }
+  // Returning UCS_OK without receiving rendezvous data drops it; releasing it here as well made
+  // UCX release it twice (ucx_server.cc).
   if (p == nullptr) {  // a late answer to an abandoned request, or noise
-    if (rndv) ucp_am_data_release(self->worker_, data);
     return UCS_OK;
   }
   p->replied = true;
@@ -304,7 +305,6 @@ ucs_status_t UcxLane::OnReply(void* arg, const void* header, size_t header_lengt
                     ? absl::Status(static_cast<absl::StatusCode>(reply.code), "kv pool ucx: the pool refused the request")
                     : absl::InternalError(absl::StrCat("kv pool ucx: a reply of ", length, " bytes, expected ", want));
     p->received = true;
-    if (rndv) ucp_am_data_release(self->worker_, data);
     return UCS_OK;
   }
   if (want == 0) {

@@ -1,6 +1,7 @@
 // Issue 14, finding 1: over UCX a tenant reaches its own region and nothing else, whatever the
 // transport (tcp, shared memory). Runs the real dd-kv-pool; the attacker is tenant bob with his
 // own valid handshake, using the real client and raw active messages he crafts himself.
+#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -355,6 +356,48 @@ TEST_P(UcxIsolationTest, AnOversizedEagerReplyArrivesWhole) {
   float* dst = got.data();
   ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
+}
+
+// Requests whose data comes by rendezvous and that the pool refuses (a get's offsets must come
+// eager; a put out of range, with a forged session, or with a malformed header) are dropped
+// without harm: the pool answers what it can and goes on serving. It once released such data
+// inside UCX's callback and then returned UCS_OK, so UCX released it again: over shared memory
+// the first such request crashed the pool.
+TEST_P(UcxIsolationTest, RefusedRendezvousRequestsLeaveThePoolServing) {
+  PoolProcess pool(30000, "8MiB", PoolFlags());
+  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
+  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  RawAm bob(bob_hs.ucx_worker_address());
+  ASSERT_TRUE(bob.ok());
+
+  wire::GetRequest get;
+  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  get.count = wire::kMaxBlocksPerGet;  // 32 KiB of offsets: rendezvous on tcp and sm
+  get.block_bytes = kBlock;
+  std::vector<int64_t> offsets(get.count, 0);
+  EXPECT_EQ(bob.Send(wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t)),
+            absl::StatusCode::kInvalidArgument);
+
+  std::vector<uint8_t> bytes(size_t{1} << 20, 0x5a);  // 1 MiB: rendezvous
+  wire::PutRequest put;
+  std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  put.bytes = static_cast<int64_t>(bytes.size());
+  put.offset = bob_hs.region_bytes();  // just past his region
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size()), absl::StatusCode::kOutOfRange);
+  put.offset = 0;
+  put.session[0] ^= 1;
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size()), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put) - 1, bytes.data(), bytes.size(), std::chrono::milliseconds(300)),
+            std::nullopt);  // nothing to answer: the header is not a PutRequest
+
+  std::vector<float> secret(kBlock / sizeof(float), 2.5f), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+  float* dst = got.data();
+  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
+  int status = 0;
+  EXPECT_EQ(waitpid(pool.pid(), &status, WNOHANG), 0) << "the pool exited";
 }
 
 }  // namespace

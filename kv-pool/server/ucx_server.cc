@@ -130,11 +130,16 @@ struct UcxServer::Impl {
 
   static bool Rndv(const ucp_am_recv_param_t* param) { return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0; }
 
+  // A handler that returns UCS_OK without receiving rendezvous data drops it (UCX releases the
+  // descriptor and tells the sender). It must not also call ucp_am_data_release: UCX then
+  // released it twice, and the first refused rendezvous request crashed the pool over shared
+  // memory (ucx_isolation_test RefusedRendezvousRequestsLeaveThePoolServing). Gets must come
+  // eager (a rendezvous get is refused, its offsets dropped); a refused put's data is dropped.
+
   static ucs_status_t OnGet(void* arg, const void* header, size_t header_length, void* data, size_t length,
                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
     UcxServer& s = *self->server;
-    if (Rndv(param)) ucp_am_data_release(self->worker, data);  // requests are small and eager
     if (header_length != sizeof(GetRequest) || param->reply_ep == nullptr) {
       s.counters_.refused.fetch_add(1, std::memory_order_relaxed);
       return UCS_OK;  // nothing to answer to
@@ -193,13 +198,11 @@ struct UcxServer::Impl {
     auto* self = static_cast<Impl*>(arg);
     UcxServer& s = *self->server;
     auto refuse = [&](uint64_t id, absl::StatusCode code) {
-      if (Rndv(param)) ucp_am_data_release(self->worker, data);
       if (param->reply_ep != nullptr) self->Answer(param->reply_ep, id, code);
       return UCS_OK;
     };
     if (header_length != sizeof(PutRequest) || param->reply_ep == nullptr) {
       s.counters_.refused.fetch_add(1, std::memory_order_relaxed);
-      if (Rndv(param)) ucp_am_data_release(self->worker, data);
       return UCS_OK;
     }
     PutRequest req;
