@@ -36,11 +36,12 @@ int64_t Pieces() {
   return v;
 }
 constexpr int64_t kMaxPieceBytes = int64_t{16} << 20;
-// Over tcp a reply that fits the receiver's tcp segment goes as one eager message (kEagerReply),
-// less this room for UCX's and our headers; a larger gather is cut into pieces that fit, up to
-// this many (beyond, rendezvous pieces of up to kMaxPieceBytes). Eager saves the rendezvous
-// round trip: 64 / 256 x 16 KiB gathers 3.7 -> 3.9 / 3.0 -> 4.5 GB/s, 16 blocks p50 0.095 ->
-// 0.084 ms (docs/decisions.md). $DD_UCX_EAGER=0 turns it off, for benchmarks.
+// Over tcp a reply that fits the receiver's tcp segment (less this room for UCX's and our
+// headers) goes as one eager message (kEagerReply), and a larger gather is cut into pieces that
+// fit, up to this many (beyond, rendezvous pieces of up to kMaxPieceBytes). The pieces are the
+// gain: 256 x 16 KiB gathers 3.3 -> 4.9 GB/s (medians of 6 alternations; rendezvous cut into 5
+// pieces does as well), 16 and 64 blocks unchanged within the runs' spread (docs/decisions.md).
+// $DD_UCX_EAGER=0 turns it off, for benchmarks.
 constexpr int64_t kEagerHeadroom = 1024;
 constexpr int64_t kMaxEagerPieces = 64;
 bool EagerAllowed() {
