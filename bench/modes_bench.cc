@@ -56,6 +56,7 @@ ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"})
 ABSL_FLAG(bool, spin_yield, true,
           "Spinning UCX threads yield their core every 16 idle polls: the pool's --ucx_spin_yield and the "
           "engine's $DD_UCX_SPIN_YIELD (false: neither, for comparison)");
+ABSL_FLAG(int64_t, pool_spin_us, -1, "The pool's --ucx_spin_us (-1: the pool's default)");
 ABSL_FLAG(std::vector<std::string>, pool_lanes, std::vector<std::string>({"1"}),
           "Transfer lanes of the pool stores' runs, one run set per count (the link is labelled e.g. ucx-tcp-x2; "
           "0 = gathers on the compute thread, labelled ucx-tcp-inline)");
@@ -355,11 +356,13 @@ int main(int argc, char** argv) {
         o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
           if (!pool) {
-            pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
-                60000, "16GiB",
-                std::vector<std::string>{
-                    "--ucx_tcp",  // ucx-tcp runs: a loopback benchmark (only on a network where every peer is trusted)
-                    dd::kvpool::testing_util::SpinYieldEverywhere(absl::GetFlag(FLAGS_spin_yield))});
+            std::vector<std::string> flags{
+                "--ucx_tcp",  // ucx-tcp runs: a loopback benchmark (only on a network where every peer is trusted)
+                dd::kvpool::testing_util::SpinYieldEverywhere(absl::GetFlag(FLAGS_spin_yield))};
+            if (const int64_t spin = absl::GetFlag(FLAGS_pool_spin_us); spin >= 0) {
+              flags.push_back(absl::StrCat("--ucx_spin_us=", spin));
+            }
+            pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB", std::move(flags));
           }
           if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
           // UCX reads UCX_TLS when the engine's pool client creates its context.

@@ -47,8 +47,10 @@ ABSL_FLAG(bool, ucx_tcp, false,
           "tenant's region included. Only on a network where every peer is trusted; without it UCX serves "
           "shared memory and RDMA (tcp is left out of UCX's configuration, and the pool exits if UCX loads it anyway)");
 ABSL_FLAG(bool, ucx_busy_poll, false, "Spin the UCX progress thread instead of sleeping (lower latency, one core)");
-ABSL_FLAG(int64_t, ucx_spin_us, 50,
-          "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping");
+ABSL_FLAG(int64_t, ucx_spin_us, 200,
+          "Without --ucx_busy_poll: keep polling this many microseconds after the last UCX progress before sleeping "
+          "(a worker's next request usually comes within it; 0 on a host where the pool shares cores with workers "
+          "that refetch in bulk)");
 ABSL_FLAG(bool, ucx_spin_yield, true,
           "While the UCX progress thread spins with nothing to do, yield the core every 16 polls (to the threads "
           "it waits for, on a host with more runnable threads than cores)");
