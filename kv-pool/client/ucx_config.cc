@@ -31,6 +31,11 @@ int64_t UcxTcpSegmentBytes() {
   return bytes > static_cast<size_t>(INT64_MAX) ? 0 : static_cast<int64_t>(bytes);  // "inf"
 }
 
+int64_t UcxEagerReplyBytes() {
+  constexpr int64_t kHeadroom = 1024, kMax = int64_t{16} << 20;
+  return std::clamp<int64_t>(UcxTcpSegmentBytes() - kHeadroom, 0, kMax);
+}
+
 std::string UcxAmTransport(ucp_ep_h ep) {
   char* text = nullptr;
   size_t size = 0;
@@ -151,7 +156,8 @@ bool FifoTransportsAllowed() { return TlsAllowsAny({"posix", "sysv", "xpmem"}); 
 bool SharedMemoryOnly() {
   const char* tls = std::getenv("UCX_TLS");
   if (tls == nullptr || *tls == '\0') return false;
-  for (absl::string_view t : absl::StrSplit(tls, ',')) {
+  for (absl::string_view entry : absl::StrSplit(tls, ',')) {
+    const absl::string_view t = TlsEntry(entry);  // "\\posix", "cma:aux" name posix, cma
     if (!IsSharedMemoryTransport(t) && t != "self") return false;
   }
   return true;

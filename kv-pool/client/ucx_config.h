@@ -47,8 +47,12 @@ bool UcxSegmentSizeSet();
 inline constexpr absl::string_view kUcxTcpSegSizeDefault = "1m";
 bool UcxTcpSegmentSizeSet();
 // That segment in bytes (UCX_TCP_RX_SEG_SIZE read as UCX reads sizes, else the default); 0 when
-// UCX cannot read the setting (then UCX itself refuses it at ucp_init).
+// UCX cannot read the setting (then UCX itself refuses it at ucp_init) or it is "inf" or "auto".
 int64_t UcxTcpSegmentBytes();
+// The largest get reply that goes over tcp as one eager message (ucx_protocol.h kEagerReply):
+// the segment less 1 KiB for UCX's and our headers, at most 16 MiB (a request's limit); 0 when
+// that leaves nothing. The worker cuts gathers to it and the pool sends no larger reply eager.
+int64_t UcxEagerReplyBytes();
 // The transport UCX chose for an endpoint's active messages ("tcp", "sysv", "rc_mlx5", ...;
 // from ucp_ep_print_info), or "" when it cannot be told.
 std::string UcxAmTransport(ucp_ep_h ep);

@@ -55,6 +55,20 @@ TEST_F(UcxConfigTest, TlsListsExclusionsAndAliases) {
   }
 }
 
+// Only shared memory (and self) will carry traffic: then a worker asks for no peer-failure
+// handling, which UCX's shared-memory transports lack. UCX's spellings "\\name" and "name:aux"
+// name the transport too.
+TEST_F(UcxConfigTest, SharedMemoryOnlyKnowsUcxsSpellings) {
+  for (const auto& [tls, only] : {std::pair{static_cast<const char*>(nullptr), false}, std::pair{"sm,self", true},
+                                  std::pair{"\\posix,self", true}, std::pair{"posix,cma:aux,self", true},
+                                  std::pair{"sysv,\\cma", true}, std::pair{"tcp,sm", false},
+                                  std::pair{"sm,\\tcp", false}, std::pair{"sm,tcp:aux", false},
+                                  std::pair{"^tcp", false}, std::pair{"all", false}}) {
+    Tls(tls);
+    EXPECT_EQ(SharedMemoryOnly(), only) << (tls != nullptr ? tls : "(unset)");
+  }
+}
+
 TEST_F(UcxConfigTest, SettingsNameTheSegmentsAndCompareOnlyWhereTheyMatter) {
   Tls(nullptr);
   const std::string by_default = UcxSharedMemorySettings();

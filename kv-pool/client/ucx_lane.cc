@@ -22,11 +22,13 @@ absl::Status UcxError(const char* what, ucs_status_t st) {
 
 namespace {
 
-// A gather with a packed reply (tcp, RDMA) travels as up to this many requests (default 2),
-// sent at once: the pool has the second piece's request in hand when the first leaves (it
-// sends one reply per endpoint at a time, reply_queue.h). Over tcp (64 x 16 KiB, runs
-// alternating) 2 pieces were ~10% faster than 1. Over shared memory (iov replies) splitting
-// gained nothing, so there a gather is one request. Every request carries at most 16 MiB. $DD_UCX_PIECES overrides, for benchmarks.
+// A gather of 512 KiB or more with a packed reply (tcp, RDMA) travels as at least this many
+// requests (default 2), sent at once: the pool has the second piece's request in hand when the
+// first leaves (it sends one reply per endpoint at a time, reply_queue.h). Over tcp (64 x 16 KiB,
+// runs alternating) 2 pieces were ~10% faster than 1. Over shared memory (iov replies) splitting
+// gained nothing, so there a gather is one request. Every request carries at most 16 MiB; over
+// tcp pieces are cut smaller still, to fit an eager reply (below). $DD_UCX_PIECES overrides, for
+// benchmarks.
 int64_t Pieces() {
   static const int64_t v = [] {
     const char* e = std::getenv("DD_UCX_PIECES");
@@ -36,13 +38,12 @@ int64_t Pieces() {
   return v;
 }
 constexpr int64_t kMaxPieceBytes = int64_t{16} << 20;
-// Over tcp a reply that fits the receiver's tcp segment (less this room for UCX's and our
-// headers) goes as one eager message (kEagerReply), and a larger gather is cut into pieces that
-// fit, up to this many (beyond, rendezvous pieces of up to kMaxPieceBytes). The pieces are the
+// Over tcp a reply that fits the receiver's tcp segment (less room for UCX's and our headers:
+// UcxEagerReplyBytes) goes as one eager message (kEagerReply), and a larger gather is cut into
+// pieces that fit, up to this many (beyond, rendezvous pieces of up to kMaxPieceBytes). The pieces are the
 // gain: 256 x 16 KiB gathers 3.3 -> 4.9 GB/s (medians of 6 alternations; rendezvous cut into 5
 // pieces does as well), 16 and 64 blocks unchanged within the runs' spread (docs/decisions.md).
 // $DD_UCX_EAGER=0 turns it off, for benchmarks.
-constexpr int64_t kEagerHeadroom = 1024;
 constexpr int64_t kMaxEagerPieces = 64;
 bool EagerAllowed() {
   static const bool v = [] {
@@ -152,7 +153,7 @@ absl::Status UcxLane::Init() {
   // The worker's and the pool's tcp segments are equal (the Handshake checked), so a reply
   // that fits ours fits the one the pool sends from.
   if (!config_.rma && config_.pack && EagerAllowed() && UcxAmTransport(ep_) == "tcp") {
-    eager_bytes_ = std::max<int64_t>(0, UcxTcpSegmentBytes() - kEagerHeadroom);
+    eager_bytes_ = UcxEagerReplyBytes();
   }
   return absl::OkStatus();
 }

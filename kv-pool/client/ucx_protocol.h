@@ -32,7 +32,9 @@ inline constexpr uint32_t kPackReply = 1;  // send the blocks as one contiguous 
                                            // memory an iov of the region's blocks is one copy less
 inline constexpr uint32_t kEagerReply = 2;  // over tcp: pack the blocks and send them as one eager
                                             // message (no rendezvous round trip); the worker asks
-                                            // only when the reply fits its tcp receive segment
+                                            // only when the reply fits its tcp receive segment, and
+                                            // the pool sends a larger one (or any, without tcp) by
+                                            // rendezvous (UcxEagerReplyBytes)
 
 struct GetRequest {
   uint32_t magic = kMagic;

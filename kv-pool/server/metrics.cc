@@ -49,7 +49,7 @@ class PoolCollectable : public prometheus::Collectable {
       moved.metric.push_back(Counter({{"op", op}}, static_cast<double>(v->load(std::memory_order_relaxed))));
     }
     prometheus::MetricFamily eager{"dd_pool_ucx_eager_replies_total",
-                                   "Get replies sent as one eager message (over tcp: no rendezvous round trip)",
+                                   "Get replies handed to UCX as one eager message (over tcp: no rendezvous round trip)",
                                    MetricType::Counter, {}};
     eager.metric.push_back(Counter({}, static_cast<double>(c.eager_replies.load(std::memory_order_relaxed))));
     return {bytes, seqs, evictions, expired, hits, requests, moved, eager};

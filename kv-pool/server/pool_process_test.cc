@@ -523,8 +523,9 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
 }
 
 // Over tcp a gather's reply travels as eager messages that fit the tcp receive segment (no
-// rendezvous round trip): with 1 MiB segments 40 blocks of 64 KiB go as three replies of at most
-// 15 blocks, all eager; with 64 KiB segments no block fits, and two rendezvous replies carry them.
+// rendezvous round trip): with 1 MiB segments 40 blocks of 64 KiB go as three replies of 14, 14
+// and 12 blocks, all eager; with 64 KiB segments no block fits, and two rendezvous replies carry
+// them. (The data path reads $DD_UCX_EAGER and $DD_UCX_PIECES once per process; no test sets them.)
 // Byte-exact either way, counted by the pool's metrics.
 TEST(PoolProcessTest, UcxTcpRepliesGoEagerWhenTheyFitASegment) {
   ScopedEnv any_tls("UCX_TLS", nullptr), pieces("DD_UCX_PIECES", nullptr), eager("DD_UCX_EAGER", nullptr);

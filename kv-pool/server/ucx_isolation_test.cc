@@ -67,6 +67,10 @@ class RawAm {
         self->reply_ = r.code;
         ++self->codes_[r.code];
         self->reply_bytes_ = data_length;
+        self->reply_rndv_ = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+        const auto* bytes = static_cast<const uint8_t*>(data);
+        if (self->reply_rndv_) self->reply_data_.clear();
+        else self->reply_data_.assign(bytes, bytes + data_length);
       }
       // A hoarder keeps the blocks of a rendezvous reply and never takes them: the pool's send
       // never completes.
@@ -92,12 +96,21 @@ class RawAm {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
   bool ok() const { return ok_; }
-  size_t reply_bytes() const { return reply_bytes_; }  // of the last reply
+  // The last reply: its data's length, whether it came by rendezvous (its data then dropped),
+  // else its data.
+  size_t reply_bytes() const { return reply_bytes_; }
+  bool reply_rndv() const { return reply_rndv_; }
+  const std::vector<uint8_t>& reply_data() const { return reply_data_; }
   void set_hoard(bool on) { hoard_ = on; }
   // Replies seen per status code.
   int replies(absl::StatusCode code) const {
     auto it = codes_.find(static_cast<int32_t>(code));
     return it == codes_.end() ? 0 : it->second;
+  }
+  int replies() const {  // all of them
+    int n = 0;
+    for (const auto& [code, count] : codes_) n += count;
+    return n;
   }
 
   // Sends `n` copies of a message without waiting for replies, then progresses until every send
@@ -125,13 +138,15 @@ class RawAm {
     }
   }
 
-  // The pool's reply code, or nullopt when none came within `wait`.
+  // The pool's reply code, or nullopt when none came within `wait`. `rndv`: the data goes by
+  // rendezvous whatever its size.
   std::optional<absl::StatusCode> Send(unsigned id, const void* header, size_t header_bytes, const void* data,
-                                       size_t data_bytes, std::chrono::milliseconds wait = std::chrono::seconds(3)) {
+                                       size_t data_bytes, std::chrono::milliseconds wait = std::chrono::seconds(3),
+                                       bool rndv = false) {
     reply_.reset();
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
     Wait(ucp_am_send_nbx(ep_, id, header, header_bytes, data, data_bytes, &p));
     const auto deadline = std::chrono::steady_clock::now() + wait;
     while (!reply_ && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
@@ -154,6 +169,8 @@ class RawAm {
   ucp_ep_h ep_ = nullptr;
   std::optional<int32_t> reply_;
   size_t reply_bytes_ = 0;
+  bool reply_rndv_ = false;
+  std::vector<uint8_t> reply_data_;
   std::map<int32_t, int> codes_;
   bool hoard_ = false;
   std::vector<void*> held_;  // rendezvous replies kept, released at the end
@@ -328,31 +345,61 @@ TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
-// A worker asks for an eager reply only when it fits its tcp segment; one that asks for an
-// eager reply of 64 MiB (4096 blocks, the most a get may name) gets it whole, in as many
-// fragments as UCX needs, and the pool goes on serving another tenant.
-TEST_P(UcxIsolationTest, AnOversizedEagerReplyArrivesWhole) {
+// Over tcp the pool sends a reply eager when the worker asks and it fits the tcp segment
+// (UcxEagerReplyBytes); a larger one, or any over a pool that serves no tcp, goes by rendezvous
+// whatever the worker asked (a 64 MiB eager reply would be reassembled by UCX, and over shared
+// memory copied through the FIFO by the pool's thread alone). Both arrive whole.
+TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
   PoolProcess pool(30000, "8MiB", PoolFlags());
+  const bool tcp = std::string(GetParam()) == "tcp";
   const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
   auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
   ASSERT_TRUE(alice.ok()) << alice.status();
-  std::vector<float> secret(kBlock / sizeof(float), 1.5f), got(kBlock / sizeof(float), 0.0f);
-  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
-
   RawAm bob(bob_hs.ucx_worker_address());
   ASSERT_TRUE(bob.ok());
+  constexpr int64_t kBlocks = 64, kBytes = 16384;
+  std::vector<uint8_t> pattern(kBlocks * kBytes);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 131 / 7);
+  wire::PutRequest put;
+  std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  put.bytes = kBytes;
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    put.offset = b * kBytes;
+    ASSERT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), pattern.data() + b * kBytes, kBytes),
+              absl::StatusCode::kOk);
+  }
   wire::GetRequest get;
   std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.count = wire::kMaxBlocksPerGet;
   get.flags = wire::kPackReply | wire::kEagerReply;
-  get.block_bytes = wire::kMaxReplyBytes / get.count;
+  get.block_bytes = kBytes;
+  // 32 blocks in reverse (512 KiB): eager over tcp, byte-exact.
+  get.count = 32;
   std::vector<int64_t> offsets(get.count);
-  for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (i * 7 % 64) * get.block_bytes;
-  bob.Flood(1, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), 1,
-            std::chrono::seconds(20));  // the request eager, as the pool wants it
-  EXPECT_EQ(bob.replies(absl::StatusCode::kOk), 1);
+  for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (kBlocks - 1 - 2 * i) * kBytes;
+  int ok = bob.replies(absl::StatusCode::kOk);
+  bob.Flood(1, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), bob.replies() + 1,
+            std::chrono::seconds(10));  // the request eager, as the pool wants it
+  ASSERT_EQ(bob.replies(absl::StatusCode::kOk), ++ok);
+  EXPECT_EQ(bob.reply_bytes(), size_t{32} * kBytes);
+  EXPECT_EQ(bob.reply_rndv(), !tcp);
+  if (tcp) {
+    ASSERT_EQ(bob.reply_data().size(), size_t{32} * kBytes);
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      ASSERT_EQ(std::memcmp(bob.reply_data().data() + i * kBytes, pattern.data() + offsets[i], kBytes), 0) << i;
+    }
+  }
+  // 4096 blocks (64 MiB, the most a get may ask): by rendezvous on either transport.
+  get.count = wire::kMaxBlocksPerGet;
+  offsets.resize(get.count);
+  for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (i * 7 % kBlocks) * kBytes;
+  bob.Flood(1, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), bob.replies() + 1,
+            std::chrono::seconds(20));
+  EXPECT_EQ(bob.replies(absl::StatusCode::kOk), ++ok);
   EXPECT_EQ(bob.reply_bytes(), static_cast<size_t>(wire::kMaxReplyBytes));
+  EXPECT_TRUE(bob.reply_rndv());
 
+  std::vector<float> secret(kBlock / sizeof(float), 1.5f), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
   float* dst = got.data();
   ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
@@ -373,22 +420,25 @@ TEST_P(UcxIsolationTest, RefusedRendezvousRequestsLeaveThePoolServing) {
 
   wire::GetRequest get;
   std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.count = wire::kMaxBlocksPerGet;  // 32 KiB of offsets: rendezvous on tcp and sm
+  get.count = wire::kMaxBlocksPerGet;  // 32 KiB of offsets, sent by rendezvous
   get.block_bytes = kBlock;
   std::vector<int64_t> offsets(get.count, 0);
-  EXPECT_EQ(bob.Send(wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t)),
+  constexpr auto kWait = std::chrono::seconds(3);
+  EXPECT_EQ(bob.Send(wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), kWait, true),
             absl::StatusCode::kInvalidArgument);
 
-  std::vector<uint8_t> bytes(size_t{1} << 20, 0x5a);  // 1 MiB: rendezvous
+  std::vector<uint8_t> bytes(size_t{1} << 20, 0x5a);
   wire::PutRequest put;
   std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
   put.bytes = static_cast<int64_t>(bytes.size());
   put.offset = bob_hs.region_bytes();  // just past his region
-  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size()), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size(), kWait, true),
+            absl::StatusCode::kOutOfRange);
   put.offset = 0;
   put.session[0] ^= 1;
-  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size()), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put) - 1, bytes.data(), bytes.size(), std::chrono::milliseconds(300)),
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size(), kWait, true),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put) - 1, bytes.data(), bytes.size(), std::chrono::milliseconds(300), true),
             std::nullopt);  // nothing to answer: the header is not a PutRequest
 
   std::vector<float> secret(kBlock / sizeof(float), 2.5f), got(kBlock / sizeof(float), 0.0f);

@@ -25,6 +25,7 @@ struct UcxServer::Impl {
   UcxServer* server = nullptr;
   int efd = -1;          // the worker's event fd
   int64_t in_flight = 0;  // replies UCX has not finished sending (progress thread only)
+  int64_t eager_max = 0;  // the largest reply sent eager when asked (UcxEagerReplyBytes; 0 without tcp)
 
   // A reply in flight: its header and iov live until UCX is done with them.
   struct Outgoing {
@@ -80,10 +81,10 @@ struct UcxServer::Impl {
   void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    if (out->eager) {
+    const bool eager = out->eager;
+    if (eager) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = UCP_AM_SEND_FLAG_EAGER;
-      server->counters_.eager_replies.fetch_add(1, std::memory_order_relaxed);
     }
     if (!out->iov.empty()) {  // a bare answer has no data (UCX wants no iov then)
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
@@ -112,6 +113,7 @@ struct UcxServer::Impl {
     o->impl = this;
     p.user_data = o;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, kReplyId, &o->reply, sizeof(Reply), buffer, count, &p);
+    if (eager && !UCS_PTR_IS_ERR(r)) server->counters_.eager_replies.fetch_add(1, std::memory_order_relaxed);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       if (o->ticket != 0) replies.Done(o->ticket);
       delete o;  // done at once (no callback) or failed
@@ -174,7 +176,10 @@ struct UcxServer::Impl {
     // An eager reply is packed too: UCX 1.13's eager path over an iov of many blocks is not safe
     // (its multi-fragment iov send asserted, killing the pool, in a trial; docs/decisions.md).
     const bool pack = (req.flags & (kPackReply | kEagerReply)) != 0;
-    out->eager = (req.flags & kEagerReply) != 0;
+    // Eager only as large as a tcp segment holds: a larger eager reply would be cut into fragments
+    // by UCX and reassembled by the worker, and over shared memory copied through the FIFO by the
+    // pool's thread alone; those go by rendezvous instead, whatever the worker asked.
+    out->eager = (req.flags & kEagerReply) != 0 && req.count * req.block_bytes <= self->eager_max;
     if (pack && out->iov.size() == 1) {  // one piece: contiguous as it lies
       out->contiguous = out->iov[0];
       out->iov.clear();
@@ -244,6 +249,7 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Create(std::vector<UcxRegi
   std::unique_ptr<UcxServer> s(new UcxServer());
   s->impl_ = std::make_unique<Impl>();
   s->impl_->server = s.get();
+  s->impl_->eager_max = options.tcp ? UcxEagerReplyBytes() : 0;
   s->regions_ = std::move(regions);
   s->options_ = options;
   s->session_order_.resize(s->regions_.size());
