@@ -233,13 +233,13 @@ absl::Status RunServe(const CliConfig& cfg) {
   EnableStandardServices();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(cfg.listen, ServerCredentials(cfg.tls), &port);
+  ListenOn(builder, cfg.listen, ServerCredentials(cfg.tls), &port);
   builder.RegisterService(&router);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", cfg.listen));
   grpc::ServerBuilder internal_builder;
   int internal_port = 0;
-  internal_builder.AddListeningPort(cfg.internal_listen, ServerCredentials(cfg.tls), &internal_port);
+  ListenOn(internal_builder, cfg.internal_listen, ServerCredentials(cfg.tls), &internal_port);
   internal_builder.RegisterService(router.registry_service());
   internal_builder.RegisterService(&node->service());
   std::unique_ptr<grpc::Server> internal = internal_builder.BuildAndStart();

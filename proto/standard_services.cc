@@ -10,6 +10,12 @@ void EnableStandardServices() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 }
 
+void ListenOn(grpc::ServerBuilder& builder, const std::string& address,
+              std::shared_ptr<grpc::ServerCredentials> credentials, int* port) {
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(address, std::move(credentials), port);
+}
+
 void MarkServing(grpc::Server& server, const std::vector<std::string>& services) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health == nullptr) return;

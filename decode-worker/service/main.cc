@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, dd::ServerCredentials(*tls), &port);
+  dd::ListenOn(builder, listen, dd::ServerCredentials(*tls), &port);
   builder.RegisterService(&(*node)->service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));

@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     ssl.pem_key_cert_pairs.push_back({*key, *cert});
     creds = grpc::SslServerCredentials(ssl);
   }
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), creds, &port);
+  dd::ListenOn(builder, absl::GetFlag(FLAGS_listen), creds, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

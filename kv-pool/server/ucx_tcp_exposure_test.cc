@@ -9,6 +9,7 @@
 #include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -287,6 +288,18 @@ TEST_F(UcxTcpExposureTest, WithUcxTcpAnyPeerWritesAnyTenantsRegion) {
   ASSERT_NE(t.port, 0);
   ASSERT_TRUE(PutOverUctTcp(t.port, t.bobs_region, kMarker).ok());
   EXPECT_TRUE(t.block->Holds(kMarker));
+}
+
+// A pool listens on the TCP ports it prints and no others: gRPC once opened a second socket per
+// address (a SO_REUSEPORT clone), which with port 0 landed on a random port printed nowhere.
+TEST_F(UcxTcpExposureTest, APoolListensOnlyOnThePortsItPrints) {
+  PoolProcess pool(30000, "8MiB", {"--ucx=false"});
+  ASSERT_FALSE(pool.address().empty());
+  std::vector<uint16_t> ports = Listeners(pool.pid(), /*loopback_only=*/false);
+  std::sort(ports.begin(), ports.end());
+  std::vector<uint16_t> printed = {PortOf(pool.address()), PortOf(pool.metrics())};
+  std::sort(printed.begin(), printed.end());
+  EXPECT_EQ(ports, printed);
 }
 
 // However UCX_TLS asks for tcp, a pool without --ucx_tcp either refuses to start (UCX_TLS names
