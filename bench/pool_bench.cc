@@ -35,6 +35,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "bench/flag_ints.h"
 #include "kv-pool/client/pool_kv_store.h"
@@ -217,6 +218,152 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   return gbps;
 }
 
+// The benchmark's fixed setting, shared by every transport's turn.
+struct Setting {
+  dd::kvpool::KvLayout layout;
+  int64_t block_bytes = 0, chunks = 0, quota_mib = 0;
+  int max_threads = 0;
+  const dd::kvpool::testing_util::PoolProcess* pool = nullptr;  // the main pool
+  std::string yield_flag;                                       // its spin-yield flag
+};
+
+// What one transport's gathers read from, set up for its turn and torn down after it: plain
+// memory (memcpy), another process's pages (cma), or a KV store (inproc, shm://, ucx://, against
+// the main pool or a busy-polling one of its own).
+class Target {
+ public:
+  static absl::StatusOr<std::unique_ptr<Target>> Create(const std::string& transport, const Setting& setting) {
+    std::unique_ptr<Target> t(new Target(setting));
+    if (transport == "memcpy" || transport == "cma") {
+      t->plain_.assign(setting.max_threads, std::vector<float>(setting.chunks * setting.layout.block_floats(), 1.0f));
+      if (transport == "cma" && !t->ForkHolder()) return absl::InternalError("pipe or fork failed");
+      return t;
+    }
+    absl::StatusOr<std::unique_ptr<dd::kvpool::KvStore>> s;
+    if (transport == "inproc") {
+      s = dd::kvpool::NewInProcessKvStore();
+    } else {
+      const bool ucx = transport.rfind("ucx-", 0) == 0;
+      const bool rma = absl::EndsWith(transport, "-rma");
+      t->serving_ = setting.pool;
+      if (absl::EndsWith(transport, "-busy")) {
+        unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
+        t->busy_pool_ = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
+            30000, std::to_string(setting.quota_mib) + "MiB",
+            std::vector<std::string>{"--ucx_busy_poll", "--ucx_tcp", setting.yield_flag});
+        if (t->busy_pool_->address().empty()) return absl::UnavailableError("the busy-polling pool did not start");
+        t->serving_ = t->busy_pool_.get();
+      }
+      if (ucx) setenv("UCX_TLS", transport.rfind("ucx-tcp", 0) == 0 ? "tcp" : "sm,self", 1);  // read at ucp_init
+      s = dd::kvpool::ConnectPoolKvStore(
+          {.address = t->serving_->address(), .token = dd::kvpool::testing_util::kAlice,
+           .transport = ucx ? dd::kvpool::PoolTransport::kUcx : dd::kvpool::PoolTransport::kShm,
+           .ucx_path = rma ? dd::kvpool::UcxPath::kRma : dd::kvpool::UcxPath::kActiveMessages});
+    }
+    if (!s.ok()) return s.status();
+    t->store_ = std::move(*s);
+    std::vector<float> block(setting.layout.block_floats());
+    for (int i = 0; i < setting.max_threads; ++i) {
+      auto id = t->store_->Open(setting.layout);
+      if (!id.ok()) return id.status();
+      t->seqs_.push_back(*id);
+      for (int64_t c = 0; c < setting.chunks; ++c) {
+        std::fill(block.begin(), block.end(), static_cast<float>(c));
+        if (auto st = t->store_->Write(*id, {0, 0, c}, block.data()); !st.ok()) return st;
+      }
+    }
+    return t;
+  }
+
+  ~Target() {
+    for (auto id : seqs_) (void)store_->Release(id);
+    store_.reset();  // before its pool goes
+    if (holder_ > 0) {
+      close(holder_pipe_[1]);
+      waitpid(holder_, nullptr, 0);
+    }
+  }
+
+  // The pool whose CPU is counted, or null.
+  const dd::kvpool::testing_util::PoolProcess* serving() const { return serving_; }
+
+  // Gatherer t's gather of `refs` into `dst`; false on error.
+  bool Gather(int t, const std::vector<ChunkRef>& refs, float* dst) {
+    const int64_t floats = setting_.layout.block_floats();
+    const auto bytes = static_cast<size_t>(setting_.block_bytes);
+    if (holder_ > 0) {  // one process_vm_readv per gather, an iov entry per block
+      std::vector<iovec> local(refs.size()), remote(refs.size());
+      for (size_t i = 0; i < refs.size(); ++i) {
+        local[i] = {dst + i * floats, bytes};
+        remote[i] = {&plain_[t][refs[i].chunk * floats], bytes};
+      }
+      return process_vm_readv(holder_, local.data(), local.size(), remote.data(), remote.size(), 0) ==
+             static_cast<ssize_t>(refs.size() * bytes);
+    }
+    if (!store_) {
+      for (size_t i = 0; i < refs.size(); ++i) std::memcpy(dst + i * floats, &plain_[t][refs[i].chunk * floats], bytes);
+      return true;
+    }
+    auto id = store_->Gather(seqs_[t], refs, dst, dd::kvpool::Priority::kUrgent);
+    return id.ok() && store_->Wait(*id).ok();
+  }
+
+ private:
+  explicit Target(const Setting& setting) : setting_(setting) {}
+
+  // cma: a child holding the same pages (copy-on-write, never written) until we close the pipe.
+  bool ForkHolder() {
+    if (pipe(holder_pipe_) != 0) return false;
+    holder_ = fork();
+    if (holder_ < 0) return false;
+    if (holder_ == 0) {
+      char c;
+      close(holder_pipe_[1]);
+      while (read(holder_pipe_[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      _exit(0);
+    }
+    close(holder_pipe_[0]);
+    return true;
+  }
+
+  const Setting& setting_;
+  const dd::kvpool::testing_util::PoolProcess* serving_ = nullptr;
+  std::unique_ptr<dd::kvpool::testing_util::PoolProcess> busy_pool_;  // only while its transport runs
+  std::unique_ptr<dd::kvpool::KvStore> store_;
+  std::vector<std::vector<float>> plain_;  // memcpy, cma: one buffer of `chunks` blocks per gatherer
+  pid_t holder_ = -1;                      // cma: the process the gathers read from
+  int holder_pipe_[2] = {-1, -1};
+  std::vector<dd::kvpool::SequenceId> seqs_;
+};
+
+// One row: `conc` gatherers of `blocks` blocks against `target`, with the CPU this process and
+// the serving pool spent; null (and a message) when a gather failed.
+nlohmann::json MeasureRow(Target& target, const std::string& transport, int64_t round, int64_t conc, int64_t blocks,
+                          const Setting& setting) {
+  const auto* serving = target.serving();
+  const double pool_cpu0 = serving != nullptr ? CpuSeconds(serving->pid()) : 0, self_cpu0 = CpuSeconds(0);
+  const auto wall0 = Clock::now();
+  Result r = Measure(static_cast<int>(conc), blocks, setting.block_bytes, setting.chunks,
+                     [&](int t, const std::vector<ChunkRef>& refs, float* dst) { return target.Gather(t, refs, dst); });
+  const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+  const double self_cores = (CpuSeconds(0) - self_cpu0) / wall;
+  nlohmann::json pool_cores = nullptr;
+  if (serving != nullptr) pool_cores = (CpuSeconds(serving->pid()) - pool_cpu0) / wall;
+  if (r.failed || r.gathers == 0) {
+    std::cerr << "pool_bench: " << transport << ": a gather failed\n";
+    return nullptr;
+  }
+  std::fprintf(stderr, "%-12s blocks %4lld conc %lld: %7.2f GB/s  p50 %8.3f ms  p99 %8.3f ms  cpu %.2f+%.2f  (%lld gathers)\n",
+               transport.c_str(), static_cast<long long>(blocks), static_cast<long long>(conc), r.gbps, r.p50_ms,
+               r.p99_ms, self_cores, pool_cores.is_null() ? 0.0 : pool_cores.get<double>(),
+               static_cast<long long>(r.gathers));
+  return {{"transport", transport}, {"round", round}, {"blocks_per_gather", blocks}, {"concurrency", conc},
+          {"block_bytes", setting.block_bytes}, {"gbps", r.gbps}, {"latency_ms_p50", r.p50_ms},
+          {"latency_ms_p99", r.p99_ms}, {"gathers", r.gathers}, {"gatherer_cpu_cores", self_cores},
+          {"pool_cpu_cores", pool_cores}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,6 +391,8 @@ int main(int argc, char** argv) {
     std::cerr << "pool_bench: dd-kv-pool did not start (is it built next to this binary?)\n";
     return 1;
   }
+  const Setting setting{.layout = layout, .block_bytes = block_bytes, .chunks = chunks, .quota_mib = quota_mib,
+                        .max_threads = max_threads, .pool = &pool, .yield_flag = yield_flag};
   nlohmann::json runs = nlohmann::json::array();
   nlohmann::json ceilings = nlohmann::json::array();
   // UCX's own figures at each gather's size, measured within each round as one more turn (so a
@@ -268,7 +417,6 @@ int main(int argc, char** argv) {
       }
     }
   };
-  std::vector<float> block(layout.block_floats());
   for (int64_t round = 0; round < rounds; ++round) {
     std::vector<std::string> transports = absl::GetFlag(FLAGS_transports);
     if (absl::GetFlag(FLAGS_perftest)) transports.push_back("ucx_perftest");  // a turn of its own
@@ -281,113 +429,14 @@ int main(int argc, char** argv) {
         yardsticks(round, rounds > 1 ? 1 : kPerftestRuns);
         continue;
       }
-      std::unique_ptr<dd::kvpool::testing_util::PoolProcess> busy_pool;  // only while its transport runs
-      const dd::kvpool::testing_util::PoolProcess* serving = nullptr;    // the pool whose CPU is counted
-      std::unique_ptr<dd::kvpool::KvStore> store;
-      std::vector<std::vector<float>> plain;  // memcpy, cma: one buffer of `chunks` blocks per thread
-      pid_t holder = -1;                      // cma: the process the gathers read from
-      int holder_pipe[2] = {-1, -1};
-      std::vector<dd::kvpool::SequenceId> seqs;
-      if (transport == "memcpy" || transport == "cma") {
-        plain.assign(max_threads, std::vector<float>(chunks * layout.block_floats(), 1.0f));
-        if (transport == "cma") {  // a child holding the same pages (copy-on-write, never written)
-          if (pipe(holder_pipe) != 0) return std::perror("pipe"), 1;
-          holder = fork();
-          if (holder == 0) {
-            char c;
-            close(holder_pipe[1]);
-            while (read(holder_pipe[0], &c, 1) < 0 && errno == EINTR) {
-            }
-            _exit(0);
-          }
-          close(holder_pipe[0]);
-        }
-      } else {
-        absl::StatusOr<std::unique_ptr<dd::kvpool::KvStore>> s;
-        if (transport == "inproc") {
-          s = dd::kvpool::NewInProcessKvStore();
-        } else {
-          const bool ucx = transport.rfind("ucx-", 0) == 0;
-          const bool rma = absl::EndsWith(transport, "-rma");
-          serving = &pool;
-          if (absl::EndsWith(transport, "-busy")) {
-            unsetenv("UCX_TLS");  // the pool offers every transport, as the main pool does
-            busy_pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(
-                30000, std::to_string(quota_mib) + "MiB", std::vector<std::string>{"--ucx_busy_poll", "--ucx_tcp", yield_flag});
-            if (busy_pool->address().empty()) return std::cerr << "pool_bench: the busy-polling pool did not start\n", 1;
-            serving = busy_pool.get();
-          }
-          if (ucx) setenv("UCX_TLS", transport.rfind("ucx-tcp", 0) == 0 ? "tcp" : "sm,self", 1);  // read at ucp_init
-          s = dd::kvpool::ConnectPoolKvStore(
-              {.address = serving->address(), .token = dd::kvpool::testing_util::kAlice,
-               .transport = ucx ? dd::kvpool::PoolTransport::kUcx : dd::kvpool::PoolTransport::kShm,
-               .ucx_path = rma ? dd::kvpool::UcxPath::kRma : dd::kvpool::UcxPath::kActiveMessages});
-        }
-        if (!s.ok()) {
-          std::cerr << "pool_bench: " << transport << ": " << s.status().message() << "\n";
-          return 1;
-        }
-        store = std::move(*s);
-        for (int t = 0; t < max_threads; ++t) {
-          auto id = store->Open(layout);
-          if (!id.ok()) return std::cerr << id.status().message() << "\n", 1;
-          for (int64_t c = 0; c < chunks; ++c) {
-            std::fill(block.begin(), block.end(), static_cast<float>(c));
-            if (auto st = store->Write(*id, {0, 0, c}, block.data()); !st.ok()) return std::cerr << st.message() << "\n", 1;
-          }
-          seqs.push_back(*id);
-        }
-      }
+      auto target = Target::Create(transport, setting);
+      if (!target.ok()) return std::cerr << "pool_bench: " << transport << ": " << target.status().message() << "\n", 1;
       for (int64_t conc : conc_list) {
         for (int64_t blocks : blocks_list) {
-          const double pool_cpu0 = serving != nullptr ? CpuSeconds(serving->pid()) : 0, self_cpu0 = CpuSeconds(0);
-          const auto wall0 = Clock::now();
-          Result r = Measure(static_cast<int>(conc), blocks, block_bytes, chunks,
-                             [&](int t, const std::vector<ChunkRef>& refs, float* dst) {
-                               if (holder > 0) {  // one process_vm_readv per gather, an iov entry per block
-                                 std::vector<iovec> local(refs.size()), remote(refs.size());
-                                 for (size_t i = 0; i < refs.size(); ++i) {
-                                   local[i] = {dst + i * layout.block_floats(), static_cast<size_t>(block_bytes)};
-                                   remote[i] = {&plain[t][refs[i].chunk * layout.block_floats()],
-                                                static_cast<size_t>(block_bytes)};
-                                 }
-                                 return process_vm_readv(holder, local.data(), local.size(), remote.data(), remote.size(),
-                                                         0) == static_cast<ssize_t>(refs.size() * block_bytes);
-                               }
-                               if (!store) {
-                                 for (size_t i = 0; i < refs.size(); ++i) {
-                                   std::memcpy(dst + i * layout.block_floats(),
-                                               &plain[t][refs[i].chunk * layout.block_floats()], block_bytes);
-                                 }
-                                 return true;
-                               }
-                               auto id = store->Gather(seqs[t], refs, dst, dd::kvpool::Priority::kUrgent);
-                               return id.ok() && store->Wait(*id).ok();
-                             });
-          const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
-          const double self_cores = (CpuSeconds(0) - self_cpu0) / wall;
-          nlohmann::json pool_cores = nullptr;
-          if (serving != nullptr) pool_cores = (CpuSeconds(serving->pid()) - pool_cpu0) / wall;
-          if (r.failed || r.gathers == 0) {
-            std::cerr << "pool_bench: " << transport << ": a gather failed\n";
-            return 1;
-          }
-          runs.push_back({{"transport", transport}, {"round", round}, {"blocks_per_gather", blocks}, {"concurrency", conc},
-                          {"block_bytes", block_bytes}, {"gbps", r.gbps}, {"latency_ms_p50", r.p50_ms},
-                          {"latency_ms_p99", r.p99_ms}, {"gathers", r.gathers}, {"gatherer_cpu_cores", self_cores},
-                          {"pool_cpu_cores", pool_cores}});
-          std::fprintf(stderr,
-                       "%-12s blocks %4lld conc %lld: %7.2f GB/s  p50 %8.3f ms  p99 %8.3f ms  cpu %.2f+%.2f  (%lld gathers)\n",
-                       transport.c_str(), static_cast<long long>(blocks), static_cast<long long>(conc), r.gbps,
-                       r.p50_ms, r.p99_ms, self_cores, pool_cores.is_null() ? 0.0 : pool_cores.get<double>(),
-                       static_cast<long long>(r.gathers));
+          nlohmann::json row = MeasureRow(**target, transport, round, conc, blocks, setting);
+          if (row.is_null()) return 1;
+          runs.push_back(std::move(row));
         }
-      }
-      for (auto id : seqs) (void)store->Release(id);
-      store.reset();  // before its pool goes
-      if (holder > 0) {
-        close(holder_pipe[1]);
-        waitpid(holder, nullptr, 0);
       }
     }
   }
