@@ -52,7 +52,12 @@ class PoolCollectable : public prometheus::Collectable {
                                    "Get replies handed to UCX as one eager message (over tcp: no rendezvous round trip)",
                                    MetricType::Counter, {}};
     eager.metric.push_back(Counter({}, static_cast<double>(c.eager_replies.load(std::memory_order_relaxed))));
-    return {bytes, seqs, evictions, expired, hits, requests, moved, eager};
+    prometheus::MetricFamily held{"dd_pool_ucx_reply_bytes_held",
+                                  "Bytes of packed get replies in flight, stalled ones included (at most 256 MiB per "
+                                  "tenant, one reply more)",
+                                  MetricType::Gauge, {}};
+    held.metric.push_back(Gauge({}, static_cast<double>(c.reply_bytes_held.load(std::memory_order_relaxed))));
+    return {bytes, seqs, evictions, expired, hits, requests, moved, eager, held};
   }
 
  private:

@@ -3,7 +3,8 @@
 //   dd_pool_evictions_total{tenant}, dd_pool_expired_leases_total{tenant},
 //   dd_pool_prefix_hits_total{tenant}; with UCX, dd_pool_ucx_requests_total{op="get|put|refused"}
 //   dd_pool_ucx_bytes_total{op="get|put"} (the active-message data path) and
-//   dd_pool_ucx_eager_replies_total (get replies sent as one eager message, over tcp).
+//   dd_pool_ucx_eager_replies_total (get replies sent as one eager message, over tcp) and the
+//   gauge dd_pool_ucx_reply_bytes_held (packed copies of replies in flight).
 #pragma once
 
 #include <memory>

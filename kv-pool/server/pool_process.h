@@ -3,9 +3,12 @@
 // the pool (port 0) and read from the line it prints. address() is empty if it failed to start.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,5 +96,36 @@ class PoolProcess {
   pid_t pid_ = -1;
   std::string address_, metrics_;
 };
+
+// GET http://host:port/metrics with a plain socket; returns the body ("" on failure).
+inline std::string Scrape(const std::string& hostport) {
+  const auto colon = hostport.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + hostport + "\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, n);
+  close(fd);
+  const auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// The value of the first sample line starting with `series` in a Prometheus text body.
+inline double Sample(const std::string& body, const std::string& series) {
+  const auto at = body.find("\n" + series);
+  if (at == std::string::npos) return -1;
+  const auto eol = body.find('\n', at + 1);
+  const std::string line = body.substr(at + 1, eol - at - 1);
+  return std::stod(line.substr(line.rfind(' ') + 1));
+}
 
 }  // namespace dd::kvpool::testing_util

@@ -32,6 +32,8 @@ namespace {
 using testing_util::kAlice;
 using testing_util::kBob;
 using testing_util::PoolProcess;
+using testing_util::Sample;
+using testing_util::Scrape;
 const KvLayout kLayout{.n_layers = 3, .n_kv_heads = 2, .head_dim = 32, .chunk_tokens = 8};
 
 std::unique_ptr<KvStore> Connect(const PoolProcess& p, const char* token, LinkModel link = {},
@@ -40,37 +42,6 @@ std::unique_ptr<KvStore> Connect(const PoolProcess& p, const char* token, LinkMo
                                .first_extent_chunks = 4});
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
-}
-
-// GET http://host:port/metrics with a plain socket; returns the body ("" on failure).
-std::string Scrape(const std::string& hostport) {
-  const auto colon = hostport.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
-  inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &addr.sin_addr);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: " + hostport + "\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, n);
-  close(fd);
-  const auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
-// The value of the first sample line starting with `series` in a Prometheus text body.
-double Sample(const std::string& body, const std::string& series) {
-  const auto at = body.find("\n" + series);
-  if (at == std::string::npos) return -1;
-  const auto eol = body.find('\n', at + 1);
-  const std::string line = body.substr(at + 1, eol - at - 1);
-  return std::stod(line.substr(line.rfind(' ') + 1));
 }
 
 std::vector<float> BlockFor(uint64_t seed, const ChunkRef& r) {

@@ -80,5 +80,41 @@ TEST(ReplyQueueTest, DoneForgetsAnUnknownTicket) {
   EXPECT_EQ(q.in_flight(), 0u);
 }
 
+// An owner (a tenant) whose replies hold copies in flight is held to its budget however many
+// endpoints it uses: stalled replies keep counting against it (they keep their copies), its next
+// ones wait, and another owner's go. One reply is always let through, however large.
+TEST(ReplyQueueTest, AnOwnersCopiesInFlightStayWithinItsBudgetAcrossEndpoints) {
+  Queue q({.max_in_flight = 2, .per_endpoint_in_flight = 1, .per_endpoint_queued = 8,
+           .stall = milliseconds(500), .per_owner_bytes = 100});
+  const auto t0 = Queue::Clock::now();
+  constexpr int kBob = 1, kAlice = 2;
+  ASSERT_TRUE(q.Push(A, "bob-a", {kBob, 60}));
+  ASSERT_TRUE(q.Push(B, "bob-b", {kBob, 60}));
+  ASSERT_TRUE(q.Push(C, "alice-c", {kAlice, 60}));
+  std::vector<uint64_t> tickets;
+  // Bob's second would take him to 120: it waits, and Alice's goes.
+  EXPECT_EQ(Drain(q, t0, &tickets), (std::vector<std::string>{"bob-a", "alice-c"}));
+  EXPECT_EQ(q.bytes_in_flight(), 120);
+  // Long after the stall time Bob's first still holds its copy: his second still waits.
+  EXPECT_EQ(Drain(q, t0 + milliseconds(5000)), std::vector<std::string>{});
+  q.Done(tickets[0]);
+  EXPECT_EQ(Drain(q, t0 + milliseconds(5000)), (std::vector<std::string>{"bob-b"}));
+  EXPECT_EQ(q.bytes_in_flight(), 120);
+  // A reply larger than the whole budget goes when its owner has nothing in flight.
+  ASSERT_TRUE(q.Push(A, "alice-big", {kAlice, 500}));
+  q.Done(tickets[1]);
+  EXPECT_EQ(Drain(q, t0 + milliseconds(5000)), (std::vector<std::string>{"alice-big"}));
+}
+
+TEST(ReplyQueueTest, AnOwnersWaitingRepliesAreBoundedAcrossEndpoints) {
+  Queue q({.max_in_flight = 0, .per_endpoint_queued = 8, .per_owner_queued = 3});
+  EXPECT_TRUE(q.Push(A, "b1", {1, 0}));
+  EXPECT_TRUE(q.Push(B, "b2", {1, 0}));
+  EXPECT_TRUE(q.Push(C, "b3", {1, 0}));
+  EXPECT_FALSE(q.Push(A, "b4", {1, 0}));  // a fourth endpoint's worth would not help either
+  EXPECT_TRUE(q.Push(A, "a1", {2, 0}));   // another owner's still queue
+  EXPECT_EQ(q.queued(), 4u);
+}
+
 }  // namespace
 }  // namespace dd::kvpool

@@ -26,6 +26,8 @@ namespace {
 using testing_util::kAlice;
 using testing_util::kBob;
 using testing_util::PoolProcess;
+using testing_util::Sample;
+using testing_util::Scrape;
 namespace wire = ucxproto;
 
 v1::HandshakeResponse Handshake(PoolProcess& pool, const char* token) {
@@ -136,6 +138,12 @@ class RawAm {
     for (ucs_status_ptr_t r : sent) {
       if (r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);
     }
+  }
+
+  // Progresses the worker for `wait` (takes what comes; a hoarder keeps rendezvous replies).
+  void Progress(std::chrono::milliseconds wait) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
   }
 
   // The pool's reply code, or nullopt when none came within `wait`. `rndv`: the data goes by
@@ -399,6 +407,52 @@ TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
   EXPECT_TRUE(bob.reply_rndv());
 
   std::vector<float> secret(kBlock / sizeof(float), 1.5f), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+  float* dst = got.data();
+  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
+}
+
+// A tenant that hoards replies on many endpoints holds at most 256 MiB of the pool's packed
+// copies between them: each endpoint's one reply in flight keeps its copy for as long as the
+// tenant does not take it, and the stall rule lets further replies go (reply_queue.h), so before
+// this budget eight endpoints pinned 8 x 64 MiB. Another tenant's gathers still come through.
+TEST_P(UcxIsolationTest, AHoardingTenantHoldsABoundedShareOfThePoolsMemory) {
+  PoolProcess pool(30000, "8MiB", PoolFlags());
+  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
+  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  wire::GetRequest get;
+  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
+  get.count = wire::kMaxBlocksPerGet;
+  get.flags = wire::kPackReply;
+  get.block_bytes = wire::kMaxReplyBytes / get.count;  // 64 MiB packed: rendezvous, hoarded
+  std::vector<int64_t> offsets(get.count);
+  for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (i * 7 % 64) * get.block_bytes;
+  constexpr int kEndpoints = 8;
+  constexpr double kBudget = 256 << 20, kReply = wire::kMaxReplyBytes;
+  std::vector<std::unique_ptr<RawAm>> bob;
+  for (int i = 0; i < kEndpoints; ++i) {
+    bob.push_back(std::make_unique<RawAm>(bob_hs.ucx_worker_address()));
+    ASSERT_TRUE(bob.back()->ok());
+    bob.back()->set_hoard(true);
+  }
+  // Each endpoint asks once; the pool sends what the budget allows (two at a time, then more
+  // as the first stall), the rest wait unpacked. Give the stall rule time to let them all go.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  for (auto& b : bob) {
+    b->Flood(1, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), 0,
+             std::chrono::milliseconds(1));
+  }
+  double held = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (auto& b : bob) b->Progress(std::chrono::milliseconds(20));
+    held = std::max(held, Sample(Scrape(pool.metrics()), "dd_pool_ucx_reply_bytes_held"));
+  }
+  EXPECT_EQ(held, kBudget) << "the most the pool held for bob's replies, in bytes";
+  EXPECT_GT(kEndpoints * kReply, kBudget);  // without the budget all would have been held
+
+  std::vector<float> secret(kBlock / sizeof(float), 4.5f), got(kBlock / sizeof(float), 0.0f);
   ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
   float* dst = got.data();
   ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());

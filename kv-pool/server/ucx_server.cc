@@ -48,7 +48,12 @@ struct UcxServer::Impl {
   };
   // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, one per
   // endpoint, endpoints in turn, bounded per endpoint).
-  ReplyQueue<std::unique_ptr<Outgoing>> replies{{}};
+  // Per tenant, however many endpoints it opens: at most 1024 replies waiting, and packed copies
+  // in flight (stalled ones included) of at most 256 MiB between them (one is always let through).
+  ReplyQueue<std::unique_ptr<Outgoing>> replies{{.per_owner_bytes = int64_t{256} << 20, .per_owner_queued = 1024}};
+
+  // The copies replies in flight hold, for the metrics (progress thread writes).
+  void CountHeld() { server->counters_.reply_bytes_held.store(replies.bytes_in_flight(), std::memory_order_relaxed); }
 
   // Sends the replies whose turn it is (progress thread).
   void Pump() {
@@ -68,6 +73,7 @@ struct UcxServer::Impl {
       ucp_ep_h ep = out->ep;
       Send(ep, std::move(out));
     }
+    CountHeld();
   }
 
   // The tenant a session belongs to, or -1.
@@ -105,7 +111,10 @@ struct UcxServer::Impl {
     p.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* o = static_cast<Outgoing*>(user);
       --o->impl->in_flight;
-      if (o->ticket != 0) o->impl->replies.Done(o->ticket);
+      if (o->ticket != 0) {
+        o->impl->replies.Done(o->ticket);
+        o->impl->CountHeld();
+      }
       delete o;
       ucp_request_free(req);
     };
@@ -188,7 +197,8 @@ struct UcxServer::Impl {
       out->packed_bytes = static_cast<size_t>(req.count) * req.block_bytes;
     }
     out->ep = param->reply_ep;
-    if (!self->replies.Push(param->reply_ep, std::move(out))) {  // this endpoint has too many waiting
+    const int64_t copy = out->pack ? static_cast<int64_t>(out->packed_bytes) : 0;  // what it will hold in flight
+    if (!self->replies.Push(param->reply_ep, std::move(out), {t, copy})) {  // too many waiting here, or for t
       return self->Answer(param->reply_ep, req.id, absl::StatusCode::kResourceExhausted), UCS_OK;
     }
     s.counters_.gets.fetch_add(1, std::memory_order_relaxed);

@@ -45,6 +45,7 @@ struct UcxRegion {
 struct UcxCounters {
   std::atomic<int64_t> gets{0}, get_blocks{0}, get_bytes{0}, puts{0}, put_bytes{0}, refused{0};
   std::atomic<int64_t> eager_replies{0};  // get replies sent as one eager message (kEagerReply)
+  std::atomic<int64_t> reply_bytes_held{0};  // packed copies of replies in flight (a gauge)
 };
 
 class UcxServer {
