@@ -6,7 +6,8 @@
 // `per_endpoint_in_flight` in flight and `per_endpoint_queued` waiting (beyond, Push refuses). A reply still in flight after
 // `stall` stops counting against the shared limit: a worker that never takes its replies
 // stalls only its own endpoint, not the other tenants'. Memory is bounded per owner (a tenant)
-// too, whatever number of endpoints it opens: at most `per_owner_queued` replies waiting, and
+// too, whatever number of endpoints it opens: replies waiting of at most `per_owner_queued` in
+// weight (the server weighs a reply by its blocks, which its waiting entry holds), and
 // replies in flight (stalled ones included) holding at most `per_owner_bytes` of copies between
 // them; beyond, an owner's replies wait (one is always let through). Not thread-safe (one
 // progress thread).
@@ -34,12 +35,14 @@ class ReplyQueue {
     size_t per_endpoint_queued = 256;
     Clock::duration stall = std::chrono::milliseconds(500);
     int64_t per_owner_bytes = INT64_MAX;
-    size_t per_owner_queued = SIZE_MAX;
+    size_t per_owner_queued = SIZE_MAX;  // in Cost::weight
   };
-  // What a reply costs its owner while it is in flight (the bytes of its copy); owner < 0: none.
+  // What a reply costs its owner: while it waits, `weight`; while it is in flight, the bytes of
+  // its copy. owner < 0: nothing.
   struct Cost {
     int owner = -1;
     int64_t bytes = 0;
+    size_t weight = 1;
   };
   struct Ready {
     Endpoint ep;
@@ -54,7 +57,7 @@ class ReplyQueue {
   bool Push(Endpoint ep, Item item, Cost cost = {}) {
     if (cost.owner >= 0) {
       auto o = owners_.find(cost.owner);
-      if (o != owners_.end() && o->second.queued >= limits_.per_owner_queued) return false;
+      if (o != owners_.end() && o->second.queued + cost.weight > limits_.per_owner_queued) return false;
     }
     auto [it, fresh] = eps_.try_emplace(ep);
     PerEndpoint& e = it->second;
@@ -64,7 +67,7 @@ class ReplyQueue {
     }
     if (e.queued.empty()) order_.push_back(ep);
     e.queued.push_back({std::move(item), cost});
-    if (cost.owner >= 0) ++owners_[cost.owner].queued;
+    if (cost.owner >= 0) owners_[cost.owner].queued += cost.weight;
     ++queued_;
     return true;
   }
@@ -90,7 +93,7 @@ class ReplyQueue {
       ++e.in_flight;
       if (w.cost.owner >= 0) {
         PerOwner& o = owners_[w.cost.owner];
-        --o.queued;
+        o.queued -= w.cost.weight;
         o.bytes += w.cost.bytes;
       }
       bytes_ += w.cost.bytes;
@@ -130,7 +133,7 @@ class ReplyQueue {
     int in_flight = 0;
   };
   struct PerOwner {
-    size_t queued = 0;
+    size_t queued = 0;  // the weight of its replies waiting
     int64_t bytes = 0;  // held by its replies in flight
   };
   struct Sending {

@@ -107,12 +107,12 @@ TEST(ReplyQueueTest, AnOwnersCopiesInFlightStayWithinItsBudgetAcrossEndpoints) {
 }
 
 TEST(ReplyQueueTest, AnOwnersWaitingRepliesAreBoundedAcrossEndpoints) {
-  Queue q({.max_in_flight = 0, .per_endpoint_queued = 8, .per_owner_queued = 3});
-  EXPECT_TRUE(q.Push(A, "b1", {1, 0}));
-  EXPECT_TRUE(q.Push(B, "b2", {1, 0}));
-  EXPECT_TRUE(q.Push(C, "b3", {1, 0}));
-  EXPECT_FALSE(q.Push(A, "b4", {1, 0}));  // a fourth endpoint's worth would not help either
-  EXPECT_TRUE(q.Push(A, "a1", {2, 0}));   // another owner's still queue
+  Queue q({.max_in_flight = 0, .per_endpoint_queued = 8, .per_owner_queued = 10});
+  EXPECT_TRUE(q.Push(A, "b1", {1, 0, 4}));
+  EXPECT_TRUE(q.Push(B, "b2", {1, 0, 4}));
+  EXPECT_FALSE(q.Push(C, "b3", {1, 0, 4}));  // 12 > 10, on any endpoint
+  EXPECT_TRUE(q.Push(C, "b3", {1, 0, 2}));   // exactly 10
+  EXPECT_TRUE(q.Push(A, "a1", {2, 0, 10}));  // another owner's still queue
   EXPECT_EQ(q.queued(), 4u);
 }
 

@@ -48,9 +48,10 @@ struct UcxServer::Impl {
   };
   // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, one per
   // endpoint, endpoints in turn, bounded per endpoint).
-  // Per tenant, however many endpoints it opens: at most 1024 replies waiting, and packed copies
-  // in flight (stalled ones included) of at most 256 MiB between them (one is always let through).
-  ReplyQueue<std::unique_ptr<Outgoing>> replies{{.per_owner_bytes = int64_t{256} << 20, .per_owner_queued = 1024}};
+  // Per tenant, however many endpoints it opens: replies waiting for at most 1M blocks between
+  // them (their iovs, ~24 MiB), and packed copies in flight (stalled ones included) of at most
+  // 256 MiB (one is always let through).
+  ReplyQueue<std::unique_ptr<Outgoing>> replies{{.per_owner_bytes = int64_t{256} << 20, .per_owner_queued = 1 << 20}};
 
   // The copies replies in flight hold, for the metrics (progress thread writes).
   void CountHeld() { server->counters_.reply_bytes_held.store(replies.bytes_in_flight(), std::memory_order_relaxed); }
@@ -198,7 +199,7 @@ struct UcxServer::Impl {
     }
     out->ep = param->reply_ep;
     const int64_t copy = out->pack ? static_cast<int64_t>(out->packed_bytes) : 0;  // what it will hold in flight
-    if (!self->replies.Push(param->reply_ep, std::move(out), {t, copy})) {  // too many waiting here, or for t
+    if (!self->replies.Push(param->reply_ep, std::move(out), {t, copy, req.count})) {  // too many waiting here, or for t
       return self->Answer(param->reply_ep, req.id, absl::StatusCode::kResourceExhausted), UCS_OK;
     }
     s.counters_.gets.fetch_add(1, std::memory_order_relaxed);
