@@ -49,7 +49,7 @@ struct UcxServer::Impl {
   // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, one per
   // endpoint, endpoints in turn, bounded per endpoint).
   // Per tenant, however many endpoints it opens: replies waiting for at most 1M blocks between
-  // them (their iovs, ~24 MiB), and packed copies in flight (stalled ones included) of at most
+  // them (their iovs, ~16 MiB), and packed copies in flight (stalled ones included) of at most
   // 256 MiB (one is always let through).
   ReplyQueue<std::unique_ptr<Outgoing>> replies{{.per_owner_bytes = int64_t{256} << 20, .per_owner_queued = 1 << 20}};
 
