@@ -199,6 +199,15 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxIsolationTest, ::testing::Values("tcp", 
 
 constexpr int64_t kBlock = 4096;
 
+// A put and a get of one block round-trip on `path`: the pool still serves that tenant.
+void ExpectServed(DataPath& path, float value) {
+  std::vector<float> secret(kBlock / sizeof(float), value), got(kBlock / sizeof(float), 0.0f);
+  ASSERT_TRUE(path.Put(0, secret.data(), kBlock).ok());
+  float* dst = got.data();
+  ASSERT_TRUE(path.Get({0}, kBlock, {&dst, 1}).ok());
+  EXPECT_EQ(got, secret);
+}
+
 TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
   PoolProcess pool(30000, "8MiB", PoolFlags());
   ASSERT_FALSE(pool.address().empty());
@@ -406,11 +415,7 @@ TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
   EXPECT_EQ(bob.reply_bytes(), static_cast<size_t>(wire::kMaxReplyBytes));
   EXPECT_TRUE(bob.reply_rndv());
 
-  std::vector<float> secret(kBlock / sizeof(float), 1.5f), got(kBlock / sizeof(float), 0.0f);
-  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
-  float* dst = got.data();
-  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
-  EXPECT_EQ(got, secret);
+  ExpectServed(**alice, 1.5f);
 }
 
 // A tenant that hoards replies on many endpoints holds at most 256 MiB of the pool's packed
@@ -452,11 +457,7 @@ TEST_P(UcxIsolationTest, AHoardingTenantHoldsABoundedShareOfThePoolsMemory) {
   EXPECT_EQ(held, kBudget) << "the most the pool held for bob's replies, in bytes";
   EXPECT_GT(kEndpoints * kReply, kBudget);  // without the budget all would have been held
 
-  std::vector<float> secret(kBlock / sizeof(float), 4.5f), got(kBlock / sizeof(float), 0.0f);
-  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
-  float* dst = got.data();
-  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
-  EXPECT_EQ(got, secret);
+  ExpectServed(**alice, 4.5f);
 }
 
 // Requests whose data comes by rendezvous and that the pool refuses (a get's offsets must come
@@ -495,11 +496,7 @@ TEST_P(UcxIsolationTest, RefusedRendezvousRequestsLeaveThePoolServing) {
   EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put) - 1, bytes.data(), bytes.size(), std::chrono::milliseconds(300), true),
             std::nullopt);  // nothing to answer: the header is not a PutRequest
 
-  std::vector<float> secret(kBlock / sizeof(float), 2.5f), got(kBlock / sizeof(float), 0.0f);
-  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
-  float* dst = got.data();
-  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
-  EXPECT_EQ(got, secret);
+  ExpectServed(**alice, 2.5f);
   int status = 0;
   EXPECT_EQ(waitpid(pool.pid(), &status, WNOHANG), 0) << "the pool exited";
 }
