@@ -192,6 +192,36 @@ class UcxIsolationTest : public ::testing::TestWithParam<const char*> {
   static std::vector<std::string> PoolFlags() {
     return std::string(GetParam()) == "tcp" ? std::vector<std::string>{"--ucx_tcp"} : std::vector<std::string>{};
   }
+  // A pool, Bob's Handshake (he attacks with active messages he crafts) and Alice's data path
+  // (the tenant that must go on being served).
+  void StartPool() {
+    pool_ = std::make_unique<PoolProcess>(30000, "8MiB", PoolFlags());
+    ASSERT_FALSE(pool_->address().empty());
+    bob_hs_ = Handshake(*pool_, kBob);
+    auto alice = NewUcxDataPath(Handshake(*pool_, kAlice), 5000, UcxPath::kAuto, true);
+    ASSERT_TRUE(alice.ok()) << alice.status();
+    alice_ = std::move(*alice);
+  }
+  // A get under Bob's session.
+  wire::GetRequest BobsGet(uint32_t count, int64_t block_bytes, uint32_t flags) const {
+    wire::GetRequest get;
+    std::memcpy(get.session, bob_hs_.ucx_session().data(), wire::kSessionBytes);
+    get.count = count;
+    get.block_bytes = block_bytes;
+    get.flags = flags;
+    return get;
+  }
+  // A put under Bob's session.
+  wire::PutRequest BobsPut(int64_t offset, int64_t bytes) const {
+    wire::PutRequest put;
+    std::memcpy(put.session, bob_hs_.ucx_session().data(), wire::kSessionBytes);
+    put.offset = offset;
+    put.bytes = bytes;
+    return put;
+  }
+  std::unique_ptr<PoolProcess> pool_;
+  v1::HandshakeResponse bob_hs_;
+  std::unique_ptr<DataPath> alice_;  // destroyed before the pool
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxIsolationTest, ::testing::Values("tcp", "sm,self"),
@@ -331,23 +361,17 @@ TEST_P(UcxIsolationTest, LargeGathersComeBackExactlyInAnyOrder) {
 // most 256 waiting replies (the rest refused, RESOURCE_EXHAUSTED); another tenant's gathers still
 // come through (reply_queue.h: a stalled send stops counting against the others after 500 ms).
 TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
-  PoolProcess pool(30000, "8MiB", PoolFlags());
-  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
-  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
-  ASSERT_TRUE(alice.ok()) << alice.status();
+  ASSERT_NO_FATAL_FAILURE(StartPool());
   std::vector<float> secret(kBlock / sizeof(float), 3.25f), got(kBlock / sizeof(float), 0.0f);
-  ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
+  ASSERT_TRUE(alice_->Put(0, secret.data(), kBlock).ok());
 
-  RawAm bob(bob_hs.ucx_worker_address());
+  RawAm bob(bob_hs_.ucx_worker_address());
   ASSERT_TRUE(bob.ok());
   bob.set_hoard(true);
   constexpr int kBlocks = 64, kSent = 300;
   constexpr int kHeld = 1, kQueued = 256;  // reply_queue.h's limits per endpoint
-  wire::GetRequest get;
-  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.count = kBlocks;
-  get.flags = wire::kPackReply;
-  get.block_bytes = 16384;  // 1 MiB of reply: rendezvous on every transport
+  // 1 MiB of reply: rendezvous on every transport.
+  const wire::GetRequest get = BobsGet(kBlocks, 16384, wire::kPackReply);
   std::vector<int64_t> offsets(kBlocks);
   for (int i = 0; i < kBlocks; ++i) offsets[i] = (i * 7 % kBlocks) * get.block_bytes;  // not adjacent: packed
   bob.Flood(kSent, wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t),
@@ -357,7 +381,7 @@ TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
 
   const auto start = std::chrono::steady_clock::now();
   float* dst = got.data();
-  ASSERT_TRUE((*alice)->Get({0}, kBlock, {&dst, 1}).ok());
+  ASSERT_TRUE(alice_->Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
@@ -367,30 +391,20 @@ TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
 // whatever the worker asked (a 64 MiB eager reply would be reassembled by UCX, and over shared
 // memory copied through the FIFO by the pool's thread alone). Both arrive whole.
 TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
-  PoolProcess pool(30000, "8MiB", PoolFlags());
+  ASSERT_NO_FATAL_FAILURE(StartPool());
   const bool tcp = std::string(GetParam()) == "tcp";
-  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
-  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
-  ASSERT_TRUE(alice.ok()) << alice.status();
-  RawAm bob(bob_hs.ucx_worker_address());
+  RawAm bob(bob_hs_.ucx_worker_address());
   ASSERT_TRUE(bob.ok());
   constexpr int64_t kBlocks = 64, kBytes = 16384;
   std::vector<uint8_t> pattern(kBlocks * kBytes);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 131 / 7);
-  wire::PutRequest put;
-  std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  put.bytes = kBytes;
   for (int64_t b = 0; b < kBlocks; ++b) {
-    put.offset = b * kBytes;
+    const wire::PutRequest put = BobsPut(b * kBytes, kBytes);
     ASSERT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), pattern.data() + b * kBytes, kBytes),
               absl::StatusCode::kOk);
   }
-  wire::GetRequest get;
-  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.flags = wire::kPackReply | wire::kEagerReply;
-  get.block_bytes = kBytes;
   // 32 blocks in reverse (512 KiB): eager over tcp, byte-exact.
-  get.count = 32;
+  wire::GetRequest get = BobsGet(32, kBytes, wire::kPackReply | wire::kEagerReply);
   std::vector<int64_t> offsets(get.count);
   for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (kBlocks - 1 - 2 * i) * kBytes;
   int ok = bob.replies(absl::StatusCode::kOk);
@@ -415,7 +429,7 @@ TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
   EXPECT_EQ(bob.reply_bytes(), static_cast<size_t>(wire::kMaxReplyBytes));
   EXPECT_TRUE(bob.reply_rndv());
 
-  ExpectServed(**alice, 1.5f);
+  ExpectServed(*alice_, 1.5f);
 }
 
 // A tenant that hoards replies on many endpoints holds at most 256 MiB of the pool's packed
@@ -423,22 +437,17 @@ TEST_P(UcxIsolationTest, EagerRepliesOnlyAsLargeAsATcpSegment) {
 // tenant does not take it, and the stall rule lets further replies go (reply_queue.h), so before
 // this budget eight endpoints pinned 8 x 64 MiB. Another tenant's gathers still come through.
 TEST_P(UcxIsolationTest, AHoardingTenantHoldsABoundedShareOfThePoolsMemory) {
-  PoolProcess pool(30000, "8MiB", PoolFlags());
-  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
-  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
-  ASSERT_TRUE(alice.ok()) << alice.status();
-  wire::GetRequest get;
-  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.count = wire::kMaxBlocksPerGet;
-  get.flags = wire::kPackReply;
-  get.block_bytes = wire::kMaxReplyBytes / get.count;  // 64 MiB packed: rendezvous, hoarded
+  ASSERT_NO_FATAL_FAILURE(StartPool());
+  // 64 MiB packed: rendezvous, hoarded.
+  const wire::GetRequest get =
+      BobsGet(wire::kMaxBlocksPerGet, wire::kMaxReplyBytes / wire::kMaxBlocksPerGet, wire::kPackReply);
   std::vector<int64_t> offsets(get.count);
   for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = (i * 7 % 64) * get.block_bytes;
   constexpr int kEndpoints = 8;
   constexpr double kBudget = 256 << 20, kReply = wire::kMaxReplyBytes;
   std::vector<std::unique_ptr<RawAm>> bob;
   for (int i = 0; i < kEndpoints; ++i) {
-    bob.push_back(std::make_unique<RawAm>(bob_hs.ucx_worker_address()));
+    bob.push_back(std::make_unique<RawAm>(bob_hs_.ucx_worker_address()));
     ASSERT_TRUE(bob.back()->ok());
     bob.back()->set_hoard(true);
   }
@@ -452,12 +461,12 @@ TEST_P(UcxIsolationTest, AHoardingTenantHoldsABoundedShareOfThePoolsMemory) {
   double held = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     for (auto& b : bob) b->Progress(std::chrono::milliseconds(20));
-    held = std::max(held, Sample(Scrape(pool.metrics()), "dd_pool_ucx_reply_bytes_held"));
+    held = std::max(held, Sample(Scrape(pool_->metrics()), "dd_pool_ucx_reply_bytes_held"));
   }
   EXPECT_EQ(held, kBudget) << "the most the pool held for bob's replies, in bytes";
   EXPECT_GT(kEndpoints * kReply, kBudget);  // without the budget all would have been held
 
-  ExpectServed(**alice, 4.5f);
+  ExpectServed(*alice_, 4.5f);
 }
 
 // Requests whose data comes by rendezvous and that the pool refuses (a get's offsets must come
@@ -466,27 +475,18 @@ TEST_P(UcxIsolationTest, AHoardingTenantHoldsABoundedShareOfThePoolsMemory) {
 // inside UCX's callback and then returned UCS_OK, so UCX released it again: over shared memory
 // the first such request crashed the pool.
 TEST_P(UcxIsolationTest, RefusedRendezvousRequestsLeaveThePoolServing) {
-  PoolProcess pool(30000, "8MiB", PoolFlags());
-  const v1::HandshakeResponse bob_hs = Handshake(pool, kBob);
-  auto alice = NewUcxDataPath(Handshake(pool, kAlice), 5000, UcxPath::kAuto, true);
-  ASSERT_TRUE(alice.ok()) << alice.status();
-  RawAm bob(bob_hs.ucx_worker_address());
+  ASSERT_NO_FATAL_FAILURE(StartPool());
+  RawAm bob(bob_hs_.ucx_worker_address());
   ASSERT_TRUE(bob.ok());
 
-  wire::GetRequest get;
-  std::memcpy(get.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  get.count = wire::kMaxBlocksPerGet;  // 32 KiB of offsets, sent by rendezvous
-  get.block_bytes = kBlock;
+  const wire::GetRequest get = BobsGet(wire::kMaxBlocksPerGet, kBlock, 0);  // 32 KiB of offsets, sent by rendezvous
   std::vector<int64_t> offsets(get.count, 0);
   constexpr auto kWait = std::chrono::seconds(3);
   EXPECT_EQ(bob.Send(wire::kGetId, &get, sizeof(get), offsets.data(), offsets.size() * sizeof(int64_t), kWait, true),
             absl::StatusCode::kInvalidArgument);
 
   std::vector<uint8_t> bytes(size_t{1} << 20, 0x5a);
-  wire::PutRequest put;
-  std::memcpy(put.session, bob_hs.ucx_session().data(), wire::kSessionBytes);
-  put.bytes = static_cast<int64_t>(bytes.size());
-  put.offset = bob_hs.region_bytes();  // just past his region
+  wire::PutRequest put = BobsPut(bob_hs_.region_bytes(), static_cast<int64_t>(bytes.size()));  // just past his region
   EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put), bytes.data(), bytes.size(), kWait, true),
             absl::StatusCode::kOutOfRange);
   put.offset = 0;
@@ -496,9 +496,9 @@ TEST_P(UcxIsolationTest, RefusedRendezvousRequestsLeaveThePoolServing) {
   EXPECT_EQ(bob.Send(wire::kPutId, &put, sizeof(put) - 1, bytes.data(), bytes.size(), std::chrono::milliseconds(300), true),
             std::nullopt);  // nothing to answer: the header is not a PutRequest
 
-  ExpectServed(**alice, 2.5f);
+  ExpectServed(*alice_, 2.5f);
   int status = 0;
-  EXPECT_EQ(waitpid(pool.pid(), &status, WNOHANG), 0) << "the pool exited";
+  EXPECT_EQ(waitpid(pool_->pid(), &status, WNOHANG), 0) << "the pool exited";
 }
 
 }  // namespace
