@@ -242,6 +242,7 @@ absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes
     p->block_bytes = block_bytes;
     p->get.id = p->id;
     p->get.count = static_cast<uint32_t>(n);
+    // kPackReply with kEagerReply: a pool older than kEagerReply still packs.
     p->get.flags = eager ? wire::kPackReply | wire::kEagerReply : config_.pack ? wire::kPackReply : 0;
     p->get.block_bytes = block_bytes;
     std::memcpy(p->get.session, config_.session, sizeof(config_.session));

@@ -46,11 +46,10 @@ struct UcxServer::Impl {
     ucp_ep_h ep;
     uint64_t id;
   };
-  // Replies with blocks wait their turn here (reply_queue.h: two in flight at a time, one per
-  // endpoint, endpoints in turn, bounded per endpoint).
-  // Per tenant, however many endpoints it opens: replies waiting for at most 1M blocks between
-  // them (their iovs, ~16 MiB), and packed copies in flight (stalled ones included) of at most
-  // 256 MiB (one is always let through).
+  // Replies with blocks wait their turn here (reply_queue.h): two in flight at a time, one per
+  // endpoint, endpoints in turn, bounded per endpoint; and per tenant, however many endpoints it
+  // opens, replies waiting for at most 1M blocks between them (their iovs, ~16 MiB) and packed
+  // copies in flight (stalled ones included) of at most 256 MiB (one is always let through).
   ReplyQueue<std::unique_ptr<Outgoing>> replies{{.per_owner_bytes = int64_t{256} << 20, .per_owner_queued = 1 << 20}};
 
   // The copies replies in flight hold, for the metrics (progress thread writes).
