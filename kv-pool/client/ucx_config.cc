@@ -21,6 +21,23 @@ bool UcxSegmentSizeSet() {
   return false;
 }
 
+absl::Status CheckUcxSegmentSizes() {
+  if (!FifoTransportsAllowed()) return absl::OkStatus();
+  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
+    const char* env = std::getenv(name);
+    size_t bytes = 0;
+    if (env == nullptr || ucs_config_sscanf_memunits(env, &bytes, nullptr) != 1) continue;
+    if (bytes > static_cast<size_t>(kUcxMaxSegBytes)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "kv pool ucx: ", name, "=", env, " is over ", kUcxMaxSegBytes,
+          " bytes: UCX's shared-memory FIFO records a message's length in 16 bits, and a full segment that large "
+          "kills the receiving process inside UCX; set at most ",
+          kUcxMaxSegBytes, " (unset: the data path's ", kUcxSegSizeDefault, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool UcxTcpSegmentSizeSet() { return std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr; }
 
 int64_t UcxTcpSegmentBytes() {
@@ -170,6 +187,7 @@ bool UcxSharedMemoryCompatible(absl::string_view a, absl::string_view b) {
 bool UcxTcpCompatible(absl::string_view a, absl::string_view b) { return a == b || a == kNoTcp || b == kNoTcp; }
 
 absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp) {
+  if (absl::Status st = CheckUcxSegmentSizes(); !st.ok()) return st;
   std::string tls;  // UCX_TLS for this context, when it differs from the environment's
   if (!tcp && TlsAllowsAny({"tcp"})) {
     const char* env = std::getenv("UCX_TLS");

@@ -222,6 +222,29 @@ TEST_F(UcxConfigTest, TcpSegmentBytesAsUcxReadsThem) {
   }
 }
 
+// A FIFO segment over 65535 bytes kills the receiver inside UCX (ucx_config.h): refused by
+// ReadUcxConfig, naming the variable and its value, wherever UCX_TLS allows the FIFO transports.
+TEST_F(UcxConfigTest, SegmentsTheFifoCannotCarryAreRefused) {
+  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
+    for (const char* ok : {"32k", "65535", "60K", "8256"}) {
+      setenv(name, ok, 1);
+      EXPECT_TRUE(CheckUcxSegmentSizes().ok()) << name << "=" << ok << ": " << CheckUcxSegmentSizes();
+    }
+    for (const char* big : {"64k", "65536", "1m"}) {
+      setenv(name, big, 1);
+      absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
+      ASSERT_FALSE(config.ok()) << name << "=" << big;
+      EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(config.status().message().find(absl::StrCat(name, "=", big)), std::string::npos) << config.status();
+      Tls("tcp");  // no FIFO transport: the setting reaches nothing
+      EXPECT_TRUE(CheckUcxSegmentSizes().ok()) << name << "=" << big << " with UCX_TLS=tcp";
+      Tls(nullptr);
+    }
+    unsetenv(name);
+  }
+  EXPECT_TRUE(CheckUcxSegmentSizes().ok());
+}
+
 // The transport of an endpoint's active messages, from UCX's own description of its lanes:
 // tcp when only tcp is allowed, a shared-memory transport on one host when it is.
 TEST_F(UcxConfigTest, AnEndpointNamesTheTransportOfItsActiveMessages) {

@@ -48,6 +48,8 @@ class UcxDataPath : public DataPath {
   }
 
   absl::Status Init(const v1::HandshakeResponse& hs, UcxPath mode, bool pool_is_local) {
+    // First: a segment UCX cannot carry is this worker's own error, whatever the pool's settings.
+    if (absl::Status st = CheckUcxSegmentSizes(); !st.ok()) return st;
     const char* pack = std::getenv("DD_UCX_PACK");
     config_.pack = pack != nullptr && *pack != '\0' ? std::string(pack) != "0"
                                                     : !(pool_is_local && SharedMemoryAllowed());

@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
                                                                      .spin_us = absl::GetFlag(FLAGS_ucx_spin_us),
                                                                      .spin_yield = absl::GetFlag(FLAGS_ucx_spin_yield),
                                                                      .tcp = absl::GetFlag(FLAGS_ucx_tcp)});
+    if (!server.ok() && server.status().code() == absl::StatusCode::kFailedPrecondition) {  // a setting to fix
+      std::cerr << "dd-kv-pool: " << server.status().message() << "\n";
+      return 1;
+    }
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;

@@ -12,11 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,21 @@ class PoolProcess {
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
+  }
+  // The pool's wait status once it has exited on its own, reaped; nullopt if it still runs at
+  // `deadline` (then it is left running).
+  std::optional<int> WaitExit(std::chrono::steady_clock::time_point deadline) {
+    while (pid_ > 0) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      pollfd none{-1, 0, 0};
+      (void)poll(&none, 1, 10);  // a 10 ms pause between checks
+    }
+    return std::nullopt;
   }
   const std::string& address() const { return address_; }
   pid_t pid() const { return pid_; }

@@ -431,6 +431,31 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   EXPECT_EQ(waitpid(pool->pid(), &status, WNOHANG), 0) << "the pool exited";
 }
 
+// UCX's FIFO records a message's length in 16 bits: with 64 KiB segments a full one killed the
+// receiving process (measured: the gatherer, by an assertion in UCX). A pool asked for such
+// segments does not start (exit status 1, not a signal); a worker asked for them is refused with
+// that reason, not the settings mismatch it would also have with the pool.
+TEST(PoolProcessTest, FifoSegmentsUcxCannotCarryAreRefusedAtStart) {
+  ScopedEnv any_tls("UCX_TLS", nullptr);
+  ScopedEnv mm("UCX_MM_SEG_SIZE", nullptr), posix("UCX_POSIX_SEG_SIZE", nullptr), sysv("UCX_SYSV_SEG_SIZE", nullptr);
+  {
+    std::unique_ptr<PoolProcess> pool = PoolWithOwnSetting("UCX_POSIX_SEG_SIZE", "64k");
+    EXPECT_TRUE(pool->address().empty()) << "a pool with 64 KiB FIFO segments started";
+    const std::optional<int> status = pool->WaitExit(std::chrono::steady_clock::now() + std::chrono::seconds(20));
+    ASSERT_TRUE(status.has_value()) << "the pool neither started nor exited";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << "wait status " << *status;
+  }
+  PoolProcess pool(30000, "8MiB", {"--ucx_tcp"});
+  ASSERT_FALSE(pool.address().empty());
+  ScopedEnv big("UCX_MM_SEG_SIZE", "65536");
+  auto refused = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                     .first_extent_chunks = 4});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=65536 is over 65535 bytes"), std::string::npos)
+      << refused.status();
+}
+
 // Over tcp a fragment larger than the receiver's segment killed the receiver inside UCX (a pool
 // with 1 MiB receive segments against a worker with 64 KiB, by hand). A worker with other tcp
 // settings is refused before it connects, naming both; one with the pool's settings gathers a
