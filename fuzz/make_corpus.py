@@ -128,8 +128,33 @@ def request_seeds():
     put("request", "seed-negative-token", field(4, 2, field(1, 0, (1 << 64) - 5)))
 
 
+def ucx_request_seeds():
+    # kind (even get, odd put), region bytes, a put's data length, the 48-byte header, the data.
+    magic, session = 0x44445531, bytes(range(16))
+
+    def get(region, count, block, offsets, flags=1):
+        header = struct.pack("<IIII16sQq", magic, count, flags, 0, session, 7, block)
+        return bytes([0]) + struct.pack("<qQ", region, 0) + header + struct.pack(f"<{len(offsets)}q", *offsets)
+
+    def put_req(region, length, offset, nbytes):
+        header = struct.pack("<II16sQqq", magic, 0, session, 9, offset, nbytes)
+        return bytes([1]) + struct.pack("<qQ", region, length) + header
+
+    kib16 = 16 << 10
+    put("ucx_request", "seed-get-adjacent", get(1 << 25, 4, kib16, [0, kib16, 5 * kib16, 6 * kib16]))
+    put("ucx_request", "seed-get-last-block", get(1 << 25, 2, kib16, [(1 << 25) - kib16, 0]))
+    put("ucx_request", "seed-get-past-end", get(1 << 25, 1, kib16, [(1 << 25) - kib16 + 1]))
+    put("ucx_request", "seed-get-negative", get(1 << 25, 2, kib16, [0, -kib16]))
+    put("ucx_request", "seed-get-too-large", get(1 << 40, 4096, kib16 + 1, [0] * 4096))
+    put("ucx_request", "seed-get-short-data", get(1 << 25, 3, kib16, [0, kib16]))
+    put("ucx_request", "seed-put", put_req(1 << 25, kib16, kib16, kib16))
+    put("ucx_request", "seed-put-wrap", put_req(1 << 25, kib16, (1 << 63) - 8, kib16))
+    put("ucx_request", "seed-put-length-mismatch", put_req(1 << 25, kib16 - 1, 0, kib16))
+
+
 def main():
-    for f in (gguf_seeds, safetensors_seeds, tokenizer_json_seeds, tenants_seeds, prompt_seeds, request_seeds):
+    for f in (gguf_seeds, safetensors_seeds, tokenizer_json_seeds, tenants_seeds, prompt_seeds, request_seeds,
+              ucx_request_seeds):
         f()
     n = sum(1 for _ in (HERE / "corpus").rglob("seed-*"))
     print(f"make_corpus: {n} seed files under {HERE / 'corpus'}", file=sys.stderr)

@@ -13,6 +13,7 @@
 #include "kv-pool/client/ucx_config.h"
 #include "kv-pool/client/ucx_protocol.h"
 #include "kv-pool/server/reply_queue.h"
+#include "kv-pool/server/ucx_requests.h"
 
 namespace dd::kvpool {
 
@@ -161,27 +162,14 @@ struct UcxServer::Impl {
     const int t = self->TenantOf(req.session);
     if (t < 0) return self->Answer(param->reply_ep, req.id, absl::StatusCode::kUnauthenticated), UCS_OK;
     const UcxRegion& region = s.regions_[t];
-    if (Rndv(param) || req.count == 0 || req.count > kMaxBlocksPerGet || length != req.count * sizeof(int64_t) ||
-        req.block_bytes <= 0 || req.block_bytes > kMaxReplyBytes / req.count || req.block_bytes > region.bytes) {
-      return self->Answer(param->reply_ep, req.id, absl::StatusCode::kInvalidArgument), UCS_OK;
-    }
+    std::vector<Piece> pieces;
+    const absl::StatusCode checked =
+        Rndv(param) ? absl::StatusCode::kInvalidArgument : CheckGet(req, data, length, region.bytes, &pieces);
+    if (checked != absl::StatusCode::kOk) return self->Answer(param->reply_ep, req.id, checked), UCS_OK;
     auto out = std::make_unique<Outgoing>();
     out->reply.id = req.id;
-    out->iov.reserve(req.count);
-    const uint8_t* offsets = static_cast<const uint8_t*>(data);
-    for (uint32_t i = 0; i < req.count; ++i) {
-      int64_t off;
-      std::memcpy(&off, offsets + i * sizeof(int64_t), sizeof(off));
-      if (off < 0 || off > region.bytes - req.block_bytes) {  // only the tenant's own region
-        return self->Answer(param->reply_ep, req.id, absl::StatusCode::kOutOfRange), UCS_OK;
-      }
-      if (!out->iov.empty() && static_cast<uint8_t*>(out->iov.back().buffer) + out->iov.back().length ==
-                                   region.base + off) {
-        out->iov.back().length += req.block_bytes;  // adjacent blocks travel as one piece
-      } else {
-        out->iov.push_back({region.base + off, static_cast<size_t>(req.block_bytes)});
-      }
-    }
+    out->iov.reserve(pieces.size());
+    for (const Piece& p : pieces) out->iov.push_back({region.base + p.offset, static_cast<size_t>(p.bytes)});
     // An eager reply is packed too: UCX 1.13's eager path over an iov of many blocks is not safe
     // (its multi-fragment iov send asserted, killing the pool, in a trial; docs/decisions.md).
     const bool pack = (req.flags & (kPackReply | kEagerReply)) != 0;
@@ -226,10 +214,9 @@ struct UcxServer::Impl {
     const int t = self->TenantOf(req.session);
     if (t < 0) return refuse(req.id, absl::StatusCode::kUnauthenticated);
     const UcxRegion& region = s.regions_[t];
-    if (req.bytes <= 0 || req.bytes > kMaxReplyBytes || static_cast<size_t>(req.bytes) != length) {
-      return refuse(req.id, absl::StatusCode::kInvalidArgument);
+    if (const absl::StatusCode c = CheckPut(req, length, region.bytes); c != absl::StatusCode::kOk) {
+      return refuse(req.id, c);
     }
-    if (req.offset < 0 || req.offset > region.bytes - req.bytes) return refuse(req.id, absl::StatusCode::kOutOfRange);
     s.counters_.puts.fetch_add(1, std::memory_order_relaxed);
     s.counters_.put_bytes.fetch_add(req.bytes, std::memory_order_relaxed);
     if (!Rndv(param)) {
