@@ -48,9 +48,12 @@ void Get(const wire::GetRequest& req, const uint8_t* data, size_t length, int64_
   // The pieces, in order, are the requested blocks: walk both.
   size_t p = 0;
   Wide at = pieces.empty() ? 0 : pieces[0].offset, sum = 0;
-  for (const wire::Piece& piece : pieces) {
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const wire::Piece& piece = pieces[k];
     Require(piece.offset >= 0 && Wide{piece.offset} + piece.bytes <= region && piece.bytes > 0,
             "every piece lies inside the region");
+    Require(k == 0 || Wide{pieces[k - 1].offset} + pieces[k - 1].bytes != piece.offset,
+            "adjacent blocks are merged into one piece");
     sum += piece.bytes;
   }
   Require(sum == total && total <= wire::kMaxReplyBytes, "the pieces carry the blocks and no more");

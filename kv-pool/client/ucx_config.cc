@@ -23,7 +23,7 @@ bool UcxSegmentSizeSet() {
 
 absl::Status CheckUcxSegmentSizes() {
   if (!FifoTransportsAllowed()) return absl::OkStatus();
-  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
+  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}) {
     const char* env = std::getenv(name);
     size_t bytes = 0;
     if (env == nullptr || ucs_config_sscanf_memunits(env, &bytes, nullptr) != 1) continue;
@@ -31,8 +31,8 @@ absl::Status CheckUcxSegmentSizes() {
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: ", name, "=", env, " is over ", kUcxMaxSegBytes,
           " bytes: UCX's shared-memory FIFO records a message's length in 16 bits, and a full segment that large "
-          "kills the receiving process inside UCX; set at most ",
-          kUcxMaxSegBytes, " (unset: the data path's ", kUcxSegSizeDefault, ")"));
+          "kills the receiving process inside UCX. Set a size of at most ",
+          kUcxMaxSegBytes, " bytes, or unset it for the data path's default (", kUcxSegSizeDefault, ")"));
     }
   }
   return absl::OkStatus();

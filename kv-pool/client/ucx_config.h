@@ -45,9 +45,10 @@ bool UcxSegmentSizeSet();
 // in 16 bits, so with larger segments a full one arrives as a wrapped length and UCX kills the
 // receiving process with an assertion (measured: 65535 gathers, 65536 and 64k abort the worker).
 inline constexpr int64_t kUcxMaxSegBytes = 65535;
-// An error naming the variable when UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE or UCX_SYSV_SEG_SIZE asks
-// for more than kUcxMaxSegBytes and UCX_TLS allows the FIFO transports; OK otherwise (a value UCX
-// cannot read is left to UCX, which refuses it at ucp_init).
+// An error naming the variable when UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE, UCX_SYSV_SEG_SIZE or
+// UCX_XPMEM_SEG_SIZE asks for more than kUcxMaxSegBytes (UCX reads "inf" and "auto" as more) and
+// UCX_TLS allows the FIFO transports; OK otherwise (a value UCX cannot read is left to UCX,
+// which refuses it at ucp_init).
 absl::Status CheckUcxSegmentSizes();
 
 // The data path's tcp receive segment (the largest fragment a peer may send), and whether the
@@ -82,10 +83,10 @@ bool UcxContextHasTcp(ucp_context_h context);
 // UCX's configuration from the environment, with the data path's defaults: where UCX_TLS allows
 // the FIFO transports, segments of 32 KiB (UCX's 8 KiB moves a reply in four times as many FIFO
 // elements; 64 KiB trips an assertion in UCX 1.13) unless UCX_MM_SEG_SIZE, UCX_POSIX_SEG_SIZE
-// or UCX_SYSV_SEG_SIZE is set (an error when one is over kUcxMaxSegBytes: CheckUcxSegmentSizes); where it allows tcp, receive segments of 1 MiB (UCX's 64 KiB cut
-// a 512 KiB reply into nine messages: 64 x 16 KiB gathers over tcp went 2.52 -> 3.89 GB/s,
-// median of 6 alternations; resident memory unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With
-// `tcp` false, tcp is left out of UCX_TLS (TlsWithoutTcp) for this context alone. The caller
+// or UCX_SYSV_SEG_SIZE is set (an error when one is too large: CheckUcxSegmentSizes); where it
+// allows tcp, receive segments of 1 MiB (UCX's 64 KiB cut a 512 KiB reply into nine messages:
+// 64 x 16 KiB gathers over tcp went 2.52 -> 3.89 GB/s, median of 6 alternations; resident memory
+// unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With `tcp` false, tcp is left out of UCX_TLS (TlsWithoutTcp) for this context alone. The caller
 // releases it (ucp_config_release).
 absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp = true);
 

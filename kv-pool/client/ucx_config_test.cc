@@ -35,7 +35,8 @@ class UcxConfigTest : public ::testing::Test {
   }
   static void Tls(const char* v) { v != nullptr ? (void)setenv("UCX_TLS", v, 1) : (void)unsetenv("UCX_TLS"); }
   static constexpr const char* kNames[] = {"UCX_TLS",           "UCX_MM_SEG_SIZE",     "UCX_POSIX_SEG_SIZE",
-                                           "UCX_SYSV_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"};
+                                           "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE",  "UCX_TCP_RX_SEG_SIZE",
+                                           "UCX_TCP_TX_SEG_SIZE"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -225,12 +226,13 @@ TEST_F(UcxConfigTest, TcpSegmentBytesAsUcxReadsThem) {
 // A FIFO segment over 65535 bytes kills the receiver inside UCX (ucx_config.h): refused by
 // ReadUcxConfig, naming the variable and its value, wherever UCX_TLS allows the FIFO transports.
 TEST_F(UcxConfigTest, SegmentsTheFifoCannotCarryAreRefused) {
-  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
-    for (const char* ok : {"32k", "65535", "60K", "8256"}) {
+  for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}) {
+    // Sizes read as UCX reads them: 63K is 64512 bytes, 64K is 65536.
+    for (const char* ok : {"32k", "65535", "63K", "8256"}) {
       setenv(name, ok, 1);
       EXPECT_TRUE(CheckUcxSegmentSizes().ok()) << name << "=" << ok << ": " << CheckUcxSegmentSizes();
     }
-    for (const char* big : {"64k", "65536", "1m"}) {
+    for (const char* big : {"64k", "64K", "65536", "1m", "inf"}) {
       setenv(name, big, 1);
       absl::StatusOr<ucp_config_t*> config = ReadUcxConfig();
       ASSERT_FALSE(config.ok()) << name << "=" << big;

@@ -121,6 +121,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_ucx)) {
+    if (absl::Status st = dd::kvpool::CheckUcxSegmentSizes(); !st.ok()) {  // a setting to fix, not UCX missing
+      std::cerr << "dd-kv-pool: " << st.message() << "\n";
+      return 2;
+    }
     std::vector<dd::kvpool::UcxRegion> regions;
     for (int t = 0; t < (*pool)->tenants(); ++t) regions.push_back({(*pool)->region_data(t), (*pool)->region_bytes(t)});
     auto server = dd::kvpool::UcxServer::Create(std::move(regions), {.rma = absl::GetFlag(FLAGS_ucx_rma),
@@ -128,10 +132,6 @@ int main(int argc, char** argv) {
                                                                      .spin_us = absl::GetFlag(FLAGS_ucx_spin_us),
                                                                      .spin_yield = absl::GetFlag(FLAGS_ucx_spin_yield),
                                                                      .tcp = absl::GetFlag(FLAGS_ucx_tcp)});
-    if (!server.ok() && server.status().code() == absl::StatusCode::kFailedPrecondition) {  // a setting to fix
-      std::cerr << "dd-kv-pool: " << server.status().message() << "\n";
-      return 1;
-    }
     if (!server.ok()) {
       std::cerr << "dd-kv-pool: UCX unavailable (" << server.status().message() << "); run with --ucx=false\n";
       return 1;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -92,9 +93,14 @@ class PoolProcess {
   std::optional<int> WaitExit(std::chrono::steady_clock::time_point deadline) {
     while (pid_ > 0) {
       int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      const pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
         pid_ = -1;
         return status;
+      }
+      if (r < 0 && errno != EINTR) {  // not our child (any more): nothing to wait for or kill
+        pid_ = -1;
+        return std::nullopt;
       }
       if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
       pollfd none{-1, 0, 0};

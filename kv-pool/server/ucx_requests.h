@@ -1,7 +1,9 @@
 // The pool's checks of a ucx:// request (ucx_protocol.h) against the region of the tenant that
 // sent it, apart from UCX so that they can be fuzzed (fuzz/ucx_request_fuzz.cc). Every field is
 // the peer's, unchecked: any process that reaches the pool's UCX worker can send these. The
-// caller has checked the header's length, its magic and the session (the tenant).
+// caller has checked the header's length, its magic and the session (the tenant), and passes a
+// get's data only when it came eager (`length` readable bytes at `data`; a rendezvous get's data
+// is a UCX descriptor, refused before this). `region_bytes` >= 0.
 #pragma once
 
 #include <cstddef>

@@ -27,6 +27,7 @@ struct UcxServer::Impl {
   int efd = -1;          // the worker's event fd
   int64_t in_flight = 0;  // replies UCX has not finished sending (progress thread only)
   int64_t eager_max = 0;  // the largest reply sent eager when asked (UcxEagerReplyBytes; 0 without tcp)
+  std::vector<Piece> get_pieces;  // CheckGet's output, kept for its capacity (progress thread only)
 
   // A reply in flight: its header and iov live until UCX is done with them.
   struct Outgoing {
@@ -162,7 +163,7 @@ struct UcxServer::Impl {
     const int t = self->TenantOf(req.session);
     if (t < 0) return self->Answer(param->reply_ep, req.id, absl::StatusCode::kUnauthenticated), UCS_OK;
     const UcxRegion& region = s.regions_[t];
-    std::vector<Piece> pieces;
+    std::vector<Piece>& pieces = self->get_pieces;
     const absl::StatusCode checked =
         Rndv(param) ? absl::StatusCode::kInvalidArgument : CheckGet(req, data, length, region.bytes, &pieces);
     if (checked != absl::StatusCode::kOk) return self->Answer(param->reply_ep, req.id, checked), UCS_OK;
