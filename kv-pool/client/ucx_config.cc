@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -14,6 +15,18 @@
 extern char** environ;
 
 namespace dd::kvpool {
+namespace {
+
+// A UCX size setting ("32k", "1m", "inf") in bytes, read as UCX reads it; nullopt when UCX
+// cannot read it.
+std::optional<size_t> UcxSize(const char* text) {
+  size_t bytes = 0;
+  if (ucs_config_sscanf_memunits(text, &bytes, nullptr) != 1) return std::nullopt;
+  return bytes;
+}
+
+}  // namespace
+
 bool UcxSegmentSizeSet() {
   for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE"}) {
     if (std::getenv(name) != nullptr) return true;
@@ -25,9 +38,8 @@ absl::Status CheckUcxSegmentSizes() {
   if (!FifoTransportsAllowed()) return absl::OkStatus();
   for (const char* name : {"UCX_MM_SEG_SIZE", "UCX_POSIX_SEG_SIZE", "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE"}) {
     const char* env = std::getenv(name);
-    size_t bytes = 0;
-    if (env == nullptr || ucs_config_sscanf_memunits(env, &bytes, nullptr) != 1) continue;
-    if (bytes > static_cast<size_t>(kUcxMaxSegBytes)) {
+    const std::optional<size_t> bytes = env != nullptr ? UcxSize(env) : std::nullopt;
+    if (bytes && *bytes > static_cast<size_t>(kUcxMaxSegBytes)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: ", name, "=", env, " is over ", kUcxMaxSegBytes,
           " bytes: UCX's shared-memory FIFO records a message's length in 16 bits, and a full segment that large "
@@ -43,9 +55,8 @@ bool UcxTcpSegmentSizeSet() { return std::getenv("UCX_TCP_RX_SEG_SIZE") != nullp
 int64_t UcxTcpSegmentBytes() {
   const char* env = std::getenv("UCX_TCP_RX_SEG_SIZE");
   const std::string text = env != nullptr ? std::string(env) : std::string(kUcxTcpSegSizeDefault);
-  size_t bytes = 0;
-  if (ucs_config_sscanf_memunits(text.c_str(), &bytes, nullptr) != 1) return 0;
-  return bytes > static_cast<size_t>(INT64_MAX) ? 0 : static_cast<int64_t>(bytes);  // "inf"
+  const std::optional<size_t> bytes = UcxSize(text.c_str());
+  return !bytes || *bytes > static_cast<size_t>(INT64_MAX) ? 0 : static_cast<int64_t>(*bytes);  // "inf"
 }
 
 int64_t UcxEagerReplyBytes() {

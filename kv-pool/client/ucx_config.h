@@ -86,8 +86,8 @@ bool UcxContextHasTcp(ucp_context_h context);
 // or UCX_SYSV_SEG_SIZE is set (an error when one is too large: CheckUcxSegmentSizes); where it
 // allows tcp, receive segments of 1 MiB (UCX's 64 KiB cut a 512 KiB reply into nine messages:
 // 64 x 16 KiB gathers over tcp went 2.52 -> 3.89 GB/s, median of 6 alternations; resident memory
-// unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With `tcp` false, tcp is left out of UCX_TLS (TlsWithoutTcp) for this context alone. The caller
-// releases it (ucp_config_release).
+// unchanged) unless UCX_TCP_RX_SEG_SIZE is set. With `tcp` false, tcp is left out of UCX_TLS
+// (TlsWithoutTcp) for this context alone. The caller releases it (ucp_config_release).
 absl::StatusOr<ucp_config_t*> ReadUcxConfig(bool tcp = true);
 
 // What a peer over UCX's shared memory must agree with, as one comparable line: UCX's version,

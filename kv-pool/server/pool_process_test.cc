@@ -449,12 +449,7 @@ TEST(PoolProcessTest, FifoSegmentsUcxCannotCarryAreRefusedAtStart) {
   PoolProcess pool(30000, "8MiB", {"--ucx_tcp"});
   ASSERT_FALSE(pool.address().empty());
   ScopedEnv big("UCX_MM_SEG_SIZE", "65536");
-  auto refused = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
-                                     .first_extent_chunks = 4});
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_NE(refused.status().message().find("UCX_MM_SEG_SIZE=65536 is over 65535 bytes"), std::string::npos)
-      << refused.status();
+  ExpectRefusedNaming(pool, {"UCX_MM_SEG_SIZE=65536 is over 65535 bytes"});
 }
 
 // Over tcp a fragment larger than the receiver's segment killed the receiver inside UCX (a pool
