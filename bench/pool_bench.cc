@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -218,6 +219,13 @@ double PerftestGbps(const std::string& tls, int64_t bytes, const std::string& te
   return gbps;
 }
 
+// The transports --transports may name (Target::Create reads the name's parts).
+bool KnownTransport(const std::string& t) {
+  static const std::set<std::string> known = {"memcpy",      "cma",        "inproc",       "shm",        "ucx-tcp",
+                                              "ucx-sm",      "ucx-tcp-busy", "ucx-sm-busy", "ucx-tcp-rma", "ucx-sm-rma"};
+  return known.count(t) > 0;
+}
+
 // The benchmark's fixed setting, shared by every transport's turn.
 struct Setting {
   dd::kvpool::KvLayout layout;
@@ -315,7 +323,11 @@ class Target {
   bool ForkHolder() {
     if (pipe(holder_pipe_) != 0) return false;
     holder_ = fork();
-    if (holder_ < 0) return false;
+    if (holder_ < 0) {
+      close(holder_pipe_[0]);
+      close(holder_pipe_[1]);
+      return false;
+    }
     if (holder_ == 0) {
       char c;
       close(holder_pipe_[1]);
@@ -375,6 +387,11 @@ int main(int argc, char** argv) {
   const auto blocks_list = dd::bench::Ints(absl::GetFlag(FLAGS_blocks), "--blocks", 1, 4096);
   const auto conc_list = dd::bench::Ints(absl::GetFlag(FLAGS_concurrency), "--concurrency", 1, 64);
   const int max_threads = static_cast<int>(*std::max_element(conc_list.begin(), conc_list.end()));
+  for (const std::string& t : absl::GetFlag(FLAGS_transports)) {
+    if (!KnownTransport(t)) {
+      return std::cerr << "pool_bench: unknown transport '" << t << "' in --transports (see --helpfull)\n", 2;
+    }
+  }
   const int64_t rounds = absl::GetFlag(FLAGS_rounds);
   if (rounds < 1 || rounds > 100) return std::cerr << "pool_bench: --rounds must be 1..100, not " << rounds << "\n", 2;
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
