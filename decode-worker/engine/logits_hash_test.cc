@@ -1,0 +1,208 @@
+// The engine's bit-exactness gate: per-step logits hashes of every decode mode × both real
+// models × batch 1 and 4, plus a slow-link dualdecoder run, compared with hashes recorded in
+// engine/testdata/logits_hashes.txt. Any change to the engine (moving it onto another compute
+// backend, splitting a class) must reproduce them bit for bit; a change that is meant to alter
+// the numbers re-records them (below) and says why in its commit.
+//
+// The hashes depend on the CPU kernels' instruction set (compiled with -march=native: AVX-512
+// and AVX2 round differently in places), so each line is keyed by KernelIsa(). A kernel path
+// with no recorded line skips the comparison, saying so; the checks between modes (sparse ==
+// sparse-cached == dualdecoder real rows, batch 1 == row 0 of batch 4) run everywhere.
+//
+// Re-record: DD_RECORD_LOGITS_HASHES=1 build/bin/logits_hash_test, then commit the file.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/gemma_test_fixture.h"
+#include "gtest/gtest.h"
+
+namespace dd::engine {
+namespace {
+
+// The instruction set the kernels were compiled for (the key of a recorded line).
+std::string KernelIsa() {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+uint64_t Fnv1a(const void* data, size_t bytes, uint64_t h = 0xcbf29ce484222325ULL) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+constexpr int kSteps = 12;
+constexpr size_t kPromptTokens = 320;
+
+struct Case {
+  DecodeMode mode;
+  int batch;
+  bool slow_link;
+  std::string Name() const {
+    return absl::StrCat(DecodeModeName(mode), "/b", batch, slow_link ? "/slow-link" : "");
+  }
+};
+
+// Per step, one hash per row: hashes[step][row].
+using StepHashes = std::vector<std::vector<uint64_t>>;
+
+std::string Format(const StepHashes& h) {
+  std::string s;
+  for (const auto& step : h) {
+    absl::StrAppend(&s, s.empty() ? "" : " ");
+    uint64_t all = 0xcbf29ce484222325ULL;
+    for (uint64_t r : step) all = Fnv1a(&r, sizeof(r), all);
+    absl::StrAppend(&s, absl::StrFormat("%016x", all));
+  }
+  return s;
+}
+
+std::string GoldenPath() { return DD_LOGITS_GOLDEN; }
+
+std::map<std::string, std::string> ReadGolden() {
+  std::map<std::string, std::string> lines;
+  std::ifstream f(GoldenPath());
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.find(' ');
+    if (sp != std::string::npos) lines[line.substr(0, sp)] = line.substr(sp + 1);
+  }
+  return lines;
+}
+
+template <typename ModelFixture>
+class LogitsHashTest : public ModelFixture {
+ protected:
+  std::vector<int32_t> Prompt(int variant) {
+    static const char* const kStarts[] = {"The river flows past mill number ", "Entry ", "Ledger line ",
+                                          "A lighthouse keeper counted ship "};
+    std::string text;
+    std::vector<int32_t> ids;
+    for (int i = 0; ids.size() < kPromptTokens; ++i) {
+      text += absl::StrCat(kStarts[variant % 4], i * (variant + 3), ". ");
+      if (i % 16 == 15) ids = this->Encode(text);
+    }
+    ids.resize(kPromptTokens);
+    return ids;
+  }
+
+  // Greedy-decodes kSteps tokens for `c.batch` prompts in one batch.
+  StepHashes Run(const Case& c) {
+    EngineOptions o;
+    o.mode = c.mode;
+    o.threads = 2;
+    o.sparse.budget_tokens = 32;  // 4 of ~30 selectable chunks: selection matters
+    if (c.slow_link) o.link = kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50};
+    auto e = Engine::Create(*this->model_, o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {};
+    std::vector<int32_t> seqs;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int s = 0; s < c.batch; ++s) {
+      seqs.push_back(s);
+      prompts.push_back(Prompt(s));
+    }
+    auto first = (*e)->PrefillBatch(seqs, prompts);
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) return {};
+    const int64_t V = this->model_->config.n_vocab;
+    std::vector<int32_t> tokens;
+    for (int s = 0; s < c.batch; ++s) tokens.push_back(Argmax((*first)[s].data(), V));
+    StepHashes out;
+    std::vector<float> logits;
+    for (int i = 0; i < kSteps; ++i) {
+      const absl::Status st = (*e)->DecodeStep(seqs, tokens, &logits);
+      EXPECT_TRUE(st.ok()) << st;
+      if (!st.ok()) return {};
+      out.emplace_back();
+      for (int s = 0; s < c.batch; ++s) {
+        out.back().push_back(Fnv1a(&logits[s * V], V * sizeof(float)));
+        tokens[s] = Argmax(&logits[s * V], V);
+      }
+    }
+    return out;
+  }
+};
+
+using Models = ::testing::Types<testing_util::GemmaTest, testing_util::SmolLM2Test>;
+class ModelNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, testing_util::GemmaTest> ? "gemma" : "smollm2";
+  }
+};
+TYPED_TEST_SUITE(LogitsHashTest, Models, ModelNames);
+
+TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
+  const std::string model = ModelNames::GetName<TypeParam>(0);
+  std::vector<Case> cases;
+  for (DecodeMode m : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
+    for (int b : {1, 4}) cases.push_back({m, b, false});
+  }
+  cases.push_back({DecodeMode::kDualDecoder, 4, true});
+
+  std::map<std::string, StepHashes> got;
+  for (const Case& c : cases) {
+    got[c.Name()] = this->Run(c);
+    ASSERT_EQ(got[c.Name()].size(), static_cast<size_t>(kSteps)) << c.Name();
+  }
+  // Between modes, on any kernel path: the sparse modes give the same bits (cached or
+  // prefetched chunks are attended exactly as fetched ones), and a row alone gives the bits it
+  // gives as row 0 of a batch.
+  for (int b : {1, 4}) {
+    const std::string sparse = absl::StrCat("sparse/b", b);
+    EXPECT_EQ(got[sparse], got[absl::StrCat("sparse-cached/b", b)]) << "sparse-cached != sparse at batch " << b;
+    EXPECT_EQ(got[sparse], got[absl::StrCat("dualdecoder/b", b)]) << "dualdecoder != sparse at batch " << b;
+  }
+  EXPECT_EQ(got["sparse/b4"], got["dualdecoder/b4/slow-link"]) << "dualdecoder over a slow link != sparse";
+  for (const char* mode : {"full", "sparse"}) {
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_EQ(got[absl::StrCat(mode, "/b1")][i][0], got[absl::StrCat(mode, "/b4")][i][0])
+          << mode << ": row 0 alone != row 0 of a batch of 4 at step " << i;
+    }
+  }
+  // Full attention must differ from a 32-token budget, or the sparse cases test nothing.
+  EXPECT_NE(got["full/b4"], got["sparse/b4"]);
+
+  const std::string isa = KernelIsa();
+  if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
+    std::ofstream f(GoldenPath(), std::ios::app);
+    for (const Case& c : cases) f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
+    GTEST_SKIP() << "recorded " << cases.size() << " lines for " << isa << "/" << model << " in " << GoldenPath();
+  }
+  const auto golden = ReadGolden();
+  int compared = 0;
+  for (const Case& c : cases) {
+    const std::string key = absl::StrCat(isa, "/", model, "/", c.Name());
+    const auto it = golden.find(key);
+    if (it == golden.end()) continue;
+    ++compared;
+    EXPECT_EQ(it->second, Format(got[c.Name()])) << key << ": logits differ from the recorded ones (per step, "
+                                                 << "first differing word = first differing step)";
+  }
+  if (compared == 0) {
+    GTEST_SKIP() << "no hashes recorded for kernel path " << isa << " in " << GoldenPath()
+                 << " (the checks between modes ran); record them with DD_RECORD_LOGITS_HASHES=1";
+  }
+  EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some cases of " << isa << "/" << model << " are not recorded";
+}
+
+}  // namespace
+}  // namespace dd::engine
