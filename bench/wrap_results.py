@@ -307,7 +307,7 @@ def summary_pool(doc, out_dir):
     lines += ["| transport | blocks/gather | gatherers | GB/s | vs memcpy | vs tag_bw | vs ping-pong | p50 ms | p99 ms | "
               "gatherer CPU | pool CPU |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    # ucx_perftest per (test, tls, blocks, round): files since stop 41 measure it in every round
+    # ucx_perftest per (test, tls, blocks, round): files since 3c8f45a (2026-12-04) measure it in every round
     # (a yardstick taken seconds from the rows it judges); older ones once, at the end (round -1).
     yard_key = lambda c: (c.get("tool", "ucx_perftest tag_bw").split()[-1], "tcp" if c["ucx_tls"] == "tcp" else "sm",
                           c["blocks_per_gather"])

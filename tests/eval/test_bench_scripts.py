@@ -109,7 +109,7 @@ def test_pool_summary_takes_ratios_within_rounds(tmp_path):
     assert "| memcpy | 64 | 1 | 12.00 | 100% (100%–100%) |" in md
     assert "| ucx-sm | 64 | 1 | 5.00 | 50% (25%–50%) | 50% | 125% | 0.200 | 0.400 | 1.00 | 0.50 |" in md
     assert "ucx_perftest tag_lat (GB/s, median; every run in order): sm 1024 KiB 4.00 (4.00, 4.00, 4.00)" in md
-    # Since stop 41 perftest runs in every round: each row is judged against its own round's figure.
+    # Since 3c8f45a (2026-12-04) perftest runs in every round: each row is judged against its own round's figure.
     doc["results"]["ucx_ceiling"] = [dict(c, round=k, gbps=g, gbps_runs=[g])
                                      for c, per_round in zip(ceiling, ([10.0, 20.0, 6.0], [4.0, 8.0, 3.0]))
                                      for k, g in enumerate(per_round)]
