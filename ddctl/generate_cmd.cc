@@ -75,9 +75,10 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
   }
   if (!cfg.json) {
-    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, cpu\n",
+    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, device %s\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),
-                 static_cast<long long>(model->config.n_layer), ids.size(), mode_name.c_str());
+                 static_cast<long long>(model->config.n_layer), ids.size(), mode_name.c_str(),
+                 std::string(engine.device_name()).c_str());
   }
   // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
   engine::GenerateOptions options = cfg.generate;

@@ -1,5 +1,9 @@
 // The only place that decides, at compile time, whether the CUDA backend exists.
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "dd/backend/cpu_device.h"
+#include "dd/backend/registry.h"
 #include "dd/kernels/backend.h"
 
 #if DD_HAVE_CUDA
@@ -40,3 +44,31 @@ absl::Status CudaDequantizeRows(DType t, const void* src, int64_t rows, int64_t 
 }
 
 }  // namespace dd::kernels
+
+namespace dd::backend {
+
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options) {
+  if (name == "cpu") {
+    if (options.pool == nullptr) return absl::InvalidArgumentError("the cpu device needs a thread pool");
+    if (options.budget_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative device memory budget ", options.budget_bytes));
+    }
+    return std::make_unique<CpuDevice>(options.budget_bytes, *options.pool);
+  }
+  if (name == "cuda") {
+#if DD_HAVE_CUDA
+    std::string detail;
+    if (!kernels::cuda::ProbeDevice(&detail)) {
+      return absl::UnavailableError(absl::StrCat("--device cuda: no usable CUDA device (", detail, ")"));
+    }
+    return absl::UnimplementedError(
+        absl::StrCat("--device cuda: found ", detail, ", but the engine's CUDA device is not written yet"));
+#else
+    return absl::UnavailableError("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
+#endif
+  }
+  if (name == "sim") return absl::UnimplementedError("--device sim: the simulated device is not written yet");
+  return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: cpu, sim, cuda)"));
+}
+
+}  // namespace dd::backend

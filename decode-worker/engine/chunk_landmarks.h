@@ -2,7 +2,7 @@
 // A std::vector that doubled when a chunk completed copied every landmark into fresh pages in
 // the middle of a decode step: after a fork (whose copy has no spare capacity) that was a
 // 60-370 ms stall at 7K tokens on SmolLM2 (batch 1-4), and for any sequence a stall at each
-// doubling, growing with the context (docs/decisions.md "Landmarks in segments").
+// doubling, growing with the context (docs/decisions/0007-chunks-landmarks-selection.md).
 #pragma once
 
 #include <cstdint>

@@ -5,11 +5,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "dd/kernels/cpu_ops.h"
+#include "decode-worker/engine/attention_ops.h"
 
 namespace dd::engine {
 
-DenseKvCache::DenseKvCache(const model::ModelConfig& config, ThreadPool& pool) : config_(config), pool_(pool) {}
+DenseKvCache::DenseKvCache(const model::ModelConfig& config, backend::Ops& ops) : config_(config), ops_(ops) {}
 
 DenseKvCache::Slot& DenseKvCache::GetSlot(int32_t seq) {
   if (seq >= static_cast<int32_t>(slots_.size())) slots_.resize(seq + 1);
@@ -194,8 +194,8 @@ void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int
   const int64_t a0 = RowOf(slot, layer, lo);
   const int64_t ring = slot.ring[layer];
   const int64_t len_a = ring > 0 ? std::min(n_keys, ring - a0) : n_keys;
-  const KvRun runs[2] = {{&K[a0 * kv_dim], &V[a0 * kv_dim], len_a}, {K.data(), V.data(), n_keys - len_a}};
-  AttendCausal(call, config_, r0, r1, lo, runs, pool_, &scratch_);
+  const backend::KvRun runs[2] = {{&K[a0 * kv_dim], &V[a0 * kv_dim], len_a}, {K.data(), V.data(), n_keys - len_a}};
+  ops_.AttendCausal(CausalRows(call, config_, r0, r1, lo, runs, &positions_));
 }
 
 }  // namespace dd::engine

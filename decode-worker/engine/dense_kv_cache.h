@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/thread_pool.h"
-#include "decode-worker/engine/causal_attention.h"
+#include "dd/backend/ops.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/model/model_config.h"
 
@@ -20,7 +19,8 @@ namespace dd::engine {
 
 class DenseKvCache : public KvCache {
  public:
-  DenseKvCache(const model::ModelConfig& config, ThreadPool& pool);
+  // `ops` (the engine's device's) must outlive the cache.
+  DenseKvCache(const model::ModelConfig& config, backend::Ops& ops);
 
   // Slots are created on demand.
   void Reset(int32_t seq) override;
@@ -64,9 +64,9 @@ class DenseKvCache : public KvCache {
   void AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
 
   const model::ModelConfig& config_;
-  ThreadPool& pool_;
+  backend::Ops& ops_;
   std::vector<Slot> slots_;
-  AttentionScratch scratch_;
+  std::vector<int64_t> positions_;  // AttendGroup's rows' positions
 };
 
 }  // namespace dd::engine

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "dd/backend/registry.h"
 #include "glog/logging.h"
 #include "kv-pool/client/pool_kv_store.h"
 
@@ -13,12 +14,27 @@ namespace dd::engine {
 
 using model::BatchRow;
 
+namespace {
+// The engine's compute device on the engine's threads. Memory is still accounted by MemoryPlan
+// (docs/architecture.md, "The compute-backend seam"), so the device is created without a
+// budget. A device that cannot be created leaves its reason in *status and the cpu device in
+// its place, so the engine's members stay valid while every call returns the reason.
+std::unique_ptr<backend::Device> CreateEngineDevice(const std::string& name, ThreadPool& pool, absl::Status* status) {
+  auto device = backend::CreateDevice(name, {.budget_bytes = 0, .pool = &pool});
+  if (device.ok()) return std::move(*device);
+  *status = device.status();
+  auto cpu = backend::CreateDevice("cpu", {.budget_bytes = 0, .pool = &pool});
+  CHECK(cpu.ok()) << cpu.status();
+  return std::move(*cpu);
+}
+}  // namespace
+
 EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& config) {
   if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
   if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
   o.spec_head = ResolveSpecHead(o.spec_head, config);
   // The speculative shortlist by head: the full head's query ranks chunks as the real row's
-  // did, the context head's does not (docs/decisions.md).
+  // did, the context head's does not (docs/decisions/0009-speculative-row-cost.md).
   o.sparse.spec_candidates = o.sparse.SpecCandidatesFor(o.spec_head == SpecHead::kFull);
   return o;
 }
@@ -27,10 +43,15 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     : model_(model),
       options_(Normalized(options, model.config)),
       pool_(options.threads),
-      transformer_(model, pool_, options.matmul),
-      kv_(std::make_unique<DenseKvCache>(model.config, pool_)),
+      device_(CreateEngineDevice(options.device, pool_, &device_status_)),
+      transformer_(model, device_->ops(), options.matmul),
+      kv_(std::make_unique<DenseKvCache>(model.config, device_->ops())),
       plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
       shortlist_(model.config.n_vocab) {
+  if (!device_status_.ok()) {
+    init_status_ = device_status_;
+    return;
+  }
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
     shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
@@ -75,7 +96,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     }
     store_ = std::move(*store);
     if (options_.mode == DecodeMode::kFull) return;  // the store serves prefix restores only
-    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), pool_);
+    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), device_->ops());
     if (sparse.ok()) {
       sparse_ = sparse->get();
       dense_ = nullptr;
@@ -172,7 +193,7 @@ int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, 
       break;
   }
   if (hidden != nullptr) {
-    const int32_t t = shortlist_.Argmax(seq, model_, hidden, pool_);
+    const int32_t t = shortlist_.Argmax(seq, model_, hidden, device_->ops());
     return t >= 0 ? t : fallback;
   }
   return Argmax(logits, V);

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/thread_pool.h"
+#include "dd/backend/device.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/memory_plan.h"
 #include "decode-worker/engine/prefix_reuse.h"
@@ -39,6 +40,9 @@ absl::string_view DecodeModeName(DecodeMode mode);
 
 struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
+  // The compute device (dd/backend/registry.h): "cpu" runs everywhere; "sim" and "cuda" are
+  // refused with the reason until their devices exist.
+  std::string device = "cpu";
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"
@@ -135,6 +139,7 @@ class Engine {
 
   const model::ModelConfig& config() const { return model_.config; }
   const model::LoadedModel& model() const { return model_; }
+  absl::string_view device_name() const { return device_->name(); }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
 
   // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the
@@ -208,6 +213,8 @@ class Engine {
   const model::LoadedModel& model_;
   EngineOptions options_;
   ThreadPool pool_;
+  absl::Status device_status_;  // why options.device could not be created (then device_ is cpu)
+  std::unique_ptr<backend::Device> device_;  // cpu: the ops run on pool_
   model::Transformer transformer_;
   std::unique_ptr<kvpool::KvStore> store_;
   SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse

@@ -1,8 +1,8 @@
 // ResidentSet: the chunks one (sequence, sparse layer) keeps on the device across decode steps
-// (issue 18; docs/decisions.md "Resident chunk set"). Each KV head has a fixed number of block
-// slots ([K | V], one chunk each). A step looks its selection up here, fetches only the chunks
-// that are not resident, straight into slots freed for them, and reads every selected block
-// where it sits. Slots are recycled by one stated policy: a slot whose chunk the caller still
+// (docs/decisions/0012-resident-set.md). Each KV head has a fixed number of block slots
+// ([K | V], one chunk each). A step looks its selection up here, fetches only the chunks that
+// are not resident, straight into slots freed for them, and reads every selected block where
+// it sits. Slots are recycled by one stated policy: a slot whose chunk the caller still
 // needs (`keep`) is never taken; among the others, empty slots first, then the least recently
 // used (lowest stamp), lower slot index on ties. A slot can be "in flight" (a background
 // prefetch is still writing it); such a slot is taken only when the caller allows it (after

@@ -8,6 +8,7 @@
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/spec_head.h"
 
+#include "dd/backend/cpu_device.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -117,8 +118,9 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   }
   // Recover the hidden state by running the rows through a transformer with spec_hidden.
   ThreadPool pool(1);
-  model::Transformer tf(*model_, pool, model::Transformer::MatMulKind::kF32);
-  DenseKvCache kv(model_->config, pool);
+  backend::CpuDevice device(0, pool);
+  model::Transformer tf(*model_, device.ops(), model::Transformer::MatMulKind::kF32);
+  DenseKvCache kv(model_->config, device.ops());
   std::vector<model::BatchRow> rows;
   for (size_t i = 0; i < prompt.size(); ++i) {
     rows.push_back({0, static_cast<int64_t>(i), prompt[i], i + 1 == prompt.size(), i + 1 == prompt.size()});
@@ -127,7 +129,8 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   ASSERT_TRUE(tf.Forward(rows, kv, &none, &hidden).ok());
   ASSERT_EQ(static_cast<int64_t>(hidden.size()), d);
   EXPECT_TRUE(none.empty());
-  ThreadPool two(2);
+  ThreadPool two_threads(2);
+  backend::CpuOps two(two_threads);
   EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);
   EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));  // every row cached once
   EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);          // from the cache

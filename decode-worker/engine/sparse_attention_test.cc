@@ -5,6 +5,7 @@
 #include <random>
 #include <tuple>
 
+#include "dd/backend/cpu_device.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "gtest/gtest.h"
@@ -82,11 +83,12 @@ class Driver {
 TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
-  DenseKvCache dense(c, pool);
+  backend::CpuOps ops(pool);
+  DenseKvCache dense(c, ops);
   auto store = kvpool::NewInProcessKvStore();
   SparseOptions o;
   o.budget_tokens = 2048;
-  auto sparse = SparseKvCache::Create(c, o, store.get(), pool);
+  auto sparse = SparseKvCache::Create(c, o, store.get(), ops);
   ASSERT_TRUE(sparse.ok());
   const auto a = Driver(c, &dense, false).Run(30);
   const auto b = Driver(c, sparse->get(), false).Run(30);
@@ -100,12 +102,13 @@ TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
 TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
+  backend::CpuOps ops(pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), pool);
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), pool);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
+  auto dual = SparseKvCache::Create(c, o, store_b.get(), ops);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const auto a = Driver(c, sparse->get(), false).Run(25);
   const auto b = Driver(c, dual->get(), true).Run(25);
@@ -129,13 +132,14 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
   c.n_layer = 3;
   c.layer_is_swa.assign(3, false);
   ThreadPool pool(2);
+  backend::CpuOps ops(pool);
   SparseOptions o;
   o.budget_tokens = 64;
   o.prefetch_buffers = GetParam();
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), pool);
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), pool);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
+  auto dual = SparseKvCache::Create(c, o, store_b.get(), ops);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const int steps = 12;
   const auto a = Driver(c, sparse->get(), false).Run(steps);
@@ -167,16 +171,17 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   const auto c = TinyConfig();
   const StepCacheCase p = GetParam();
   ThreadPool pool(2);
+  backend::CpuOps ops(pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto plain = SparseKvCache::Create(c, o, store_a.get(), pool);  // no cache: sparse, or the ring
+  auto plain = SparseKvCache::Create(c, o, store_a.get(), ops);  // no cache: sparse, or the ring
   o.step_cache = true;
   o.resident_margin_tokens = p.margin_tokens;
-  auto cached = SparseKvCache::Create(c, o, store_b.get(), pool);
-  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), pool);
+  auto cached = SparseKvCache::Create(c, o, store_b.get(), ops);
+  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), ops);
   ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -222,17 +227,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, StepCacheTest,
 TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
+  backend::CpuOps ops(pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore();
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), pool);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
   o.step_cache = true;
   o.spec_candidates = 0;
-  auto every = SparseKvCache::Create(c, o, store_c.get(), pool);
+  auto every = SparseKvCache::Create(c, o, store_c.get(), ops);
   o.spec_candidates = 1;
-  auto narrow = SparseKvCache::Create(c, o, store_b.get(), pool);
+  auto narrow = SparseKvCache::Create(c, o, store_b.get(), ops);
   ASSERT_TRUE(sparse.ok() && every.ok() && narrow.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -246,7 +252,7 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   EXPECT_LE((*narrow)->total_stats().prefetched, new_chunks_bound);
   EXPECT_GT((*every)->total_stats().prefetched, new_chunks_bound);
   o.spec_candidates = SparseOptions::kMaxSpecCandidates + 1;
-  auto bad = SparseKvCache::Create(c, o, store_c.get(), pool);
+  auto bad = SparseKvCache::Create(c, o, store_c.get(), ops);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("speculative candidates"), std::string::npos) << bad.status();
 }
@@ -258,10 +264,11 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
   c.layer_is_swa = {true, false};  // one dense (windowed) layer, one sparse layer
   c.sliding_window = 64;
   ThreadPool pool(1);
+  backend::CpuOps ops(pool);
   auto store = kvpool::NewInProcessKvStore();
   SparseOptions o;
   o.budget_tokens = 64;
-  auto cache = SparseKvCache::Create(c, o, store.get(), pool);
+  auto cache = SparseKvCache::Create(c, o, store.get(), ops);
   ASSERT_TRUE(cache.ok());
   Driver d(c, cache->get(), false);
   std::mt19937 real(1), spec(2);
@@ -276,60 +283,13 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
   }
 }
 
-// Rows attending in one pass (the dual-token step's real and speculative rows over the same
-// blocks, the speculative row seeing one more key) get the bits of one row at a time over
-// its visible keys, for 3 and 4 query heads per KV head (SmolLM2, Gemma), head dims with and
-// without a vector tail, lists of different lengths per KV head, and 1 or 2 threads.
-TEST(SparseAttentionTest, RowsInOnePassEqualOneRowAtATime) {
-  for (auto [n_head, n_kv, hd] : {std::tuple<int64_t, int64_t, int64_t>{9, 3, 64}, {4, 1, 256}, {4, 2, 40}}) {
-    for (int threads : {1, 2}) {
-      model::ModelConfig c = TinyConfig();
-      c.n_head = n_head;
-      c.n_head_kv = n_kv;
-      c.head_dim = hd;
-      ThreadPool pool(threads);
-      std::mt19937 rng(static_cast<uint32_t>(n_head * 100 + hd + threads));
-      std::normal_distribution<float> nd;
-      // KV head g holds 300 + 97 g keys (beyond one key tile), the last one the second row's own.
-      std::vector<std::vector<float>> kv(n_kv);
-      std::vector<std::vector<const float*>> keys(n_kv), values(n_kv);
-      std::vector<KeyValueList> all(n_kv), first_row(n_kv);
-      for (int64_t g = 0; g < n_kv; ++g) {
-        const int64_t n = 300 + 97 * g;
-        kv[g].resize(2 * n * hd);
-        for (float& x : kv[g]) x = nd(rng);
-        for (int64_t j = 0; j < n; ++j) {
-          keys[g].push_back(&kv[g][j * hd]);
-          values[g].push_back(&kv[g][(n + j) * hd]);
-        }
-        all[g] = {keys[g].data(), values[g].data(), n};
-        first_row[g] = {keys[g].data(), values[g].data(), n - 1};
-      }
-      const int64_t q_dim = n_head * hd;
-      std::vector<float> q(2 * q_dim);
-      for (float& x : q) x = nd(rng);
-      std::vector<float> one(2 * q_dim, -1.0f), both(2 * q_dim, -2.0f);
-      AttentionScratch scratch;
-      AttendRowToLists(&q[0], c, 0.125f, first_row, &one[0], pool, &scratch);
-      AttendRowToLists(&q[q_dim], c, 0.125f, all, &one[q_dim], pool, &scratch);
-      const ListQuery rows[2] = {{&q[0], &both[0], 1}, {&q[q_dim], &both[q_dim], 0}};
-      AttendRowsToLists(rows, c, 0.125f, all, pool, &scratch);
-      ASSERT_EQ(0, std::memcmp(one.data(), both.data(), one.size() * sizeof(float)))
-          << "heads " << n_head << "/" << n_kv << " hd " << hd << " threads " << threads;
-      // The hidden key matters to the second row only: dropping hidden_tail changes the first.
-      const ListQuery sees_all[1] = {{&q[0], &both[0], 0}};
-      AttendRowsToLists(sees_all, c, 0.125f, all, pool, &scratch);
-      EXPECT_NE(0, std::memcmp(one.data(), both.data(), q_dim * sizeof(float)));
-    }
-  }
-}
-
 // KeepSpeculative (the dual step's carry) keeps the last speculative row's KV as if a real
 // row had written it, and refuses when the last write had no speculative row at the end.
 TEST(SparseAttentionTest, KeepSpeculativeKeepsOnlyTheLastSpeculativeRow) {
   const auto c = TinyConfig();
   ThreadPool pool(1);
-  DenseKvCache cache(c, pool);
+  backend::CpuOps ops(pool);
+  DenseKvCache cache(c, ops);
   Driver d(c, &cache, true);
   std::mt19937 real(3), spec(4);
   d.Step(0, 0, 20, real, spec, /*with_spec=*/true);  // positions 0-19, speculative row at 20

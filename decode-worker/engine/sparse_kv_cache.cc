@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "decode-worker/engine/attention_ops.h"
 #include "decode-worker/engine/prefix_reuse.h"
-#include "dd/kernels/cpu_ops.h"
 
 namespace dd::engine {
 
@@ -48,8 +48,8 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
 }
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
-                             ThreadPool& pool)
-    : config_(config), options_(options), store_(store), pool_(pool), dense_(config, pool),
+                             backend::Ops& ops)
+    : config_(config), options_(options), store_(store), ops_(ops), dense_(config, ops),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
   options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   for (int64_t l = 0; l < config.n_layer; ++l) {
@@ -63,7 +63,7 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
 
 absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
                                                                      const SparseOptions& options,
-                                                                     kvpool::KvStore* store, ThreadPool& pool) {
+                                                                     kvpool::KvStore* store, backend::Ops& ops) {
   RETURN_IF_ERROR(options.Validate(config.n_ctx_train));
   if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
   for (int64_t l = 0; l < SparseOptions::kMaxLayers; ++l) {
@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                      absl::StrJoin(global, ","), ")"));
     }
   }
-  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, pool));
+  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, ops));
 }
 
 SparseKvCache::LayerStats SparseKvCache::total_stats() const {
@@ -383,8 +383,9 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
   const LayerState& st = s.layers[call.layer];
   const int64_t n_keys = call.rows[r1 - 1].pos + 1;
   const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
-  const KvRun runs[2] = {{st.sink_k.data(), st.sink_v.data(), n_sink}, {st.k.data(), st.v.data(), n_keys - n_sink}};
-  AttendCausal(call, config_, r0, r1, /*lo=*/0, runs, pool_, &prefill_scratch_);
+  const backend::KvRun runs[2] = {{st.sink_k.data(), st.sink_v.data(), n_sink},
+                                  {st.k.data(), st.v.data(), n_keys - n_sink}};
+  ops_.AttendCausal(CausalRows(call, config_, r0, r1, /*lo=*/0, runs, &prefill_positions_));
 }
 
 SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
@@ -439,7 +440,7 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     landmarks.resize(n_cand);
     for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = st.landmarks.At(chunks[i], g * hd);
     scores.resize(gs * n_cand);
-    kernels::AttentionScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
+    ops_.KeyScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
     cand.resize(n_cand);
     for (int64_t i = 0; i < n_cand; ++i) {
       float best = -INFINITY;
@@ -591,7 +592,7 @@ void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<
   for (size_t off = 0; off < blocks.size(); off += bf) out->push_back(blocks.data() + off);
 }
 
-void SparseKvCache::AttendOver(const LayerState& st, absl::Span<const ListQuery> rows, float scale, const Window& w,
+void SparseKvCache::AttendOver(const LayerState& st, absl::Span<const backend::ListQuery> rows, float scale, const Window& w,
                                int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
                                const float* own_k, const float* own_v) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv;
@@ -634,7 +635,7 @@ void SparseKvCache::AttendOver(const LayerState& st, absl::Span<const ListQuery>
   }
   // The groups' query heads over their keys, split over the threads (the bits of Dot /
   // ScaledSoftmax / Axpy one query at a time, as before).
-  AttendRowsToLists(rows, config_, scale, attend_lists_, pool_, &attend_scratch_);
+  ops_.AttendRowsToLists(rows, ShapeOf(config_), scale, attend_lists_);
 }
 
 SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
@@ -732,7 +733,7 @@ absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& 
     last_selection_ = std::move(sel);
     return absl::OkStatus();
   }
-  const ListQuery real{q, call.out + row * q_dim, 0};
+  const backend::ListQuery real{q, call.out + row * q_dim, 0};
   AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   return FinishRead(s, call.layer);
 }
@@ -765,13 +766,13 @@ absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionC
     if (after_real && options_.predictor == Predictor::kUnion) predicted = UnionOf(ranked, last_ranked_, next);
   }
   st.seeded = !after_real;
-  const ListQuery spec{q, call.out + row * q_dim, 0};
+  const backend::ListQuery spec{q, call.out + row * q_dim, 0};
   if (after_real) {
     // The real row and this one over the real row's keys (its window and selection), this
     // one also over its own KV, in one pass.
     const Window w = WindowFor(pos);
     // block_ptrs_ still points at the real row's blocks: nothing has been written since.
-    const ListQuery both[2] = {pending_real_, spec};
+    const backend::ListQuery both[2] = {pending_real_, spec};
     pending_real_ = {};
     AttendOver(st, both, call.scale, w, st.length, last_selection_, block_ptrs_, own_k, own_v);
   } else {

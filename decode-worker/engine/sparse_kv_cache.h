@@ -83,7 +83,7 @@ struct SparseOptions {
   // kAutoSpecCandidates (the default): the Engine picks by the speculative head — 4 with the
   // full head (SmolLM2's hit rate on the license texts 95.4% vs 95.5% with every chunk, 94.3%
   // with 2, 82.0% with 1), 0 with the context head (Gemma at 16K: 86.7% with 4 vs 94.2%;
-  // docs/decisions.md); a cache built without an Engine takes 4.
+  // docs/decisions/0009-speculative-row-cost.md); a cache built without an Engine takes 4.
   static constexpr int64_t kAutoSpecCandidates = -1;
   static constexpr int64_t kFullHeadSpecCandidates = 4;
   int64_t spec_candidates = kAutoSpecCandidates;
@@ -112,10 +112,10 @@ struct SparseOptions {
 
 class SparseKvCache : public KvCache {
  public:
-  // `store` and `pool` must outlive the cache.
+  // `store` and `ops` (the engine's device's) must outlive the cache.
   static absl::StatusOr<std::unique_ptr<SparseKvCache>> Create(const model::ModelConfig& config,
                                                                const SparseOptions& options,
-                                                               kvpool::KvStore* store, ThreadPool& pool);
+                                                               kvpool::KvStore* store, backend::Ops& ops);
 
   ~SparseKvCache() override;  // waits for transfers still writing into its buffers
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
@@ -228,7 +228,7 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
-                ThreadPool& pool);
+                backend::Ops& ops);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
   absl::Status Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos);
@@ -266,7 +266,7 @@ class SparseKvCache : public KvCache {
   // then (if own_k) the speculative row's own uncommitted KV, which a row with hidden_tail 1
   // does not see. One pass for all rows: each key is loaded once.
   // `blocks` holds one pointer per selected chunk ([K | V] block), heads in order.
-  void AttendOver(const LayerState& st, absl::Span<const ListQuery> rows, float scale, const Window& w,
+  void AttendOver(const LayerState& st, absl::Span<const backend::ListQuery> rows, float scale, const Window& w,
                   int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
                   const float* own_k, const float* own_v);
   void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
@@ -293,20 +293,19 @@ class SparseKvCache : public KvCache {
   const model::ModelConfig& config_;
   SparseOptions options_;
   kvpool::KvStore* store_;
-  ThreadPool& pool_;
+  backend::Ops& ops_;
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<float> gathered_, urgent_;
   std::vector<const float*> attend_keys_, attend_values_;  // AttendOver's keys in order, per KV head
-  std::vector<KeyValueList> attend_lists_;
-  AttentionScratch attend_scratch_;
+  std::vector<backend::KeyValueList> attend_lists_;
   std::vector<const float*> block_ptrs_;  // the last real row's selected blocks, where they lie
   std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
   std::vector<float> landmark_chunk_;  // Append: one chunk's landmarks, all KV heads
-  AttentionScratch prefill_scratch_;
+  std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
   Selection last_selection_;  // the real row's S, reused by the speculative row after it
-  ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
+  backend::ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
   Selection last_ranked_;     // the same, by score (previous / union predictors)
   Selection last_shortlist_;  // the real row's best candidates for its speculative row (spec_candidates)
   std::vector<LayerStats> stats_;

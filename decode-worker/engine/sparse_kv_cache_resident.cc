@@ -1,6 +1,6 @@
-// SparseKvCache with the step cache (issue 18): chunks stay resident across decode steps in a
-// ResidentSet per (sequence, sparse layer); only what is not resident moves. See the class
-// comment in sparse_kv_cache.h and docs/decisions.md "Resident chunk set".
+// SparseKvCache with the step cache: chunks stay resident across decode steps in a ResidentSet
+// per (sequence, sparse layer); only what is not resident moves. See the class comment in
+// sparse_kv_cache.h and docs/decisions/0012-resident-set.md.
 #include <algorithm>
 #include <iterator>
 
@@ -165,7 +165,7 @@ absl::Status SparseKvCache::AttendDecodeRowResident(Seq& s, const model::Attenti
     last_selection_ = std::move(sel);
     return absl::OkStatus();
   }
-  const ListQuery real{call.q + row * q_dim, call.out + row * q_dim, 0};
+  const backend::ListQuery real{call.q + row * q_dim, call.out + row * q_dim, 0};
   AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
   return absl::OkStatus();
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "dd/kernels/cpu_ops.h"
 #include "decode-worker/model/tokenizer.h"
 
 namespace dd::engine {
@@ -95,13 +94,12 @@ int64_t ContextShortlist::size(int32_t seq) const {
 }
 
 int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden,
-                                 ThreadPool& pool) {
+                                 backend::Ops& ops) {
   if (size(seq) == 0) return -1;
   const std::vector<int32_t>& ids = slots_[seq].ids;
   const kernels::WeightView& out = model.weights.output;
   const int64_t d = model.config.n_embd, n = static_cast<int64_t>(ids.size());
-  // Cache the rows not yet held while the cap allows (in parallel: after a prefill thousands
-  // of tokens are new at once).
+  // Cache the rows not yet held while the cap allows.
   if (cache_index_.empty()) cache_index_.assign(n_vocab_, -1);
   const int64_t cap_rows = d > 0 ? cache_bytes_ / (d * static_cast<int64_t>(sizeof(float))) : 0;
   const int64_t first_new = static_cast<int64_t>(cached_.size());
@@ -113,40 +111,42 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
   const int64_t added = static_cast<int64_t>(cached_.size()) - first_new;
   if (added > 0) {
     cache_rows_.resize(cached_.size() * d);
-    auto fill = [&](int64_t b, int64_t e) {
-      for (int64_t r = first_new + b; r < first_new + e; ++r) {
-        kernels::DequantizeRow(out.type, out.data + cached_[r] * out.row_bytes, cache_rows_.data() + r * d, d);
-      }
-    };
-    if (pool.active() > 1 && added >= 1024) {
-      pool.ParallelFor(added, fill);
+    ops.DequantizeRows(out, absl::MakeConstSpan(cached_).subspan(first_new), cache_rows_.data() + first_new * d);
+  }
+  // Cached rows first; rows past the cache's cap are dequantized for this call only, a bounded
+  // piece at a time.
+  score_.resize(n);
+  row_ptrs_.clear();
+  scored_.clear();
+  uncached_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t at = cache_index_[ids[i]];
+    if (at >= 0) {
+      row_ptrs_.push_back(cache_rows_.data() + static_cast<int64_t>(at) * d);
+      scored_.push_back(i);
     } else {
-      fill(0, added);
+      uncached_.push_back(static_cast<int32_t>(i));
     }
   }
-  std::vector<float> score(n);
-  auto run = [&](int64_t b, int64_t e) {
-    std::vector<float> row;
-    for (int64_t i = b; i < e; ++i) {
-      const int32_t at = cache_index_[ids[i]];
-      if (at >= 0) {
-        score[i] = kernels::Dot(cache_rows_.data() + static_cast<int64_t>(at) * d, hidden, d);
-        continue;
-      }
-      row.resize(d);  // past the cache's cap: dequantize per call
-      kernels::DequantizeRow(out.type, out.data + ids[i] * out.row_bytes, row.data(), d);
-      score[i] = kernels::Dot(row.data(), hidden, d);
+  piece_scores_.resize(std::max<size_t>(row_ptrs_.size(), kUncachedPiece));
+  ops.DotRows(row_ptrs_, hidden, d, piece_scores_.data());
+  for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = piece_scores_[j];
+  for (size_t p = 0; p < uncached_.size(); p += kUncachedPiece) {
+    const size_t m = std::min(kUncachedPiece, uncached_.size() - p);
+    piece_ids_.resize(m);
+    row_ptrs_.resize(m);
+    uncached_rows_.resize(m * d);
+    for (size_t j = 0; j < m; ++j) {
+      piece_ids_[j] = ids[uncached_[p + j]];
+      row_ptrs_[j] = uncached_rows_.data() + j * d;
     }
-  };
-  // A cached row costs ~0.1 µs, an uncached one ~1 µs: split only when it pays for the wake-ups.
-  if (pool.active() > 1 && n >= 2048) {
-    pool.ParallelFor(n, run);
-  } else {
-    run(0, n);
+    ops.DequantizeRows(out, piece_ids_, uncached_rows_.data());
+    ops.DotRows(row_ptrs_, hidden, d, piece_scores_.data());
+    for (size_t j = 0; j < m; ++j) score_[uncached_[p + j]] = piece_scores_[j];
   }
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
-    if (score[i] > score[best]) best = i;
+    if (score_[i] > score_[best]) best = i;
   }
   return ids[best];
 }

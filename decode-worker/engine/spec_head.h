@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/thread_pool.h"
+#include "dd/backend/ops.h"
 #include "decode-worker/model/weights.h"
 
 namespace dd::engine {
@@ -29,7 +29,7 @@ absl::string_view SpecHeadName(SpecHead head);
 // together (Gemma 3 270M: 168M vs 100M), where the full head is most of the speculative row's
 // cost; else kFull (SmolLM2-135M: 28M vs 106M; Llama-3.1-8B: 0.5G vs 7G), where the extra row
 // through a weight-bound head is nearly free. Other heads are returned as they are.
-// docs/decisions.md has the measurements.
+// docs/decisions/0009-speculative-row-cost.md has the measurements.
 SpecHead ResolveSpecHead(SpecHead head, const model::ModelConfig& config);
 
 // The `common` most frequent normal tokens of a vocabulary: the highest SentencePiece scores
@@ -56,7 +56,7 @@ class ContextShortlist {
   // The token of `seq`'s set whose output-matrix row has the largest dot product with
   // `hidden` (n_embd floats, already normalized); ties go to the token seen first. -1 when
   // the set is empty.
-  int32_t Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden, ThreadPool& pool);
+  int32_t Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden, backend::Ops& ops);
   // Rows held dequantized (for tests and the memory report).
   int64_t cached_rows() const { return static_cast<int64_t>(cached_.size()); }
   int64_t cache_cap_bytes() const { return cache_bytes_; }
@@ -75,6 +75,12 @@ class ContextShortlist {
   std::vector<int32_t> cache_index_;  // per vocabulary id: its row in cache_rows_, or -1
   std::vector<int32_t> cached_;       // the ids held, in the order cached
   std::vector<float> cache_rows_;     // cached_.size() rows of n_embd floats
+  // Argmax's scratch, kept across calls: rows to score, their places, rows past the cap.
+  static constexpr size_t kUncachedPiece = 256;
+  std::vector<const float*> row_ptrs_;
+  std::vector<int64_t> scored_;
+  std::vector<int32_t> uncached_, piece_ids_;
+  std::vector<float> uncached_rows_, piece_scores_, score_;
 };
 
 }  // namespace dd::engine

@@ -2,10 +2,10 @@
 // chain (dualdecoder). The speculative row's input is the token the previous step speculated;
 // when that token turns out wrong, the row's output (the next speculative token) was computed
 // from a wrong token and usually derails the chain for several steps, or locks it one step
-// behind on text that repeats itself (docs/decisions.md). After such a miss the engine asks
-// Continuation() instead: the token that followed the latest earlier occurrence of the
-// sequence's last two tokens (else of its last token), a lookup in the context that costs no
-// forward pass.
+// behind on text that repeats itself (docs/decisions/0010-speculative-resync.md). After such a
+// miss the engine asks Continuation() instead: the token that followed the latest earlier
+// occurrence of the sequence's last two tokens (else of its last token), a lookup in the
+// context that costs no forward pass.
 //
 // Host memory: 4 bytes per token per slot. Not thread-safe: the engine calls it from its one
 // forward thread.

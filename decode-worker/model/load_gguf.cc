@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "dd/kernels/cpu_ops.h"
 #include "decode-worker/model/gguf.h"
 #include "decode-worker/model/weights.h"
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "dd/kernels/cpu_ops.h"
 #include "decode-worker/model/safetensors.h"
 #include "decode-worker/model/weights.h"
 

@@ -8,27 +8,25 @@
 
 namespace dd::model {
 
-using kernels::MatMul;
-
-Transformer::Transformer(const LoadedModel& model, ThreadPool& pool, MatMulKind kind)
-    : model_(model), pool_(pool), kind_(kind) {}
+Transformer::Transformer(const LoadedModel& model, backend::Ops& ops, MatMulKind kind)
+    : model_(model), ops_(ops), kind_(kind) {}
 
 void Transformer::Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
                          const std::vector<float>& bias, float* y, int64_t y_stride) {
-  const float* b = bias.empty() ? nullptr : bias.data();
-  if (kind_ == MatMulKind::kInt8) {
-    kernels::MatMulInt8(w, x, n_rows, x_stride, b, y, y_stride, pool_);
-  } else {
-    MatMul(w, x, n_rows, x_stride, b, y, y_stride, pool_);
-  }
+  ops_.Linear(w, kind_, x, n_rows, x_stride, bias.empty() ? nullptr : bias.data(), y, y_stride);
 }
 
 void Transformer::RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y) {
-  const int64_t d = model_.config.n_embd;
-  const float eps = model_.config.norm_eps;
-  pool_.ParallelFor(n_rows, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) kernels::RmsNorm(x + r * d, w.data(), eps, d, y + r * d);
-  });
+  ops_.RmsNormRows(x, w.data(), model_.config.norm_eps, n_rows, model_.config.n_embd, y);
+}
+
+void Transformer::RowInputs(absl::Span<const BatchRow> rows) {
+  tokens_.resize(rows.size());
+  positions_.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    tokens_[i] = rows[i].token;
+    positions_[i] = rows[i].pos;
+  }
 }
 
 void Transformer::Resize(int64_t n) {
@@ -48,33 +46,19 @@ void Transformer::Resize(int64_t n) {
 }
 
 void Transformer::Embed(absl::Span<const BatchRow> rows) {
-  const ModelConfig& c = model_.config;
-  const ModelWeights& w = model_.weights;
-  const int64_t d = c.n_embd;
-  pool_.ParallelFor(static_cast<int64_t>(rows.size()), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float* xi = &x_[i * d];
-      kernels::DequantizeRow(w.token_embd.type, w.token_embd.data + rows[i].token * w.token_embd.row_bytes, xi, d);
-      if (c.embed_scale != 1.0f) {
-        for (int64_t j = 0; j < d; ++j) xi[j] *= c.embed_scale;
-      }
-    }
-  });
+  RowInputs(rows);
+  ops_.Embed(model_.weights.token_embd, tokens_, model_.config.embed_scale, x_.data());
 }
 
 void Transformer::RopeAngles(absl::Span<const BatchRow> rows) {
   const ModelConfig& c = model_.config;
   const int64_t n = static_cast<int64_t>(rows.size()), half = c.rope_dim / 2;
-  pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      // Angles for global layers [0, n*half) and sliding layers [n*half, 2n*half).
-      kernels::RopeAngles(c.inv_freq.data(), half, rows[i].pos, &rope_cos_[i * half], &rope_sin_[i * half]);
-      if (!c.inv_freq_swa.empty()) {
-        kernels::RopeAngles(c.inv_freq_swa.data(), half, rows[i].pos, &rope_cos_[(n + i) * half],
-                            &rope_sin_[(n + i) * half]);
-      }
-    }
-  });
+  RowInputs(rows);
+  // Angles for global layers [0, n*half) and sliding layers [n*half, 2n*half).
+  ops_.RopeAngles(c.inv_freq.data(), half, positions_, rope_cos_.data(), rope_sin_.data());
+  if (!c.inv_freq_swa.empty()) {
+    ops_.RopeAngles(c.inv_freq_swa.data(), half, positions_, &rope_cos_[n * half], &rope_sin_[n * half]);
+  }
 }
 
 absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBackend& attention, int64_t l0,
@@ -93,22 +77,12 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
     Linear(L.wk, xn_.data(), n, d, L.bk, k_.data(), kv_dim);
     Linear(L.wv, xn_.data(), n, d, L.bv, v_.data(), kv_dim);
     const int64_t angle_base = (swa && !c.inv_freq_swa.empty()) ? n : 0;
-    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const float* cs = &rope_cos_[(angle_base + i) * half];
-        const float* sn = &rope_sin_[(angle_base + i) * half];
-        for (int64_t h = 0; h < c.n_head; ++h) {
-          float* qh = &q_[i * q_dim + h * hd];
-          if (c.qk_norm) kernels::RmsNorm(qh, L.q_norm.data(), c.norm_eps, hd, qh);
-          kernels::ApplyRope(qh, half, cs, sn, c.rope_neox);
-        }
-        for (int64_t h = 0; h < c.n_head_kv; ++h) {
-          float* kh = &k_[i * kv_dim + h * hd];
-          if (c.qk_norm) kernels::RmsNorm(kh, L.k_norm.data(), c.norm_eps, hd, kh);
-          kernels::ApplyRope(kh, half, cs, sn, c.rope_neox);
-        }
-      }
-    });
+    const float* cs = &rope_cos_[angle_base * half];
+    const float* sn = &rope_sin_[angle_base * half];
+    const float* q_norm = c.qk_norm ? L.q_norm.data() : nullptr;
+    const float* k_norm = c.qk_norm ? L.k_norm.data() : nullptr;
+    ops_.HeadNormRope(q_.data(), n, q_dim, c.n_head, hd, q_norm, c.norm_eps, cs, sn, half, c.rope_neox);
+    ops_.HeadNormRope(k_.data(), n, kv_dim, c.n_head_kv, hd, k_norm, c.norm_eps, cs, sn, half, c.rope_neox);
     AttentionCall call;
     call.layer = l;
     call.sliding = swa;
@@ -122,20 +96,16 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
     RETURN_IF_ERROR(attention.Attend(call));
     Linear(L.wo, attn_.data(), n, q_dim, {}, o_.data(), d);
     if (c.post_norms) RmsNormRows(o_.data(), L.post_attn_norm, n, o_.data());
-    for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
+    ops_.Add(x_.data(), o_.data(), n * d);
 
     RmsNormRows(x_.data(), L.ffn_norm, n, xn_.data());
     Linear(L.w_gate, xn_.data(), n, d, {}, gate_.data(), c.n_ff);
     Linear(L.w_up, xn_.data(), n, d, {}, up_.data(), c.n_ff);
-    pool_.ParallelFor(n, [&](int64_t b, int64_t e) {
-      float* g = gate_.data() + b * c.n_ff;
-      const float* u = up_.data() + b * c.n_ff;
-      if (c.gelu) kernels::GeluTanhMul(g, u, g, (e - b) * c.n_ff);
-      else kernels::SiluMul(g, u, g, (e - b) * c.n_ff);
-    });
+    ops_.GatedMul(c.gelu ? backend::GatedActivation::kGeluTanh : backend::GatedActivation::kSilu, gate_.data(),
+                  up_.data(), gate_.data(), n, c.n_ff);
     Linear(L.w_down, gate_.data(), n, c.n_ff, {}, o_.data(), d);
     if (c.post_norms) RmsNormRows(o_.data(), L.post_ffn_norm, n, o_.data());
-    for (int64_t i = 0; i < n * d; ++i) x_[i] += o_[i];
+    ops_.Add(x_.data(), o_.data(), n * d);
   }
   return absl::OkStatus();
 }
@@ -200,21 +170,18 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
     if (!rows[i].want_logits) continue;
     if (spec_hidden != nullptr && rows[i].speculative) {
       spec_hidden->resize(spec_hidden->size() + d);
-      kernels::RmsNorm(&x_[i * d], w.output_norm.data(), c.norm_eps, d, spec_hidden->data() + spec_hidden->size() - d);
+      const int64_t row[] = {i};
+      ops_.RmsNormSelected(x_.data(), row, w.output_norm.data(), c.norm_eps, d,
+                           spec_hidden->data() + spec_hidden->size() - d);
       continue;
     }
     out_rows.push_back(i);
   }
   const int64_t m = static_cast<int64_t>(out_rows.size());
-  for (int64_t j = 0; j < m; ++j) {
-    kernels::RmsNorm(&x_[out_rows[j] * d], w.output_norm.data(), c.norm_eps, d, &xn_[j * d]);
-  }
+  ops_.RmsNormSelected(x_.data(), out_rows, w.output_norm.data(), c.norm_eps, d, xn_.data());
   logits->resize(m * c.n_vocab);
   if (m > 0) Linear(w.output, xn_.data(), m, d, {}, logits->data(), c.n_vocab);
-  if (c.final_logit_softcap > 0) {
-    const float cap = c.final_logit_softcap;
-    for (float& v : *logits) v = cap * std::tanh(v / cap);
-  }
+  if (c.final_logit_softcap > 0) ops_.Softcap(logits->data(), m * c.n_vocab, c.final_logit_softcap);
   return absl::OkStatus();
 }
 

@@ -1,4 +1,5 @@
-// The decoder forward pass for llama / qwen2 / gemma3 on the CPU backend.
+// The decoder forward pass for llama / qwen2 / gemma3, on any compute backend: every
+// operation goes through backend::Ops (dd/backend/ops.h); nothing here calls a kernel.
 //
 // Forward() runs a batch of token rows from any number of sequences (prefill chunks and
 // decode rows mixed) through all layers. Attention is delegated to an AttentionBackend, so
@@ -11,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "common/thread_pool.h"
+#include "dd/backend/ops.h"
 #include "decode-worker/model/attention.h"
 #include "decode-worker/model/weights.h"
 
@@ -19,16 +20,16 @@ namespace dd::model {
 
 class Transformer {
  public:
-  // How weight matrices multiply activations:
+  // How weight matrices multiply activations (backend::LinearKind):
   //   kInt8: activations quantized to int8 blocks of 32, integer dot products (the fast path,
   //          like llama.cpp; logits differ from kF32 by activation rounding, ~0.5% relative);
   //   kF32:  weights dequantized to f32, f32 dot products (exact w.r.t. the file's weights;
   //          what the reference tests compare at tight tolerance).
   // Both are batch-invariant.
-  enum class MatMulKind { kInt8, kF32 };
+  using MatMulKind = backend::LinearKind;
 
-  // `model` and `pool` must outlive the Transformer.
-  Transformer(const LoadedModel& model, ThreadPool& pool, MatMulKind kind = MatMulKind::kInt8);
+  // `model` and `ops` must outlive the Transformer.
+  Transformer(const LoadedModel& model, backend::Ops& ops, MatMulKind kind = MatMulKind::kInt8);
 
   // logits (resized) receives n_vocab floats per row with want_logits, in row order.
   // With `spec_hidden`, speculative rows with want_logits skip the LM head: spec_hidden
@@ -56,6 +57,8 @@ class Transformer {
   void Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
               const std::vector<float>& bias, float* y, int64_t y_stride);
   void RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y);
+  // Activations of `rows`: the tokens and positions the ops read.
+  void RowInputs(absl::Span<const BatchRow> rows);
   // Sizes the scratch for n rows; the token embeddings and RoPE angles of `rows`.
   void Resize(int64_t n);
   void Embed(absl::Span<const BatchRow> rows);
@@ -64,8 +67,10 @@ class Transformer {
   absl::Status Layers(absl::Span<const BatchRow> rows, AttentionBackend& attention, int64_t l0, int64_t l1);
 
   const LoadedModel& model_;
-  ThreadPool& pool_;
+  backend::Ops& ops_;
   MatMulKind kind_;
+  std::vector<int32_t> tokens_;
+  std::vector<int64_t> positions_;
   std::vector<float> x_, xn_, q_, k_, v_, attn_, o_, gate_, up_, rope_cos_, rope_sin_;
 };
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dd/kernels/cpu_ops.h"
+#include "dd/kernels/dtype.h"
 #include "decode-worker/model/model_config.h"
 #include "decode-worker/model/tokenizer.h"
 

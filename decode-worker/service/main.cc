@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   if (!tls.ok()) return fail(tls.status());
   auto node = dd::worker::WorkerNode::Create(**model, *engine_options, dd::worker::SchedulerOptionsFromFlags(), id);
   if (!node.ok()) return fail(node.status());
+  std::fprintf(stderr, "dd-decode-worker: compute device %s\n", engine_options->device.c_str());
   (*node)->service().set_cluster_secret(*secret);
 
   dd::EnableStandardServices();

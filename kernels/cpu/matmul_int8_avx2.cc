@@ -189,11 +189,11 @@ __attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_by
 }
 
 // Activation rows per RowDotBytes8 / RowDotK8 call: each weight block's decode (and, from two
-// rows, its transpose) and scale loads are shared by this many (decisions.md, "Eight
-// activation rows per decode call"). 8 beat 4 at m = 8 (a dual step at batch 4) for the
-// 4-6-bit types: dd-bench-matmul cold, one thread, median of 3 alternating runs, 8 vs 4: Q5_0
-// 2048×640 0.77-0.90, Q4_K 640×1024 0.90, Q6_K 640×2048 0.90, Q4_1 1536×576 0.78-0.85. Q8_0
-// keeps 4 (its products need two VPSIGNB each, and 8 in one call ran up to 1.4× slower).
+// rows, its transpose) and scale loads are shared by this many
+// (docs/decisions/0003-simd-dispatch-same-bits.md). 8 beat 4 at m = 8 (a dual step at batch 4)
+// for the 4-6-bit types: dd-bench-matmul cold, one thread, median of 3 alternating runs, 8 vs
+// 4: Q5_0 2048×640 0.77-0.90, Q4_K 640×1024 0.90, Q6_K 640×2048 0.90, Q4_1 1536×576 0.78-0.85.
+// Q8_0 keeps 4 (its products need two VPSIGNB each, and 8 in one call ran up to 1.4× slower).
 // Each instantiation stays out of line: inlined together into the dispatch, Q6_K's m = 1 and
 // 2 ran 1.4-1.7× slower.
 constexpr int kBytes8Rows = 8;

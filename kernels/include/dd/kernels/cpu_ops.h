@@ -17,15 +17,6 @@ namespace dd::kernels {
 // Dequantizes `n` elements (a multiple of the block size) starting at `src` into `dst`.
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
-// A weight matrix of `rows` × `cols` elements in type `type`, row-major, rows of RowBytes().
-struct WeightView {
-  DType type = DType::kF32;
-  const uint8_t* data = nullptr;
-  int64_t rows = 0;  // output features
-  int64_t cols = 0;  // input features (reduction dimension)
-  int64_t row_bytes = 0;
-};
-
 // y[m][n] = sum_k x[m][k] * W[n][k] (+ bias[n] if bias != nullptr), for m in [0, m_rows).
 // x is m_rows × w.cols f32 (row stride x_stride), y is m_rows × w.rows (row stride y_stride).
 void MatMul(const WeightView& w, const float* x, int64_t m_rows, int64_t x_stride,

@@ -34,6 +34,16 @@ struct DTypeInfo {
   int64_t block_bytes;
 };
 
+// A weight matrix of `rows` × `cols` elements in type `type`, row-major, rows of RowBytes().
+// `data` is memory of the device the weights were loaded for (host memory on the CPU).
+struct WeightView {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features (reduction dimension)
+  int64_t row_bytes = 0;
+};
+
 // Returns the layout of a supported type; Unimplemented names the ggml type id otherwise.
 absl::StatusOr<DTypeInfo> GetDTypeInfo(uint32_t ggml_type);
 absl::string_view DTypeName(DType t);

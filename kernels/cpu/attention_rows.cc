@@ -1,32 +1,32 @@
-#include "decode-worker/engine/causal_attention.h"
+#include "cpu/attention_rows.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "dd/kernels/cpu_ops.h"
 
-namespace dd::engine {
+namespace dd::backend::cpu {
 namespace {
 constexpr int64_t kBlockRows = 16;
 
-// Rows [r0, r0 + nr) of `call` see keys [j0, j1) of the concatenation starting at `lo`.
-void VisibleKeys(const model::AttentionCall& call, int64_t r0, int64_t nr, int64_t lo, int64_t* j0, int64_t* j1) {
+// Rows [r0, r0 + nr) of `a` see keys [j0, j1) of the concatenation starting at `lo`.
+void VisibleKeys(const CausalAttention& a, int64_t r0, int64_t nr, int64_t lo, int64_t* j0, int64_t* j1) {
   for (int64_t r = 0; r < nr; ++r) {
-    const int64_t pos = call.rows[r0 + r].pos;
-    const int64_t first = call.sliding ? std::max<int64_t>(0, pos - call.window + 1) : 0;
+    const int64_t pos = a.positions[r0 + r];
+    const int64_t first = a.sliding ? std::max<int64_t>(0, pos - a.window + 1) : 0;
     j0[r] = first - lo;
     j1[r] = pos - lo + 1;
   }
 }
 
-// The query heads of KV head g for rows [ra, rb) of `call`, contiguous (row-major, then head)
+// The query heads of KV head g for rows [ra, rb) of `a`, contiguous (row-major, then head)
 // in q, and where each one's output goes.
-void GroupQueries(const model::AttentionCall& call, const model::ModelConfig& config, int64_t g, int64_t ra,
-                  int64_t rb, float* q, float** outs) {
-  const int64_t hd = config.head_dim, gs = config.n_head / config.n_head_kv, q_dim = config.n_head * hd;
+void GroupQueries(const CausalAttention& a, int64_t g, int64_t ra, int64_t rb, float* q, float** outs) {
+  const AttentionShape& c = a.shape;
+  const int64_t hd = c.head_dim, gs = c.n_head / c.n_head_kv, q_dim = c.n_head * hd;
   for (int64_t r = ra; r < rb; ++r) {
-    std::memcpy(q + (r - ra) * gs * hd, call.q + r * q_dim + g * gs * hd, gs * hd * sizeof(float));
-    for (int64_t h = 0; h < gs; ++h) outs[(r - ra) * gs + h] = call.out + r * q_dim + (g * gs + h) * hd;
+    std::memcpy(q + (r - ra) * gs * hd, a.q + r * q_dim + g * gs * hd, gs * hd * sizeof(float));
+    for (int64_t h = 0; h < gs; ++h) outs[(r - ra) * gs + h] = a.out + r * q_dim + (g * gs + h) * hd;
   }
 }
 
@@ -49,19 +49,22 @@ int64_t PieceFor(int64_t hd, int64_t n_kv, const ThreadPool& pool) {
 
 // Few rows, all KV heads: scores in parallel over key tiles, softmax over queries, weighted
 // sums over pieces of the head dimension. Same kernels, so the same bits as the blocked path.
-void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t nr,
-                   int64_t lo, int64_t n_keys, ThreadPool& pool, AttentionScratch* scratch) {
-  const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
+void AttendFewRows(const CausalAttention& a, int64_t nr, int64_t n_keys, ThreadPool& pool,
+                   AttentionScratch* scratch) {
+  const int64_t hd = a.shape.head_dim, n_kv = a.shape.n_head_kv, gs = a.shape.n_head / n_kv;
   const int64_t nq = nr * gs;
-  std::vector<int64_t> j0(nr), j1(nr);
-  VisibleKeys(call, r0, nr, lo, j0.data(), j1.data());
+  std::vector<int64_t>& j0 = scratch->j0;
+  std::vector<int64_t>& j1 = scratch->j1;
+  j0.resize(nr);
+  j1.resize(nr);
+  VisibleKeys(a, 0, nr, a.lo, j0.data(), j1.data());
   const int64_t jmin = *std::min_element(j0.begin(), j0.end()), jmax = *std::max_element(j1.begin(), j1.end());
   const int64_t ld = jmax - jmin;
   scratch->q.resize(n_kv * nq * hd);
   scratch->scores.resize(n_kv * nq * ld);
   scratch->outs.resize(n_kv * nq);
   for (int64_t g = 0; g < n_kv; ++g) {
-    GroupQueries(call, config, g, r0, r0 + nr, &scratch->q[g * nq * hd], &scratch->outs[g * nq]);
+    GroupQueries(a, g, 0, nr, &scratch->q[g * nq * hd], &scratch->outs[g * nq]);
   }
   const int64_t n_tiles = (ld + kKeyTile - 1) / kKeyTile;
   pool.ParallelFor(n_kv * n_tiles, [&](int64_t b, int64_t e) {
@@ -74,7 +77,7 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
   pool.ParallelFor(n_kv * nq, [&](int64_t b, int64_t e) {
     for (int64_t qi = b; qi < e; ++qi) {
       const int64_t r = (qi % nq) / gs;
-      SoftmaxVisible(&scratch->scores[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
+      SoftmaxVisible(&scratch->scores[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, a.scale);
     }
   });
   const int64_t piece = PieceFor(hd, n_kv, pool);
@@ -90,17 +93,16 @@ void AttendFewRows(const model::AttentionCall& call, const model::ModelConfig& c
 }
 }  // namespace
 
-void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& config, int64_t r0, int64_t r1,
-                  int64_t lo, absl::Span<const KvRun> runs, ThreadPool& pool, AttentionScratch* scratch) {
-  const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
-  const int64_t kv_dim = n_kv * hd, nr = r1 - r0;
+void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* scratch) {
+  const int64_t hd = a.shape.head_dim, n_kv = a.shape.n_head_kv, gs = a.shape.n_head / n_kv;
+  const int64_t kv_dim = n_kv * hd, nr = static_cast<int64_t>(a.positions.size());
   int64_t n_keys = 0;
-  for (const KvRun& run : runs) n_keys += run.len;
+  for (const KvRun& run : a.runs) n_keys += run.len;
   // Key j of the concatenation, per KV head g: keys[g * n_keys + j].
   scratch->keys.resize(n_kv * n_keys);
   scratch->values.resize(n_kv * n_keys);
   for (int64_t g = 0, j = 0; g < n_kv; ++g) {
-    for (const KvRun& run : runs) {
+    for (const KvRun& run : a.runs) {
       for (int64_t t = 0; t < run.len; ++t, ++j) {
         scratch->keys[j] = run.k + t * kv_dim + g * hd;
         scratch->values[j] = run.v + t * kv_dim + g * hd;
@@ -109,7 +111,7 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
   }
   const int64_t n_blocks = (nr + kBlockRows - 1) / kBlockRows;
   if (n_kv * n_blocks < 2 * pool.active()) {
-    AttendFewRows(call, config, r0, nr, lo, n_keys, pool, scratch);
+    AttendFewRows(a, nr, n_keys, pool, scratch);
     return;
   }
   // Causal blocks grow with position; pair cheap and expensive ones in each thread's range
@@ -123,35 +125,28 @@ void AttendCausal(const model::AttentionCall& call, const model::ModelConfig& co
       const int64_t ra = b * kBlockRows, rb = std::min(nr, ra + kBlockRows);
       const int64_t nq = (rb - ra) * gs;
       int64_t j0[kBlockRows], j1[kBlockRows];  // visible keys [j0, j1) per row
-      VisibleKeys(call, r0 + ra, rb - ra, lo, j0, j1);
+      VisibleKeys(a, ra, rb - ra, a.lo, j0, j1);
       const int64_t jmin = *std::min_element(j0, j0 + (rb - ra));
       const int64_t jmax = *std::max_element(j1, j1 + (rb - ra));
       const int64_t ld = jmax - jmin;
       q.resize(nq * hd);
       s.resize(nq * ld);
       outs.resize(nq);
-      GroupQueries(call, config, g, r0 + ra, r0 + rb, q.data(), outs.data());
+      GroupQueries(a, g, ra, rb, q.data(), outs.data());
       const float* const* keys = scratch->keys.data() + g * n_keys + jmin;
       kernels::AttentionScores(q.data(), nq, hd, keys, ld, s.data(), ld);
       for (int64_t qi = 0; qi < nq; ++qi) {
         const int64_t r = qi / gs;
-        SoftmaxVisible(&s[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, call.scale);
+        SoftmaxVisible(&s[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, a.scale);
       }
       kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, ld, 0, hd, outs.data());
     }
   });
 }
 
-void AttendRowToLists(const float* q, const model::ModelConfig& config, float scale,
-                      absl::Span<const KeyValueList> lists, float* out_row, ThreadPool& pool,
-                      AttentionScratch* scratch) {
-  const ListQuery row{q, out_row, 0};
-  AttendRowsToLists({&row, 1}, config, scale, lists, pool, scratch);
-}
-
-void AttendRowsToLists(absl::Span<const ListQuery> rows, const model::ModelConfig& config, float scale,
+void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
                        absl::Span<const KeyValueList> lists, ThreadPool& pool, AttentionScratch* scratch) {
-  const int64_t hd = config.head_dim, n_kv = config.n_head_kv, gs = config.n_head / n_kv;
+  const int64_t hd = shape.head_dim, n_kv = shape.n_head_kv, gs = shape.n_head / n_kv;
   const int64_t nr = static_cast<int64_t>(rows.size()), nq = nr * gs;  // queries per KV head
   // Group g's scores: nq rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
   std::vector<int64_t>& offset = scratch->offsets;  // kept across calls: this runs per layer per row
@@ -200,4 +195,4 @@ void AttendRowsToLists(absl::Span<const ListQuery> rows, const model::ModelConfi
   });
 }
 
-}  // namespace dd::engine
+}  // namespace dd::backend::cpu

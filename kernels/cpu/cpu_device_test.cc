@@ -1,0 +1,248 @@
+// The cpu device behind the compute-backend seam: budgeted allocation by tag, range-checked
+// copies and gathers, the registry's answers for each device name, and ops that give the bits
+// of the reference kernels they wrap, a row's bits independent of its batch.
+#include "dd/backend/cpu_device.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "dd/backend/registry.h"
+#include "dd/kernels/cpu_ops.h"
+#include "gtest/gtest.h"
+
+namespace dd::backend {
+namespace {
+
+TEST(CpuDeviceTest, AllocationsAreCountedByTagAndBoundedByTheBudget) {
+  ThreadPool pool(1);
+  CpuDevice dev(1000, pool);
+  auto a = dev.Allocate(MemoryTag::kWeights, 600);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = dev.Allocate(MemoryTag::kKv, 300);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(dev.bytes_in_use(MemoryTag::kWeights), 600);
+  EXPECT_EQ(dev.bytes_in_use(MemoryTag::kKv), 300);
+  EXPECT_EQ(dev.bytes_in_use(), 900);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data) % 64, 0u);
+  auto c = dev.Allocate(MemoryTag::kLandmarks, 101);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("landmarks"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("900 of 1000"), std::string::npos) << c.status();
+  auto d = dev.Allocate(MemoryTag::kLandmarks, 100);  // exactly the rest fits
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(dev.Allocate(MemoryTag::kKv, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  dev.Free(*a);
+  EXPECT_FALSE(*a);
+  EXPECT_EQ(dev.bytes_in_use(MemoryTag::kWeights), 0);
+  EXPECT_EQ(dev.bytes_in_use(), 400);
+  dev.Free(*b);
+  dev.Free(*d);
+  EXPECT_EQ(dev.bytes_in_use(), 0);
+}
+
+TEST(CpuDeviceTest, CopiesAreCheckedAgainstTheBuffer) {
+  ThreadPool pool(1);
+  CpuDevice dev(0, pool);
+  auto buf = dev.Allocate(MemoryTag::kWorkspace, 16);
+  ASSERT_TRUE(buf.ok());
+  const char in[16] = "abcdefghijklmno";
+  ASSERT_TRUE(dev.CopyToDevice(Queue::kCompute, in, *buf, 0, 16).ok());
+  char out[8] = {};
+  ASSERT_TRUE(dev.CopyToHost(Queue::kCompute, *buf, 4, out, 8).ok());
+  EXPECT_EQ(std::string(out, 8), "efghijkl");
+  EXPECT_EQ(dev.CopyToDevice(Queue::kCompute, in, *buf, 9, 8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.CopyToHost(Queue::kCompute, *buf, -1, out, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.CopyToHost(Queue::kCompute, *buf, 8, out, INT64_MAX).code(), absl::StatusCode::kInvalidArgument);
+  dev.Free(*buf);
+}
+
+TEST(CpuDeviceTest, GathersCopyBlocksFromARegisteredRegionOrNothing) {
+  ThreadPool pool(1);
+  CpuDevice dev(0, pool);
+  std::vector<uint8_t> host(64);
+  std::iota(host.begin(), host.end(), 0);
+  auto region = dev.RegisterHostRegion(host.data(), 64);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto slots = dev.Allocate(MemoryTag::kResidentSlots, 24);
+  ASSERT_TRUE(slots.ok());
+  std::memset(slots->data, 0xff, 24);
+  const GatherBlock blocks[] = {{48, 0}, {8, 16}};
+  ASSERT_TRUE(dev.Gather(Queue::kUrgent, *region, blocks, 8, *slots).ok());
+  const auto* s = static_cast<const uint8_t*>(slots->data);
+  EXPECT_EQ(s[0], 48);
+  EXPECT_EQ(s[7], 55);
+  EXPECT_EQ(s[8], 0xff);  // untouched
+  EXPECT_EQ(s[16], 8);
+  // A block past the region's end: refused, naming the block, and nothing copied.
+  std::memset(slots->data, 0xff, 24);
+  const GatherBlock bad[] = {{0, 0}, {60, 8}};
+  const absl::Status st = dev.Gather(Queue::kPrefetch, *region, bad, 8, *slots);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("block 1"), std::string::npos) << st;
+  EXPECT_EQ(s[0], 0xff);
+  const GatherBlock past_slots[] = {{0, 20}};
+  EXPECT_EQ(dev.Gather(Queue::kPrefetch, *region, past_slots, 8, *slots).code(), absl::StatusCode::kInvalidArgument);
+  dev.UnregisterHostRegion(*region);
+  EXPECT_EQ(dev.Gather(Queue::kPrefetch, *region, blocks, 8, *slots).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.RegisterHostRegion(nullptr, 8).status().code(), absl::StatusCode::kInvalidArgument);
+  dev.Free(*slots);
+}
+
+TEST(CpuDeviceTest, EventsAreOrderedPerQueue) {
+  ThreadPool pool(1);
+  CpuDevice dev(0, pool);
+  const Event a = dev.Record(Queue::kPrefetch);
+  const Event b = dev.Record(Queue::kPrefetch);
+  EXPECT_EQ(a.queue, Queue::kPrefetch);
+  EXPECT_LT(a.seq, b.seq);
+  dev.Wait(Queue::kCompute, b);
+  EXPECT_TRUE(dev.Synchronize(b).ok());
+}
+
+TEST(DeviceRegistryTest, EachNameGetsADeviceOrSaysWhyNot) {
+  ThreadPool pool(1);
+  auto cpu = CreateDevice("cpu", {.budget_bytes = 4096, .pool = &pool});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->name(), "cpu");
+  EXPECT_EQ((*cpu)->budget(), 4096);
+  EXPECT_EQ(CreateDevice("cpu", {}).status().code(), absl::StatusCode::kInvalidArgument);  // no pool
+  const auto unknown = CreateDevice("tpu", {.pool = &pool});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("cpu, sim, cuda"), std::string::npos) << unknown.status();
+  const auto cuda = CreateDevice("cuda", {.pool = &pool});
+  ASSERT_FALSE(cuda.ok());  // no CUDA device is written yet, whatever the machine has
+  EXPECT_NE(cuda.status().message().find("--device cuda"), std::string::npos) << cuda.status();
+  EXPECT_FALSE(CreateDevice("sim", {.pool = &pool}).ok());
+}
+
+// The ops give the bits of the kernels they wrap, and a row's bits do not depend on the rows
+// beside it or the thread count.
+TEST(CpuOpsTest, RowsGiveTheReferenceKernelsBitsWhateverTheBatch) {
+  constexpr int64_t kRows = 5, kCols = 64, kOut = 48, kHeads = 2, kHd = 32, kHalf = 16;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(kRows * kCols), w(kOut * kCols), norm(kCols), inv_freq(kHalf);
+  for (float& v : x) v = nd(rng);
+  for (float& v : w) v = nd(rng);
+  for (float& v : norm) v = 1.0f + 0.1f * nd(rng);
+  for (int64_t i = 0; i < kHalf; ++i) inv_freq[i] = std::pow(10000.0f, -static_cast<float>(i) / kHalf);
+  const kernels::WeightView wv{kernels::DType::kF32, reinterpret_cast<const uint8_t*>(w.data()), kOut, kCols,
+                               kCols * 4};
+  ThreadPool one(1), two(2);
+  CpuOps ops1(one), ops2(two);
+
+  // Linear, both kinds: the batch of 5 on two threads vs each row alone on one.
+  for (LinearKind kind : {LinearKind::kF32, LinearKind::kInt8}) {
+    std::vector<float> batch(kRows * kOut), alone(kOut), ref(kOut);
+    ops2.Linear(wv, kind, x.data(), kRows, kCols, nullptr, batch.data(), kOut);
+    for (int64_t r = 0; r < kRows; ++r) {
+      ops1.Linear(wv, kind, x.data() + r * kCols, 1, kCols, nullptr, alone.data(), kOut);
+      if (kind == LinearKind::kF32) {
+        kernels::MatMul(wv, x.data() + r * kCols, 1, kCols, nullptr, ref.data(), kOut, one);
+      } else {
+        kernels::MatMulInt8(wv, x.data() + r * kCols, 1, kCols, nullptr, ref.data(), kOut, one);
+      }
+      EXPECT_EQ(0, std::memcmp(alone.data(), &batch[r * kOut], kOut * 4)) << "row " << r;
+      EXPECT_EQ(0, std::memcmp(alone.data(), ref.data(), kOut * 4)) << "row " << r;
+    }
+  }
+  // RMSNorm rows, and the selected-rows form on rows 3 and 1.
+  std::vector<float> y(kRows * kCols), sel(2 * kCols), ref(kCols);
+  ops2.RmsNormRows(x.data(), norm.data(), 1e-6f, kRows, kCols, y.data());
+  const int64_t picked[] = {3, 1};
+  ops1.RmsNormSelected(x.data(), picked, norm.data(), 1e-6f, kCols, sel.data());
+  for (int64_t j = 0; j < 2; ++j) {
+    kernels::RmsNorm(x.data() + picked[j] * kCols, norm.data(), 1e-6f, kCols, ref.data());
+    EXPECT_EQ(0, std::memcmp(ref.data(), &y[picked[j] * kCols], kCols * 4));
+    EXPECT_EQ(0, std::memcmp(ref.data(), &sel[j * kCols], kCols * 4));
+  }
+  // Angles and per-head norm + rotation, both pairings, against the kernels by hand.
+  const int64_t positions[] = {0, 7, 300, 4095, 12};
+  std::vector<float> cs(kRows * kHalf), sn(kRows * kHalf);
+  ops2.RopeAngles(inv_freq.data(), kHalf, positions, cs.data(), sn.data());
+  for (bool neox : {false, true}) {
+    std::vector<float> heads = x, want = x;  // kRows rows of kHeads heads of kHd
+    ops2.HeadNormRope(heads.data(), kRows, kCols, kHeads, kHd, norm.data(), 1e-6f, cs.data(), sn.data(), kHalf, neox);
+    for (int64_t r = 0; r < kRows; ++r) {
+      float c[kHalf], s[kHalf];
+      kernels::RopeAngles(inv_freq.data(), kHalf, positions[r], c, s);
+      for (int64_t h = 0; h < kHeads; ++h) {
+        float* p = &want[r * kCols + h * kHd];
+        kernels::RmsNorm(p, norm.data(), 1e-6f, kHd, p);
+        kernels::ApplyRope(p, kHalf, c, s, neox);
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(heads.data(), want.data(), heads.size() * 4)) << "neox " << neox;
+  }
+  // Gated activations over rows, the residual add, softcap.
+  for (GatedActivation act : {GatedActivation::kGeluTanh, GatedActivation::kSilu}) {
+    std::vector<float> out(kRows * kCols), want(kRows * kCols);
+    ops2.GatedMul(act, x.data(), y.data(), out.data(), kRows, kCols);
+    if (act == GatedActivation::kGeluTanh) {
+      kernels::GeluTanhMul(x.data(), y.data(), want.data(), kRows * kCols);
+    } else {
+      kernels::SiluMul(x.data(), y.data(), want.data(), kRows * kCols);
+    }
+    EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
+  }
+  std::vector<float> sum = x;
+  ops1.Add(sum.data(), y.data(), kRows * kCols);
+  EXPECT_EQ(sum[17], x[17] + y[17]);
+  std::vector<float> capped = {-100.0f, 0.0f, 3.0f};
+  ops1.Softcap(capped.data(), 3, 30.0f);
+  EXPECT_FLOAT_EQ(capped[0], 30.0f * std::tanh(-100.0f / 30.0f));
+  EXPECT_EQ(capped[1], 0.0f);
+}
+
+// Rows attending in one pass (the dual-token step's real and speculative rows over the same
+// blocks, the speculative row seeing one more key) get the bits of one row at a time over
+// its visible keys, for 3 and 4 query heads per KV head (SmolLM2, Gemma), head dims with and
+// without a vector tail, lists of different lengths per KV head, and 1 or 2 threads.
+TEST(CpuOpsTest, RowsToListsInOnePassEqualOneRowAtATime) {
+  for (auto [n_head, n_kv, hd] : {std::tuple<int64_t, int64_t, int64_t>{9, 3, 64}, {4, 1, 256}, {4, 2, 40}}) {
+    for (int threads : {1, 2}) {
+      const AttentionShape c{.n_head = n_head, .n_head_kv = n_kv, .head_dim = hd};
+      ThreadPool pool(threads);
+      CpuOps ops(pool);
+      std::mt19937 rng(static_cast<uint32_t>(n_head * 100 + hd + threads));
+      std::normal_distribution<float> nd;
+      // KV head g holds 300 + 97 g keys (beyond one key tile), the last one the second row's own.
+      std::vector<std::vector<float>> kv(n_kv);
+      std::vector<std::vector<const float*>> keys(n_kv), values(n_kv);
+      std::vector<KeyValueList> all(n_kv), first_row(n_kv);
+      for (int64_t g = 0; g < n_kv; ++g) {
+        const int64_t n = 300 + 97 * g;
+        kv[g].resize(2 * n * hd);
+        for (float& x : kv[g]) x = nd(rng);
+        for (int64_t j = 0; j < n; ++j) {
+          keys[g].push_back(&kv[g][j * hd]);
+          values[g].push_back(&kv[g][(n + j) * hd]);
+        }
+        all[g] = {keys[g].data(), values[g].data(), n};
+        first_row[g] = {keys[g].data(), values[g].data(), n - 1};
+      }
+      const int64_t q_dim = n_head * hd;
+      std::vector<float> q(2 * q_dim);
+      for (float& x : q) x = nd(rng);
+      std::vector<float> one(2 * q_dim, -1.0f), both(2 * q_dim, -2.0f);
+      const ListQuery first_alone[1] = {{&q[0], &one[0], 0}}, second_alone[1] = {{&q[q_dim], &one[q_dim], 0}};
+      ops.AttendRowsToLists(first_alone, c, 0.125f, first_row);
+      ops.AttendRowsToLists(second_alone, c, 0.125f, all);
+      const ListQuery rows[2] = {{&q[0], &both[0], 1}, {&q[q_dim], &both[q_dim], 0}};
+      ops.AttendRowsToLists(rows, c, 0.125f, all);
+      ASSERT_EQ(0, std::memcmp(one.data(), both.data(), one.size() * sizeof(float)))
+          << "heads " << n_head << "/" << n_kv << " hd " << hd << " threads " << threads;
+      // The hidden key matters to the second row only: dropping hidden_tail changes the first.
+      const ListQuery sees_all[1] = {{&q[0], &both[0], 0}};
+      ops.AttendRowsToLists(sees_all, c, 0.125f, all);
+      EXPECT_NE(0, std::memcmp(one.data(), both.data(), q_dim * sizeof(float)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dd::backend

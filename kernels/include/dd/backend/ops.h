@@ -1,0 +1,130 @@
+// The compute-backend seam, ops half: the forward pass's operations for Gemma 3 and
+// Llama-architecture models, as one backend runs them on its compute queue.
+//
+// The contract every backend keeps: a row's bits depend only on that row — not on how many
+// rows share the call, where the row sits in it, or how many threads run it (batch
+// invariance, DESIGN §5). That is what keeps `dualdecoder`'s real rows bit-identical to
+// `sparse` while the speculative rows share every call.
+//
+// Float pointers are device memory of the backend (host memory on the CPU); spans of
+// integers (tokens, positions, row lists) and `inv_freq` are host memory, read before the
+// call returns. Rows of activations are contiguous with the given stride, in floats.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "dd/kernels/dtype.h"
+
+namespace dd::backend {
+
+// How a quantized weight matrix multiplies activations:
+//   kInt8: activations quantized per row to int8 blocks of 32, integer dot products (fast);
+//   kF32:  weights dequantized to f32, f32 dot products (exact w.r.t. the file's weights).
+enum class LinearKind { kInt8, kF32 };
+
+enum class GatedActivation { kGeluTanh, kSilu };
+
+// Attention heads: n_head query heads in n_head_kv groups (GQA), head_dim floats each.
+struct AttentionShape {
+  int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+};
+
+// `len` consecutive positions stored as consecutive rows of n_head_kv × head_dim floats; k and
+// v point at the first position's row.
+struct KvRun {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t len = 0;
+};
+
+// Causal attention for rows of one sequence over its KV held as runs (prefill, and dense
+// decode). Row r (query q + r × n_head × head_dim, output likewise) at positions[r] sees
+// positions [first, positions[r]] with first = positions[r] - window + 1 (clamped to 0) when
+// `sliding`, else 0; the runs hold, in order, positions [lo, the last row's position], and
+// first must not be below lo.
+struct CausalAttention {
+  AttentionShape shape;
+  float scale = 1.0f;
+  bool sliding = false;
+  int64_t window = 0;
+  const float* q = nullptr;
+  float* out = nullptr;
+  absl::Span<const int64_t> positions;
+  int64_t lo = 0;
+  absl::Span<const KvRun> runs;
+};
+
+// One KV head's keys for decode rows, one pointer per key (and its value), in the order the
+// weighted sum adds them (ascending logical position).
+struct KeyValueList {
+  const float* const* keys = nullptr;
+  const float* const* values = nullptr;
+  int64_t n = 0;
+};
+
+// A decode row attending over key lists: n_head × head_dim query and output; it sees every
+// key of each list but the last `hidden_tail` (the dual-token step's real row does not see
+// the speculative row's key).
+struct ListQuery {
+  const float* q = nullptr;
+  float* out = nullptr;
+  int64_t hidden_tail = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // x[i] = table row tokens[i] (dequantized) × scale, d = table.cols floats per row.
+  virtual void Embed(const kernels::WeightView& table, absl::Span<const int32_t> tokens, float scale,
+                     float* x) = 0;
+  // Rotary angles of each position: cos/sin[i * half + j] of positions[i] * inv_freq[j].
+  virtual void RopeAngles(const float* inv_freq, int64_t half, absl::Span<const int64_t> positions, float* cos,
+                          float* sin) = 0;
+  // y[r] = x[r] / rms(x[r]) * w for n_rows rows of d floats (w may be null: no scale; y may
+  // alias x).
+  virtual void RmsNormRows(const float* x, const float* w, float eps, int64_t n_rows, int64_t d, float* y) = 0;
+  // y[j] = RmsNorm(x[rows[j]]) for the listed rows of d floats: the final norm of the rows
+  // that want logits, packed.
+  virtual void RmsNormSelected(const float* x, absl::Span<const int64_t> rows, const float* w, float eps, int64_t d,
+                               float* y) = 0;
+  // y[r][n] = sum_k x[r][k] W[n][k] (+ bias[n]) for n_rows rows; bias may be null.
+  virtual void Linear(const kernels::WeightView& w, LinearKind kind, const float* x, int64_t n_rows,
+                      int64_t x_stride, const float* bias, float* y, int64_t y_stride) = 0;
+  // For each row r and head h of x (n_heads heads of head_dim floats from x + r * row_stride):
+  // RmsNorm with `norm_w` first when it is not null, then the rotation by row r's angles
+  // (cos/sin + r * half); neox pairs (i, i + half), otherwise (2i, 2i + 1).
+  virtual void HeadNormRope(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                            const float* norm_w, float eps, const float* cos, const float* sin, int64_t half,
+                            bool neox) = 0;
+  // out = act(gate) * up over n_rows rows of n floats (out may alias gate).
+  virtual void GatedMul(GatedActivation act, const float* gate, const float* up, float* out, int64_t n_rows,
+                        int64_t n) = 0;
+  // x += y over n floats (the residual add).
+  virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // x = cap * tanh(x / cap) over n floats (final logit softcapping).
+  virtual void Softcap(float* x, int64_t n, float cap) = 0;
+
+  // ---- attention ----
+  // Each query's bits depend only on its own keys: scores are per-pair dot products in one
+  // fixed order, the softmax is per query, and values are added in list order from zero.
+  virtual void AttendCausal(const CausalAttention& a) = 0;
+  // Decode rows over per-KV-head key lists (lists[g] for group g), every key and value read
+  // once for all rows (the real and speculative rows of a dual-token step share the lists).
+  virtual void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
+                                 absl::Span<const KeyValueList> lists) = 0;
+  // s[i × ld + j] = q_i · keys[j] for nq queries of head_dim (contiguous) and nk keys: landmark
+  // scores for chunk selection, with the bits of the attention scores. Safe to call from
+  // several threads at once.
+  virtual void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk,
+                         float* s, int64_t ld) = 0;
+
+  // ---- the speculative row's context head ----
+  // out rows (d = w.cols floats each) = the listed rows of w, dequantized.
+  virtual void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) = 0;
+  // out[i] = rows[i] · x over d floats.
+  virtual void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) = 0;
+};
+
+}  // namespace dd::backend

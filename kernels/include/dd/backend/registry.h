@@ -1,0 +1,25 @@
+// Creating a compute device by name ("cpu", "sim", "cuda"); kernels/registry.cc holds the only
+// #if that decides whether the CUDA backend exists.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/thread_pool.h"
+#include "dd/backend/device.h"
+
+namespace dd::backend {
+
+struct DeviceOptions {
+  int64_t budget_bytes = 0;     // device memory budget (0 = unlimited)
+  ThreadPool* pool = nullptr;   // cpu: the threads the ops run on (required; outlives the device)
+};
+
+// The named device. INVALID_ARGUMENT for an unknown name (the message lists the known ones);
+// UNAVAILABLE for a backend this build or machine cannot run, saying why (not compiled, no
+// device, driver); UNIMPLEMENTED for a backend whose device is not written yet.
+absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options);
+
+}  // namespace dd::backend
