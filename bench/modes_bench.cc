@@ -10,8 +10,8 @@
 // and is run too, with every slot admitted by the engine. The `pcie5` link is calibrated in this
 // run so that one sparse layer's miss traffic under sparse-cached (one request, measured on the
 // infinite link) takes as long as one layer of a sparse-cached step's compute at batch 1 (the
-// paper's "transfer time comparable to compute" regime, docs/decisions.md); `inmem` is an
-// infinitely fast link.
+// paper's "transfer time comparable to compute" regime, docs/decisions/0016-link-model.md);
+// `inmem` is an infinitely fast link.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -40,12 +40,12 @@ ABSL_FLAG(int32_t, rounds, 1,
           "Turns the modes of one store take at each link and batch: every mode runs steps/rounds timed "
           "steps, then the next mode, and again (a slow spell of a shared machine falls on every mode alike; "
           "but dualdecoder's steps measured slower interleaved than in one turn, cause not found: "
-          "docs/decisions.md). 1 = each mode's steps in one turn");
+          "docs/decisions/0032-benchmark-methodology.md). 1 = each mode's steps in one turn");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores); prefill uses them all");
 ABSL_FLAG(int32_t, decode_threads, -1,
           "Compute threads of the timed decode steps, every mode and link alike (0 = all of --threads; "
           "-1 = all but one, at least 1: the transfer thread or pool process gets a core of its own, as a "
-          "GPU's copy engines do not take its compute; docs/decisions.md)");
+          "GPU's copy engines do not take its compute; docs/decisions/0032-benchmark-methodology.md)");
 ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)");
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
@@ -470,8 +470,8 @@ int main(int argc, char** argv) {
             if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
               // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
               // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
-              // fetch behind a layer's compute; docs/decisions.md). With no misses at all, the
-              // whole budget is the traffic.
+              // fetch behind a layer's compute; docs/decisions/0016-link-model.md). With no
+              // misses at all, the whole budget is the traffic.
               int64_t sparse_layers = 0;
               for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
               const double layer_ms = r["step_ms_p50"].get<double>() / model.config.n_layer;

@@ -85,7 +85,8 @@ def summary_modes(doc, out_dir):
              f"`dualdecoder-ring` is the cacheless dualdecoder (whole prediction into a ring each step)." +
              (f" Prefill runs on {r['threads']} compute threads, every timed decode step on {r['decode_threads']}"
               + (" (one core is left to the transfer thread or the pool process, as a GPU's copy engines do not "
-                 "take its compute; docs/decisions.md)." if r['decode_threads'] < r['threads'] else ".")
+                 "take its compute; docs/decisions/0032-benchmark-methodology.md)."
+                 if r['decode_threads'] < r['threads'] else ".")
               if "decode_threads" in r else "") +
              (f" The modes of one store ran interleaved: at each link and batch every mode ran {r['rounds']} "
               f"turns of about {r['steps'] // r['rounds']} timed steps, taking turns, so a slow spell of this shared "
@@ -250,7 +251,8 @@ def summary_modes(doc, out_dir):
                   "| context | batch | " + " | ".join(duals) + " |", "|---:|---:|" + "---:|" * len(duals)] + cost
     lines += ["", "`dualdecoder` runs with `--spec_head context` (the speculative row scores only the "
               "sequence's own tokens), `dualdecoder-fullhead` with `--spec_head full`; the default `--spec_head auto` "
-              "is the context head on Gemma 3 270M and the full head on SmolLM2 (docs/decisions.md)."]
+              "is the context head on Gemma 3 270M and the full head on SmolLM2 "
+              "(docs/decisions/0009-speculative-row-cost.md)."]
     lines.append("")
     def draw(plt):
         ctxs = sorted({x["context"] for x in runs})

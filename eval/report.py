@@ -147,7 +147,7 @@ def markdown(doc, plots):
         lines += ["", "## Prefetch hit rate (dualdecoder)", "",
                   f"Mean {_pct(hr['mean'])} over {hr['n']} generations. Answers are short (a few to ~40 tokens) "
                   "and the first decode step is seeded by pre-decoding (a 100% hit by construction, "
-                  "docs/decisions.md), so these rates lean high.", "",
+                  "docs/decisions/0008-dual-token-step.md), so these rates lean high.", "",
                   "| by | " + " | ".join(["length " + k for k in hr["per_length"]] + ["budget " + k for k in hr["per_budget"]]) + " |",
                   "|---|" + "---:|" * (len(hr["per_length"]) + len(hr["per_budget"])),
                   "| hit rate | " + " | ".join(_pct(v) for v in list(hr["per_length"].values()) + list(hr["per_budget"].values())) + " |",

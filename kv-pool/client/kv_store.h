@@ -43,7 +43,7 @@ enum class Priority { kUrgent, kBackground };
 // A link between the store and the device: each gather takes latency + bytes / bandwidth.
 // bandwidth_gbps <= 0 means an infinitely fast link (gathers complete inside Gather()).
 // CPU runs use it to reproduce a GPU's ratio of transfer time to compute time
-// (docs/decisions.md: the `pcie5` preset).
+// (docs/decisions/0016-link-model.md: the `pcie5` preset).
 struct LinkModel {
   double bandwidth_gbps = 0;  // GB/s (1e9 bytes per second)
   double latency_us = 0;

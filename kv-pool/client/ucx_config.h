@@ -7,10 +7,10 @@
 // or SIGSEGV inside UCX; measured: a worker with 32 KiB segments against a pool with 8 KiB and
 // the reverse both crashed the pool). So the pool reports its settings in the Handshake and a
 // worker that could reach it over shared memory refuses to connect when they differ
-// (docs/decisions.md "UCX data plane"). UCX 1.13's tcp transport is alike: it sends a message in
-// fragments of up to its own UCX_TCP_RX_SEG_SIZE and asserts, killing the receiving process,
-// when one exceeds the receiver's (measured: a pool with 1 MiB against a worker with 64 KiB), so
-// the two report and compare that too.
+// (docs/decisions/0021-ucx-matched-settings.md). UCX 1.13's tcp transport is alike: it sends a
+// message in fragments of up to its own UCX_TCP_RX_SEG_SIZE and asserts, killing the receiving
+// process, when one exceeds the receiver's (measured: a pool with 1 MiB against a worker with
+// 64 KiB), so the two report and compare that too.
 #pragma once
 
 #include <ucp/api/ucp.h>

@@ -42,8 +42,8 @@ constexpr int64_t kMaxPieceBytes = int64_t{16} << 20;
 // UcxEagerReplyBytes) goes as one eager message (kEagerReply), and a larger gather is cut into
 // pieces that fit, up to this many (beyond, rendezvous pieces of up to kMaxPieceBytes). The pieces are the
 // gain: 256 x 16 KiB gathers 3.3 -> 4.9 GB/s (medians of 6 alternations; rendezvous cut into 5
-// pieces does as well), 16 and 64 blocks unchanged within the runs' spread (docs/decisions.md).
-// $DD_UCX_EAGER=0 turns it off, for benchmarks.
+// pieces does as well), 16 and 64 blocks unchanged within the runs' spread
+// (docs/decisions/0022-ucx-replies.md). $DD_UCX_EAGER=0 turns it off, for benchmarks.
 constexpr int64_t kMaxEagerPieces = 64;
 bool EagerAllowed() {
   static const bool v = [] {
@@ -69,7 +69,7 @@ std::chrono::microseconds SpinTime() {
 // off, no) turns it off, for benchmarks; unset or empty: on. On 2 cores, two gatherers and the
 // pool's thread: without it a spinning waiter held the core the pool needed (two gatherers over
 // sm 1.1-4.4 GB/s, p99 4-12.5 ms; with it, and the pool yielding too, 1.9-7.3 GB/s, p99
-// 0.15-3.0 ms; docs/decisions.md).
+// 0.15-3.0 ms; docs/decisions/0023-ucx-progress-and-waiting.md).
 bool SpinYield() {
   static const bool v = [] {
     const char* e = std::getenv("DD_UCX_SPIN_YIELD");

@@ -1,10 +1,11 @@
-// Wire format of the ucx:// active-message data path (DESIGN §7; docs/decisions.md "UCX data
-// plane"). A worker names its session (16 random bytes the tenant's authenticated Handshake
-// returned) and region-relative offsets; the pool's progress thread maps the session to the
-// tenant, bounds every offset by that tenant's region and answers on the same endpoint. No
-// address of the pool's memory crosses the wire, so a tenant can reach nothing but its own
-// region, whatever transport UCX picked. (Below this protocol, UCX's tcp transport itself lets
-// any peer write anywhere in the process: the pool serves tcp only with --ucx_tcp, ucx_config.h.)
+// Wire format of the ucx:// active-message data path (DESIGN §7;
+// docs/decisions/0019-ucx-active-messages.md). A worker names its session (16 random bytes the
+// tenant's authenticated Handshake returned) and region-relative offsets; the pool's progress
+// thread maps the session to the tenant, bounds every offset by that tenant's region and answers
+// on the same endpoint. No address of the pool's memory crosses the wire, so a tenant can reach
+// nothing but its own region, whatever transport UCX picked. (Below this protocol, UCX's tcp
+// transport itself lets any peer write anywhere in the process: the pool serves tcp only with
+// --ucx_tcp, ucx_config.h.)
 //
 //   kGetId:   GetRequest header, data = count little-endian int64 offsets (sent eager)
 //   kPutId:   PutRequest header, data = `bytes` bytes to store at `offset`

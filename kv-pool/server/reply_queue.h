@@ -1,5 +1,5 @@
 // The order in which the pool's UCX thread sends replies that carry blocks (ucx_server.cc;
-// docs/decisions.md "UCX data plane"). Over tcp, rendezvous replies in flight at once beyond two
+// docs/decisions/0022-ucx-replies.md). Over tcp, rendezvous replies in flight at once beyond two
 // (or two on one endpoint) fell to less than half the throughput at times, so at most
 // `max_in_flight` are sent at a time and the rest wait here (a packed reply is packed only when
 // it leaves, so waiting ones hold no copy). Endpoints take turns, and one endpoint has at most

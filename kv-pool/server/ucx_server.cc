@@ -172,7 +172,8 @@ struct UcxServer::Impl {
     out->iov.reserve(pieces.size());
     for (const Piece& p : pieces) out->iov.push_back({region.base + p.offset, static_cast<size_t>(p.bytes)});
     // An eager reply is packed too: UCX 1.13's eager path over an iov of many blocks is not safe
-    // (its multi-fragment iov send asserted, killing the pool, in a trial; docs/decisions.md).
+    // (its multi-fragment iov send asserted, killing the pool, in a trial;
+    // docs/decisions/0022-ucx-replies.md).
     const bool pack = (req.flags & (kPackReply | kEagerReply)) != 0;
     // Eager only as large as a tcp segment holds: a larger eager reply would be cut into fragments
     // by UCX and reassembled by the worker, and over shared memory copied through the FIFO by the
@@ -361,7 +362,7 @@ void UcxServer::Progress() {
         if (std::chrono::steady_clock::now() > until) break;
         // Two gatherers and this thread on 2 cores: without the yield a spinning thread kept a
         // core the others waited for (two gatherers over sm 1.1-4.4 GB/s, p99 4-12.5 ms; with
-        // it 1.9-7.3 GB/s, p99 0.15-3.0 ms; docs/decisions.md).
+        // it 1.9-7.3 GB/s, p99 0.15-3.0 ms; docs/decisions/0023-ucx-progress-and-waiting.md).
         if (options_.spin_yield) sched_yield();
       }
       if (more) continue;

@@ -1,16 +1,16 @@
-// The pool's UCX side (DESIGN §7, §12; docs/decisions.md "UCX data plane"): one UCP context and
-// worker, and a thread that progresses it. Data moves by active messages (ucx_protocol.h): a
-// worker names its session and region-relative offsets, the progress thread bounds them by the
-// session's tenant region and answers on the same endpoint, so no tenant can address another's
-// region or the pool's heap whatever transport UCX picked. With `rma` the regions are also
-// registered for one-sided gets and puts (fast on RDMA, whose keys the NIC enforces; over tcp
-// and shared memory UCX cannot confine a key to its region, so only for trusted tenants).
-// Replies with blocks go out at most two at a time, one per endpoint, in turn (reply_queue.h).
-// Replies complete only as fast as this thread progresses: after traffic it keeps polling for
-// `spin_us`, then sleeps on the worker's event fd; `busy_poll` spins always (lowest latency,
-// one core spent). While it spins with nothing to do it yields the core every 16 polls
-// (`spin_yield`): on a host with more runnable threads than cores a spinning pool thread held
-// the core its gatherer needed to send the next request.
+// The pool's UCX side (DESIGN §7, §12; docs/decisions/0019-ucx-active-messages.md): one UCP
+// context and worker, and a thread that progresses it. Data moves by active messages
+// (ucx_protocol.h): a worker names its session and region-relative offsets, the progress thread
+// bounds them by the session's tenant region and answers on the same endpoint, so no tenant can
+// address another's region or the pool's heap whatever transport UCX picked. With `rma` the
+// regions are also registered for one-sided gets and puts (fast on RDMA, whose keys the NIC
+// enforces; over tcp and shared memory UCX cannot confine a key to its region, so only for trusted
+// tenants). Replies with blocks go out at most two at a time, one per endpoint, in turn
+// (reply_queue.h). Replies complete only as fast as this thread progresses: after traffic it keeps
+// polling for `spin_us`, then sleeps on the worker's event fd; `busy_poll` spins always (lowest
+// latency, one core spent). While it spins with nothing to do it yields the core every 16 polls
+// (`spin_yield`): on a host with more runnable threads than cores a spinning pool thread held the
+// core its gatherer needed to send the next request.
 #pragma once
 
 #include <atomic>
