@@ -60,7 +60,7 @@ namespace {
 
 constexpr char kUsage[] =
     "ddctl COMMAND [flags]\n"
-    "  generate   run the embedded default engine on --prompt / --prompt-file, streaming text\n"
+    "  generate   run the embedded default engine on --prompt / --prompt_file, streaming text\n"
     "  logits     write logits of --tokens at --positions to --out (.npy)\n"
     "  tokenize   print the token ids of --text\n"
     "  info       print the model's configuration\n"
