@@ -35,8 +35,9 @@ MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const S
                        int64_t prefill_chunk)
     : config_(model.config), mode_(mode), sparse_(sparse), prefill_chunk_(prefill_chunk), weight_bytes_(WeightBytes(model)) {
   if (mode_ != DecodeMode::kFull) {
-    // The real row's urgent gather and the block staging buffer: one layer's budget each.
-    shared_workspace_ = 2 * sparse_.budget_tokens * config_.n_head_kv * 2 * config_.head_dim *
+    // The block staging buffer: one layer's budget. (The urgent gathers are per request: every
+    // sequence's blocks of a layer are read by one attention call; Request counts them.)
+    shared_workspace_ = sparse_.budget_tokens * config_.n_head_kv * 2 * config_.head_dim *
                         static_cast<int64_t>(sizeof(float));
   }
 }
@@ -73,6 +74,11 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   r.workspace = rows * (3 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 3 * c.n_ff +
                         c.n_vocab) * static_cast<int64_t>(sizeof(float));
   const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
+  if (mode_ != DecodeMode::kFull && !sparse_.step_cache) {
+    // Without resident slots a layer's selected (or, with the ring, missed) blocks land in a
+    // buffer of the request's own until the batch's attention call has read them.
+    r.workspace += sparse_.budget_tokens * row;
+  }
   int64_t sliding_layers = 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     sliding_layers += Sliding(c, l) ? 1 : 0;

@@ -3,9 +3,10 @@
 //
 // The projection mirrors what the KV caches hold (tests compare it with their actual bytes):
 //   weights    every matrix and vector of the model, as stored;
-//   workspace  activations and logits per batch row (a dualdecoder request has two rows), plus
-//              the sparse gather buffers and the context head's row cache (spec_head.h)
-//              shared by all requests;
+//   workspace  activations and logits per batch row (a dualdecoder request has two rows), and
+//              without the step cache one layer's gathered blocks per request (the batch's
+//              attention reads every request's at once); shared by all requests: a block
+//              staging buffer and the context head's row cache (spec_head.h);
 //   kv         full: every position of every global layer. sparse modes: sinks, local
 //              window + tail chunk and one landmark per chunk per KV head on global layers,
 //              plus, with the step cache (sparse-cached, dualdecoder by default), a resident

@@ -341,8 +341,18 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
     return options_.offload_sliding ? OffloadSlidingChunks(call) : absl::OkStatus();
   }
   if (sparse_index_[call.layer] < 0) return dense_.Attend(call);  // a global layer kept dense (sparse_layers)
+  // Pass 1 per sequence: KV appended, prompt rows attended densely, decode reads started.
+  // Then every read at once (sparse_kv_cache_decode.cc).
+  absl::Status status = StartReads(call);
+  if (status.ok()) status = AttendDecodeReads(call);
+  if (!status.ok()) AbandonReads();
+  return status;
+}
+
+absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
   const int64_t n = static_cast<int64_t>(call.rows.size());
   const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  n_reads_ = 0;
   for (int64_t r0 = 0; r0 < n;) {
     int64_t r1 = r0 + 1;
     while (r1 < n && call.rows[r1].seq == call.rows[r0].seq) ++r1;
@@ -360,18 +370,23 @@ absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
       if (call.rows[r].speculative) return absl::InvalidArgumentError("a speculative row must be the last");
       RETURN_IF_ERROR(Append(*s, call.layer, call.k + r * kv_dim, call.v + r * kv_dim, call.rows[r].pos));
     }
-    if (real_end - r0 == 1 && !prompt) {
-      RETURN_IF_ERROR(AttendDecodeRow(*s, call, r0, spec_last));
-    } else if (prompt) {
+    if (prompt) {
       if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
       AttendPrefillRows(*s, call, r0, real_end);
     }
-    if (spec_last) {
-      if (call.rows[r1 - 1].pos != st.length) {
-        return absl::InvalidArgumentError(absl::StrCat("speculative row position ", call.rows[r1 - 1].pos,
-                                                       " does not follow the cache (", st.length, ")"));
-      }
-      RETURN_IF_ERROR(AttendSpeculativeRow(*s, call, r1 - 1, /*after_real=*/real_end > r0));
+    if (spec_last && call.rows[r1 - 1].pos != st.length) {
+      return absl::InvalidArgumentError(absl::StrCat("speculative row position ", call.rows[r1 - 1].pos,
+                                                     " does not follow the cache (", st.length, ")"));
+    }
+    const bool decode_row = real_end - r0 == 1 && !prompt;
+    if (decode_row || spec_last) {
+      DecodeRead& read = AddRead(call.rows[r0].seq);
+      read.real_row = decode_row ? r0 : -1;
+      read.spec_row = spec_last ? r1 - 1 : -1;
+      if (decode_row) RETURN_IF_ERROR(StartRealRead(*s, call, read));
+      // The prediction right after the real row's selection (it reads its shortlist).
+      if (spec_last) PredictNext(*s, call, read);
+      if (!decode_row) RETURN_IF_ERROR(StartPreDecodeRead(*s, call, read));
     }
     r0 = r1;
   }
@@ -508,13 +523,6 @@ absl::string_view PredictorName(Predictor p) {
   return "unknown";
 }
 
-absl::Status SparseKvCache::Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
-                                   std::vector<float>* blocks) {
-  kvpool::TransferId tid = 0;
-  RETURN_IF_ERROR(StartGather(s, layer, sel, priority, blocks, &tid));
-  return tid == 0 ? absl::OkStatus() : store_->Wait(tid);
-}
-
 absl::Status SparseKvCache::WaitBuffer(Buffer& b) {
   if (!b.pending) return absl::OkStatus();
   b.pending = false;
@@ -551,7 +559,7 @@ absl::Status SparseKvCache::TryIssue(Seq& s, int64_t layer) {
   return absl::OkStatus();
 }
 
-absl::Status SparseKvCache::FinishRead(Seq& s, int64_t layer) {
+absl::Status SparseKvCache::EndRingRead(Seq& s, int64_t layer) {
   const int64_t d = static_cast<int64_t>(s.buffers.size());
   if (s.reading >= 0) {
     Buffer& b = s.buffers[s.reading];
@@ -592,52 +600,6 @@ void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<
   for (size_t off = 0; off < blocks.size(); off += bf) out->push_back(blocks.data() + off);
 }
 
-void SparseKvCache::AttendOver(const LayerState& st, absl::Span<const backend::ListQuery> rows, float scale, const Window& w,
-                               int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
-                               const float* own_k, const float* own_v) {
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv;
-  const int64_t C = options_.chunk_tokens;
-  const int64_t n_dev = dev_end - w.dense_from;
-  // Every KV head's keys in order: sinks, its selected chunks, the device window, own row.
-  int64_t all_keys = 0;
-  for (int64_t g = 0; g < n_kv; ++g) all_keys += w.sinks + static_cast<int64_t>(sel[g].size()) * C + n_dev + (own_k ? 1 : 0);
-  attend_keys_.resize(all_keys);
-  attend_values_.resize(all_keys);
-  attend_lists_.resize(n_kv);
-  int64_t block_index = 0, first = 0;
-  for (int64_t g = 0; g < n_kv; ++g) {
-    const float** k = attend_keys_.data() + first;
-    const float** v = attend_values_.data() + first;
-    int64_t j = 0;
-    for (int64_t t = 0; t < w.sinks; ++t, ++j) {
-      k[j] = DevK(st, t) + g * hd;
-      v[j] = DevV(st, t) + g * hd;
-    }
-    for (size_t c = 0; c < sel[g].size(); ++c) {
-      const float* block = blocks[block_index + c];
-      for (int64_t t = 0; t < C; ++t, ++j) {
-        k[j] = block + t * hd;
-        v[j] = block + (C + t) * hd;
-      }
-    }
-    for (int64_t t = 0; t < n_dev; ++t, ++j) {
-      k[j] = DevK(st, w.dense_from + t) + g * hd;
-      v[j] = DevV(st, w.dense_from + t) + g * hd;
-    }
-    if (own_k != nullptr) {
-      k[j] = own_k + g * hd;
-      v[j] = own_v + g * hd;
-      ++j;
-    }
-    attend_lists_[g] = {k, v, j};
-    first += j;
-    block_index += static_cast<int64_t>(sel[g].size());
-  }
-  // The groups' query heads over their keys, split over the threads (the bits of Dot /
-  // ScaledSoftmax / Axpy one query at a time, as before).
-  ops_.AttendRowsToLists(rows, ShapeOf(config_), scale, attend_lists_);
-}
-
 SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
                                                          int64_t row, bool spec_follows, Window* window) {
   st.decoded = true;
@@ -659,145 +621,6 @@ SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const m
   const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
   const bool shortlist = spec_follows && options_.spec_candidates > 0;
   return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, shortlist ? &last_shortlist_ : nullptr);
-}
-
-absl::Status SparseKvCache::AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row,
-                                            bool spec_follows) {
-  if (options_.step_cache) return AttendDecodeRowResident(s, call, row, spec_follows);
-  LayerState& st = s.layers[call.layer];
-  const int64_t q_dim = config_.n_head * config_.head_dim;
-  Window w;
-  Selection sel = PrepareDecodeRow(st, call, row, spec_follows, &w);
-  const float* q = call.q + row * q_dim;
-  LayerStats& stats = stats_[call.layer];
-  const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
-  const int64_t this_buffer = s.reads % static_cast<int64_t>(s.buffers.size());
-  Buffer& buf = s.buffers[this_buffer];
-  s.reading = -1;
-  if (buf.layer == call.layer) {
-    // This read's prefetch: hits come from its buffer; misses S \ P' go on the urgent path.
-    s.reading = this_buffer;
-    const Selection& predicted = buf.sel;
-    Selection misses(sel.size());
-    for (size_t g = 0; g < sel.size(); ++g) {
-      std::set_difference(sel[g].begin(), sel[g].end(), predicted[g].begin(), predicted[g].end(),
-                          std::back_inserter(misses[g]));
-      const int64_t hits = static_cast<int64_t>(sel[g].size() - misses[g].size());
-      stats.hits += hits;
-      stats.predicted_for += static_cast<int64_t>(sel[g].size());
-      if (buf.seeded) {
-        stats.seeded_hits += hits;
-        stats.seeded_for += static_cast<int64_t>(sel[g].size());
-      } else {
-        s.hits += hits;
-        s.predicted_for += static_cast<int64_t>(sel[g].size());
-      }
-      stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
-      s.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
-    }
-    kvpool::TransferId urgent_tid = 0;
-    RETURN_IF_ERROR(StartGather(s, call.layer, misses, kvpool::Priority::kUrgent, &urgent_, &urgent_tid));
-    RETURN_IF_ERROR(WaitBuffer(buf));
-    if (urgent_tid != 0) RETURN_IF_ERROR(store_->Wait(urgent_tid));
-    // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
-    block_ptrs_.clear();
-    int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
-    for (size_t g = 0; g < sel.size(); ++g) {
-      size_t pj = 0, mj = 0;
-      for (int64_t c : sel[g]) {
-        while (pj < predicted[g].size() && predicted[g][pj] < c) ++pj;
-        if (pj < predicted[g].size() && predicted[g][pj] == c) {
-          block_ptrs_.push_back(&buf.data[(pi + static_cast<int64_t>(pj)) * bf]);
-        } else {
-          block_ptrs_.push_back(&urgent_[(ui + static_cast<int64_t>(mj++)) * bf]);
-        }
-      }
-      pi += static_cast<int64_t>(predicted[g].size());
-      ui += static_cast<int64_t>(misses[g].size());
-      stats.urgent += static_cast<int64_t>(misses[g].size());
-      s.urgent += static_cast<int64_t>(misses[g].size());
-    }
-  } else {
-    RETURN_IF_ERROR(Gather(s, call.layer, sel, kvpool::Priority::kUrgent, &gathered_));
-    BlockPointers(gathered_, &block_ptrs_);
-    for (const auto& v : sel) {
-      stats.urgent += static_cast<int64_t>(v.size());
-      s.urgent += static_cast<int64_t>(v.size());
-    }
-  }
-  for (const auto& v : sel) stats.selected += static_cast<int64_t>(v.size());
-  if (spec_follows) {
-    // The speculative row reads the same blocks: both attend in one pass there, then it
-    // finishes the read.
-    pending_real_ = {q, call.out + row * q_dim, /*hidden_tail=*/1};
-    last_selection_ = std::move(sel);
-    return absl::OkStatus();
-  }
-  const backend::ListQuery real{q, call.out + row * q_dim, 0};
-  AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
-  return FinishRead(s, call.layer);
-}
-
-absl::Status SparseKvCache::AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row,
-                                                 bool after_real) {
-  LayerState& st = s.layers[call.layer];
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim, q_dim = config_.n_head * config_.head_dim;
-  const int64_t pos = call.rows[row].pos;
-  const float* q = call.q + row * q_dim;
-  const float* own_k = call.k + row * kv_dim;
-  const float* own_v = call.v + row * kv_dim;
-  // Predicted selection for the next step, whose real row sits at `pos`.
-  const Window next = WindowFor(pos + 1);
-  Selection ranked, predicted;
-  if (after_real && options_.predictor == Predictor::kPrevious) {
-    predicted = UnionOf(last_ranked_, last_ranked_, next);  // the real row's S, within the next window
-  } else {
-    // After a real row (whose PrepareDecodeRow kept its shortlist: spec_follows): its best
-    // chunks plus those selectable only from the next step on (at most one chunk more).
-    const Selection* candidates = nullptr;
-    if (after_real && options_.spec_candidates > 0) {
-      const int64_t real_end = WindowFor(pos).sel_end;
-      for (auto& list : last_shortlist_) {
-        for (int64_t c = real_end; c < next.sel_end; ++c) list.push_back(c);
-      }
-      candidates = &last_shortlist_;
-    }
-    predicted = Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr, nullptr, candidates);
-    if (after_real && options_.predictor == Predictor::kUnion) predicted = UnionOf(ranked, last_ranked_, next);
-  }
-  st.seeded = !after_real;
-  const backend::ListQuery spec{q, call.out + row * q_dim, 0};
-  if (after_real) {
-    // The real row and this one over the real row's keys (its window and selection), this
-    // one also over its own KV, in one pass.
-    const Window w = WindowFor(pos);
-    // block_ptrs_ still points at the real row's blocks: nothing has been written since.
-    const backend::ListQuery both[2] = {pending_real_, spec};
-    pending_real_ = {};
-    AttendOver(st, both, call.scale, w, st.length, last_selection_, block_ptrs_, own_k, own_v);
-  } else {
-    // Pre-decoding (right after prefill): attend over the committed keys with this row's own
-    // selection, then prefetch its selection for the next step, whose real row is this same
-    // token at this same position.
-    st.decoded = true;
-    const Window w = WindowFor(pos);
-    const Selection now = Select(st, q, w);
-    if (options_.step_cache) {
-      RETURN_IF_ERROR(FetchResident(s, call.layer, now, /*count=*/false));
-    } else {
-      RETURN_IF_ERROR(Gather(s, call.layer, now, kvpool::Priority::kUrgent, &gathered_));
-      BlockPointers(gathered_, &block_ptrs_);
-    }
-    AttendOver(st, {&spec, 1}, call.scale, w, st.length, now, block_ptrs_, own_k, own_v);
-  }
-  if (options_.step_cache) return IssueResidentPrefetch(s, call.layer, std::move(predicted), !after_real);
-  // The real row's blocks are no longer read: its buffer goes to the read `buffers` later.
-  if (after_real) RETURN_IF_ERROR(FinishRead(s, call.layer));
-  // The prediction goes out in the background as soon as its buffer is free; the next step's
-  // real row waits for it only when it reads it.
-  st.predicted = std::move(predicted);
-  st.has_prediction = true;
-  return TryIssue(s, call.layer);
 }
 
 }  // namespace dd::engine

@@ -14,6 +14,11 @@
 // Prefill rows attend densely (the whole prefix stays on the device while a sequence is
 // prefilling); the first decode row drops what left the window.
 //
+// Decode rows are batch-wide per layer (sparse_kv_cache_decode.cc): every sequence's
+// selection and transfers first, then one wait per sequence, one attention call for the
+// whole batch (one group of lists per sequence), and only then the buffer hand-backs and
+// prefetches that may overwrite what attention read.
+//
 // `dualdecoder` mode (DESIGN §5.3) adds speculative rows: a speculative row after a real row
 // attends over the real row's keys plus its own KV (not kept), and its query selects the
 // chunks the next step is predicted to need (P'); those are gathered at background priority
@@ -28,7 +33,7 @@
 // thread-safe (one compute thread); the store's transfer thread writes only into buffers
 // handed to it until the matching Wait.
 //
-// With `step_cache` (issue 18; `sparse-cached` mode, and dualdecoder by default) each
+// With `step_cache` (`sparse-cached` mode, and dualdecoder by default) each
 // (sequence, sparse layer) keeps a ResidentSet: the chunks earlier steps attended stay on the
 // device, a real row fetches only S \ resident on the urgent path, and dualdecoder's
 // speculative row prefetches only P' \ resident, straight into resident slots, as soon as
@@ -247,8 +252,6 @@ class SparseKvCache : public KvCache {
                    Selection* shortlist = nullptr, const Selection* candidates = nullptr) const;
   // The union predictor: alternately from both rankings, within the next window, k per head.
   Selection UnionOf(const Selection& a, const Selection& b, const Window& w) const;
-  absl::Status Gather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
-                      std::vector<float>* blocks);
   // Starts a gather into `blocks` (resized first) without waiting; *tid = 0 when empty.
   absl::Status StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
                            std::vector<float>* blocks, kvpool::TransferId* tid);
@@ -257,35 +260,64 @@ class SparseKvCache : public KvCache {
   // Issues layer `layer`'s pending prediction into the buffer of its next read, if that buffer
   // is free for it (the read `prefetch_buffers` before it is finished).
   absl::Status TryIssue(Seq& s, int64_t layer);
-  // The real row of the current read is done with its blocks (and so is the speculative row
-  // after it): frees its buffer and issues the prediction of the read it serves next.
-  absl::Status FinishRead(Seq& s, int64_t layer);
+  // The ring (step_cache off): the real row of the current read is done with its blocks (and
+  // so is the speculative row after it): frees its buffer and issues the prediction of the
+  // read it serves next.
+  absl::Status EndRingRead(Seq& s, int64_t layer);
   // Next read index of sparse layer `layer` (index among sparse layers) from now.
   int64_t NextRead(const Seq& s, int64_t sparse_index) const;
-  // Exact attention of the rows' query heads over sinks ∪ sel ∪ device [dense_from, dev_end),
-  // then (if own_k) the speculative row's own uncommitted KV, which a row with hidden_tail 1
-  // does not see. One pass for all rows: each key is loaded once.
-  // `blocks` holds one pointer per selected chunk ([K | V] block), heads in order.
-  void AttendOver(const LayerState& st, absl::Span<const backend::ListQuery> rows, float scale, const Window& w,
-                  int64_t dev_end, const Selection& sel, const std::vector<const float*>& blocks,
-                  const float* own_k, const float* own_v);
   void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
-  absl::Status AttendDecodeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
   // A decode row's window (dropping device rows that left it) and selection S.
   Selection PrepareDecodeRow(LayerState& st, const model::AttentionCall& call, int64_t row, bool spec_follows,
                              Window* w);
 
-  // step_cache (sparse_kv_cache_resident.cc).
-  absl::Status AttendDecodeRowResident(Seq& s, const model::AttentionCall& call, int64_t row, bool spec_follows);
-  // Makes every chunk of `sel` resident (the missing ones on the urgent path), waits for what
-  // the row reads, and points block_ptrs_ at the blocks in order; counts into the layer's
-  // stats when `count`.
-  absl::Status FetchResident(Seq& s, int64_t layer, const Selection& sel, bool count);
+  // One sequence's decode rows of a sparse layer within an Attend call: an entry of the
+  // layer's attention plan (sparse_kv_cache_decode.cc). Kept across calls for their buffers.
+  struct DecodeRead {
+    int32_t seq = 0;
+    int64_t real_row = -1;   // the real decode row in the call, or -1 (pre-decoding)
+    int64_t spec_row = -1;   // the speculative row after it, or -1
+    Window w{};              // the window the rows attend over
+    Selection sel;           // the chunks they attend, per KV head, ascending
+    Selection predicted;     // the speculative row's P' for the next step
+    Selection misses;        // the ring: S \ P', fetched urgently into blocks_data
+    int64_t buffer = -1;     // the ring: the prefetch buffer the real row reads
+    std::vector<float> blocks_data;    // blocks fetched for this read (no step cache)
+    std::vector<const float*> blocks;  // one per selected chunk, heads in order, where it lies
+    kvpool::TransferId urgent = 0;     // not yet waited for
+    bool wait_prefetch = false;        // step cache: it reads slots the layer's prefetch writes
+    int64_t count_urgent = 0, count_reused = 0, count_evicted = 0;  // step cache statistics
+  };
+  // Every decode read of the call: per sequence, KV appended, prompt rows attended, decode
+  // reads started (selections, urgent transfers issued, none waited).
+  absl::Status StartReads(const model::AttentionCall& call);
+  DecodeRead& AddRead(int32_t seq);
+  // The real row's window and S, its hit statistics, its transfers started.
+  absl::Status StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
+  // The speculative row's prediction P' for the next step (after the real row's selection,
+  // whose shortlist and ranking it reads).
+  void PredictNext(Seq& s, const model::AttentionCall& call, DecodeRead& r);
+  // Pre-decoding: a speculative row alone, over its own selection.
+  absl::Status StartPreDecodeRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
+  // Waits for the read's transfers and points r.blocks at its blocks.
+  absl::Status FinishFetch(Seq& s, int64_t layer, DecodeRead& r);
+  // Every read's waits, one attention call for all of them, then what may follow attention.
+  absl::Status AttendDecodeReads(const model::AttentionCall& call);
+  void AttendPlanned(const model::AttentionCall& call);
+  // After attention: the ring's buffer handed back, the prediction issued.
+  absl::Status AfterAttention(Seq& s, int64_t layer, DecodeRead& r);
+  // On an error: waits for the reads' urgent transfers still in flight and drops the reads.
+  void AbandonReads();
+
+  // step_cache (sparse_kv_cache_resident.cc): makes every chunk of r.sel resident, the
+  // missing ones on the urgent path (started, not waited); statistics counted when `count`.
+  absl::Status StartResidentFetch(Seq& s, int64_t layer, bool count, DecodeRead& r);
+  // Waits for what the read reads and points r.blocks at its slots in order.
+  absl::Status FinishResidentFetch(Seq& s, int64_t layer, DecodeRead& r);
   // Prefetches P' \ resident into resident slots at background priority.
   absl::Status IssueResidentPrefetch(Seq& s, int64_t layer, Selection predicted, bool seeded);
   absl::Status WaitPrefetch(LayerState& st);
   void EnsureResident(LayerState& st) const;
-  absl::Status AttendSpeculativeRow(Seq& s, const model::AttentionCall& call, int64_t row, bool after_real);
   void AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1);
   const float* DevK(const LayerState& st, int64_t pos) const;
   const float* DevV(const LayerState& st, int64_t pos) const;
@@ -296,17 +328,19 @@ class SparseKvCache : public KvCache {
   backend::Ops& ops_;
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
-  std::vector<float> gathered_, urgent_;
-  std::vector<const float*> attend_keys_, attend_values_;  // AttendOver's keys in order, per KV head
+  std::vector<DecodeRead> reads_;  // this layer's decode reads: [0, n_reads_) in use
+  size_t n_reads_ = 0;
+  // The layer's attention plan: every read's keys in order per KV head, its lists, its rows
+  // (at most two per read) and one group per read.
+  std::vector<const float*> attend_keys_, attend_values_;
   std::vector<backend::KeyValueList> attend_lists_;
-  std::vector<const float*> block_ptrs_;  // the last real row's selected blocks, where they lie
+  std::vector<backend::ListQuery> attend_rows_;
+  std::vector<backend::AttentionGroup> attend_groups_;
   std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
   std::vector<double> landmark_sum_;   // Append: landmark accumulator
   std::vector<float> landmark_chunk_;  // Append: one chunk's landmarks, all KV heads
   std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
-  Selection last_selection_;  // the real row's S, reused by the speculative row after it
-  backend::ListQuery pending_real_{};  // a real row whose attention waits for its speculative row's
-  Selection last_ranked_;     // the same, by score (previous / union predictors)
+  Selection last_ranked_;     // the last real row's S by score (previous / union predictors)
   Selection last_shortlist_;  // the real row's best candidates for its speculative row (spec_candidates)
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)

@@ -9,29 +9,6 @@
 #include "decode-worker/engine/sparse_kv_cache.h"
 
 namespace dd::engine {
-namespace {
-
-int64_t Total(const std::vector<std::vector<int64_t>>& sel) {
-  int64_t n = 0;
-  for (const auto& v : sel) n += static_cast<int64_t>(v.size());
-  return n;
-}
-
-int64_t CountCommon(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {  // both ascending
-  int64_t n = 0;
-  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++n, ++i, ++j;
-    }
-  }
-  return n;
-}
-
-}  // namespace
 
 void SparseKvCache::EnsureResident(LayerState& st) const {
   if (st.resident.initialized()) return;
@@ -50,10 +27,11 @@ absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
   return status;
 }
 
-absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection& sel, bool count) {
+absl::Status SparseKvCache::StartResidentFetch(Seq& s, int64_t layer, bool count, DecodeRead& r) {
   LayerState& st = s.layers[layer];
   EnsureResident(st);
   ResidentSet& res = st.resident;
+  const Selection& sel = r.sel;
   const int64_t heads = static_cast<int64_t>(sel.size());
   Selection misses(heads);
   int64_t reused = 0;
@@ -93,80 +71,52 @@ absl::Status SparseKvCache::FetchResident(Seq& s, int64_t layer, const Selection
       dsts.push_back(res.Block(g, slots[i]));
     }
   }
-  kvpool::TransferId urgent = 0;
   if (!refs.empty()) {
     auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kUrgent);
     if (!tid.ok()) {
       res.Clear();
       return tid.status();
     }
-    urgent = *tid;
+    r.urgent = *tid;
     fetched_chunks_ += static_cast<int64_t>(refs.size());
   }
-  absl::Status status = reads_inflight ? WaitPrefetch(st) : absl::OkStatus();
-  if (urgent != 0) {
-    absl::Status st_urgent = store_->Wait(urgent);
+  r.wait_prefetch = reads_inflight;
+  if (count) {  // counted once the fetch has landed (FinishResidentFetch)
+    r.count_urgent = static_cast<int64_t>(refs.size());
+    r.count_reused = reused;
+    r.count_evicted = evicted;
+  } else {
+    r.count_urgent = r.count_reused = r.count_evicted = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRead& r) {
+  LayerState& st = s.layers[layer];
+  ResidentSet& res = st.resident;
+  absl::Status status = r.wait_prefetch ? WaitPrefetch(st) : absl::OkStatus();
+  r.wait_prefetch = false;
+  if (r.urgent != 0) {
+    absl::Status st_urgent = store_->Wait(r.urgent);
+    r.urgent = 0;
     if (!st_urgent.ok()) res.Clear();
     status.Update(st_urgent);
   }
   RETURN_IF_ERROR(status);
   const int64_t stamp = ++st.stamp;
-  block_ptrs_.clear();
-  for (int64_t g = 0; g < heads; ++g) {
-    for (int64_t c : sel[g]) {
-      const int32_t slot = res.Find(g, c);
-      res.Touch(g, slot, stamp);
-      block_ptrs_.push_back(res.Block(g, slot));
+  r.blocks.clear();
+  for (size_t g = 0; g < r.sel.size(); ++g) {
+    for (int64_t c : r.sel[g]) {
+      const int32_t slot = res.Find(static_cast<int64_t>(g), c);
+      res.Touch(static_cast<int64_t>(g), slot, stamp);
+      r.blocks.push_back(res.Block(static_cast<int64_t>(g), slot));
     }
   }
-  if (count) {
-    LayerStats& stats = stats_[layer];
-    stats.urgent += static_cast<int64_t>(refs.size());
-    s.urgent += static_cast<int64_t>(refs.size());
-    stats.reused += reused;
-    stats.evictions += evicted;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SparseKvCache::AttendDecodeRowResident(Seq& s, const model::AttentionCall& call, int64_t row,
-                                                    bool spec_follows) {
-  LayerState& st = s.layers[call.layer];
-  const int64_t q_dim = config_.n_head * config_.head_dim;
-  Window w;
-  Selection sel = PrepareDecodeRow(st, call, row, spec_follows, &w);
-  LayerStats& stats = stats_[call.layer];
-  if (st.issued) {  // how good the prediction was, and what of its transfer went unused
-    for (size_t g = 0; g < sel.size(); ++g) {
-      const int64_t hits = CountCommon(sel[g], st.issued_sel[g]);
-      const int64_t n = static_cast<int64_t>(sel[g].size());
-      stats.hits += hits;
-      stats.predicted_for += n;
-      if (st.issued_seeded) {
-        stats.seeded_hits += hits;
-        stats.seeded_for += n;
-      } else {
-        s.hits += hits;
-        s.predicted_for += n;
-      }
-      const int64_t unused = static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
-      stats.wasted += unused;
-      s.wasted += unused;
-    }
-  }
-  absl::Status fetched = FetchResident(s, call.layer, sel, /*count=*/true);
-  st.issued = false;
-  st.prefetch_chunks.clear();
-  st.issued_sel.clear();
-  RETURN_IF_ERROR(fetched);
-  stats.selected += Total(sel);
-  if (spec_follows) {  // the speculative row reads the same blocks: both attend in one pass there
-    pending_real_ = {call.q + row * q_dim, call.out + row * q_dim, /*hidden_tail=*/1};
-    last_selection_ = std::move(sel);
-    return absl::OkStatus();
-  }
-  const backend::ListQuery real{call.q + row * q_dim, call.out + row * q_dim, 0};
-  AttendOver(st, {&real, 1}, call.scale, w, st.length, sel, block_ptrs_, nullptr, nullptr);
+  LayerStats& stats = stats_[layer];
+  stats.urgent += r.count_urgent;
+  s.urgent += r.count_urgent;
+  stats.reused += r.count_reused;
+  stats.evictions += r.count_evicted;
   return absl::OkStatus();
 }
 

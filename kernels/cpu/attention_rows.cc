@@ -144,53 +144,85 @@ void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* 
   });
 }
 
-void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
-                       absl::Span<const KeyValueList> lists, ThreadPool& pool, AttentionScratch* scratch) {
+void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale, ThreadPool& pool,
+                  AttentionScratch* scratch) {
   const int64_t hd = shape.head_dim, n_kv = shape.n_head_kv, gs = shape.n_head / n_kv;
-  const int64_t nr = static_cast<int64_t>(rows.size()), nq = nr * gs;  // queries per KV head
-  // Group g's scores: nq rows of lists[g].n at scores[offset[g]]; its score tasks start at first_tile[g].
-  std::vector<int64_t>& offset = scratch->offsets;  // kept across calls: this runs per layer per row
+  const int64_t n_groups = static_cast<int64_t>(groups.size()), n_pairs = n_groups * n_kv;
+  if (n_groups == 0) return;
+  // Pair p = (group i, KV head g), p = i * n_kv + g. Its queries are the group's rows' query
+  // heads of g (nq = rows × gs); its scores nq rows of lists[g].n floats at scores[offset[p]];
+  // its score tasks start at first_tile[p]; its queries at first_query[p] of the flat order.
+  std::vector<int64_t>& offset = scratch->offsets;  // kept across calls: this runs per layer
   std::vector<int64_t>& first_tile = scratch->first_tiles;
-  offset.assign(n_kv + 1, 0);
-  first_tile.assign(n_kv + 1, 0);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    offset[g + 1] = offset[g] + nq * lists[g].n;
-    first_tile[g + 1] = first_tile[g] + (lists[g].n + kKeyTile - 1) / kKeyTile;
-  }
-  scratch->scores.resize(offset[n_kv]);
-  // Group g's queries contiguous, row by row, outputs likewise. One row's group is already
-  // contiguous in its query (the common case: no copy).
-  if (nr > 1) scratch->q.resize(n_kv * nq * hd);
-  scratch->outs.resize(n_kv * nq);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    for (int64_t i = 0; i < nr; ++i) {
-      if (nr > 1) std::memcpy(&scratch->q[(g * nr + i) * gs * hd], rows[i].q + g * gs * hd, gs * hd * sizeof(float));
-      for (int64_t h = 0; h < gs; ++h) scratch->outs[(g * nr + i) * gs + h] = rows[i].out + (g * gs + h) * hd;
+  std::vector<int64_t>& first_query = scratch->first_queries;
+  offset.assign(n_pairs + 1, 0);
+  first_tile.assign(n_pairs + 1, 0);
+  first_query.assign(n_pairs + 1, 0);
+  int64_t q_floats = 0;
+  for (int64_t i = 0; i < n_groups; ++i) {
+    const int64_t nq = static_cast<int64_t>(groups[i].rows.size()) * gs;
+    if (groups[i].rows.size() > 1) q_floats += n_kv * nq * hd;
+    for (int64_t g = 0; g < n_kv; ++g) {
+      const int64_t p = i * n_kv + g, n = groups[i].lists[g].n;
+      offset[p + 1] = offset[p] + nq * n;
+      first_tile[p + 1] = first_tile[p] + (n + kKeyTile - 1) / kKeyTile;
+      first_query[p + 1] = first_query[p] + nq;
     }
   }
-  auto group_q = [&](int64_t g) { return nr > 1 ? &scratch->q[g * nq * hd] : rows[0].q + g * gs * hd; };
-  pool.ParallelFor(first_tile[n_kv], [&](int64_t b, int64_t e) {
+  scratch->scores.resize(offset[n_pairs]);
+  scratch->outs.resize(first_query[n_pairs]);
+  scratch->q.resize(q_floats);
+  // Each pair's queries contiguous, row by row, outputs likewise. A group of one row already
+  // has each KV head's query heads contiguous in its query (the common case: no copy).
+  scratch->group_q.resize(n_pairs);
+  for (int64_t i = 0, q_at = 0; i < n_groups; ++i) {
+    const absl::Span<const ListQuery> rows = groups[i].rows;
+    const int64_t nr = static_cast<int64_t>(rows.size());
+    for (int64_t g = 0; g < n_kv; ++g) {
+      const int64_t p = i * n_kv + g;
+      if (nr > 1) {
+        for (int64_t r = 0; r < nr; ++r) {
+          std::memcpy(&scratch->q[q_at + r * gs * hd], rows[r].q + g * gs * hd, gs * hd * sizeof(float));
+        }
+        scratch->group_q[p] = &scratch->q[q_at];
+        q_at += nr * gs * hd;
+      } else {
+        scratch->group_q[p] = rows[0].q + g * gs * hd;
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t h = 0; h < gs; ++h) scratch->outs[first_query[p] + r * gs + h] = rows[r].out + (g * gs + h) * hd;
+      }
+    }
+  }
+  auto pair_of = [](const std::vector<int64_t>& starts, int64_t t) {
+    return std::upper_bound(starts.begin(), starts.end(), t) - starts.begin() - 1;
+  };
+  pool.ParallelFor(first_tile[n_pairs], [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t g = std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin() - 1;
-      const int64_t j = (t - first_tile[g]) * kKeyTile, n = lists[g].n;
-      kernels::AttentionScores(group_q(g), nq, hd, lists[g].keys + j, std::min(kKeyTile, n - j),
-                               &scratch->scores[offset[g] + j], n);
+      const int64_t p = pair_of(first_tile, t);
+      const KeyValueList& list = groups[p / n_kv].lists[p % n_kv];
+      const int64_t j = (t - first_tile[p]) * kKeyTile, nq = first_query[p + 1] - first_query[p];
+      kernels::AttentionScores(scratch->group_q[p], nq, hd, list.keys + j, std::min(kKeyTile, list.n - j),
+                               &scratch->scores[offset[p] + j], list.n);
     }
   });
-  pool.ParallelFor(n_kv * nq, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t g = i / nq, n = lists[g].n;
-      const int64_t visible = std::max<int64_t>(0, n - rows[(i % nq) / gs].hidden_tail);
-      SoftmaxVisible(&scratch->scores[offset[g] + (i % nq) * n], n, 0, visible, scale);
+  pool.ParallelFor(first_query[n_pairs], [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t p = pair_of(first_query, t), i = p / n_kv, qi = t - first_query[p];
+      const int64_t n = groups[i].lists[p % n_kv].n;
+      const int64_t visible = std::max<int64_t>(0, n - groups[i].rows[qi / gs].hidden_tail);
+      SoftmaxVisible(&scratch->scores[offset[p] + qi * n], n, 0, visible, scale);
     }
   });
-  const int64_t piece = PieceFor(hd, n_kv, pool);
+  const int64_t piece = PieceFor(hd, n_pairs, pool);
   const int64_t n_pieces = (hd + piece - 1) / piece;
-  pool.ParallelFor(n_kv * n_pieces, [&](int64_t b, int64_t e) {
+  pool.ParallelFor(n_pairs * n_pieces, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t g = t / n_pieces, e0 = (t % n_pieces) * piece, n = lists[g].n;
-      kernels::AttentionWeightedSum(&scratch->scores[offset[g]], n, nq, lists[g].values, n, e0, std::min(hd, e0 + piece),
-                                    &scratch->outs[g * nq]);
+      const int64_t p = t / n_pieces, e0 = (t % n_pieces) * piece;
+      const KeyValueList& list = groups[p / n_kv].lists[p % n_kv];
+      const int64_t nq = first_query[p + 1] - first_query[p];
+      kernels::AttentionWeightedSum(&scratch->scores[offset[p]], list.n, nq, list.values, list.n, e0,
+                                    std::min(hd, e0 + piece), &scratch->outs[first_query[p]]);
     }
   });
 }

@@ -1,4 +1,4 @@
-// The cpu backend's attention over KV rows (CpuOps::AttendCausal, AttendRowsToLists): one
+// The cpu backend's attention over KV rows (CpuOps::AttendCausal, AttendGroups): one
 // implementation behind dense attention, the sparse cache's prefill and its decode rows over
 // selected chunks, so all give the same bits for the same keys.
 #pragma once
@@ -17,7 +17,8 @@ struct AttentionScratch {
   std::vector<const float*> keys, values;  // per KV head, one pointer per key position
   std::vector<float> q, scores;            // the few-rows path (decode)
   std::vector<float*> outs;
-  std::vector<int64_t> offsets, first_tiles;  // AttendRowsToLists' per-KV-head prefix sums
+  std::vector<int64_t> offsets, first_tiles, first_queries;  // AttendGroups' per-pair prefix sums
+  std::vector<const float*> group_q;                      // AttendGroups' queries per pair
   std::vector<int64_t> j0, j1;                // visible keys per row of the few-rows path
 };
 
@@ -30,12 +31,13 @@ struct AttentionScratch {
 // the same bits: scores by key tiles, then the weighted sums by output elements.
 void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* scratch);
 
-// Decode rows over per-KV-head key lists in one pass: each key and value is loaded once for
-// all rows' query heads. Each row's bits equal the row alone over its visible keys: scores are
-// per-pair Dot bits, and a hidden key gets probability 0, which adds nothing to a weighted sum
-// of finite values. Split over `pool` like the few-rows path (scores by key tiles, softmax per
-// head, weighted sums by head-dim pieces).
-void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
-                       absl::Span<const KeyValueList> lists, ThreadPool& pool, AttentionScratch* scratch);
+// A layer's decode rows for the whole batch (Ops::AttendGroups): one task list over every
+// (group, KV head) pair — scores by key tiles, softmax per query, weighted sums by head-dim
+// pieces — so a batch costs three fork-joins, not three per sequence. Each row's bits equal
+// its group alone, and one row at a time over its visible keys: scores are per-pair Dot bits,
+// a hidden key gets probability 0 (it adds nothing to a weighted sum of finite values), and
+// the pieces of a weighted sum are independent.
+void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale, ThreadPool& pool,
+                  AttentionScratch* scratch);
 
 }  // namespace dd::backend::cpu

@@ -118,9 +118,8 @@ void CpuOps::Softcap(float* x, int64_t n, float cap) {
 
 void CpuOps::AttendCausal(const CausalAttention& a) { cpu::AttendCausal(a, pool_, scratch_.get()); }
 
-void CpuOps::AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
-                               absl::Span<const KeyValueList> lists) {
-  cpu::AttendRowsToLists(rows, shape, scale, lists, pool_, scratch_.get());
+void CpuOps::AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale) {
+  cpu::AttendGroups(groups, shape, scale, pool_, scratch_.get());
 }
 
 void CpuOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,

@@ -229,18 +229,71 @@ TEST(CpuOpsTest, RowsToListsInOnePassEqualOneRowAtATime) {
       std::vector<float> q(2 * q_dim);
       for (float& x : q) x = nd(rng);
       std::vector<float> one(2 * q_dim, -1.0f), both(2 * q_dim, -2.0f);
+      auto attend = [&](absl::Span<const ListQuery> rows, absl::Span<const KeyValueList> lists) {
+        const AttentionGroup group{rows, lists};
+        ops.AttendGroups({&group, 1}, c, 0.125f);
+      };
       const ListQuery first_alone[1] = {{&q[0], &one[0], 0}}, second_alone[1] = {{&q[q_dim], &one[q_dim], 0}};
-      ops.AttendRowsToLists(first_alone, c, 0.125f, first_row);
-      ops.AttendRowsToLists(second_alone, c, 0.125f, all);
+      attend(first_alone, first_row);
+      attend(second_alone, all);
       const ListQuery rows[2] = {{&q[0], &both[0], 1}, {&q[q_dim], &both[q_dim], 0}};
-      ops.AttendRowsToLists(rows, c, 0.125f, all);
+      attend(rows, all);
       ASSERT_EQ(0, std::memcmp(one.data(), both.data(), one.size() * sizeof(float)))
           << "heads " << n_head << "/" << n_kv << " hd " << hd << " threads " << threads;
       // The hidden key matters to the second row only: dropping hidden_tail changes the first.
       const ListQuery sees_all[1] = {{&q[0], &both[0], 0}};
-      ops.AttendRowsToLists(sees_all, c, 0.125f, all);
+      attend(sees_all, all);
       EXPECT_NE(0, std::memcmp(one.data(), both.data(), q_dim * sizeof(float)));
     }
+  }
+}
+
+// The batch's groups in one call give each group's bits alone: groups of one and two rows,
+// lists of different lengths per group and KV head, 1 and 2 threads.
+TEST(CpuOpsTest, GroupsInOneCallEqualEachGroupAlone) {
+  const AttentionShape c{.n_head = 9, .n_head_kv = 3, .head_dim = 64};
+  const int64_t hd = c.head_dim, n_kv = c.n_head_kv, q_dim = c.n_head * hd;
+  constexpr int kGroups = 5;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> kv(kGroups * n_kv);
+  std::vector<std::vector<const float*>> keys(kGroups * n_kv), values(kGroups * n_kv);
+  std::vector<KeyValueList> lists(kGroups * n_kv);
+  for (int64_t p = 0; p < kGroups * n_kv; ++p) {
+    const int64_t n = 40 + 61 * p;  // some beyond one key tile
+    kv[p].resize(2 * n * hd);
+    for (float& x : kv[p]) x = nd(rng);
+    for (int64_t j = 0; j < n; ++j) {
+      keys[p].push_back(&kv[p][j * hd]);
+      values[p].push_back(&kv[p][(n + j) * hd]);
+    }
+    lists[p] = {keys[p].data(), values[p].data(), n};
+  }
+  // Group i has 1 + i % 2 rows; the first of two rows hides the last key (a real row beside
+  // its speculative row).
+  std::vector<float> q(2 * kGroups * q_dim);
+  for (float& x : q) x = nd(rng);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    CpuOps ops(pool);
+    std::vector<float> alone(2 * kGroups * q_dim, 7.0f), together(2 * kGroups * q_dim, 7.0f);
+    std::vector<std::vector<ListQuery>> rows_alone(kGroups), rows_together(kGroups);
+    std::vector<AttentionGroup> groups;
+    for (int i = 0; i < kGroups; ++i) {
+      const int nr = 1 + i % 2;
+      for (int r = 0; r < nr; ++r) {
+        const int64_t at = (2 * i + r) * q_dim;
+        const int64_t hidden = nr == 2 && r == 0 ? 1 : 0;
+        rows_alone[i].push_back({&q[at], &alone[at], hidden});
+        rows_together[i].push_back({&q[at], &together[at], hidden});
+      }
+      const AttentionGroup one{rows_alone[i], absl::MakeConstSpan(lists).subspan(i * n_kv, n_kv)};
+      ops.AttendGroups({&one, 1}, c, 0.125f);
+      groups.push_back({rows_together[i], absl::MakeConstSpan(lists).subspan(i * n_kv, n_kv)});
+    }
+    ops.AttendGroups(groups, c, 0.125f);
+    EXPECT_EQ(0, std::memcmp(alone.data(), together.data(), alone.size() * sizeof(float))) << threads << " threads";
+    EXPECT_NE(together[0], 7.0f);  // written
   }
 }
 

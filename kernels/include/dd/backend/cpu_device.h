@@ -37,8 +37,7 @@ class CpuOps final : public Ops {
   void Add(float* x, const float* y, int64_t n) override;
   void Softcap(float* x, int64_t n, float cap) override;
   void AttendCausal(const CausalAttention& a) override;
-  void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
-                         absl::Span<const KeyValueList> lists) override;
+  void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale) override;
   void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                  int64_t ld) override;
   void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) override;

@@ -72,6 +72,13 @@ struct ListQuery {
   int64_t hidden_tail = 0;
 };
 
+// One sequence's decode rows of a layer (its real row, its speculative row, or both) over its
+// own per-KV-head key lists (n_head_kv of them, lists[g] for group g).
+struct AttentionGroup {
+  absl::Span<const ListQuery> rows;
+  absl::Span<const KeyValueList> lists;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -110,10 +117,11 @@ class Ops {
   // Each query's bits depend only on its own keys: scores are per-pair dot products in one
   // fixed order, the softmax is per query, and values are added in list order from zero.
   virtual void AttendCausal(const CausalAttention& a) = 0;
-  // Decode rows over per-KV-head key lists (lists[g] for group g), every key and value read
-  // once for all rows (the real and speculative rows of a dual-token step share the lists).
-  virtual void AttendRowsToLists(absl::Span<const ListQuery> rows, const AttentionShape& shape, float scale,
-                                 absl::Span<const KeyValueList> lists) = 0;
+  // A layer's decode rows for the whole batch in one call (the host-built attention plan):
+  // each group's rows over the group's lists, every key and value read once for all of the
+  // group's rows (a dual-token step's real and speculative rows share their lists). A row's
+  // bits equal those of its group alone, whatever the other groups.
+  virtual void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale) = 0;
   // s[i × ld + j] = q_i · keys[j] for nq queries of head_dim (contiguous) and nk keys: landmark
   // scores for chunk selection, with the bits of the attention scores. Safe to call from
   // several threads at once.
