@@ -67,7 +67,13 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
     return absl::UnavailableError("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif
   }
-  if (name == "sim") return absl::UnimplementedError("--device sim: the simulated device is not written yet");
+  if (name == "sim") {
+    // The sim device exists (dd/backend/sim_device.h, tested on its own); the engine cannot run
+    // on it until its activations and KV are device buffers it reads back through copies.
+    return absl::UnimplementedError(
+        "--device sim: the engine does not run on the simulated device yet (its activations and KV are not "
+        "device buffers)");
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: cpu, sim, cuda)"));
 }
 

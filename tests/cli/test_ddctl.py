@@ -243,4 +243,4 @@ def test_device_is_reported_and_unavailable_devices_say_why(tiny):
     r = ddctl("generate", "--model", str(tiny), "--device", "cuda", "--prompt", "hi")
     assert r.returncode != 0 and "--device cuda: " in r.stderr, r.stderr
     r = ddctl("generate", "--model", str(tiny), "--device", "sim", "--prompt", "hi")
-    assert r.returncode != 0 and "--device sim: the simulated device is not written yet" in r.stderr, r.stderr
+    assert r.returncode != 0 and "--device sim: the engine does not run on the simulated device yet" in r.stderr, r.stderr
