@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cpu/attention_rows.h"
+#include "dd/backend/device_checks.h"
 #include "dd/kernels/cpu_ops.h"
 #include "glog/logging.h"
 
@@ -187,15 +188,7 @@ void CpuDevice::Free(DeviceBuffer& buf) {
 
 Event CpuDevice::Record(Queue q) { return Event{q, ++recorded_[static_cast<int>(q)]}; }
 
-namespace {
-absl::Status CheckRange(const char* what, int64_t offset, int64_t bytes, int64_t size) {
-  if (offset < 0 || bytes < 0 || offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": bytes [", offset, ", +", bytes, ") outside a buffer of ", size, " bytes"));
-  }
-  return absl::OkStatus();
-}
-}  // namespace
+using internal::CheckRange;
 
 absl::Status CpuDevice::CopyToDevice(Queue, const void* src, const DeviceBuffer& dst, int64_t dst_offset,
                                      int64_t bytes) {
@@ -211,34 +204,17 @@ absl::Status CpuDevice::CopyToHost(Queue, const DeviceBuffer& src, int64_t src_o
 }
 
 absl::StatusOr<HostRegion> CpuDevice::RegisterHostRegion(const void* base, int64_t bytes) {
-  if (base == nullptr || bytes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("host region of ", bytes, " bytes", base == nullptr ? " at address 0" : ""));
-  }
-  HostRegion r{next_region_++, base, bytes};
-  regions_[r.id] = r;
-  return r;
+  return regions_.Register(base, bytes);
 }
 
-void CpuDevice::UnregisterHostRegion(const HostRegion& region) { regions_.erase(region.id); }
+void CpuDevice::UnregisterHostRegion(const HostRegion& region) { regions_.Unregister(region); }
 
 absl::Status CpuDevice::Gather(Queue, const HostRegion& region, absl::Span<const GatherBlock> blocks,
                                int64_t block_bytes, const DeviceBuffer& dst) {
-  const auto it = regions_.find(region.id);
-  if (it == regions_.end() || it->second.base != region.base) {
-    return absl::InvalidArgumentError(absl::StrCat("gather from host region ", region.id, ", which is not registered"));
-  }
-  const HostRegion& r = it->second;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (absl::Status s = CheckRange("gather source", blocks[i].src, block_bytes, r.bytes); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", i, ": ", s.message()));
-    }
-    if (absl::Status s = CheckRange("gather destination", blocks[i].dst, block_bytes, dst.bytes); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", i, ": ", s.message()));
-    }
-  }
+  auto r = regions_.CheckGather(region, blocks, block_bytes, dst);
+  if (!r.ok()) return r.status();
   for (const GatherBlock& b : blocks) {
-    std::memcpy(static_cast<char*>(dst.data) + b.dst, static_cast<const char*>(r.base) + b.src,
+    std::memcpy(static_cast<char*>(dst.data) + b.dst, static_cast<const char*>(r->base) + b.src,
                 static_cast<size_t>(block_bytes));
   }
   return absl::OkStatus();

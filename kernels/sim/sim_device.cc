@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -30,15 +29,9 @@ size_t PageSize() {
   return page;
 }
 
-absl::Status CheckRange(const char* what, int64_t offset, int64_t bytes, int64_t size) {
-  if (offset < 0 || bytes < 0 || offset > size || bytes > size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": bytes [", offset, ", +", bytes, ") outside a buffer of ", size, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
+
+using internal::CheckRange;
 
 SimDevice::SimDevice(const SimOptions& options)
     : budget_(options.budget_bytes),
@@ -255,34 +248,18 @@ absl::Status SimDevice::CopyToHost(Queue q, const DeviceBuffer& src, int64_t src
 }
 
 absl::StatusOr<HostRegion> SimDevice::RegisterHostRegion(const void* base, int64_t bytes) {
-  if (base == nullptr || bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("host region of ", bytes, " bytes",
-                                                   base == nullptr ? " at address 0" : ""));
-  }
-  HostRegion r{next_region_++, base, bytes};
-  regions_[r.id] = r;
-  return r;
+  return regions_.Register(base, bytes);
 }
 
-void SimDevice::UnregisterHostRegion(const HostRegion& region) { regions_.erase(region.id); }
+void SimDevice::UnregisterHostRegion(const HostRegion& region) { regions_.Unregister(region); }
 
 absl::Status SimDevice::Gather(Queue q, const HostRegion& region, absl::Span<const GatherBlock> blocks,
                                int64_t block_bytes, const DeviceBuffer& dst) {
-  const auto it = regions_.find(region.id);
-  if (it == regions_.end() || it->second.base != region.base) {
-    return absl::InvalidArgumentError(absl::StrCat("gather from host region ", region.id, ", which is not registered"));
-  }
-  const HostRegion r = it->second;
+  auto checked = regions_.CheckGather(region, blocks, block_bytes, dst);
+  if (!checked.ok()) return checked.status();
+  const HostRegion r = *checked;
   Accesses acc;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    for (auto [what, off, size] : {std::tuple{"gather source", blocks[i].src, r.bytes},
-                                   std::tuple{"gather destination", blocks[i].dst, dst.bytes}}) {
-      if (absl::Status s = CheckRange(what, off, block_bytes, size); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("block ", i, ": ", s.message()));
-      }
-    }
-    acc.Write(static_cast<char*>(dst.data) + blocks[i].dst, block_bytes);
-  }
+  for (const GatherBlock& b : blocks) acc.Write(static_cast<char*>(dst.data) + b.dst, block_bytes);
   std::vector<GatherBlock> list(blocks.begin(), blocks.end());
   char* to = static_cast<char*>(dst.data);
   Submit(q, absl::StrCat("gather into ", MemoryTagName(dst.tag)), std::move(acc), [r, list, block_bytes, to] {

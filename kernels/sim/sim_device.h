@@ -16,6 +16,7 @@
 
 #include "dd/backend/cpu_device.h"
 #include "dd/backend/sim_device.h"
+#include "dd/backend/device_checks.h"
 
 namespace dd::backend::sim {
 
@@ -141,8 +142,7 @@ class SimDevice final : public Device {
   std::array<int64_t, static_cast<int>(MemoryTag::kCount)> in_use_{};
   int64_t total_in_use_ = 0;
   std::map<uintptr_t, Buffer> buffers_;  // by base address
-  std::map<int64_t, HostRegion> regions_;
-  int64_t next_region_ = 0;
+  internal::HostRegions regions_;
   // Program-order knowledge (submitting thread only): per queue what it has waited for,
   // the host's, and each recorded event's clock.
   std::array<Clock, kQueues> knows_{};

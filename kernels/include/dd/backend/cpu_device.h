@@ -5,12 +5,12 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <memory>
 
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
 #include "dd/backend/ops.h"
+#include "dd/backend/device_checks.h"
 
 namespace dd::backend {
 namespace cpu {
@@ -82,8 +82,7 @@ class CpuDevice final : public Device {
   int64_t total_in_use_ = 0;
   int64_t live_buffers_ = 0;
   std::array<uint64_t, static_cast<int>(Queue::kCount)> recorded_{};
-  std::map<int64_t, HostRegion> regions_;
-  int64_t next_region_ = 0;
+  internal::HostRegions regions_;
   CpuOps ops_;
 };
 
