@@ -54,6 +54,8 @@ ABSL_FLAG(std::string, internal_listen, "127.0.0.1:0",
           "serve: address of the internal services (worker registry, Worker.Submit/Cancel/Stats), apart from the "
           "public API; they require the cluster secret");
 ABSL_FLAG(int64_t, deadline_ms, 0, "generate --server: request deadline in ms (0 = none)");
+ABSL_FLAG(std::string, request_id, "",
+          "generate --server: the request's id, reported back in its usage (empty: the router makes one)");
 ABSL_FLAG(bool, events, false, "generate --server: print each streamed message as a JSON line, then the summary");
 
 namespace {
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   cfg.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   cfg.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   cfg.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  cfg.request_id = absl::GetFlag(FLAGS_request_id);
   cfg.events = absl::GetFlag(FLAGS_events);
   if (auto tls = dd::TlsFilesFromFlags(); tls.ok()) {
     cfg.tls = *std::move(tls);

@@ -85,6 +85,7 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
     req.set_text(prompt);
   }
   req.set_model(cfg.model_name);
+  req.set_request_id(cfg.request_id);
   req.set_max_new_tokens(cfg.generate.max_new_tokens);
   req.mutable_sampling()->set_temperature(cfg.generate.sampling.temperature);
   req.mutable_sampling()->set_top_k(cfg.generate.sampling.top_k);

@@ -193,7 +193,11 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
   const Clock::time_point arrival = Clock::now();
   const double arrival_unix = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
   dd::v1::GenerateRequest req = in;
-  if (req.request_id().empty()) req.set_request_id(NewRequestId());
+  // The client's id names the request to that client only (it comes back in the usage). The
+  // workers see an id this router makes for this call, so no tenant's id can cancel, squat on
+  // or probe another's request, and a call can cancel nothing but its own work.
+  const std::string client_id = req.request_id().empty() ? NewRequestId() : req.request_id();
+  req.set_request_id(NewRequestId());
   const uint64_t prefix_key = PrefixKey(req);
   std::vector<int32_t> streamed;  // every token the client has, in order
   int64_t text_bytes = 0;
@@ -260,6 +264,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         final = true;
         *out.mutable_usage() = resp.usage();
         dd::v1::Usage* u = out.mutable_usage();
+        u->set_request_id(client_id);
         u->set_resumes(resumes);
         u->set_completion_tokens(static_cast<int64_t>(streamed.size()));
         u->set_ttft_seconds(std::chrono::duration<double>(t_first - arrival).count());
@@ -314,8 +319,8 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         [[fallthrough]];
       default:
         // The worker died or failed mid-request: resume elsewhere from what the client has.
-        LOG(WARNING) << "request " << req.request_id() << " lost worker " << place->worker_id << " after "
-                     << streamed.size() << " tokens (" << st.error_message() << "); resuming";
+        LOG(WARNING) << "request " << client_id << " (" << req.request_id() << ") lost worker " << place->worker_id
+                     << " after " << streamed.size() << " tokens (" << st.error_message() << "); resuming";
         if (const auto& trailers = wctx.GetServerTrailingMetadata(); trailers.find(kDrainingTrailer) != trailers.end()) {
           registry_.MarkDraining(place->worker_id);  // refused at admission: not a failure
           exclude.insert(place->worker_id);

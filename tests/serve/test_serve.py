@@ -319,6 +319,45 @@ def test_api_keys_and_the_operator_key(tmp_path):
     assert r.returncode == 2 and "group or others" in r.stderr, r.stderr
 
 
+def test_tenants_cannot_cancel_or_squat_each_others_request_ids(tmp_path):
+    """A client's request_id names the request to that client only. Tenant B sending tenant A's
+    id with a slow-to-tokenize prompt and a 100 ms deadline (its call ends, so the router cancels
+    it on the worker) leaves A's request running to its end; B holding an id first does not make
+    A's request with that id ALREADY_EXISTS. Each gets its own id back in its usage."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]))
+    keys.chmod(0o600)
+    a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
+    router = Proc("tenants-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"], tmp_path)
+    worker = None
+    try:
+        worker = start_worker("tenants-w", router.addr, tmp_path)
+        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+        slow = tmp_path / "slow.txt"
+        slow.write_text("the miller counts sacks of grain and the river flows " * 6000)
+        # Cancel: A runs with id "shared"; B's call with the same id ends at its deadline.
+        a = stream_until_tokens(router.addr, prompt(2), 48, 2, "--request_id=shared", f"--api_key_file={a_key}")
+        r = ddctl("generate", "--server", router.addr, "--prompt_file", str(slow), "--max_new_tokens", "4",
+                  "--request_id=shared", "--deadline_ms=100", f"--api_key_file={b_key}")
+        assert r.returncode != 0 and "DEADLINE_EXCEEDED" in r.stderr, r.stderr
+        out, err = a.communicate(timeout=300)
+        assert a.returncode == 0, err
+        done = json.loads(out.strip().splitlines()[-1])
+        assert done["generated_tokens"] == 48 and done["stop_reason"] == "max_tokens", done
+        assert done["usage"]["request_id"] == "shared", done
+        # Squat: B holds "held" while A sends a request with the same id.
+        b = stream_until_tokens(router.addr, prompt(3), 400, 2, "--request_id=held", f"--api_key_file={b_key}")
+        mine = ddctl_json("generate", "--server", router.addr, "--prompt", "Hello", "--max_new_tokens", "2",
+                          "--ignore_eos", "--request_id=held", f"--api_key_file={a_key}")
+        assert len(mine["tokens"]) == 2 and mine["usage"]["request_id"] == "held", mine
+        b.kill()
+        b.wait()
+    finally:
+        if worker:
+            worker.stop()
+        router.stop()
+
+
 def test_pool_killed_mid_stream_loses_no_request(tmp_path):
     """Issue 14: the KV pool is SIGKILLed while three greedy streams decode from it and a new pool
     starts at the same address. The worker rebuilds each request's KV (prompt + tokens already
