@@ -180,7 +180,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
              absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
   } else {
     queued_++;
-    st = Relay(ctx, *req, writer);
+    st = Relay(ctx, *req, tenant, writer);
     inflight_--;
   }
   if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) rejected_++;
@@ -189,7 +189,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
 }
 
 grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& in,
-                                  grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+                                  const std::string& tenant, grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
   const Clock::time_point arrival = Clock::now();
   const double arrival_unix = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
   dd::v1::GenerateRequest req = in;
@@ -230,6 +230,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     for (int32_t t : streamed) sub.add_resume_tokens(t);
     sub.set_resume_text_bytes(text_bytes);
     sub.set_arrival_unix_seconds(arrival_unix);
+    sub.set_tenant(tenant);
     grpc::ClientContext wctx;
     AttachClusterSecret(&wctx, options_.cluster_secret);
     if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());

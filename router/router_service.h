@@ -68,7 +68,9 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   absl::Status Validate(const dd::v1::GenerateRequest& req) const;
 
  private:
-  grpc::Status Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req,
+  // Places and streams one request; `tenant` (the authenticated API tenant, "" when open)
+  // scopes its prefix reuse on the worker.
+  grpc::Status Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req, const std::string& tenant,
                      grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
   void Count(grpc::StatusCode code);
   void WatchCancellations();

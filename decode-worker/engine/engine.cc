@@ -205,6 +205,7 @@ void Engine::Release(int32_t seq) {
   ClearSpec(seq);
   shortlist_.Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
+  if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
 }
 
 int64_t Engine::reserved_bytes() const {
@@ -336,7 +337,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
 }
 
 int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit) {
-  const std::vector<uint64_t> keys = kvpool::PrefixKeys(prefix_ns_, tokens.first(limit));
+  const std::vector<uint64_t> keys = kvpool::PrefixKeys(PrefixNamespaceOf(seq), tokens.first(limit));
   if (keys.empty()) return 0;
   const int64_t B = options_.prefix_block_tokens;
   auto match = store_->LookupPrefix(keys, prefix_ns_.layout, B / options_.sparse.chunk_tokens);
@@ -395,7 +396,7 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
 
 void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
   if (sparse_ == nullptr) return;  // full mode restores prefixes, it does not offload its own
-  const std::vector<uint64_t> keys = kvpool::PrefixKeys(prefix_ns_, tokens);
+  const std::vector<uint64_t> keys = kvpool::PrefixKeys(PrefixNamespaceOf(seq), tokens);
   if (keys.empty()) return;
   if (absl::Status st = sparse_->CommitPrefix(seq, keys); !st.ok()) {
     LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
@@ -449,7 +450,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
   return out;
 }
 
-absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32_t> prompt) {
+absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32_t> prompt, uint64_t prefix_salt) {
   RETURN_IF_ERROR(ValidatePrompt(prompt));
   if (seq < 0 || seq >= static_cast<int32_t>(reservations_.size()) || !reservations_[seq].active) {
     return absl::FailedPreconditionError(absl::StrCat("prefill: slot ", seq, " is not admitted"));
@@ -457,6 +458,8 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
   ClearSpec(seq);
+  if (static_cast<int32_t>(prefix_salt_.size()) <= seq) prefix_salt_.resize(seq + 1, 0);
+  prefix_salt_[seq] = prefix_salt;
   if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
   if (PrefixReuse()) {
     return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);

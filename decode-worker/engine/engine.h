@@ -159,7 +159,9 @@ class Engine {
   // forward pass (each piece must start where its slot's cache ends); for each piece that ends
   // its prompt, (*last_logits)[i] gets the last row's logits (empty otherwise) and the prompt's
   // blocks are committed for reuse. Same logits as Prefill, however the pieces are cut.
-  absl::StatusOr<int64_t> StartPrefill(int32_t seq, absl::Span<const int32_t> prompt);
+  // `prefix_salt` scopes the slot's prefix reuse (kvpool::TenantSalt of the request's tenant):
+  // it restores and commits only prefixes under the same salt.
+  absl::StatusOr<int64_t> StartPrefill(int32_t seq, absl::Span<const int32_t> prompt, uint64_t prefix_salt = 0);
   struct PrefillPiece {
     int32_t seq = 0;
     absl::Span<const int32_t> prompt{};
@@ -289,6 +291,12 @@ class Engine {
   std::vector<Oracle> oracle_;  // per slot
   uint64_t rng_state_ = 0x9E3779B97F4A7C15ULL;
   kvpool::PrefixNamespace prefix_ns_;
+  std::vector<uint64_t> prefix_salt_;  // per slot (StartPrefill), 0 = none
+  kvpool::PrefixNamespace PrefixNamespaceOf(int32_t seq) const {
+    kvpool::PrefixNamespace ns = prefix_ns_;
+    if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) ns.tenant_salt = prefix_salt_[seq];
+    return ns;
+  }
   int64_t prefix_reused_tokens_ = 0;
 };
 

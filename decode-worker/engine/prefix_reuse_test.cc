@@ -126,5 +126,21 @@ TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   }
 }
 
+// Tenants' keys differ (docs/prefix-keys.md): no salt for an open API, a non-zero salt per
+// tenant name, the same in every process (pinned, since workers sharing a pool must agree).
+TEST(TenantSaltTest, EachTenantHasItsOwnStableSalt) {
+  EXPECT_EQ(kvpool::TenantSalt(""), 0u);
+  const uint64_t a = kvpool::TenantSalt("team-a"), b = kvpool::TenantSalt("team-b");
+  EXPECT_NE(a, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, kvpool::TenantSalt("team-a"));
+  EXPECT_EQ(a, 0xfe2456a0a55ecbe9ULL) << std::hex << a;
+  kvpool::PrefixNamespace ns{1, {18, 1, 256, 8}, 64, 0};
+  const std::vector<int32_t> t(200, 7);
+  const auto open = kvpool::PrefixKeys(ns, t);
+  ns.tenant_salt = a;
+  EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], open[0]);
+}
+
 }  // namespace
 }  // namespace dd::engine

@@ -207,7 +207,7 @@ void Scheduler::AdmitWaiting() {
     absl::Status st = engine_.Admit(slot, n, TotalTokens(spec));
     // Device memory full: wait for a running request to leave (FIFO, no overtaking).
     if (absl::IsResourceExhausted(st) && !active_.empty()) return;
-    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt) : absl::StatusOr<int64_t>(st);
+    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt, spec.prefix_salt) : absl::StatusOr<int64_t>(st);
     std::unique_ptr<Request> owned;
     {
       std::lock_guard<std::mutex> lk(mu_);

@@ -30,6 +30,7 @@ struct RequestSpec {
   std::string id;
   std::vector<int32_t> prompt;         // tokenized prompt, resumed tokens appended
   std::vector<int32_t> resumed;        // tokens the client already has (resume), also in prompt
+  uint64_t prefix_salt = 0;            // its tenant's prefix-reuse salt (kvpool::TenantSalt)
   int64_t resumed_text_bytes = 0;
   int64_t max_new_tokens = 128;        // counting the resumed tokens
   engine::SamplingParams sampling{};

@@ -5,6 +5,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "decode-worker/model/chat_template.h"
+#include "kv-pool/client/prefix_key.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 #include "proto/standard_services.h"
@@ -44,6 +45,8 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
   RequestSpec spec;
   spec.id = req.request_id();
   if (spec.id.empty()) return absl::InvalidArgumentError("request_id is empty");
+  if (sub.tenant().size() > 256) return absl::InvalidArgumentError("tenant is longer than 256 bytes");
+  spec.prefix_salt = kvpool::TenantSalt(sub.tenant());
   if (!req.model().empty() && req.model() != identity_.model) {
     return absl::InvalidArgumentError(absl::StrCat("model '", req.model(), "' is not served here (", identity_.model, ")"));
   }

@@ -46,4 +46,14 @@ std::vector<uint64_t> PrefixKeys(const PrefixNamespace& ns, absl::Span<const int
   return keys;
 }
 
+uint64_t TenantSalt(absl::string_view tenant) {
+  if (tenant.empty()) return 0;
+  std::vector<uint64_t> words;
+  words.reserve(tenant.size() + 1);
+  words.push_back(0x74656E616E74ULL);  // "tenant"
+  for (unsigned char c : tenant) words.push_back(c);
+  const uint64_t salt = HashWords(2, words);
+  return salt != 0 ? salt : 1;
+}
+
 }  // namespace dd::kvpool

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kv-pool/client/kv_store.h"
 
@@ -18,6 +19,11 @@ struct PrefixNamespace {
   int64_t block_tokens = 256;
   uint64_t tenant_salt = 0;
 };
+
+// The salt of an API tenant's keys (docs/prefix-keys.md): 0 for none (an open API), else a
+// non-zero hash of the name, the same in every process, so one tenant's prompts never match
+// another's stored prefixes.
+uint64_t TenantSalt(absl::string_view tenant);
 
 // One key per full block of `tokens` (a trailing partial block gets none).
 std::vector<uint64_t> PrefixKeys(const PrefixNamespace& ns, absl::Span<const int32_t> tokens);

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from serving import (BIN, Proc, ddctl, ddctl_json, make_certs, require_model, secret_file, start_worker, wait_for,
-                     workers_up)
+from serving import (BIN, TOKEN, Proc, ddctl, ddctl_json, make_certs, require_model, secret_file, start_worker,
+                     wait_for, workers_up)
 from conftest import CLUSTER_SECRET
 
 
@@ -356,6 +356,42 @@ def test_tenants_cannot_cancel_or_squat_each_others_request_ids(tmp_path):
         if worker:
             worker.stop()
         router.stop()
+
+
+def test_prefix_reuse_is_scoped_to_the_api_tenant(tmp_path):
+    """Prefix reuse through a real pool: tenant B sending the text tenant A sent restores none of
+    A's blocks (no prefill skipped: no oracle for "did someone send this"), while A's own repeat
+    still restores its prefix."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]))
+    keys.chmod(0o600)
+    a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "1GiB"}]))
+    procs = []
+    try:
+        pool = Proc("prefix-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
+        procs.append(pool)
+        router = Proc("prefix-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"],
+                      tmp_path)
+        procs.append(router)
+        procs.append(start_worker("prefix-w", router.addr, tmp_path, "--mode=dualdecoder", "--budget=256",
+                                  f"--kv_store=shm://{pool.addr}", "--prefix_block=64",
+                                  env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)))
+        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+        text = prompt(4) * 3
+
+        def reused(key):
+            out = ddctl_json("generate", "--server", router.addr, "--prompt", text, "--max_new_tokens", "2",
+                             "--ignore_eos", f"--api_key_file={key}")
+            return int(out["usage"].get("prefix_reused_tokens", 0))
+
+        assert reused(a_key) == 0
+        assert reused(b_key) == 0  # the same text from another tenant: nothing of A's
+        assert reused(a_key) >= 64  # A's own repeat
+    finally:
+        for p in reversed(procs):
+            p.stop()
 
 
 def test_pool_killed_mid_stream_loses_no_request(tmp_path):
