@@ -52,6 +52,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "tenants.json"
         cfg.write_text(json.dumps([{"name": "bench", "token": TOKEN, "quota": "4GiB"}]))
+        cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
         pool = subprocess.Popen([str(Path(a.bin) / "dd-kv-pool"), f"--tenants={cfg}"], stdout=subprocess.PIPE, text=True)
         try:
             line = pool.stdout.readline()

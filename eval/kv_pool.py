@@ -26,6 +26,7 @@ class Pool:
     def __init__(self, bin_dir, tmp):
         cfg = Path(tmp) / "tenants.json"
         cfg.write_text(json.dumps([{"name": "eval", "token": POOL_TOKEN, "quota": POOL_QUOTA}]))
+        cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
         self.log = Path(tmp) / "pool.log"
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen([str(Path(bin_dir) / "dd-kv-pool"), f"--tenants={cfg}"],

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,7 +15,8 @@ namespace dd::fuzz {
 class MemFile {
  public:
   MemFile(const uint8_t* data, size_t size) : fd_(memfd_create("dd-fuzz", MFD_CLOEXEC)) {
-    if (fd_ < 0) std::abort();
+    // Private like the credential files the readers insist on (they refuse group/other access).
+    if (fd_ < 0 || fchmod(fd_, 0600) != 0) std::abort();
     size_t done = 0;
     while (done < size) {
       const ssize_t n = write(fd_, data + done, size - done);

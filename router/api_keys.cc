@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_file.h"
+#include "common/secrets.h"
 #include "nlohmann/json.hpp"
 #include "proto/cluster_auth.h"
 
@@ -14,9 +15,7 @@ namespace {
 // Compares every configured key in full whatever matches, so timing says nothing about which
 // prefix of which key was right.
 bool SameKey(const std::string& want, const char* got, size_t got_size) {
-  unsigned char diff = want.size() == got_size ? 0 : 1;
-  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(want[i] ^ (i < got_size ? got[i] : 0));
-  return diff == 0;
+  return SecretEquals(want, absl::string_view(got, got_size));
 }
 
 // The bearer token of the call, or false when there is none.
@@ -37,12 +36,7 @@ bool Bearer(const grpc::ServerContext* ctx, const char** token, size_t* size) {
 
 absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
   if (path.empty()) return std::vector<ApiKey>();
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " cannot be read"));
-  if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-    return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is accessible to group or others (chmod 600 it)"));
-  }
-  if (st.st_size > (1 << 20)) return absl::InvalidArgumentError(absl::StrCat("API keys file ", path, " is over 1 MiB"));
+  if (absl::Status s = CheckPrivateFile(path, "API keys file", 1 << 20); !s.ok()) return s;
   absl::StatusOr<nlohmann::json> parsed = ReadJsonFile(path, "API keys file");
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;

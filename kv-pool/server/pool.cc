@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/json_file.h"
+#include "common/secrets.h"
 #include "common/random.h"
 #include "nlohmann/json.hpp"
 
@@ -25,6 +26,8 @@ int64_t HostMemoryBytes() {
 }  // namespace
 
 absl::StatusOr<std::vector<TenantConfig>> LoadTenantConfig(const std::string& path) {
+  // It holds every tenant's bearer token: refused when others could read it.
+  if (absl::Status s = CheckPrivateFile(path, "tenant config", 1 << 20); !s.ok()) return s;
   absl::StatusOr<nlohmann::json> parsed = ReadJsonFile(path, "tenant config");
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
@@ -91,9 +94,12 @@ absl::StatusOr<int> Pool::Authenticate(absl::string_view bearer) const {
     return absl::UnauthenticatedError("missing bearer token (metadata 'authorization: Bearer <token>')");
   }
   const absl::string_view token = bearer.substr(7);
+  // Every token compared in full (constant time per token): no early exit on a match either.
+  int found = -1;
   for (size_t i = 0; i < tenants_.size(); ++i) {
-    if (tenants_[i]->config.token == token) return static_cast<int>(i);
+    if (SecretEquals(tenants_[i]->config.token, token)) found = static_cast<int>(i);
   }
+  if (found >= 0) return found;
   return absl::UnauthenticatedError("unknown bearer token");
 }
 

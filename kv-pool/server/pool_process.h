@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,7 @@ class PoolProcess {
     const std::string cfg = dir + "/tenants-" + std::to_string(getpid()) + ".json";
     std::ofstream(cfg) << R"([{"name": "alice", "token": ")" << kAlice << R"(", "quota": ")" << alice_quota << R"("},
                               {"name": "bob", "token": ")" << kBob << R"(", "quota": "1MiB"}])";
+    chmod(cfg.c_str(), 0600);  // the pool refuses a tenants file others could read
     char self[4096] = {};
     const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     std::string exe = std::string(self, n > 0 ? n : 0);

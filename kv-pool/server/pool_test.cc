@@ -1,6 +1,8 @@
 // Pool state machine with injected time: leases, quotas, eviction, isolation, prefixes.
 #include "kv-pool/server/pool.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -106,6 +108,14 @@ TEST(PoolTest, BadInputIsInvalidArgument) {
 
 TEST(PoolTest, TenantConfigErrorsNameTheEntry) {
   const std::string path = ::testing::TempDir() + "/tenants.json";
+  std::ofstream(path) << R"([{"name": "a", "token": "0123456789abcdef", "quota": "1GiB"}])";
+  // The file holds every tenant's token: refused while group or others may read it.
+  chmod(path.c_str(), 0644);
+  auto open = LoadTenantConfig(path);
+  EXPECT_NE(open.status().message().find("accessible to group or others (chmod 600 it)"), std::string::npos)
+      << open.status();
+  chmod(path.c_str(), 0600);
+  EXPECT_TRUE(LoadTenantConfig(path).ok());
   std::ofstream(path) << R"([{"name": "a", "token": "short", "quota": "1GiB"}])";
   auto r = LoadTenantConfig(path);
   ASSERT_FALSE(r.ok());

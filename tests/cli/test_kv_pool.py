@@ -18,6 +18,7 @@ def pool(tmp_path_factory):
         pytest.fail(f"dd-kv-pool not built at {exe}", pytrace=False)
     cfg = tmp_path_factory.mktemp("pool") / "tenants.json"
     cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "64MiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     proc = subprocess.Popen([str(exe), f"--tenants={cfg}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # blocks until the pool serves (or exits)
     if "listening on" not in line:
@@ -76,6 +77,7 @@ def test_pool_refuses_ucx_over_tcp_unless_told(tmp_path):
     exe = BIN / "dd-kv-pool"
     cfg = tmp_path / "tenants.json"
     cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "8MiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     env = dict(os.environ, UCX_TLS="tcp,sm,self")
     refused = subprocess.run([str(exe), f"--tenants={cfg}"], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2, refused.stderr
@@ -101,6 +103,7 @@ def test_pool_over_tls(tiny, tmp_path):  # noqa: F811
     assert gen.returncode == 0, gen.stderr
     cfg = tmp_path / "tenants.json"
     cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "64MiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     proc = subprocess.Popen([str(BIN / "dd-kv-pool"), f"--tenants={cfg}", f"--tls_cert={cert}", f"--tls_key={key}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -116,3 +119,13 @@ def test_pool_over_tls(tiny, tmp_path):  # noqa: F811
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_pool_refuses_a_tenants_file_others_can_read(tmp_path):
+    """The tenants file holds every tenant's token: a pool started with one that group or others
+    may read exits 2 naming the fix, before it listens."""
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "8MiB"}]))
+    cfg.chmod(0o644)
+    r = subprocess.run([str(BIN / "dd-kv-pool"), f"--tenants={cfg}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "accessible to group or others (chmod 600 it)" in r.stderr, r.stderr

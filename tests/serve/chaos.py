@@ -52,6 +52,7 @@ class Cluster:
         self.log_dir = Path(log_dir)
         self.cfg = self.log_dir / "tenants.json"
         self.cfg.write_text(json.dumps([{"name": "chaos", "token": TOKEN, "quota": "2GiB"}]))
+        self.cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
         self.env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
         self.lock = threading.Lock()
         self.pool = Proc("pool", ["dd-kv-pool", f"--tenants={self.cfg}", "--lease_ttl_ms=3000"], self.log_dir)

@@ -16,6 +16,7 @@ def cluster(tmp_path_factory):
     logs = tmp_path_factory.mktemp("cluster")
     cfg = logs / "tenants.json"
     cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "4GiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     secret = secret_file(logs, CLUSTER_SECRET)
     procs = []
     try:

@@ -47,6 +47,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "tenants.json"
         cfg.write_text(json.dumps([{"name": "soak", "token": TOKEN, "quota": "2GiB"}]))
+        cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
         env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
         pool = Proc("pool", ["dd-kv-pool", f"--tenants={cfg}"], d)
         router = Proc("router", ["dd-router"], d)

@@ -368,6 +368,7 @@ def test_prefix_reuse_is_scoped_to_the_api_tenant(tmp_path):
     a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
     cfg = tmp_path / "tenants.json"
     cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "1GiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     procs = []
     try:
         pool = Proc("prefix-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
@@ -401,6 +402,7 @@ def test_pool_killed_mid_stream_loses_no_request(tmp_path):
     from serving import TOKEN
     cfg = tmp_path / "tenants.json"
     cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "1GiB"}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
     procs = []
     try:
         pool = Proc("pool", ["dd-kv-pool", f"--tenants={cfg}", "--lease_ttl_ms=3000"], tmp_path)
