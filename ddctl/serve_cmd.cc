@@ -269,7 +269,8 @@ absl::Status RunServe(const CliConfig& cfg) {
   std::unique_ptr<router::OpenAiHttp> http;
   std::string http_at;
   if (const std::string h = router::HttpListenFromFlags(); !h.empty()) {
-    ASSIGN_OR_RETURN(http, router::OpenAiHttp::Start(h, server->InProcessChannel(grpc::ChannelArguments())));
+    ASSIGN_OR_RETURN(http, router::OpenAiHttp::Start(router::HttpOptionsFromFlags(!options.auth.enabled()),
+                                                     server->InProcessChannel(grpc::ChannelArguments())));
     http_at = absl::StrCat(" http ", h.substr(0, h.rfind(':')), ":", http->port());
   }
   node->StartHeartbeats(inside, std::chrono::milliseconds(500), ChannelCredentials(cfg.tls));

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<dd::router::OpenAiHttp> http;
   std::string http_at;
   if (const std::string h = dd::router::HttpListenFromFlags(); !h.empty()) {
-    auto started = dd::router::OpenAiHttp::Start(h, server->InProcessChannel(grpc::ChannelArguments()));
+    auto started = dd::router::OpenAiHttp::Start(dd::router::HttpOptionsFromFlags(!options.auth.enabled()),
+                                                 server->InProcessChannel(grpc::ChannelArguments()));
     if (!started.ok()) {
       std::cerr << "dd-router: " << started.status().message() << "\n";
       return 1;

@@ -1,11 +1,14 @@
 #include "router/openai_http.h"
 
 #include <CivetServer.h>
+#include <arpa/inet.h>
 #include <civetweb.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "nlohmann/json.hpp"
@@ -55,14 +58,37 @@ json ErrorBody(const HttpError& e) {
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void SendJson(mg_connection* c, int status, const json& body) {
+// CORS headers for a request whose Origin header was allowed: every request with one that gets
+// past Handler::Refuse (which matches it exactly against the allow-list) gets its origin back.
+std::string CorsHeaders(mg_connection* c) {
+  const char* origin = mg_get_header(c, "Origin");
+  return origin != nullptr ? absl::StrCat("Access-Control-Allow-Origin: ", origin, "\r\nVary: Origin\r\n") : "";
+}
+
+// `cors` false: a refusal, which must not name the origin it refused.
+void SendJson(mg_connection* c, int status, const json& body, bool cors = true) {
   const std::string text = Dump(body);
-  mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-            status, mg_get_response_code_text(c, status), text.size());
+  mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
+            status, mg_get_response_code_text(c, status), text.size(), cors ? CorsHeaders(c).c_str() : "");
   mg_write(c, text.data(), text.size());
 }
 
-void SendError(mg_connection* c, const HttpError& e) { SendJson(c, e.status, ErrorBody(e)); }
+void SendError(mg_connection* c, const HttpError& e, bool cors = true) { SendJson(c, e.status, ErrorBody(e), cors); }
+
+// The host name of a Host header ("name:port", "[v6]:port", "1.2.3.4"), without the port.
+std::string HostName(absl::string_view host) {
+  if (absl::StartsWith(host, "[")) {
+    const size_t close = host.find(']');
+    return std::string(host.substr(1, close == absl::string_view::npos ? absl::string_view::npos : close - 1));
+  }
+  return std::string(host.substr(0, host.find(':')));
+}
+
+bool IsIpOrLocalhost(const std::string& name) {
+  if (absl::EqualsIgnoreCase(name, "localhost")) return true;
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, name.c_str(), buf) == 1 || inet_pton(AF_INET6, name.c_str(), buf) == 1;
+}
 
 // The request body as a JSON object, read only up to kMaxBody.
 std::optional<json> ReadBody(mg_connection* c, HttpError* err) {
@@ -163,13 +189,52 @@ int64_t Now() {
 }  // namespace
 
 struct OpenAiHttp::Handler : public CivetHandler {
-  explicit Handler(std::shared_ptr<grpc::Channel> channel) : stub(v1::DualDecoder::NewStub(channel)) {}
+  Handler(const HttpOptions& o, std::shared_ptr<grpc::Channel> channel)
+      : options(o), stub(v1::DualDecoder::NewStub(channel)) {}
+
+  // 403 for a browser origin not on the allow-list, or a Host name the endpoint does not
+  // answer (a DNS-rebinding page uses its own name); checked before anything else.
+  std::optional<HttpError> Refuse(mg_connection* c) const {
+    if (const char* host = mg_get_header(c, "Host"); host != nullptr) {
+      const std::string name = HostName(host);
+      const bool listed = std::find(options.allowed_hosts.begin(), options.allowed_hosts.end(), name) !=
+                          options.allowed_hosts.end();
+      if (!options.allowed_hosts.empty() ? !listed : options.open_api && !IsIpOrLocalhost(name)) {
+        return HttpError{403, "invalid_request_error",
+                         absl::StrCat("Host '", name, "' is not served here: ",
+                                      options.allowed_hosts.empty()
+                                          ? "without API keys only IP addresses and localhost are (against DNS "
+                                            "rebinding); list names with --http_allowed_hosts"
+                                          : "it is not in --http_allowed_hosts"),
+                         "host_not_allowed"};
+      }
+    }
+    if (const char* origin = mg_get_header(c, "Origin"); origin != nullptr) {
+      if (std::find(options.cors_origins.begin(), options.cors_origins.end(), origin) == options.cors_origins.end()) {
+        return HttpError{403, "invalid_request_error",
+                         "browser requests from this origin are not allowed (the server's --http_cors_origins)",
+                         "origin_not_allowed"};
+      }
+    }
+    return std::nullopt;
+  }
+
+  // CORS preflight: allowed origins may send GET and POST with Authorization and Content-Type.
+  bool handleOptions(CivetServer*, mg_connection* c) override {
+    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
+    mg_printf(c, "HTTP/1.1 204 No Content\r\n%sAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                 "Access-Control-Allow-Headers: Authorization, Content-Type\r\nAccess-Control-Max-Age: 600\r\n"
+                 "Content-Length: 0\r\nConnection: close\r\n\r\n",
+              CorsHeaders(c).c_str());
+    return true;
+  }
 
   static void Authorize(mg_connection* c, grpc::ClientContext* ctx) {
     if (const char* auth = mg_get_header(c, "Authorization"); auth != nullptr) ctx->AddMetadata("authorization", auth);
   }
 
   bool handleGet(CivetServer*, mg_connection* c) override {
+    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
     const std::string uri = mg_get_request_info(c)->local_uri;
     if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"}), true;
     grpc::ClientContext ctx;
@@ -187,6 +252,7 @@ struct OpenAiHttp::Handler : public CivetHandler {
   }
 
   bool handlePost(CivetServer*, mg_connection* c) override {
+    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
     const std::string uri = mg_get_request_info(c)->local_uri;
     const bool chat = uri == "/v1/chat/completions";
     if (!chat && uri != "/v1/completions") {
@@ -263,7 +329,8 @@ struct OpenAiHttp::Handler : public CivetHandler {
       if (!stream) continue;
       if (!started) {
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Connection: close\r\n\r\n");
+                     "%sConnection: close\r\n\r\n",
+                  CorsHeaders(c).c_str());
       }
       if (!resp.text().empty() || !started) {
         if (!Event(c, Chunk(id, model, chat, resp.text(), !started, std::nullopt))) {
@@ -313,15 +380,20 @@ struct OpenAiHttp::Handler : public CivetHandler {
     return resp.models(0).name();
   }
 
+  HttpOptions options;
   std::unique_ptr<v1::DualDecoder::Stub> stub;
 };
 
-absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const std::string& listen,
+absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const HttpOptions& http,
                                                               std::shared_ptr<grpc::Channel> channel) {
   std::unique_ptr<OpenAiHttp> h(new OpenAiHttp());
-  h->handler_ = std::make_unique<Handler>(std::move(channel));
+  h->handler_ = std::make_unique<Handler>(http, std::move(channel));
+  const std::string& listen = http.listen;
+  // No CORS header from civetweb itself (its default is "*"): the handler sends them for
+  // allowed origins only.
   const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "16",
-                                            "request_timeout_ms", "30000", "enable_keep_alive", "no"};
+                                            "request_timeout_ms", "30000", "enable_keep_alive", "no",
+                                            "access_control_allow_origin", ""};
   try {
     h->server_ = std::make_unique<CivetServer>(options);
   } catch (const std::exception& e) {

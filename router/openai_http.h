@@ -8,12 +8,17 @@
 // gRPC clients. Errors use the API's shape {"error": {"message", "type", "code"}} with the HTTP
 // status of the gRPC code. Request bodies above 8 MiB are refused before they are read; 16
 // connections are served at once, each network read or write may take 30 s at most.
+// Browsers are kept out unless allowed (HttpOptions): a request carrying an Origin header not
+// on the allow-list gets 403 and no CORS header is ever sent for it (civetweb's "*" default is
+// off); with an open API (no keys), only IP-literal or localhost Host headers are answered, so
+// a DNS-rebinding page cannot reach it under its own name.
 // Differences from OpenAI's API: one choice (n = 1), no logprobs or echo, and temperature
 // defaults to 1 as there (the gRPC API's default is greedy).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -22,11 +27,20 @@ class CivetServer;
 
 namespace dd::router {
 
+struct HttpOptions {
+  std::string listen;                     // HOST:PORT (port 0 = pick one)
+  std::vector<std::string> cors_origins;  // browser origins allowed (exact "scheme://host[:port]")
+  // Host header names answered (without port); empty: any with API keys, else IP literals and
+  // localhost only.
+  std::vector<std::string> allowed_hosts;
+  bool open_api = false;  // the router has no API keys
+};
+
 class OpenAiHttp {
  public:
-  // Listens on `listen` (HOST:PORT, port 0 = pick one) and forwards to `channel` (the router's
-  // public gRPC API; Server::InProcessChannel).
-  static absl::StatusOr<std::unique_ptr<OpenAiHttp>> Start(const std::string& listen,
+  // Listens on options.listen and forwards to `channel` (the router's public gRPC API;
+  // Server::InProcessChannel).
+  static absl::StatusOr<std::unique_ptr<OpenAiHttp>> Start(const HttpOptions& options,
                                                           std::shared_ptr<grpc::Channel> channel);
   ~OpenAiHttp();
   int port() const { return port_; }

@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 
@@ -19,9 +20,25 @@ ABSL_FLAG(std::string, http_listen, "",
           "router: OpenAI-compatible HTTP endpoint (/v1/models, /v1/completions, /v1/chat/completions) on "
           "HOST:PORT (port 0 = pick one); empty = off");
 
+ABSL_FLAG(std::string, http_cors_origins, "",
+          "router: browser origins the HTTP endpoint answers (comma-separated, e.g. https://app.example.com); a "
+          "request with any other Origin header gets 403. Empty = no browser access");
+ABSL_FLAG(std::string, http_allowed_hosts, "",
+          "router: Host names the HTTP endpoint answers (comma-separated, no port). Empty = any with API keys; "
+          "without keys only IP addresses and localhost (against DNS rebinding)");
+
 namespace dd::router {
 
 std::string HttpListenFromFlags() { return absl::GetFlag(FLAGS_http_listen); }
+
+HttpOptions HttpOptionsFromFlags(bool open_api) {
+  HttpOptions o;
+  o.listen = absl::GetFlag(FLAGS_http_listen);
+  o.cors_origins = absl::StrSplit(absl::GetFlag(FLAGS_http_cors_origins), ',', absl::SkipWhitespace());
+  o.allowed_hosts = absl::StrSplit(absl::GetFlag(FLAGS_http_allowed_hosts), ',', absl::SkipWhitespace());
+  o.open_api = open_api;
+  return o;
+}
 
 RouterOptions RouterOptionsFromFlags() {
   RouterOptions o;

@@ -1,6 +1,7 @@
 // Router flags, shared by dd-router and the embedded server (`ddctl serve`).
 #pragma once
 
+#include "router/openai_http.h"
 #include "router/router_service.h"
 
 namespace dd::router {
@@ -10,5 +11,8 @@ RouterOptions RouterOptionsFromFlags();
 absl::StatusOr<ApiAuth> ApiAuthFromFlags();
 // --http_listen: the OpenAI-compatible HTTP endpoint's address ("" = off; router/openai_http.h).
 std::string HttpListenFromFlags();
+// The endpoint's options: --http_listen, --http_cors_origins, --http_allowed_hosts; `open_api`
+// when the router has no API keys.
+HttpOptions HttpOptionsFromFlags(bool open_api);
 
 }  // namespace dd::router

@@ -112,3 +112,46 @@ def test_curl_completion(server):
                         f"{server['http']}/completions"], capture_output=True, text=True, timeout=120)
     out = json.loads(r.stdout)
     assert out["usage"]["completion_tokens"] == 4 and out["choices"][0]["text"], out
+
+
+def _http(addr, method, path, headers):
+    import http.client
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read().decode()
+    finally:
+        conn.close()
+
+
+def test_browsers_and_rebound_host_names_are_refused(tmp_path, server):
+    """No CORS unless allowed: a request with an Origin header not on --http_cors_origins gets 403
+    and no Access-Control-Allow-Origin, preflight included; an allowed origin gets its own name
+    back. Without API keys only IP or localhost Host names are answered (a DNS-rebinding page
+    uses its own name); with keys any name is."""
+    p = Proc("serve-open", ["ddctl", "serve", "--model=smollm2", "--http_listen=127.0.0.1:0", "--threads=1",
+                            "--http_cors_origins=https://app.example"], tmp_path)
+    try:
+        status, h, _ = _http(p.http, "GET", "/v1/models", {})
+        assert status == 200 and "access-control-allow-origin" not in h, h
+        status, h, body = _http(p.http, "GET", "/v1/models", {"Origin": "https://evil.example"})
+        assert status == 403 and "origin_not_allowed" in body and "access-control-allow-origin" not in h, (h, body)
+        pre = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+        status, h, _ = _http(p.http, "OPTIONS", "/v1/completions", {"Origin": "https://evil.example", **pre})
+        assert status == 403 and "access-control-allow-origin" not in h, h
+        status, h, _ = _http(p.http, "OPTIONS", "/v1/completions", {"Origin": "https://app.example", **pre})
+        assert status == 204 and h.get("access-control-allow-origin") == "https://app.example", h
+        assert "POST" in h.get("access-control-allow-methods", ""), h
+        status, h, _ = _http(p.http, "GET", "/v1/models", {"Origin": "https://app.example"})
+        assert status == 200 and h.get("access-control-allow-origin") == "https://app.example", h
+        status, h, body = _http(p.http, "GET", "/v1/models", {"Host": "rebound.example:8080"})
+        assert status == 403 and "host_not_allowed" in body, body
+        for name in ("localhost", "127.0.0.1:1", "[::1]:80"):
+            assert _http(p.http, "GET", "/v1/models", {"Host": name})[0] == 200, name
+    finally:
+        p.stop()
+    keyed = server["http"].split("/")[2]
+    status, _, _ = _http(keyed, "GET", "/v1/models", {"Host": "dd-router.dualdecoder.svc", "Authorization": f"Bearer {KEY}"})
+    assert status == 200
