@@ -6,8 +6,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
@@ -39,15 +42,18 @@ void SetTimeouts(int fd, int seconds) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, Lookup lookup) {
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, Lookup lookup,
+                                                         std::vector<uint32_t> allowed_uids) {
   std::unique_ptr<FdServer> s(new FdServer());
   s->lookup_ = std::move(lookup);
+  s->allowed_uids_ = std::move(allowed_uids);
   s->address_ = path.empty() ? absl::StrCat("@dd-kvpool-", getpid(), "-", RandomHex()) : path;
   if (!path.empty()) s->path_ = path;
   socklen_t len = 0;
   auto addr = Address(s->address_, &len);
   if (!addr.ok()) return addr.status();
-  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: the serving loop accepts until the backlog is empty.
+  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   if (!s->path_.empty()) unlink(s->path_.c_str());  // a socket file left by an earlier pool
   if (bind(s->listen_fd_, reinterpret_cast<const sockaddr*>(&*addr), len) != 0 || listen(s->listen_fd_, 64) != 0) {
@@ -70,45 +76,101 @@ FdServer::~FdServer() {
   if (!path_.empty()) unlink(path_.c_str());
 }
 
+namespace {
+
+// One connection being read: its token so far and when it must be complete.
+struct Client {
+  int fd = -1;
+  std::string token;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+void SendFd(int c, int fd) {
+  char byte = 'K';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  (void)sendmsg(c, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // one byte: fits any socket buffer
+}
+
+}  // namespace
+
 void FdServer::Serve() {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kClientTime = std::chrono::seconds(2);
+  std::vector<Client> clients;
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
+    fds.assign({{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}});
+    Clock::time_point next = Clock::time_point::max();
+    for (const Client& cl : clients) {
+      fds.push_back({cl.fd, POLLIN, 0});
+      next = std::min(next, cl.deadline);
     }
-    if (fds[1].revents != 0) return;
-    const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    SetTimeouts(c, 2);
-    std::string token;
-    char buf[128];
-    bool complete = false;
-    while (!complete && token.size() <= kMaxTokenBytes) {
-      const ssize_t n = read(c, buf, sizeof(buf));
-      if (n <= 0) break;
-      token.append(buf, static_cast<size_t>(n));
-      complete = token.find('\n') != std::string::npos;
+    int timeout_ms = -1;
+    if (next != Clock::time_point::max()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::max<int64_t>(0, left) + 1);
     }
-    const int fd = complete && token.size() <= kMaxTokenBytes ? lookup_(token.substr(0, token.find('\n'))) : -1;
-    if (fd >= 0) {
-      char byte = 'K';
-      iovec iov{&byte, 1};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-      (void)sendmsg(c, &msg, MSG_NOSIGNAL);
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
+    if (fds[1].revents != 0) break;
+    const Clock::time_point now = Clock::now();
+    // Existing clients first (their entries follow the two fixed ones, in order).
+    std::vector<Client> kept;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client& cl = clients[i];
+      bool done = false;
+      if (fds[2 + i].revents != 0) {
+        char buf[128];
+        const ssize_t n = read(cl.fd, buf, sizeof(buf));
+        if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+          done = true;  // closed or failed
+        } else if (n > 0) {
+          cl.token.append(buf, static_cast<size_t>(n));
+          if (cl.token.size() > kMaxTokenBytes) {
+            done = true;
+          } else if (const size_t nl = cl.token.find('\n'); nl != std::string::npos) {
+            const int fd = lookup_(absl::string_view(cl.token).substr(0, nl));
+            if (fd >= 0) SendFd(cl.fd, fd);
+            done = true;
+          }
+        }
+      }
+      if (!done && now >= cl.deadline) done = true;  // idle or dripping: its time is up
+      if (done) {
+        close(cl.fd);
+      } else {
+        kept.push_back(std::move(cl));
+      }
     }
-    close(c);
+    clients.swap(kept);
+    if (fds[0].revents != 0) {
+      for (int accepted = 0; accepted < 64; ++accepted) {
+        const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        ucred cred{};
+        socklen_t len = sizeof(cred);
+        const bool known = getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
+                           (cred.uid == geteuid() || std::find(allowed_uids_.begin(), allowed_uids_.end(),
+                                                               cred.uid) != allowed_uids_.end());
+        if (!known || static_cast<int>(clients.size()) >= kMaxClients) {
+          close(c);  // not a user that may have a region, or too many at once
+          continue;
+        }
+        clients.push_back({c, {}, now + kClientTime});
+      }
+    }
   }
+  for (const Client& cl : clients) close(cl.fd);
 }
 
 absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::string& token) {
@@ -141,10 +203,17 @@ absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::strin
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   const ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  const int err = errno;
   close(s);
+  if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("kv pool region socket ", address, ": no answer within 5 s (the pool is busy or stuck)"));
+  }
   const cmsghdr* cm = n == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
   if (cm == nullptr || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-    return absl::PermissionDeniedError("the kv pool refused the region descriptor (unknown token)");
+    return absl::PermissionDeniedError(
+        "the kv pool refused the region descriptor (unknown token, or this user is not allowed: the pool's "
+        "--fd_socket_uids)");
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));

@@ -19,7 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "kv-pool/client/fd_passing.h"
 #include "kv-pool/client/ucx_config.h"
@@ -57,6 +59,9 @@ ABSL_FLAG(bool, ucx_spin_yield, true,
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
           "abstract socket with a fresh name");
+ABSL_FLAG(std::string, fd_socket_uids, "",
+          "Users (numeric uids, comma-separated) besides the pool's own whose processes may ask the region socket "
+          "for a descriptor; others are closed at accept");
 
 namespace {
 
@@ -141,10 +146,22 @@ int main(int argc, char** argv) {
   }
   // shm://: regions are anonymous; a worker gets its tenant's descriptor here, for its token.
   dd::kvpool::Pool& pool_ref = **pool;
-  auto fds = dd::kvpool::FdServer::Start(absl::GetFlag(FLAGS_fd_socket), [&pool_ref](absl::string_view token) {
-    auto t = pool_ref.Authenticate(absl::StrCat("Bearer ", token));
-    return t.ok() ? pool_ref.region_fd(*t) : -1;
-  });
+  std::vector<uint32_t> uids;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_fd_socket_uids), ',', absl::SkipWhitespace())) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(part, &uid)) {
+      std::cerr << "dd-kv-pool: --fd_socket_uids: '" << part << "' is not a numeric uid\n";
+      return 2;
+    }
+    uids.push_back(uid);
+  }
+  auto fds = dd::kvpool::FdServer::Start(
+      absl::GetFlag(FLAGS_fd_socket),
+      [&pool_ref](absl::string_view token) {
+        auto t = pool_ref.Authenticate(absl::StrCat("Bearer ", token));
+        return t.ok() ? pool_ref.region_fd(*t) : -1;
+      },
+      std::move(uids));
   if (!fds.ok()) {
     std::cerr << "dd-kv-pool: " << fds.status().message() << "\n";
     return 1;
