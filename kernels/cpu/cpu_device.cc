@@ -161,12 +161,7 @@ CpuDevice::~CpuDevice() {
 }
 
 absl::StatusOr<DeviceBuffer> CpuDevice::Allocate(MemoryTag tag, int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative allocation of ", bytes, " bytes"));
-  if (budget_ > 0 && bytes > budget_ - total_in_use_) {
-    return absl::ResourceExhaustedError(absl::StrCat("device memory: ", bytes, " bytes of ", MemoryTagName(tag),
-                                                     " do not fit: ", total_in_use_, " of ", budget_,
-                                                     " bytes in use"));
-  }
+  if (absl::Status s = internal::CheckAllocation(tag, bytes, total_in_use_, budget_); !s.ok()) return s;
   constexpr int64_t kAlign = 64;
   const int64_t rounded = (std::max<int64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, static_cast<size_t>(rounded));

@@ -53,12 +53,7 @@ SimDevice::~SimDevice() {
 }
 
 absl::StatusOr<DeviceBuffer> SimDevice::Allocate(MemoryTag tag, int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative allocation of ", bytes, " bytes"));
-  if (budget_ > 0 && bytes > budget_ - total_in_use_) {
-    return absl::ResourceExhaustedError(absl::StrCat("device memory: ", bytes, " bytes of ", MemoryTagName(tag),
-                                                     " do not fit: ", total_in_use_, " of ", budget_,
-                                                     " bytes in use"));
-  }
+  if (absl::Status s = internal::CheckAllocation(tag, bytes, total_in_use_, budget_); !s.ok()) return s;
   const size_t page = PageSize();
   const size_t mapped = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + page - 1) / page * page;
   void* p = mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -33,6 +33,22 @@ absl::StatusOr<sockaddr_un> Address(const std::string& address, socklen_t* len) 
   return a;
 }
 
+// A one-byte message with room for one descriptor (SCM_RIGHTS), for sendmsg and recvmsg.
+struct FdMessage {
+  char byte = 'K';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 void SetTimeouts(int fd, int seconds) {
   timeval tv{seconds, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -86,14 +102,8 @@ struct Client {
 };
 
 void SendFd(int c, int fd) {
-  char byte = 'K';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  FdMessage m;
+  msghdr& msg = m.msg;
   cmsghdr* cm = CMSG_FIRSTHDR(&msg);
   cm->cmsg_level = SOL_SOCKET;
   cm->cmsg_type = SCM_RIGHTS;
@@ -194,14 +204,8 @@ absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::strin
     close(s);
     return absl::UnavailableError(absl::StrCat("kv pool region socket ", address, ": send failed"));
   }
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  FdMessage m;
+  msghdr& msg = m.msg;
   const ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
   const int err = errno;
   close(s);

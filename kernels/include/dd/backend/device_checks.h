@@ -21,6 +21,17 @@ inline absl::Status CheckRange(const char* what, int64_t offset, int64_t bytes, 
   return absl::OkStatus();
 }
 
+// An allocation of `bytes` for `tag` with `in_use` of `budget` bytes taken (0 = unlimited):
+// INVALID_ARGUMENT when negative, RESOURCE_EXHAUSTED with the figures when it does not fit.
+inline absl::Status CheckAllocation(MemoryTag tag, int64_t bytes, int64_t in_use, int64_t budget) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative allocation of ", bytes, " bytes"));
+  if (budget > 0 && bytes > budget - in_use) {
+    return absl::ResourceExhaustedError(absl::StrCat("device memory: ", bytes, " bytes of ", MemoryTagName(tag),
+                                                     " do not fit: ", in_use, " of ", budget, " bytes in use"));
+  }
+  return absl::OkStatus();
+}
+
 // Host regions by id. Lookup checks that a region handed back is one registered here.
 class HostRegions {
  public:
