@@ -199,10 +199,17 @@ absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::strin
     return absl::FailedPreconditionError(absl::StrCat("kv pool region socket ", address, " cannot be reached (",
                                                       std::strerror(err), "): shm:// needs the pool on this host"));
   }
+  constexpr char kRefused[] =
+      "the kv pool refused the region descriptor (unknown token, or this user is not allowed: the pool's "
+      "--fd_socket_uids)";
   const std::string line = token + "\n";
   if (send(s, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    const int err = errno;
     close(s);
-    return absl::UnavailableError(absl::StrCat("kv pool region socket ", address, ": send failed"));
+    // A pool that closed the connection before reading the token refused this user.
+    if (err == EPIPE || err == ECONNRESET) return absl::PermissionDeniedError(kRefused);
+    return absl::UnavailableError(absl::StrCat("kv pool region socket ", address, ": send failed (",
+                                               std::strerror(err), ")"));
   }
   FdMessage m;
   msghdr& msg = m.msg;
@@ -215,9 +222,7 @@ absl::StatusOr<int> ReceiveRegionFd(const std::string& address, const std::strin
   }
   const cmsghdr* cm = n == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
   if (cm == nullptr || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-    return absl::PermissionDeniedError(
-        "the kv pool refused the region descriptor (unknown token, or this user is not allowed: the pool's "
-        "--fd_socket_uids)");
+    return absl::PermissionDeniedError(kRefused);
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
