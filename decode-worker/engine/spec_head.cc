@@ -113,37 +113,27 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
     cache_rows_.resize(cached_.size() * d);
     ops.DequantizeRows(out, absl::MakeConstSpan(cached_).subspan(first_new), cache_rows_.data() + first_new * d);
   }
-  // Cached rows first; rows past the cache's cap are dequantized for this call only, a bounded
-  // piece at a time.
+  // Cached rows from the cache; rows past its cap are dequantized and scored one at a time.
   score_.resize(n);
   row_ptrs_.clear();
   scored_.clear();
   uncached_.clear();
+  uncached_at_.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t at = cache_index_[ids[i]];
     if (at >= 0) {
       row_ptrs_.push_back(cache_rows_.data() + static_cast<int64_t>(at) * d);
       scored_.push_back(i);
     } else {
-      uncached_.push_back(static_cast<int32_t>(i));
+      uncached_.push_back(ids[i]);
+      uncached_at_.push_back(i);
     }
   }
-  piece_scores_.resize(std::max<size_t>(row_ptrs_.size(), kUncachedPiece));
+  piece_scores_.resize(std::max(row_ptrs_.size(), uncached_.size()));
   ops.DotRows(row_ptrs_, hidden, d, piece_scores_.data());
   for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = piece_scores_[j];
-  for (size_t p = 0; p < uncached_.size(); p += kUncachedPiece) {
-    const size_t m = std::min(kUncachedPiece, uncached_.size() - p);
-    piece_ids_.resize(m);
-    row_ptrs_.resize(m);
-    uncached_rows_.resize(m * d);
-    for (size_t j = 0; j < m; ++j) {
-      piece_ids_[j] = ids[uncached_[p + j]];
-      row_ptrs_[j] = uncached_rows_.data() + j * d;
-    }
-    ops.DequantizeRows(out, piece_ids_, uncached_rows_.data());
-    ops.DotRows(row_ptrs_, hidden, d, piece_scores_.data());
-    for (size_t j = 0; j < m; ++j) score_[uncached_[p + j]] = piece_scores_[j];
-  }
+  ops.ScoreRows(out, uncached_, hidden, piece_scores_.data());
+  for (size_t j = 0; j < uncached_at_.size(); ++j) score_[uncached_at_[j]] = piece_scores_[j];
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
     if (score_[i] > score_[best]) best = i;

@@ -75,12 +75,12 @@ class ContextShortlist {
   std::vector<int32_t> cache_index_;  // per vocabulary id: its row in cache_rows_, or -1
   std::vector<int32_t> cached_;       // the ids held, in the order cached
   std::vector<float> cache_rows_;     // cached_.size() rows of n_embd floats
-  // Argmax's scratch, kept across calls: rows to score, their places, rows past the cap.
-  static constexpr size_t kUncachedPiece = 256;
+  // Argmax's scratch, kept across calls: cached rows and their places, rows past the cap and
+  // their places, scores.
   std::vector<const float*> row_ptrs_;
-  std::vector<int64_t> scored_;
-  std::vector<int32_t> uncached_, piece_ids_;
-  std::vector<float> uncached_rows_, piece_scores_, score_;
+  std::vector<int64_t> scored_, uncached_at_;
+  std::vector<int32_t> uncached_;
+  std::vector<float> piece_scores_, score_;
 };
 
 }  // namespace dd::engine

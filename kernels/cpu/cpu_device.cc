@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cpu/attention_rows.h"
@@ -147,6 +148,23 @@ void CpuOps::DotRows(absl::Span<const float* const> rows, const float* x, int64_
     for (int64_t i = b; i < e; ++i) out[i] = kernels::Dot(rows[i], x, d);
   };
   // ~0.1 µs a row: split only when it pays for the wake-ups.
+  if (pool_.active() > 1 && n >= 2048) {
+    pool_.ParallelFor(n, run);
+  } else {
+    run(0, n);
+  }
+}
+
+void CpuOps::ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
+  const int64_t n = static_cast<int64_t>(ids.size()), d = w.cols;
+  auto run = [&](int64_t b, int64_t e) {
+    std::vector<float> row(d);  // one dequantized row at a time per thread
+    for (int64_t i = b; i < e; ++i) {
+      kernels::DequantizeRow(w.type, w.data + ids[i] * w.row_bytes, row.data(), d);
+      out[i] = kernels::Dot(row.data(), x, d);
+    }
+  };
+  // ~1 µs a row: split only when it pays for the wake-ups.
   if (pool_.active() > 1 && n >= 2048) {
     pool_.ParallelFor(n, run);
   } else {

@@ -192,6 +192,15 @@ TEST(CpuOpsTest, RowsGiveTheReferenceKernelsBitsWhateverTheBatch) {
   std::vector<float> sum = x;
   ops1.Add(sum.data(), y.data(), kRows * kCols);
   EXPECT_EQ(sum[17], x[17] + y[17]);
+  // The context head: scoring rows of a weight matrix equals dequantizing then dotting them.
+  const int32_t ids[] = {5, 0, 47};
+  std::vector<float> scores(3), deq(3 * kCols), dots(3);
+  ops2.ScoreRows(wv, ids, x.data(), scores.data());
+  ops1.DequantizeRows(wv, ids, deq.data());
+  const float* rows[] = {&deq[0], &deq[kCols], &deq[2 * kCols]};
+  ops1.DotRows(rows, x.data(), kCols, dots.data());
+  EXPECT_EQ(scores, dots);
+  EXPECT_EQ(scores[2], kernels::Dot(&w[47 * kCols], x.data(), kCols));
   std::vector<float> capped = {-100.0f, 0.0f, 3.0f};
   ops1.Softcap(capped.data(), 3, 30.0f);
   EXPECT_FLOAT_EQ(capped[0], 30.0f * std::tanh(-100.0f / 30.0f));

@@ -191,4 +191,12 @@ void SimOps::DotRows(absl::Span<const float* const> rows, const float* x, int64_
   device_.Submit(Queue::kCompute, "DotRows", std::move(acc), [this, list, x, d, out] { cpu_.DotRows(list, x, d, out); });
 }
 
+void SimOps::ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
+  Accesses acc;
+  acc.Read(x, w.cols * kF);
+  acc.Write(out, static_cast<int64_t>(ids.size()) * kF);
+  std::vector<int32_t> list(ids.begin(), ids.end());
+  device_.Submit(Queue::kCompute, "ScoreRows", std::move(acc), [this, w, list, x, out] { cpu_.ScoreRows(w, list, x, out); });
+}
+
 }  // namespace dd::backend::sim

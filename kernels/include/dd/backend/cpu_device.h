@@ -42,6 +42,7 @@ class CpuOps final : public Ops {
                  int64_t ld) override;
   void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
+  void ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) override;
 
  private:
   ThreadPool& pool_;

@@ -133,6 +133,10 @@ class Ops {
   virtual void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) = 0;
   // out[i] = rows[i] · x over d floats.
   virtual void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) = 0;
+  // out[i] = (row ids[i] of w, dequantized) · x over w.cols floats: the same bits as
+  // DequantizeRows then DotRows, without holding the dequantized rows.
+  virtual void ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x,
+                         float* out) = 0;
 };
 
 }  // namespace dd::backend
