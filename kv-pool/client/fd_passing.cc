@@ -119,9 +119,13 @@ void FdServer::Serve() {
   constexpr auto kClientTime = std::chrono::seconds(2);
   std::vector<Client> clients;
   std::vector<pollfd> fds;
+  // Accepting pauses briefly when it fails for want of descriptors (EMFILE): the pending
+  // connection would otherwise keep the listening socket readable and the loop spinning.
+  Clock::time_point accept_paused_until{};
   for (;;) {
-    fds.assign({{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}});
-    Clock::time_point next = Clock::time_point::max();
+    const bool accepting = Clock::now() >= accept_paused_until;
+    fds.assign({{accepting ? listen_fd_ : -1, POLLIN, 0}, {wake_fd_, POLLIN, 0}});
+    Clock::time_point next = accepting ? Clock::time_point::max() : accept_paused_until;
     for (const Client& cl : clients) {
       fds.push_back({cl.fd, POLLIN, 0});
       next = std::min(next, cl.deadline);
@@ -166,7 +170,12 @@ void FdServer::Serve() {
     if (fds[0].revents != 0) {
       for (int accepted = 0; accepted < 64; ++accepted) {
         const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (c < 0) break;
+        if (c < 0) {
+          if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+            accept_paused_until = now + std::chrono::milliseconds(100);
+          }
+          break;
+        }
         ucred cred{};
         socklen_t len = sizeof(cred);
         const bool known = getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
