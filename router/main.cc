@@ -78,9 +78,10 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<dd::router::OpenAiHttp> http;
   std::string http_at;
-  if (const std::string h = dd::router::HttpListenFromFlags(); !h.empty()) {
-    auto started = dd::router::OpenAiHttp::Start(dd::router::HttpOptionsFromFlags(!options.auth.enabled()),
-                                                 server->InProcessChannel(grpc::ChannelArguments()));
+  if (const auto http_options = dd::router::HttpOptionsFromFlags(!options.auth.enabled());
+      !http_options.listen.empty()) {
+    const std::string& h = http_options.listen;
+    auto started = dd::router::OpenAiHttp::Start(http_options, server->InProcessChannel(grpc::ChannelArguments()));
     if (!started.ok()) {
       std::cerr << "dd-router: " << started.status().message() << "\n";
       return 1;

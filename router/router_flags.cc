@@ -29,8 +29,6 @@ ABSL_FLAG(std::string, http_allowed_hosts, "",
 
 namespace dd::router {
 
-std::string HttpListenFromFlags() { return absl::GetFlag(FLAGS_http_listen); }
-
 HttpOptions HttpOptionsFromFlags(bool open_api) {
   HttpOptions o;
   o.listen = absl::GetFlag(FLAGS_http_listen);

@@ -9,10 +9,8 @@ namespace dd::router {
 RouterOptions RouterOptionsFromFlags();
 // --api_keys_file and --operator_key_file, loaded (errors name the file and the problem).
 absl::StatusOr<ApiAuth> ApiAuthFromFlags();
-// --http_listen: the OpenAI-compatible HTTP endpoint's address ("" = off; router/openai_http.h).
-std::string HttpListenFromFlags();
-// The endpoint's options: --http_listen, --http_cors_origins, --http_allowed_hosts; `open_api`
-// when the router has no API keys.
+// The OpenAI-compatible HTTP endpoint's options (router/openai_http.h): --http_listen (""
+// = off), --http_cors_origins, --http_allowed_hosts; `open_api` when the router has no API keys.
 HttpOptions HttpOptionsFromFlags(bool open_api);
 
 }  // namespace dd::router
