@@ -190,9 +190,19 @@ absl::StatusOr<DeviceBuffer> CpuDevice::Allocate(MemoryTag tag, int64_t bytes) {
   return DeviceBuffer{p, bytes, tag};
 }
 
+absl::StatusOr<DeviceBuffer> CpuDevice::Upload(MemoryTag tag, const void* src, int64_t bytes) {
+  if (absl::Status s = internal::CheckAllocation(tag, bytes, total_in_use_, budget_); !s.ok()) return s;
+  if (src == nullptr || bytes == 0) return absl::InvalidArgumentError("upload of no bytes");
+  in_place_.insert(src);
+  in_use_[static_cast<int>(tag)] += bytes;
+  total_in_use_ += bytes;
+  ++live_buffers_;
+  return DeviceBuffer{const_cast<void*>(src), bytes, tag};
+}
+
 void CpuDevice::Free(DeviceBuffer& buf) {
   if (buf.data == nullptr) return;
-  std::free(buf.data);
+  if (in_place_.erase(buf.data) == 0) std::free(buf.data);
   in_use_[static_cast<int>(buf.tag)] -= buf.bytes;
   total_in_use_ -= buf.bytes;
   --live_buffers_;
@@ -213,6 +223,16 @@ absl::Status CpuDevice::CopyToDevice(Queue, const void* src, const DeviceBuffer&
 absl::Status CpuDevice::CopyToHost(Queue, const DeviceBuffer& src, int64_t src_offset, void* dst, int64_t bytes) {
   if (absl::Status s = CheckRange("copy to host", src_offset, bytes, src.bytes); !s.ok()) return s;
   if (bytes > 0) std::memcpy(dst, static_cast<const char*>(src.data) + src_offset, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Copy(Queue, const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
+                             int64_t dst_offset, int64_t bytes) {
+  if (absl::Status s = internal::CheckCopy(src, src_offset, dst, dst_offset, bytes); !s.ok()) return s;
+  if (bytes > 0) {
+    std::memcpy(static_cast<char*>(dst.data) + dst_offset, static_cast<const char*>(src.data) + src_offset,
+                static_cast<size_t>(bytes));
+  }
   return absl::OkStatus();
 }
 

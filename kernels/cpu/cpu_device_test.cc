@@ -44,6 +44,42 @@ TEST(CpuDeviceTest, AllocationsAreCountedByTagAndBoundedByTheBudget) {
   EXPECT_EQ(dev.bytes_in_use(), 0);
 }
 
+TEST(CpuDeviceTest, UploadsUseTheHostMemoryInPlaceAndCountAgainstTheBudget) {
+  ThreadPool pool(1);
+  CpuDevice dev(1000, pool);
+  std::vector<float> weights(200, 0.5f);
+  auto w = dev.Upload(MemoryTag::kWeights, weights.data(), 800);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->data, weights.data());
+  EXPECT_EQ(dev.bytes_in_use(MemoryTag::kWeights), 800);
+  EXPECT_EQ(dev.Upload(MemoryTag::kWeights, weights.data(), 201).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(dev.Upload(MemoryTag::kWeights, nullptr, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  dev.Free(*w);  // must not free the caller's memory (ASan would say so)
+  EXPECT_EQ(dev.bytes_in_use(), 0);
+  EXPECT_EQ(weights[199], 0.5f);
+}
+
+TEST(CpuDeviceTest, DeviceToDeviceCopiesAreCheckedAndRefuseOverlap) {
+  ThreadPool pool(1);
+  CpuDevice dev(0, pool);
+  auto a = dev.Allocate(MemoryTag::kWorkspace, 16);
+  auto b = dev.Allocate(MemoryTag::kKv, 16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(dev.CopyToDevice(Queue::kCompute, "abcdefghijklmnop", *a, 0, 16).ok());
+  ASSERT_TRUE(dev.Copy(Queue::kCompute, *a, 2, *b, 8, 8).ok());
+  char out[8] = {};
+  ASSERT_TRUE(dev.CopyToHost(Queue::kCompute, *b, 8, out, 8).ok());
+  EXPECT_EQ(std::string(out, 8), "cdefghij");
+  EXPECT_EQ(dev.Copy(Queue::kCompute, *a, 9, *b, 0, 8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.Copy(Queue::kCompute, *a, 0, *b, 9, 8).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status overlap = dev.Copy(Queue::kCompute, *a, 0, *a, 4, 8);
+  EXPECT_EQ(overlap.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.message().find("overlapping"), std::string::npos) << overlap;
+  EXPECT_TRUE(dev.Copy(Queue::kCompute, *a, 0, *a, 8, 8).ok());  // adjacent, not overlapping
+  dev.Free(*a);
+  dev.Free(*b);
+}
+
 TEST(CpuDeviceTest, CopiesAreCheckedAgainstTheBuffer) {
   ThreadPool pool(1);
   CpuDevice dev(0, pool);

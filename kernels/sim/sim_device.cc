@@ -146,6 +146,8 @@ void SimDevice::Check(int q, const Range& r, bool write, const std::string& what
 
 void SimDevice::Submit(Queue queue, const std::string& what, Accesses acc, std::function<void()> fn) {
   const int q = static_cast<int>(queue);
+  // Work the host submits after it synchronized with an event starts after that event.
+  for (int k = 0; k < kQueues; ++k) knows_[q][k] = std::max(knows_[q][k], host_knows_[k]);
   for (const Range& r : acc.reads) Check(q, r, /*write=*/false, what);
   for (const Range& r : acc.writes) Check(q, r, /*write=*/true, what);
   QueueState& qs = queues_[q];
@@ -239,6 +241,32 @@ absl::Status SimDevice::CopyToHost(Queue q, const DeviceBuffer& src, int64_t src
   acc.Read(from, bytes);
   Submit(q, absl::StrCat("copy from ", MemoryTagName(src.tag)), std::move(acc),
          [dst, from, bytes] { std::memcpy(dst, from, static_cast<size_t>(bytes)); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> SimDevice::Upload(MemoryTag tag, const void* src, int64_t bytes) {
+  if (src == nullptr || bytes == 0) return absl::InvalidArgumentError("upload of no bytes");
+  auto buf = Allocate(tag, bytes);
+  if (!buf.ok()) return buf.status();
+  absl::Status s = CopyToDevice(Queue::kCompute, src, *buf, 0, bytes);
+  if (s.ok()) s = Synchronize(Record(Queue::kCompute));
+  if (!s.ok()) {
+    Free(*buf);
+    return s;
+  }
+  return buf;
+}
+
+absl::Status SimDevice::Copy(Queue q, const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
+                             int64_t dst_offset, int64_t bytes) {
+  if (absl::Status s = internal::CheckCopy(src, src_offset, dst, dst_offset, bytes); !s.ok()) return s;
+  const char* from = static_cast<const char*>(src.data) + src_offset;
+  char* to = static_cast<char*>(dst.data) + dst_offset;
+  Accesses acc;
+  acc.Read(from, bytes);
+  acc.Write(to, bytes);
+  Submit(q, absl::StrCat("copy ", MemoryTagName(src.tag), " to ", MemoryTagName(dst.tag)), std::move(acc),
+         [to, from, bytes] { std::memcpy(to, from, static_cast<size_t>(bytes)); });
   return absl::OkStatus();
 }
 

@@ -85,6 +85,7 @@ class SimDevice final : public Device {
   int64_t budget() const override { return budget_; }
   int64_t bytes_in_use(MemoryTag tag) const override { return in_use_[static_cast<int>(tag)]; }
   int64_t bytes_in_use() const override { return total_in_use_; }
+  absl::StatusOr<DeviceBuffer> Upload(MemoryTag tag, const void* src, int64_t bytes) override;
 
   Event Record(Queue q) override;
   void Wait(Queue q, const Event& e) override;
@@ -93,6 +94,8 @@ class SimDevice final : public Device {
   absl::Status CopyToDevice(Queue q, const void* src, const DeviceBuffer& dst, int64_t dst_offset,
                             int64_t bytes) override;
   absl::Status CopyToHost(Queue q, const DeviceBuffer& src, int64_t src_offset, void* dst, int64_t bytes) override;
+  absl::Status Copy(Queue q, const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
+                    int64_t dst_offset, int64_t bytes) override;
   absl::StatusOr<HostRegion> RegisterHostRegion(const void* base, int64_t bytes) override;
   void UnregisterHostRegion(const HostRegion& region) override;
   absl::Status Gather(Queue q, const HostRegion& region, absl::Span<const GatherBlock> blocks, int64_t block_bytes,

@@ -95,6 +95,34 @@ TEST_F(SimDeviceTest, AGatherOverSlotsStillBeingReadAbortsUnlessItWaits) {
   }
 }
 
+TEST_F(SimDeviceTest, UploadsCopyAndDeviceCopiesAreOrderedLikeOtherWork) {
+  std::vector<float> weights(kN, 4.0f), out(kN);
+  for (bool wait : {true, false}) {
+    auto body = [&] {
+      auto dev = Make();
+      auto w = dev->Upload(MemoryTag::kWeights, weights.data(), kN * 4);
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_NE(w->data, weights.data());  // a copy in the device arena
+      auto slots = dev->Allocate(MemoryTag::kResidentSlots, kN * 4);
+      ASSERT_TRUE(slots.ok());
+      ASSERT_TRUE(dev->Copy(Queue::kPrefetch, *w, 0, *slots, 0, kN * 4).ok());
+      if (wait) dev->Wait(Queue::kCompute, dev->Record(Queue::kPrefetch));
+      ASSERT_TRUE(dev->CopyToHost(Queue::kCompute, *slots, 0, out.data(), kN * 4).ok());
+      ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kCompute)).ok());
+      ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kPrefetch)).ok());
+      EXPECT_EQ(out[kN - 1], 4.0f);
+      dev->Free(*w);
+      dev->Free(*slots);
+    };
+    if (wait) {
+      body();
+    } else {
+      EXPECT_DEATH(body(), "hazard: compute #2 \\(copy from resident_slots\\) reads resident_slots bytes "
+                           "\\[0, 4096\\), which prefetch #1 \\(copy weights to resident_slots\\) writes");
+    }
+  }
+}
+
 TEST_F(SimDeviceTest, OrderingIsTransitiveThroughEvents) {
   // prefetch writes; compute waits for it and records; write-back waits for compute and reads.
   auto dev = Make();

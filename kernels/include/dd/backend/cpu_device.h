@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <unordered_set>
 
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
@@ -61,6 +62,7 @@ class CpuDevice final : public Device {
   int64_t budget() const override { return budget_; }
   int64_t bytes_in_use(MemoryTag tag) const override { return in_use_[static_cast<int>(tag)]; }
   int64_t bytes_in_use() const override { return total_in_use_; }
+  absl::StatusOr<DeviceBuffer> Upload(MemoryTag tag, const void* src, int64_t bytes) override;
 
   Event Record(Queue q) override;
   void Wait(Queue, const Event&) override {}  // inline queues: every event is complete
@@ -70,6 +72,8 @@ class CpuDevice final : public Device {
                             int64_t bytes) override;
   absl::Status CopyToHost(Queue q, const DeviceBuffer& src, int64_t src_offset, void* dst, int64_t bytes) override;
 
+  absl::Status Copy(Queue q, const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
+                    int64_t dst_offset, int64_t bytes) override;
   absl::StatusOr<HostRegion> RegisterHostRegion(const void* base, int64_t bytes) override;
   void UnregisterHostRegion(const HostRegion& region) override;
   absl::Status Gather(Queue q, const HostRegion& region, absl::Span<const GatherBlock> blocks, int64_t block_bytes,
@@ -82,6 +86,7 @@ class CpuDevice final : public Device {
   std::array<int64_t, static_cast<int>(MemoryTag::kCount)> in_use_{};
   int64_t total_in_use_ = 0;
   int64_t live_buffers_ = 0;
+  std::unordered_set<const void*> in_place_;  // uploads that use the caller's memory
   std::array<uint64_t, static_cast<int>(Queue::kCount)> recorded_{};
   internal::HostRegions regions_;
   CpuOps ops_;

@@ -92,6 +92,11 @@ class Device {
   virtual int64_t budget() const = 0;
   virtual int64_t bytes_in_use(MemoryTag tag) const = 0;
   virtual int64_t bytes_in_use() const = 0;
+  // A buffer for `tag` holding the `bytes` at host address `src`, complete when it returns:
+  // how weights reach the device. The caller keeps `src` alive and unchanged while the buffer
+  // lives; a backend whose device memory is host memory uses it in place (cpu). The bytes
+  // count against the budget either way; Free returns them.
+  [[nodiscard]] virtual absl::StatusOr<DeviceBuffer> Upload(MemoryTag tag, const void* src, int64_t bytes) = 0;
 
   // ---- ordering ----
   // Marks the point after everything submitted to `q` so far.
@@ -109,6 +114,11 @@ class Device {
                                                   int64_t dst_offset, int64_t bytes) = 0;
   [[nodiscard]] virtual absl::Status CopyToHost(Queue q, const DeviceBuffer& src, int64_t src_offset, void* dst,
                                                 int64_t bytes) = 0;
+
+  // Enqueued on `q`: `bytes` from `src` at `src_offset` to `dst` at `dst_offset`, both device
+  // buffers. Ranges are checked (INVALID_ARGUMENT, nothing copied), and must not overlap.
+  [[nodiscard]] virtual absl::Status Copy(Queue q, const DeviceBuffer& src, int64_t src_offset,
+                                          const DeviceBuffer& dst, int64_t dst_offset, int64_t bytes) = 0;
 
   // ---- host regions and gathers ----
   [[nodiscard]] virtual absl::StatusOr<HostRegion> RegisterHostRegion(const void* base, int64_t bytes) = 0;

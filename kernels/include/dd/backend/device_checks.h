@@ -21,6 +21,20 @@ inline absl::Status CheckRange(const char* what, int64_t offset, int64_t bytes, 
   return absl::OkStatus();
 }
 
+// A device-to-device copy: both ranges inside their buffers, not overlapping.
+inline absl::Status CheckCopy(const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
+                              int64_t dst_offset, int64_t bytes) {
+  if (absl::Status s = CheckRange("copy source", src_offset, bytes, src.bytes); !s.ok()) return s;
+  if (absl::Status s = CheckRange("copy destination", dst_offset, bytes, dst.bytes); !s.ok()) return s;
+  const auto a = reinterpret_cast<uintptr_t>(src.data) + static_cast<uintptr_t>(src_offset);
+  const auto b = reinterpret_cast<uintptr_t>(dst.data) + static_cast<uintptr_t>(dst_offset);
+  const auto n = static_cast<uintptr_t>(bytes);
+  if (n > 0 && a < b + n && b < a + n) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes between overlapping ranges"));
+  }
+  return absl::OkStatus();
+}
+
 // An allocation of `bytes` for `tag` with `in_use` of `budget` bytes taken (0 = unlimited):
 // INVALID_ARGUMENT when negative, RESOURCE_EXHAUSTED with the figures when it does not fit.
 inline absl::Status CheckAllocation(MemoryTag tag, int64_t bytes, int64_t in_use, int64_t budget) {
