@@ -1,27 +1,132 @@
 #include "decode-worker/engine/dense_kv_cache.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "decode-worker/engine/attention_ops.h"
+#include "glog/logging.h"
 
 namespace dd::engine {
 
-DenseKvCache::DenseKvCache(const model::ModelConfig& config, backend::Ops& ops) : config_(config), ops_(ops) {}
+using backend::MemoryTag;
+using backend::Queue;
+
+DenseKvCache::DenseKvCache(const model::ModelConfig& config, backend::Device& device)
+    : config_(config), device_(device) {}
+
+DenseKvCache::~DenseKvCache() {
+  for (size_t s = 0; s < slots_.size(); ++s) Reset(static_cast<int32_t>(s));
+}
 
 DenseKvCache::Slot& DenseKvCache::GetSlot(int32_t seq) {
   if (seq >= static_cast<int32_t>(slots_.size())) slots_.resize(seq + 1);
   Slot& s = slots_[seq];
-  if (s.k.empty()) {
-    s.k.resize(config_.n_layer);
-    s.v.resize(config_.n_layer);
-    s.ring.assign(config_.n_layer, 0);
-    s.length.assign(config_.n_layer, 0);
-    s.spec_pos.assign(config_.n_layer, -1);
-  }
+  if (s.layers.empty()) s.layers.resize(config_.n_layer);
   return s;
+}
+
+void DenseKvCache::FreeLayer(Layer& L) {
+  device_.Free(L.k);
+  device_.Free(L.v);
+  L = Layer();
+}
+
+void DenseKvCache::Reset(int32_t seq) {
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].layers.empty()) return;
+  // Attention still queued may read the buffers: the queue finishes before they are freed.
+  const absl::Status st = device_.Synchronize(device_.Record(Queue::kCompute));
+  LOG_IF(ERROR, !st.ok()) << "dense KV: compute queue failed before freeing slot " << seq << ": " << st;
+  for (Layer& L : slots_[seq].layers) FreeLayer(L);
+  slots_[seq] = Slot();
+}
+
+absl::Status DenseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
+  if (seq < 0 || prompt_tokens <= 0 || total_tokens < prompt_tokens || pass_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dense KV reservation: slot ", seq, ", ", prompt_tokens,
+                                                   " prompt tokens, ", total_tokens, " in all, passes of ", pass_rows));
+  }
+  Slot& slot = GetSlot(seq);
+  for (const Layer& L : slot.layers) {
+    if (L.cap > 0 || L.length > 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is in use"));
+  }
+  const int64_t window = config_.sliding_window;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const bool sliding = config_.layer_is_swa[l];
+    const int64_t cap = sliding ? std::max(window + 1, window - 1 + std::min(prompt_tokens, pass_rows)) : total_tokens;
+    if (absl::Status st = Resize(slot.layers[l], cap, sliding, 0); !st.ok()) {
+      Reset(seq);
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::FinishPrefill(int32_t seq) {
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size())) return absl::OkStatus();
+  const int64_t ring = config_.sliding_window + 1;
+  for (Layer& L : slots_[seq].layers) {
+    if (L.ring > ring) RETURN_IF_ERROR(Resize(L, ring, true, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::Resize(Layer& L, int64_t cap, bool ring, int64_t keep_from) {
+  const int64_t row = RowBytes();
+  Layer N;
+  N.cap = cap;
+  N.ring = ring ? cap : 0;
+  N.length = L.length;
+  N.spec_pos = L.spec_pos;
+  ASSIGN_OR_RETURN(N.k, device_.Allocate(MemoryTag::kKv, cap * row));
+  auto v = device_.Allocate(MemoryTag::kKv, cap * row);
+  if (!v.ok()) {
+    device_.Free(N.k);
+    return v.status();
+  }
+  N.v = *v;
+  // What L stores: [.., end), the last speculative row included; N keeps what fits of it.
+  const int64_t end = L.length + (L.spec_pos == L.length ? 1 : 0);
+  int64_t from = std::max<int64_t>(keep_from, 0);
+  if (L.ring > 0) from = std::max(from, end - L.ring);
+  if (N.ring > 0) from = std::max(from, end - N.ring);
+  for (int64_t a = from; a < end && L.cap > 0;) {
+    // A run of positions contiguous in both layouts.
+    int64_t len = end - a;
+    if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
+    if (N.ring > 0) len = std::min(len, N.ring - a % N.ring);
+    RETURN_IF_ERROR(device_.Copy(Queue::kCompute, L.k, RowOf(L, a) * row, N.k, RowOf(N, a) * row, len * row));
+    RETURN_IF_ERROR(device_.Copy(Queue::kCompute, L.v, RowOf(L, a) * row, N.v, RowOf(N, a) * row, len * row));
+    a += len;
+  }
+  if (L.cap > 0) {
+    RETURN_IF_ERROR(device_.Synchronize(device_.Record(Queue::kCompute)));
+    FreeLayer(L);
+  }
+  L = N;
+  return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::StoreRows(Layer& L, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf,
+                                     const float* k, const float* v) {
+  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+  for (int64_t a = p0; a < p1;) {
+    int64_t len = p1 - a;
+    if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
+    const int64_t dst = RowOf(L, a) * row, i = (a - p0) * kv_dim;
+    if (src_buf) {
+      const auto offset = [&](const float* p) {
+        return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(src_buf.data));
+      };
+      RETURN_IF_ERROR(device_.Copy(Queue::kCompute, src_buf, offset(k + i), L.k, dst, len * row));
+      RETURN_IF_ERROR(device_.Copy(Queue::kCompute, src_buf, offset(v + i), L.v, dst, len * row));
+    } else {
+      RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, k + i, L.k, dst, len * row));
+      RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, v + i, L.v, dst, len * row));
+    }
+    a += len;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DenseKvCache::KeepSpeculative(int32_t seq, int64_t layers) {
@@ -30,80 +135,97 @@ absl::Status DenseKvCache::KeepSpeculative(int32_t seq, int64_t layers) {
   }
   Slot& slot = GetSlot(seq);
   for (int64_t l = 0; l < layers; ++l) {
-    if (slot.spec_pos[l] < 0 || slot.spec_pos[l] != slot.length[l]) {
-      return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " layer ", l, ": no speculative row at position ",
-                                                        slot.length[l], " to keep"));
+    const Layer& L = slot.layers[l];
+    if (L.spec_pos < 0 || L.spec_pos != L.length) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slot ", seq, " layer ", l, ": no speculative row at position ", L.length, " to keep"));
     }
   }
   for (int64_t l = 0; l < layers; ++l) {
-    ++slot.length[l];
-    slot.spec_pos[l] = -1;
+    ++slot.layers[l].length;
+    slot.layers[l].spec_pos = -1;
   }
   return absl::OkStatus();
-}
-
-void DenseKvCache::Reset(int32_t seq) {
-  if (seq < static_cast<int32_t>(slots_.size())) slots_[seq] = Slot();
 }
 
 absl::Status DenseKvCache::Copy(int32_t src, int32_t dst) {
   if (src == dst) return absl::OkStatus();
+  if (src < 0 || dst < 0) return absl::InvalidArgumentError(absl::StrCat("copy of slot ", src, " to ", dst));
+  Reset(dst);
   GetSlot(src);
-  GetSlot(dst);
-  slots_[dst] = slots_[src];
+  Slot& to = GetSlot(dst);
+  const Slot& from = slots_[src];  // after GetSlot(dst): slots_ may have moved
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const Layer& F = from.layers[l];
+    Layer& T = to.layers[l];
+    T = Layer();
+    if (F.cap == 0) {
+      T = F;
+      continue;
+    }
+    absl::Status st = Resize(T, F.cap, F.ring > 0, 0);
+    // The rows in use: a whole ring, or a linear layer's stored positions.
+    const int64_t used = (F.ring > 0 ? F.cap : std::min(F.cap, F.length + 1)) * RowBytes();
+    if (st.ok()) st = device_.Copy(Queue::kCompute, F.k, 0, T.k, 0, used);
+    if (st.ok()) st = device_.Copy(Queue::kCompute, F.v, 0, T.v, 0, used);
+    if (!st.ok()) {
+      Reset(dst);
+      return st;
+    }
+    T.length = F.length;
+    T.spec_pos = F.spec_pos;
+  }
   return absl::OkStatus();
 }
 
 int64_t DenseKvCache::Length(int32_t seq) const {
-  if (seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].length.empty()) return 0;
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size())) return 0;
   int64_t n = 0;
-  for (int64_t l : slots_[seq].length) n = std::max(n, l);
+  for (const Layer& L : slots_[seq].layers) n = std::max(n, L.length);
   return n;
 }
 
 int64_t DenseKvCache::device_bytes() const {
   int64_t total = 0;
   for (const Slot& s : slots_) {
-    for (const auto& k : s.k) total += k.size() * sizeof(float);
-    for (const auto& v : s.v) total += v.size() * sizeof(float);
+    for (const Layer& L : s.layers) total += L.k.bytes + L.v.bytes;
   }
   return total;
 }
 
 const float* DenseKvCache::KRow(int32_t seq, int64_t layer, int64_t pos) const {
-  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].k.empty()) return nullptr;
-  const Slot& s = slots_[seq];
-  const int64_t ring = s.ring[layer];
-  if (pos < 0 || pos >= s.length[layer] || (ring > 0 && pos < s.length[layer] - ring)) return nullptr;
-  return &s.k[layer][RowOf(s, layer, pos) * config_.n_head_kv * config_.head_dim];
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].layers.empty()) return nullptr;
+  const Layer& L = slots_[seq].layers[layer];
+  if (L.cap == 0 || pos < 0 || pos >= L.length || (L.ring > 0 && pos < L.length - L.ring)) return nullptr;
+  return static_cast<const float*>(L.k.data) + RowOf(L, pos) * config_.n_head_kv * config_.head_dim;
 }
 
 const float* DenseKvCache::VRow(int32_t seq, int64_t layer, int64_t pos) const {
   const float* k = KRow(seq, layer, pos);
   if (k == nullptr) return nullptr;
-  const Slot& s = slots_[seq];
-  return &s.v[layer][RowOf(s, layer, pos) * config_.n_head_kv * config_.head_dim];
+  const Layer& L = slots_[seq].layers[layer];
+  return static_cast<const float*>(L.v.data) + RowOf(L, pos) * config_.n_head_kv * config_.head_dim;
 }
 
-void DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n) {
-  Slot& slot = GetSlot(seq);
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  const bool sliding = config_.layer_is_swa[layer];
-  // A sliding layer gets the decode-time ring of window + 1 rows; the next prefill chunk
-  // grows it (Reserve re-homes what it keeps). A global layer holds every position.
-  const int64_t ring = sliding ? config_.sliding_window + 1 : 0;
-  slot.ring[layer] = ring;
-  slot.k[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
-  slot.v[layer].assign((sliding ? ring : length) * kv_dim, 0.0f);
-  slot.length[layer] = length;
-  slot.spec_pos[layer] = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = length - n + i;
-    if (sliding && pos < length - ring) continue;
-    const int64_t row = RowOf(slot, layer, pos);
-    std::memcpy(&slot.k[layer][row * kv_dim], k + i * kv_dim, kv_dim * sizeof(float));
-    std::memcpy(&slot.v[layer][row * kv_dim], v + i * kv_dim, kv_dim * sizeof(float));
+absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v,
+                                    int64_t n) {
+  if (seq < 0 || layer < 0 || layer >= config_.n_layer || n < 0 || n > length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load KV rows: slot ", seq, " layer ", layer, ", ", n, " of ", length, " positions"));
   }
+  Layer& L = GetSlot(seq).layers[layer];
+  const bool sliding = config_.layer_is_swa[layer];
+  // A sliding layer gets at least the decode-time ring of window + 1 rows (or keeps a larger
+  // reserved one); a global layer holds every position.
+  const int64_t need = sliding ? config_.sliding_window + 1 : length;
+  L.length = 0;
+  L.spec_pos = -1;
+  if (L.cap < need || (L.ring > 0) != sliding) RETURN_IF_ERROR(Resize(L, std::max(need, L.cap), sliding, length));
+  L.length = length;
+  const int64_t first = std::max(length - n, sliding ? length - L.ring : 0);
+  const int64_t skip = (first - (length - n)) * config_.n_head_kv * config_.head_dim;
+  RETURN_IF_ERROR(StoreRows(L, first, length, backend::DeviceBuffer{}, k + skip, v + skip));
+  return device_.Synchronize(device_.Record(Queue::kCompute));  // the host rows may change after
 }
 
 absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
@@ -115,8 +237,9 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     const int32_t seq = call.rows[r0].seq;
     if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
     Slot& slot = GetSlot(seq);
+    Layer& L = slot.layers[call.layer];
     // Rows must continue the sequence in this layer: positions length, length+1, ...
-    const int64_t base = slot.length[call.layer];
+    const int64_t base = L.length;
     for (int64_t r = r0; r < r1; ++r) {
       if (call.rows[r].pos != base + (r - r0)) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": row position ", call.rows[r].pos,
@@ -128,74 +251,50 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     }
     // A speculative row's KV is written at its position (so it can see itself) but not
     // counted: the next row at that position overwrites it, unless KeepSpeculative keeps it.
-    AttendGroup(call, slot, r0, r1);
+    RETURN_IF_ERROR(AttendGroup(call, slot, r0, r1));
     const bool spec = call.rows[r1 - 1].speculative;
-    slot.length[call.layer] += (r1 - r0) - (spec ? 1 : 0);
-    slot.spec_pos[call.layer] = spec ? call.rows[r1 - 1].pos : -1;
+    L.length += (r1 - r0) - (spec ? 1 : 0);
+    L.spec_pos = spec ? call.rows[r1 - 1].pos : -1;
     r0 = r1;
   }
   return absl::OkStatus();
 }
 
-void DenseKvCache::Reserve(Slot& slot, int64_t layer, bool sliding, int64_t window, int64_t p0, int64_t p1) {
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  std::vector<float>& K = slot.k[layer];
-  std::vector<float>& V = slot.v[layer];
-  const int64_t ring = slot.ring[layer];
+absl::Status DenseKvCache::MakeRoom(Layer& L, bool sliding, int64_t window, int64_t p0, int64_t p1) {
   if (!sliding) {
-    const size_t need = static_cast<size_t>((p1 + 1) * kv_dim);
-    if (K.capacity() < need) {
-      const size_t cap = std::max(need, K.capacity() * 2);
-      K.reserve(cap);
-      V.reserve(cap);
-    }
-    K.resize(std::max(K.size(), need));
-    V.resize(std::max(V.size(), need));
-    return;
+    if (p1 + 1 <= L.cap) return absl::OkStatus();
+    return Resize(L, std::max(p1 + 1, 2 * L.cap), false, 0);
   }
   // A ring of R rows holds the last R positions. Writing [p0, p1] must not overwrite a
   // position some row still sees (the oldest is p0 - window + 1): R >= window - 1 + rows.
   // A ring grown for prefill chunks shrinks back to window + 1 rows once decoding starts.
   const int64_t rows = p1 - p0 + 1;
   const int64_t need_rows = window - 1 + rows;
-  const bool shrink = rows <= 2 && ring > window + 1;
-  if (ring >= need_rows && !shrink) return;
-  const int64_t new_ring = shrink ? window + 1 : std::max<int64_t>(need_rows, ring * 2);
-  std::vector<float> nk(new_ring * kv_dim), nv(new_ring * kv_dim);
-  const int64_t keep = std::min(ring, new_ring - rows);  // stored positions the new ring keeps
-  for (int64_t pos = std::max<int64_t>(0, p0 - keep); pos < p0; ++pos) {  // re-home them
-    const int64_t from = pos % ring;
-    std::memcpy(&nk[(pos % new_ring) * kv_dim], &K[from * kv_dim], kv_dim * sizeof(float));
-    std::memcpy(&nv[(pos % new_ring) * kv_dim], &V[from * kv_dim], kv_dim * sizeof(float));
-  }
-  K.swap(nk);
-  V.swap(nv);
-  slot.ring[layer] = new_ring;
+  const bool shrink = rows <= 2 && L.ring > window + 1;
+  if (L.ring >= need_rows && !shrink) return absl::OkStatus();
+  const int64_t new_ring = shrink ? window + 1 : std::max<int64_t>(need_rows, L.ring * 2);
+  const int64_t keep = std::min(L.ring, new_ring - rows);  // stored positions the new ring keeps
+  return Resize(L, new_ring, true, p0 - keep);
 }
 
-void DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1) {
+absl::Status DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1) {
   const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  const int64_t nr = r1 - r0;
   const int64_t p0 = call.rows[r0].pos, p1 = call.rows[r1 - 1].pos;
-  const int64_t layer = call.layer;
-  Reserve(slot, layer, call.sliding, call.window, p0, p1);
-  std::vector<float>& K = slot.k[layer];
-  std::vector<float>& V = slot.v[layer];
-  for (int64_t r = 0; r < nr; ++r) {
-    const int64_t row = RowOf(slot, layer, p0 + r);
-    std::memcpy(&K[row * kv_dim], call.k + (r0 + r) * kv_dim, kv_dim * sizeof(float));
-    std::memcpy(&V[row * kv_dim], call.v + (r0 + r) * kv_dim, kv_dim * sizeof(float));
-  }
+  Layer& L = slot.layers[call.layer];
+  RETURN_IF_ERROR(MakeRoom(L, call.sliding, call.window, p0, p1));
+  RETURN_IF_ERROR(StoreRows(L, p0, p1 + 1, call.buffer, call.k + r0 * kv_dim, call.v + r0 * kv_dim));
 
   // Keys any row of the group may see: [lo, p1], at most two runs of storage rows (the ring
   // may wrap).
   const int64_t lo = call.sliding ? std::max<int64_t>(0, p0 - call.window + 1) : 0;
   const int64_t n_keys = p1 + 1 - lo;
-  const int64_t a0 = RowOf(slot, layer, lo);
-  const int64_t ring = slot.ring[layer];
-  const int64_t len_a = ring > 0 ? std::min(n_keys, ring - a0) : n_keys;
-  const backend::KvRun runs[2] = {{&K[a0 * kv_dim], &V[a0 * kv_dim], len_a}, {K.data(), V.data(), n_keys - len_a}};
-  ops_.AttendCausal(CausalRows(call, config_, r0, r1, lo, runs, &positions_));
+  const int64_t a0 = RowOf(L, lo);
+  const int64_t len_a = L.ring > 0 ? std::min(n_keys, L.ring - a0) : n_keys;
+  const float* K = static_cast<const float*>(L.k.data);
+  const float* V = static_cast<const float*>(L.v.data);
+  const backend::KvRun runs[2] = {{K + a0 * kv_dim, V + a0 * kv_dim, len_a}, {K, V, n_keys - len_a}};
+  device_.ops().AttendCausal(CausalRows(call, config_, r0, r1, lo, runs, &positions_));
+  return absl::OkStatus();
 }
 
 }  // namespace dd::engine

@@ -1,17 +1,20 @@
-// Dense KV cache: every position of every layer kept in (device) memory; attention over all
-// of them. The `full` decode mode, and the reference the sparse modes are checked against.
+// Dense KV cache: every position of every layer kept in device memory; attention over all of
+// them. The `full` decode mode, and the reference the sparse modes are checked against.
 //
-// Memory is f32, per sequence slot and layer, grown geometrically; device_bytes() counts the
-// rows in use. Sliding-window layers keep only a ring of the last window + step rows,
-// so their memory does not grow with the context. Not thread-safe; used from the engine's
-// compute thread.
+// Memory is f32 K and V device buffers (MemoryTag::kKv) per sequence slot and layer. Reserve
+// sizes a slot at admission for its whole request — global layers for every position it may
+// reach, sliding-window layers a ring of window - 1 + one pass's rows — and FinishPrefill
+// shrinks the rings to window + 1 rows once the prompt is in, so device_bytes() is what
+// MemoryPlan projects for the request. A slot used without Reserve grows geometrically
+// instead (tests; the sparse cache's sliding layers). Not thread-safe; used from the engine's
+// compute thread; copies run on the compute queue, in order with attention.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "dd/backend/ops.h"
+#include "dd/backend/device.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/model/model_config.h"
 
@@ -19,9 +22,16 @@ namespace dd::engine {
 
 class DenseKvCache : public KvCache {
  public:
-  // `ops` (the engine's device's) must outlive the cache.
-  DenseKvCache(const model::ModelConfig& config, backend::Ops& ops);
+  // `device` (the engine's) must outlive the cache.
+  DenseKvCache(const model::ModelConfig& config, backend::Device& device);
+  ~DenseKvCache() override;
 
+  // Allocates empty slot `seq` for a request of `prompt_tokens` growing to `total_tokens`,
+  // prefilled `pass_rows` rows per pass at most. RESOURCE_EXHAUSTED (nothing kept) when the
+  // device cannot hold it; FAILED_PRECONDITION when the slot is in use.
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows);
+  // The prompt is in: sliding-window rings shrink to the window + 1 rows decoding needs.
+  absl::Status FinishPrefill(int32_t seq);
   // Slots are created on demand.
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;
@@ -37,34 +47,44 @@ class DenseKvCache : public KvCache {
   // speculative row right at the end of the stored positions.
   absl::Status KeepSpeculative(int32_t seq, int64_t layers);
 
-  // K and V rows (n_head_kv × head_dim) of a stored position still held (a sliding layer
-  // holds the last window positions only); nullptr otherwise.
+  // K and V rows (n_head_kv × head_dim, device memory) of a stored position still held (a
+  // sliding layer holds the last window positions only); nullptr otherwise.
   const float* KRow(int32_t seq, int64_t layer, int64_t pos) const;
   const float* VRow(int32_t seq, int64_t layer, int64_t pos) const;
   // Makes `layer` of slot `seq` hold `length` positions, of which the rows of positions
-  // [length - n, length) are given (k and v: n × n_head_kv × head_dim): the state after a
-  // prefill of `length` tokens, for a sliding layer when n >= min(length, window).
-  void LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n);
+  // [length - n, length) are given in host memory (k and v: n × n_head_kv × head_dim): the
+  // state after a prefill of `length` tokens, for a sliding layer when n >= min(length,
+  // window). Complete when it returns.
+  absl::Status LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n);
 
  private:
-  struct Slot {
-    std::vector<int64_t> length;           // per layer: positions stored
-    std::vector<std::vector<float>> k, v;  // per layer: positions × n_head_kv × head_dim
-    std::vector<int64_t> ring;             // per layer: ring size in positions (0 = linear)
-    std::vector<int64_t> spec_pos;         // per layer: the last write's speculative row (-1: none)
+  struct Layer {
+    backend::DeviceBuffer k, v;  // cap rows of n_head_kv × head_dim floats each
+    int64_t cap = 0;
+    int64_t ring = 0;      // sliding layers: ring size in positions (== cap); 0 = linear
+    int64_t length = 0;    // positions stored
+    int64_t spec_pos = -1; // the last write's speculative row (-1: none)
   };
-  // Makes room for positions [p0, p1] of `layer`; returns the storage row of position p
-  // through RowOf().
-  void Reserve(Slot& slot, int64_t layer, bool sliding, int64_t window, int64_t p0, int64_t p1);
-  static int64_t RowOf(const Slot& slot, int64_t layer, int64_t pos) {
-    const int64_t r = slot.ring[layer];
-    return r > 0 ? pos % r : pos;
-  }
+  struct Slot {
+    std::vector<Layer> layers;
+  };
+  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
+  static int64_t RowOf(const Layer& L, int64_t pos) { return L.ring > 0 ? pos % L.ring : pos; }
   Slot& GetSlot(int32_t seq);
-  void AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
+  // Gives `L` new buffers of `cap` rows (a ring of `cap` positions when `ring`), keeping the
+  // stored positions [keep_from, L.length) that fit.
+  absl::Status Resize(Layer& L, int64_t cap, bool ring, int64_t keep_from);
+  // Makes room for positions [p0, p1] of layer `layer` (geometric growth; the lazy ring shrink
+  // of a slot without FinishPrefill).
+  absl::Status MakeRoom(Layer& L, bool sliding, int64_t window, int64_t p0, int64_t p1);
+  // Copies positions [p0, p1) from host or device rows `src` (row i = position p0 + i) into L.
+  absl::Status StoreRows(Layer& L, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf, const float* k,
+                         const float* v);
+  void FreeLayer(Layer& L);
+  absl::Status AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
 
   const model::ModelConfig& config_;
-  backend::Ops& ops_;
+  backend::Device& device_;
   std::vector<Slot> slots_;
   std::vector<int64_t> positions_;  // AttendGroup's rows' positions
 };

@@ -44,8 +44,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       options_(Normalized(options, model.config)),
       pool_(options.threads),
       device_(CreateEngineDevice(options.device, pool_, &device_status_)),
-      transformer_(model, device_->ops(), options.matmul),
-      kv_(std::make_unique<DenseKvCache>(model.config, device_->ops())),
+      kv_(std::make_unique<DenseKvCache>(model.config, *device_)),
       plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
       shortlist_(model.config.n_vocab) {
   if (!device_status_.ok()) {
@@ -53,6 +52,18 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     return;
   }
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
+  if (!device_->host_visible() && options_.mode != DecodeMode::kFull) {
+    init_status_ = absl::UnimplementedError(absl::StrCat(
+        "--device ", device_->name(), " runs the full decode mode only so far: the ", DecodeModeName(options_.mode),
+        " mode's cache still reads KV, landmarks and blocks on the host"));
+    return;
+  }
+  auto transformer = model::Transformer::Create(model, *device_, options_.matmul, options_.prefill_chunk);
+  if (!transformer.ok()) {
+    init_status_ = transformer.status();
+    return;
+  }
+  transformer_ = std::move(*transformer);
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
     shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
   }
@@ -96,7 +107,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     }
     store_ = std::move(*store);
     if (options_.mode == DecodeMode::kFull) return;  // the store serves prefix restores only
-    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), device_->ops());
+    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), *device_);
     if (sparse.ok()) {
       sparse_ = sparse->get();
       dense_ = nullptr;
@@ -136,6 +147,9 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
           "device memory full: ", admitted(), " requests hold ", MiB(in_use), ", this one needs ", MiB(need),
           ", weights and workspace ", MiB(fixed), ", budget ", MiB(budget)));
     }
+  }
+  if (dense_ != nullptr) {
+    RETURN_IF_ERROR(dense_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
   }
   reservations_[seq] = r;
   return absl::OkStatus();
@@ -311,7 +325,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     rows.clear();
     for (int64_t i = b; i < e; ++i) rows.push_back({.seq = seq, .pos = i, .token = tokens[i], .want_logits = static_cast<bool>(want[i]), .prefill = true});
     NoteTokens(seq, tokens.subspan(b, e - b));
-    absl::Status st = transformer_.Forward(rows, *kv_, &chunk_logits);
+    absl::Status st = transformer_->Forward(rows, *kv_, &chunk_logits);
     if (!st.ok()) {
       Release(seq);
       return st;
@@ -389,7 +403,7 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
         }
       }
     }
-    dense_->LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - c_first * C);
+    RETURN_IF_ERROR(dense_->LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - c_first * C));
   }
   return absl::OkStatus();
 }
@@ -490,7 +504,7 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
     if (p.end == n) owner.push_back(i);
   }
   std::vector<float> logits;
-  RETURN_IF_ERROR(transformer_.Forward(rows, *kv_, &logits));
+  RETURN_IF_ERROR(transformer_->Forward(rows, *kv_, &logits));
   const int64_t V = model_.config.n_vocab;
   last_logits->assign(pieces.size(), {});
   for (size_t j = 0; j < owner.size(); ++j) {
@@ -528,8 +542,11 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     }
     rows.push_back({seqs[i], pos, tokens[i], true});
   }
-  for (int32_t s : seqs) reservations_[s].prefilling = false;  // decode drops the dense prompt
-  if (options_.mode != DecodeMode::kDualDecoder) return transformer_.Forward(rows, *kv_, logits);
+  for (int32_t s : seqs) {  // decode drops the dense prompt
+    if (reservations_[s].prefilling && dense_ != nullptr) RETURN_IF_ERROR(dense_->FinishPrefill(s));
+    reservations_[s].prefilling = false;
+  }
+  if (options_.mode != DecodeMode::kDualDecoder) return transformer_->Forward(rows, *kv_, logits);
 
   // Dual-token step (DESIGN §5.3). Sequences without a speculative token first get one from
   // the pre-decoding step: their real token run alone as an uncommitted row.
@@ -556,7 +573,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   }
   std::vector<float> out;
   if (!pre.empty()) {
-    RETURN_IF_ERROR(transformer_.Forward(pre, *kv_, &out, hidden_out));
+    RETURN_IF_ERROR(transformer_->Forward(pre, *kv_, &out, hidden_out));
     for (size_t i = 0; i < pre.size(); ++i) {
       spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? nullptr : &out[i * V],
                                            hidden_out ? &hidden[i * d] : nullptr, pre[i].token);
@@ -586,7 +603,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   }
   std::vector<float> carried;
   const model::Transformer::Carry carry{carry_layers, &carried};
-  RETURN_IF_ERROR(transformer_.Forward(dual, *kv_, &out, hidden_out, carry_layers > 0 ? &carry : nullptr));
+  RETURN_IF_ERROR(transformer_->Forward(dual, *kv_, &out, hidden_out, carry_layers > 0 ? &carry : nullptr));
   if (carry_layers > 0) {  // the speculative rows' states, for the next step
     for (size_t i = 0, c = 0; i < rows.size(); ++i) {
       carry_pos_[rows[i].seq] = has_spec[i] ? rows[i].pos + 1 : -1;

@@ -140,6 +140,8 @@ class Engine {
   const model::ModelConfig& config() const { return model_.config; }
   const model::LoadedModel& model() const { return model_; }
   absl::string_view device_name() const { return device_->name(); }
+  // The compute device: its allocator holds the weights, the workspace and (full mode) the KV.
+  const backend::Device& device() const { return *device_; }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
 
   // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the
@@ -217,7 +219,7 @@ class Engine {
   ThreadPool pool_;
   absl::Status device_status_;  // why options.device could not be created (then device_ is cpu)
   std::unique_ptr<backend::Device> device_;  // cpu: the ops run on pool_
-  model::Transformer transformer_;
+  std::unique_ptr<model::Transformer> transformer_;  // null when init_status_ is an error
   std::unique_ptr<kvpool::KvStore> store_;
   SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
   DenseKvCache* dense_ = nullptr;    // kv_ when mode == kFull

@@ -46,16 +46,32 @@ TEST_F(MemoryPlanTest, ProjectionBoundsWhatTheCacheHolds) {
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
+    const backend::Device& device = (*e)->device();
+    // The weights on the device are what the plan counts, in every mode.
+    EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kWeights), plan.weight_bytes());
+    ASSERT_TRUE((*e)->Admit(0, 1300, 1310).ok());
+    const RequestBytes r = plan.Request(1300, 1310);
+    if (mode == DecodeMode::kFull) {
+      // Full mode's KV is allocated at admission: exactly the plan, rings sized for prefill.
+      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), plan.DecodeKvBytes(1310) + r.prefill_extra);
+    }
     auto logits = (*e)->Prefill(0, prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
-    const RequestBytes r = plan.Request(1300, 1310);
     // While prefilled, before decoding: the prompt is dense on the device.
-    EXPECT_LE((*e)->kv_bytes(), plan.DecodeKvBytes(1300) + r.prefill_extra);
+    EXPECT_LE((*e)->kv_bytes(), plan.DecodeKvBytes(1310) + r.prefill_extra);
     int32_t seq = 0, tok = Argmax(logits->data(), model_->config.n_vocab);
     std::vector<float> out;
     for (int step = 0; step < 4; ++step) {
       ASSERT_TRUE((*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).ok());
       tok = Argmax(out.data(), model_->config.n_vocab);
+    }
+    if (mode == DecodeMode::kFull) {
+      // Decoding released the prefill rings: the steady state of the admitted request.
+      EXPECT_EQ((*e)->kv_bytes(), plan.DecodeKvBytes(1310));
+      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), plan.DecodeKvBytes(1310));
+      (*e)->Release(0);
+      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), 0);
+      continue;
     }
     const int64_t actual = (*e)->kv_bytes(), projected = plan.DecodeKvBytes((*e)->Length(0));
     EXPECT_LE(actual, projected);

@@ -119,14 +119,15 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   // Recover the hidden state by running the rows through a transformer with spec_hidden.
   ThreadPool pool(1);
   backend::CpuDevice device(0, pool);
-  model::Transformer tf(*model_, device.ops(), model::Transformer::MatMulKind::kF32);
-  DenseKvCache kv(model_->config, device.ops());
+  auto tf = model::Transformer::Create(*model_, device, model::Transformer::MatMulKind::kF32);
+  ASSERT_TRUE(tf.ok()) << tf.status();
+  DenseKvCache kv(model_->config, device);
   std::vector<model::BatchRow> rows;
   for (size_t i = 0; i < prompt.size(); ++i) {
     rows.push_back({0, static_cast<int64_t>(i), prompt[i], i + 1 == prompt.size(), i + 1 == prompt.size()});
   }
   std::vector<float> none, hidden;
-  ASSERT_TRUE(tf.Forward(rows, kv, &none, &hidden).ok());
+  ASSERT_TRUE((*tf)->Forward(rows, kv, &none, &hidden).ok());
   ASSERT_EQ(static_cast<int64_t>(hidden.size()), d);
   EXPECT_TRUE(none.empty());
   ThreadPool two_threads(2);

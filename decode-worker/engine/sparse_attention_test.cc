@@ -83,12 +83,12 @@ class Driver {
 TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
-  backend::CpuOps ops(pool);
-  DenseKvCache dense(c, ops);
+  backend::CpuDevice device(0, pool);
+  DenseKvCache dense(c, device);
   auto store = kvpool::NewInProcessKvStore();
   SparseOptions o;
   o.budget_tokens = 2048;
-  auto sparse = SparseKvCache::Create(c, o, store.get(), ops);
+  auto sparse = SparseKvCache::Create(c, o, store.get(), device);
   ASSERT_TRUE(sparse.ok());
   const auto a = Driver(c, &dense, false).Run(30);
   const auto b = Driver(c, sparse->get(), false).Run(30);
@@ -102,13 +102,13 @@ TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
 TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
-  backend::CpuOps ops(pool);
+  backend::CpuDevice device(0, pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), ops);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
+  auto dual = SparseKvCache::Create(c, o, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const auto a = Driver(c, sparse->get(), false).Run(25);
   const auto b = Driver(c, dual->get(), true).Run(25);
@@ -132,14 +132,14 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
   c.n_layer = 3;
   c.layer_is_swa.assign(3, false);
   ThreadPool pool(2);
-  backend::CpuOps ops(pool);
+  backend::CpuDevice device(0, pool);
   SparseOptions o;
   o.budget_tokens = 64;
   o.prefetch_buffers = GetParam();
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), ops);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
+  auto dual = SparseKvCache::Create(c, o, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const int steps = 12;
   const auto a = Driver(c, sparse->get(), false).Run(steps);
@@ -171,17 +171,17 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   const auto c = TinyConfig();
   const StepCacheCase p = GetParam();
   ThreadPool pool(2);
-  backend::CpuOps ops(pool);
+  backend::CpuDevice device(0, pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto plain = SparseKvCache::Create(c, o, store_a.get(), ops);  // no cache: sparse, or the ring
+  auto plain = SparseKvCache::Create(c, o, store_a.get(), device);  // no cache: sparse, or the ring
   o.step_cache = true;
   o.resident_margin_tokens = p.margin_tokens;
-  auto cached = SparseKvCache::Create(c, o, store_b.get(), ops);
-  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), ops);
+  auto cached = SparseKvCache::Create(c, o, store_b.get(), device);
+  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), device);
   ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -227,18 +227,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, StepCacheTest,
 TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
-  backend::CpuOps ops(pool);
+  backend::CpuDevice device(0, pool);
   SparseOptions o;
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore();
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), ops);
+  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
   o.step_cache = true;
   o.spec_candidates = 0;
-  auto every = SparseKvCache::Create(c, o, store_c.get(), ops);
+  auto every = SparseKvCache::Create(c, o, store_c.get(), device);
   o.spec_candidates = 1;
-  auto narrow = SparseKvCache::Create(c, o, store_b.get(), ops);
+  auto narrow = SparseKvCache::Create(c, o, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && every.ok() && narrow.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -252,7 +252,7 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   EXPECT_LE((*narrow)->total_stats().prefetched, new_chunks_bound);
   EXPECT_GT((*every)->total_stats().prefetched, new_chunks_bound);
   o.spec_candidates = SparseOptions::kMaxSpecCandidates + 1;
-  auto bad = SparseKvCache::Create(c, o, store_c.get(), ops);
+  auto bad = SparseKvCache::Create(c, o, store_c.get(), device);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("speculative candidates"), std::string::npos) << bad.status();
 }
@@ -264,11 +264,11 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
   c.layer_is_swa = {true, false};  // one dense (windowed) layer, one sparse layer
   c.sliding_window = 64;
   ThreadPool pool(1);
-  backend::CpuOps ops(pool);
+  backend::CpuDevice device(0, pool);
   auto store = kvpool::NewInProcessKvStore();
   SparseOptions o;
   o.budget_tokens = 64;
-  auto cache = SparseKvCache::Create(c, o, store.get(), ops);
+  auto cache = SparseKvCache::Create(c, o, store.get(), device);
   ASSERT_TRUE(cache.ok());
   Driver d(c, cache->get(), false);
   std::mt19937 real(1), spec(2);
@@ -288,8 +288,8 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
 TEST(SparseAttentionTest, KeepSpeculativeKeepsOnlyTheLastSpeculativeRow) {
   const auto c = TinyConfig();
   ThreadPool pool(1);
-  backend::CpuOps ops(pool);
-  DenseKvCache cache(c, ops);
+  backend::CpuDevice device(0, pool);
+  DenseKvCache cache(c, device);
   Driver d(c, &cache, true);
   std::mt19937 real(3), spec(4);
   d.Step(0, 0, 20, real, spec, /*with_spec=*/true);  // positions 0-19, speculative row at 20

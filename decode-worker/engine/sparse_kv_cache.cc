@@ -48,8 +48,8 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
 }
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
-                             backend::Ops& ops)
-    : config_(config), options_(options), store_(store), ops_(ops), dense_(config, ops),
+                             backend::Device& device)
+    : config_(config), options_(options), store_(store), ops_(device.ops()), dense_(config, device),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
   options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   for (int64_t l = 0; l < config.n_layer; ++l) {
@@ -63,7 +63,7 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
 
 absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
                                                                      const SparseOptions& options,
-                                                                     kvpool::KvStore* store, backend::Ops& ops) {
+                                                                     kvpool::KvStore* store, backend::Device& device) {
   RETURN_IF_ERROR(options.Validate(config.n_ctx_train));
   if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
   for (int64_t l = 0; l < SparseOptions::kMaxLayers; ++l) {
@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                      absl::StrJoin(global, ","), ")"));
     }
   }
-  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, ops));
+  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, device));
 }
 
 SparseKvCache::LayerStats SparseKvCache::total_stats() const {
@@ -325,7 +325,7 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
         }
       }
     }
-    if (sliding) dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - keep_from);
+    if (sliding) RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - keep_from));
   }
   return absl::OkStatus();
 }

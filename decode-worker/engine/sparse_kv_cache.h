@@ -47,6 +47,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/thread_pool.h"
+#include "dd/backend/ops.h"
 #include "decode-worker/engine/chunk_landmarks.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
@@ -117,10 +118,10 @@ struct SparseOptions {
 
 class SparseKvCache : public KvCache {
  public:
-  // `store` and `ops` (the engine's device's) must outlive the cache.
+  // `store` and `device` (the engine's) must outlive the cache.
   static absl::StatusOr<std::unique_ptr<SparseKvCache>> Create(const model::ModelConfig& config,
                                                                const SparseOptions& options,
-                                                               kvpool::KvStore* store, backend::Ops& ops);
+                                                               kvpool::KvStore* store, backend::Device& device);
 
   ~SparseKvCache() override;  // waits for transfers still writing into its buffers
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
@@ -233,7 +234,7 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
-                backend::Ops& ops);
+                backend::Device& device);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
   absl::Status Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos);

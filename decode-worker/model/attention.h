@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "dd/backend/device.h"
 
 namespace dd::model {
 
@@ -42,6 +43,9 @@ struct AttentionCall {
   int64_t window = 0;
   float scale = 1.0f;       // softmax scale applied to q·k
   absl::Span<const BatchRow> rows;
+  // The device buffer q, k, v and out lie in (the forward pass's workspace), for copies out
+  // of it; empty when they are host memory (tests on the cpu device).
+  backend::DeviceBuffer buffer;
   const float* q = nullptr;  // rows × n_head × head_dim, RoPE applied
   const float* k = nullptr;  // rows × n_head_kv × head_dim, RoPE applied
   const float* v = nullptr;  // rows × n_head_kv × head_dim

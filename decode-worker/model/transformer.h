@@ -1,19 +1,25 @@
 // The decoder forward pass for llama / qwen2 / gemma3, on any compute backend: every
-// operation goes through backend::Ops (dd/backend/ops.h); nothing here calls a kernel.
+// operation goes through backend::Ops (dd/backend/ops.h) and every byte it computes on lives
+// in device memory — the weights (DeviceWeights) and one workspace buffer for the
+// activations — so nothing here calls a kernel or touches device memory from the host.
 //
 // Forward() runs a batch of token rows from any number of sequences (prefill chunks and
 // decode rows mixed) through all layers. Attention is delegated to an AttentionBackend, so
 // the KV strategy (dense, sparse, dual-token) is the caller's choice. Every kernel is
 // batch-invariant: a row's logits are bit-identical whatever else shares its batch.
-// Not thread-safe: one Forward at a time (scratch buffers are members).
+// Not thread-safe: one Forward at a time (the workspace is shared).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "dd/backend/device.h"
 #include "dd/backend/ops.h"
 #include "decode-worker/model/attention.h"
+#include "decode-worker/model/device_weights.h"
 #include "decode-worker/model/weights.h"
 
 namespace dd::model {
@@ -28,14 +34,27 @@ class Transformer {
   // Both are batch-invariant.
   using MatMulKind = backend::LinearKind;
 
-  // `model` and `ops` must outlive the Transformer.
-  Transformer(const LoadedModel& model, backend::Ops& ops, MatMulKind kind = MatMulKind::kInt8);
+  // Rows of logits computed per LM-head call: the workspace holds this many rows of n_vocab
+  // floats whatever the batch (a pass wanting more logits runs the head in pieces, with the
+  // same bits: the ops are row-independent).
+  static constexpr int64_t kLogitRows = 16;
+
+  // Uploads the weights to `device` and allocates the workspace for `rows` rows per pass (a
+  // larger pass grows it first). `model` and `device` must outlive the Transformer.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const LoadedModel& model, backend::Device& device,
+                                                             MatMulKind kind = MatMulKind::kInt8, int64_t rows = 512);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // Workspace bytes for passes of up to `rows` rows (what Create allocates for `rows`).
+  static int64_t WorkspaceBytes(const ModelConfig& config, int64_t rows);
 
   // logits (resized) receives n_vocab floats per row with want_logits, in row order.
   // With `spec_hidden`, speculative rows with want_logits skip the LM head: spec_hidden
   // (resized) gets their final normalized hidden state (n_embd floats each, in row order) and
   // logits only the other rows' (the caller scores a shortlist; softcapping is monotonic, so
-  // it does not change an argmax).
+  // it does not change an argmax). Outputs are in host memory, complete when Forward returns.
   // InvalidArgument for a token id outside the vocabulary or a position past the context.
   //
   // The dual-token step's carry: when the first `layers` layers attend exactly (no sparse
@@ -52,26 +71,43 @@ class Transformer {
                        const Carry* carry = nullptr);
 
   const ModelConfig& config() const { return model_.config; }
+  const DeviceWeights& weights() const { return *weights_; }
+  int64_t workspace_bytes() const { return workspace_.bytes; }
 
  private:
-  void Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride,
-              const std::vector<float>& bias, float* y, int64_t y_stride);
-  void RmsNormRows(const float* x, const std::vector<float>& w, int64_t n_rows, float* y);
+  Transformer(const LoadedModel& model, backend::Device& device, MatMulKind kind);
+  // Makes the workspace hold passes of `rows` rows and points the activations into it.
+  absl::Status EnsureRows(int64_t rows);
+  void Linear(const kernels::WeightView& w, const float* x, int64_t n_rows, int64_t x_stride, const float* bias,
+              float* y, int64_t y_stride);
+  void RmsNormRows(const float* x, const float* w, int64_t n_rows, float* y);
   // Activations of `rows`: the tokens and positions the ops read.
   void RowInputs(absl::Span<const BatchRow> rows);
-  // Sizes the scratch for n rows; the token embeddings and RoPE angles of `rows`.
-  void Resize(int64_t n);
   void Embed(absl::Span<const BatchRow> rows);
   void RopeAngles(absl::Span<const BatchRow> rows);
   // Layers [l0, l1) for `rows`, whose residuals are in x_.
   absl::Status Layers(absl::Span<const BatchRow> rows, AttentionBackend& attention, int64_t l0, int64_t l1);
+  // Rows `rows` of x_ (n_embd floats each) to the end of `out` (on the compute queue).
+  absl::Status RowsToHost(absl::Span<const int64_t> rows, std::vector<float>* out);
+  // The LM head over the m rows of xn_ into logits (host), kLogitRows at a time.
+  absl::Status Logits(int64_t m, std::vector<float>* logits);
+  // Offset in bytes of device pointer p in the workspace.
+  int64_t Offset(const float* p) const {
+    return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(workspace_.data));
+  }
 
   const LoadedModel& model_;
+  backend::Device& device_;
   backend::Ops& ops_;
   MatMulKind kind_;
+  std::unique_ptr<DeviceWeights> weights_;
+  backend::DeviceBuffer workspace_;
+  int64_t rows_ = 0;  // rows the workspace holds
   std::vector<int32_t> tokens_;
   std::vector<int64_t> positions_;
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, o_, gate_, up_, rope_cos_, rope_sin_;
+  // Device pointers into the workspace.
+  float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
+  float *gate_ = nullptr, *up_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr, *logits_ = nullptr;
 };
 
 }  // namespace dd::model

@@ -4,7 +4,7 @@
 //
 //   cpu   device memory is host memory counted against the budget; every queue runs its work
 //         inline on the calling thread, so an event is complete when it is recorded.
-//   sim   (planned) a simulated device that runs queues on threads and checks every wait.
+//   sim   a simulated device that runs queues on threads and checks every wait.
 //   cuda  (planned) one allocation of the budget, streams with priorities, CUDA events.
 //
 // Ownership: a DeviceBuffer is owned by whoever allocated it and must be freed (Free) before
@@ -80,6 +80,9 @@ class Device {
  public:
   virtual ~Device() = default;
   virtual absl::string_view name() const = 0;
+  // Whether the host may dereference device memory (the cpu device's is host memory). Engine
+  // code that still reads device memory on the host runs only where this holds.
+  virtual bool host_visible() const = 0;
 
   // ---- memory ----
   // `bytes` of device memory for `tag`, 64-byte aligned, contents unspecified.
