@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "dd/backend/cpu_device.h"
 #include "dd/backend/registry.h"
+#include "dd/backend/sim_device.h"
 #include "dd/kernels/backend.h"
 
 #if DD_HAVE_CUDA
@@ -68,11 +69,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
 #endif
   }
   if (name == "sim") {
-    // The sim device exists (dd/backend/sim_device.h, tested on its own); the engine cannot run
-    // on it until its activations and KV are device buffers it reads back through copies.
-    return absl::UnimplementedError(
-        "--device sim: the engine does not run on the simulated device yet (its activations and KV are not "
-        "device buffers)");
+    return CreateSimDevice({.budget_bytes = options.budget_bytes, .pool = options.pool});
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: cpu, sim, cuda)"));
 }

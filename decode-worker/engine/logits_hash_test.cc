@@ -10,6 +10,9 @@
 // with no recorded line skips the comparison, saying so; the checks between modes (sparse ==
 // sparse-cached == dualdecoder real rows, batch 1 == row 0 of batch 4) run everywhere.
 //
+// The modes the simulated device runs (full, so far) run on it as well, against the same lines:
+// a device must not change a bit, and the sim aborts on any missing wait.
+//
 // Re-record: DD_RECORD_LOGITS_HASHES=1 build/bin/logits_hash_test, then commit the file.
 #include <cstdint>
 #include <cstdlib>
@@ -54,9 +57,12 @@ struct Case {
   DecodeMode mode;
   int batch;
   bool slow_link;
+  std::string device = "cpu";
+  // The recorded line's name (the same for every device).
   std::string Name() const {
     return absl::StrCat(DecodeModeName(mode), "/b", batch, slow_link ? "/slow-link" : "");
   }
+  std::string Label() const { return device == "cpu" ? Name() : absl::StrCat(Name(), "@", device); }
 };
 
 // Per step, one hash per row: hashes[step][row].
@@ -108,6 +114,7 @@ class LogitsHashTest : public ModelFixture {
     EngineOptions o;
     o.mode = c.mode;
     o.threads = 2;
+    o.device = c.device;
     o.sparse.budget_tokens = 32;  // 4 of ~30 selectable chunks: selection matters
     if (c.slow_link) o.link = kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50};
     auto e = Engine::Create(*this->model_, o);
@@ -158,11 +165,17 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
     for (int b : {1, 4}) cases.push_back({m, b, false});
   }
   cases.push_back({DecodeMode::kDualDecoder, 4, true});
+  for (int b : {1, 4}) cases.push_back({DecodeMode::kFull, b, false, "sim"});
 
   std::map<std::string, StepHashes> got;
   for (const Case& c : cases) {
-    got[c.Name()] = this->Run(c);
-    ASSERT_EQ(got[c.Name()].size(), static_cast<size_t>(kSteps)) << c.Name();
+    got[c.Label()] = this->Run(c);
+    ASSERT_EQ(got[c.Label()].size(), static_cast<size_t>(kSteps)) << c.Label();
+  }
+  for (const Case& c : cases) {
+    if (c.device != "cpu") {
+      EXPECT_EQ(got[c.Label()], got[c.Name()]) << c.Label() << " != the cpu device's bits";
+    }
   }
   // Between modes, on any kernel path: the sparse modes give the same bits (cached or
   // prefetched chunks are attended exactly as fetched ones), and a row alone gives the bits it
@@ -185,8 +198,10 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
   const std::string isa = KernelIsa();
   if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
     std::ofstream f(GoldenPath(), std::ios::app);
-    for (const Case& c : cases) f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
-    GTEST_SKIP() << "recorded " << cases.size() << " lines for " << isa << "/" << model << " in " << GoldenPath();
+    for (const Case& c : cases) {
+      if (c.device == "cpu") f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
+    }
+    GTEST_SKIP() << "recorded the cpu device's lines for " << isa << "/" << model << " in " << GoldenPath();
   }
   const auto golden = ReadGolden();
   int compared = 0;
@@ -195,8 +210,9 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
     const auto it = golden.find(key);
     if (it == golden.end()) continue;
     ++compared;
-    EXPECT_EQ(it->second, Format(got[c.Name()])) << key << ": logits differ from the recorded ones (per step, "
-                                                 << "first differing word = first differing step)";
+    EXPECT_EQ(it->second, Format(got[c.Label()])) << key << " on " << c.device << ": logits differ from the "
+                                                  << "recorded ones (per step, first differing word = first "
+                                                  << "differing step)";
   }
   if (compared == 0) {
     GTEST_SKIP() << "no hashes recorded for kernel path " << isa << " in " << GoldenPath()

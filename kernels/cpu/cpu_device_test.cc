@@ -152,7 +152,11 @@ TEST(DeviceRegistryTest, EachNameGetsADeviceOrSaysWhyNot) {
   const auto cuda = CreateDevice("cuda", {.pool = &pool});
   ASSERT_FALSE(cuda.ok());  // no CUDA device is written yet, whatever the machine has
   EXPECT_NE(cuda.status().message().find("--device cuda"), std::string::npos) << cuda.status();
-  EXPECT_FALSE(CreateDevice("sim", {.pool = &pool}).ok());
+  const auto sim = CreateDevice("sim", {.budget_bytes = 8192, .pool = &pool});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  EXPECT_EQ((*sim)->name(), "sim");
+  EXPECT_FALSE((*sim)->host_visible());
+  EXPECT_EQ((*sim)->budget(), 8192);
 }
 
 // The ops give the bits of the kernels they wrap, and a row's bits do not depend on the rows

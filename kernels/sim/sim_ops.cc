@@ -1,5 +1,5 @@
 // The sim device's ops: each call is compute-queue work that runs the cpu kernels and declares
-// the ranges it reads and writes (weights and other host memory are not checked). Host spans
+// the ranges it reads and writes, weights included (host memory is not checked). Host spans
 // and pointer lists are copied at the call, since the caller may reuse them once it returns.
 #include <memory>
 #include <vector>
@@ -16,10 +16,13 @@ int64_t RowsBytes(int64_t n_rows, int64_t stride, int64_t width) {
   return n_rows > 0 ? ((n_rows - 1) * stride + width) * kF : 0;
 }
 
+int64_t MatrixBytes(const kernels::WeightView& w) { return w.rows * w.row_bytes; }
+
 }  // namespace
 
 void SimOps::Embed(const kernels::WeightView& table, absl::Span<const int32_t> tokens, float scale, float* x) {
   Accesses acc;
+  acc.Read(table.data, MatrixBytes(table));
   acc.Write(x, static_cast<int64_t>(tokens.size()) * table.cols * kF);
   std::vector<int32_t> t(tokens.begin(), tokens.end());
   device_.Submit(Queue::kCompute, "Embed", std::move(acc),
@@ -61,6 +64,7 @@ void SimOps::RmsNormSelected(const float* x, absl::Span<const int64_t> rows, con
 void SimOps::Linear(const kernels::WeightView& w, LinearKind kind, const float* x, int64_t n_rows, int64_t x_stride,
                     const float* bias, float* y, int64_t y_stride) {
   Accesses acc;
+  acc.Read(w.data, MatrixBytes(w));
   acc.Read(x, RowsBytes(n_rows, x_stride, w.cols));
   if (bias != nullptr) acc.Read(bias, w.rows * kF);
   acc.Write(y, RowsBytes(n_rows, y_stride, w.rows));
@@ -176,6 +180,7 @@ void SimOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
 
 void SimOps::DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) {
   Accesses acc;
+  acc.Read(w.data, MatrixBytes(w));
   acc.Write(out, static_cast<int64_t>(ids.size()) * w.cols * kF);
   std::vector<int32_t> list(ids.begin(), ids.end());
   device_.Submit(Queue::kCompute, "DequantizeRows", std::move(acc),
@@ -193,6 +198,7 @@ void SimOps::DotRows(absl::Span<const float* const> rows, const float* x, int64_
 
 void SimOps::ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
   Accesses acc;
+  acc.Read(w.data, MatrixBytes(w));
   acc.Read(x, w.cols * kF);
   acc.Write(out, static_cast<int64_t>(ids.size()) * kF);
   std::vector<int32_t> list(ids.begin(), ids.end());
