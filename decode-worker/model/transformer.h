@@ -37,7 +37,7 @@ class Transformer {
   // Rows of logits computed per LM-head call: the workspace holds this many rows of n_vocab
   // floats whatever the batch (a pass wanting more logits runs the head in pieces, with the
   // same bits: the ops are row-independent).
-  static constexpr int64_t kLogitRows = 16;
+  static constexpr int64_t kLogitRows = 64;
 
   // Uploads the weights to `device` and allocates the workspace for `rows` rows per pass (a
   // larger pass grows it first). `model` and `device` must outlive the Transformer.
