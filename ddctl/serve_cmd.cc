@@ -15,7 +15,7 @@
 #include "decode-worker/service/worker_node.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
-#include "prometheus/exposer.h"
+#include "common/metrics_server.h"
 #include "proto/cluster_auth.h"
 #include "proto/standard_services.h"
 #include "proto/tls.h"
@@ -253,18 +253,16 @@ absl::Status RunServe(const CliConfig& cfg) {
   const std::string inside =
       absl::StrCat(cfg.internal_listen.substr(0, cfg.internal_listen.rfind(':')), ":", internal_port);
   node->service().set_address(inside);
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsServer> exposer;
   std::string metrics_at = "off";
   if (!cfg.metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(cfg.metrics_listen);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", cfg.metrics_listen, ": ", e.what()));
-    }
+    auto server = MetricsServer::Start(cfg.metrics_listen);
+    if (!server.ok()) return server.status();
+    exposer = std::move(*server);
     router.RegisterMetrics(*exposer);
     node->metrics().RegisterWith(*exposer, node->scheduler());
     metrics_at = absl::StrCat(cfg.metrics_listen.substr(0, cfg.metrics_listen.rfind(':')), ":",
-                              exposer->GetListeningPorts().front());
+                              exposer->port());
   }
   std::unique_ptr<router::OpenAiHttp> http;
   std::string http_at;

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/signals.h"
 #include "glog/logging.h"
-#include "prometheus/exposer.h"
+#include "common/metrics_server.h"
 #include "proto/cluster_auth.h"
 #include "proto/standard_services.h"
 #include "proto/generate.grpc.pb.h"
@@ -64,17 +64,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   dd::MarkServing(*server, {dd::v1::DualDecoder::service_full_name(), dd::worker::v1::Registry::service_full_name()});
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<dd::MetricsServer> exposer;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(m);
-    } catch (const std::exception& e) {
-      std::cerr << "dd-router: metrics cannot listen on " << m << ": " << e.what() << "\n";
+    auto server = dd::MetricsServer::Start(m);
+    if (!server.ok()) {
+      std::cerr << "dd-router: " << server.status().message() << "\n";
       return 1;
     }
+    exposer = std::move(*server);
     router.RegisterMetrics(*exposer);
-    metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", exposer->GetListeningPorts().front());
+    metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", exposer->port());
   }
   std::unique_ptr<dd::router::OpenAiHttp> http;
   std::string http_at;

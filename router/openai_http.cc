@@ -1,8 +1,6 @@
 #include "router/openai_http.h"
 
-#include <CivetServer.h>
 #include <arpa/inet.h>
-#include <civetweb.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/http_server.h"
 #include "common/random.h"
 #include "nlohmann/json.hpp"
 #include "proto/generate.grpc.pb.h"
@@ -60,20 +59,20 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 // CORS headers for a request whose Origin header was allowed: every request with one that gets
 // past Handler::Refuse (which matches it exactly against the allow-list) gets its origin back.
-std::string CorsHeaders(mg_connection* c) {
-  const char* origin = mg_get_header(c, "Origin");
-  return origin != nullptr ? absl::StrCat("Access-Control-Allow-Origin: ", origin, "\r\nVary: Origin\r\n") : "";
+std::string CorsHeaders(http::Connection& c) {
+  const std::string* origin = c.request().Header("Origin");
+  return origin != nullptr ? absl::StrCat("Access-Control-Allow-Origin: ", *origin, "\r\nVary: Origin\r\n") : "";
 }
 
 // `cors` false: a refusal, which must not name the origin it refused.
-void SendJson(mg_connection* c, int status, const json& body, bool cors = true) {
+void SendJson(http::Connection& c, int status, const json& body, bool cors = true) {
   const std::string text = Dump(body);
-  mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
-            status, mg_get_response_code_text(c, status), text.size(), cors ? CorsHeaders(c).c_str() : "");
-  mg_write(c, text.data(), text.size());
+  c.Write(absl::StrCat("HTTP/1.1 ", status, " ", http::StatusText(status),
+                       "\r\nContent-Type: application/json\r\nContent-Length: ", text.size(), "\r\n",
+                       cors ? CorsHeaders(c) : "", "Connection: close\r\n\r\n", text));
 }
 
-void SendError(mg_connection* c, const HttpError& e, bool cors = true) { SendJson(c, e.status, ErrorBody(e), cors); }
+void SendError(http::Connection& c, const HttpError& e, bool cors = true) { SendJson(c, e.status, ErrorBody(e), cors); }
 
 // The host name of a Host header ("name:port", "[v6]:port", "1.2.3.4"), without the port.
 std::string HostName(absl::string_view host) {
@@ -90,24 +89,9 @@ bool IsIpOrLocalhost(const std::string& name) {
   return inet_pton(AF_INET, name.c_str(), buf) == 1 || inet_pton(AF_INET6, name.c_str(), buf) == 1;
 }
 
-// The request body as a JSON object, read only up to kMaxBody.
-std::optional<json> ReadBody(mg_connection* c, HttpError* err) {
-  const mg_request_info* ri = mg_get_request_info(c);
-  if (ri->content_length > static_cast<long long>(kMaxBody)) {
-    *err = {413, "invalid_request_error", absl::StrCat("request body of ", ri->content_length, " bytes (at most ",
-                                                       kMaxBody, ")"), "body_too_large"};
-    return std::nullopt;
-  }
-  std::string body;
-  char buf[16384];
-  for (int n; (n = mg_read(c, buf, sizeof(buf))) > 0;) {
-    body.append(buf, static_cast<size_t>(n));
-    if (body.size() > kMaxBody) {
-      *err = {413, "invalid_request_error", absl::StrCat("request body above ", kMaxBody, " bytes"), "body_too_large"};
-      return std::nullopt;
-    }
-  }
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+// The request body as a JSON object (the server bounded it by kMaxBody before reading it).
+std::optional<json> ParseBody(const http::Connection& c, HttpError* err) {
+  json j = json::parse(c.request().body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     *err = BadRequest("the request body must be a JSON object", "invalid_json");
     return std::nullopt;
@@ -188,15 +172,15 @@ int64_t Now() {
 
 }  // namespace
 
-struct OpenAiHttp::Handler : public CivetHandler {
+struct OpenAiHttp::Handler {
   Handler(const HttpOptions& o, std::shared_ptr<grpc::Channel> channel)
       : options(o), stub(v1::DualDecoder::NewStub(channel)) {}
 
   // 403 for a browser origin not on the allow-list, or a Host name the endpoint does not
   // answer (a DNS-rebinding page uses its own name); checked before anything else.
-  std::optional<HttpError> Refuse(mg_connection* c) const {
-    if (const char* host = mg_get_header(c, "Host"); host != nullptr) {
-      const std::string name = HostName(host);
+  std::optional<HttpError> Refuse(const http::Connection& c) const {
+    if (const std::string* host = c.request().Header("Host"); host != nullptr) {
+      const std::string name = HostName(*host);
       const bool listed = std::find(options.allowed_hosts.begin(), options.allowed_hosts.end(), name) !=
                           options.allowed_hosts.end();
       if (!options.allowed_hosts.empty() ? !listed : options.open_api && !IsIpOrLocalhost(name)) {
@@ -209,8 +193,8 @@ struct OpenAiHttp::Handler : public CivetHandler {
                          "host_not_allowed"};
       }
     }
-    if (const char* origin = mg_get_header(c, "Origin"); origin != nullptr) {
-      if (std::find(options.cors_origins.begin(), options.cors_origins.end(), origin) == options.cors_origins.end()) {
+    if (const std::string* origin = c.request().Header("Origin"); origin != nullptr) {
+      if (std::find(options.cors_origins.begin(), options.cors_origins.end(), *origin) == options.cors_origins.end()) {
         return HttpError{403, "invalid_request_error",
                          "browser requests from this origin are not allowed (the server's --http_cors_origins)",
                          "origin_not_allowed"};
@@ -219,54 +203,59 @@ struct OpenAiHttp::Handler : public CivetHandler {
     return std::nullopt;
   }
 
+  void Handle(http::Connection& c) {
+    const std::string& method = c.request().method;
+    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false);
+    if (method == "OPTIONS") return Options(c);
+    if (method == "GET") return Get(c);
+    if (method == "POST") return Post(c);
+    SendError(c, {405, "invalid_request_error", "method " + method + " is not served here", "method_not_allowed"});
+  }
+
   // CORS preflight: allowed origins may send GET and POST with Authorization and Content-Type.
-  bool handleOptions(CivetServer*, mg_connection* c) override {
-    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
-    mg_printf(c, "HTTP/1.1 204 No Content\r\n%sAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                 "Access-Control-Allow-Headers: Authorization, Content-Type\r\nAccess-Control-Max-Age: 600\r\n"
-                 "Content-Length: 0\r\nConnection: close\r\n\r\n",
-              CorsHeaders(c).c_str());
-    return true;
+  void Options(http::Connection& c) {
+    c.Write(absl::StrCat("HTTP/1.1 204 No Content\r\n", CorsHeaders(c),
+                         "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
+                         "Access-Control-Allow-Headers: Authorization, Content-Type\r\nAccess-Control-Max-Age: 600\r\n"
+                         "Content-Length: 0\r\nConnection: close\r\n\r\n"));
   }
 
-  static void Authorize(mg_connection* c, grpc::ClientContext* ctx) {
-    if (const char* auth = mg_get_header(c, "Authorization"); auth != nullptr) ctx->AddMetadata("authorization", auth);
+  static void Authorize(const http::Connection& c, grpc::ClientContext* ctx) {
+    if (const std::string* auth = c.request().Header("Authorization"); auth != nullptr) {
+      ctx->AddMetadata("authorization", *auth);
+    }
   }
 
-  bool handleGet(CivetServer*, mg_connection* c) override {
-    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
-    const std::string uri = mg_get_request_info(c)->local_uri;
-    if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"}), true;
+  void Get(http::Connection& c) {
+    const std::string& uri = c.request().path;
+    if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"});
     grpc::ClientContext ctx;
     Authorize(c, &ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ListModelsResponse resp;
-    if (grpc::Status st = stub->ListModels(&ctx, {}, &resp); !st.ok()) return SendError(c, FromGrpc(st)), true;
+    if (grpc::Status st = stub->ListModels(&ctx, {}, &resp); !st.ok()) return SendError(c, FromGrpc(st));
     json data = json::array();
     for (const v1::ModelInfo& m : resp.models()) {
       data.push_back({{"id", m.name()}, {"object", "model"}, {"created", 0}, {"owned_by", "dualdecoder"},
                       {"context_length", m.context_tokens()}});
     }
     SendJson(c, 200, {{"object", "list"}, {"data", data}});
-    return true;
   }
 
-  bool handlePost(CivetServer*, mg_connection* c) override {
-    if (auto e = Refuse(c)) return SendError(c, *e, /*cors=*/false), true;
-    const std::string uri = mg_get_request_info(c)->local_uri;
+  void Post(http::Connection& c) {
+    const std::string& uri = c.request().path;
     const bool chat = uri == "/v1/chat/completions";
     if (!chat && uri != "/v1/completions") {
-      return SendError(c, {404, "invalid_request_error", "no such endpoint: POST " + uri, "not_found"}), true;
+      return SendError(c, {404, "invalid_request_error", "no such endpoint: POST " + uri, "not_found"});
     }
     HttpError err;
-    std::optional<json> j = ReadBody(c, &err);
-    if (!j) return SendError(c, err), true;
+    std::optional<json> j = ParseBody(c, &err);
+    if (!j) return SendError(c, err);
     v1::GenerateRequest req;
     bool stream = false;
-    if (auto e = CommonFields(*j, chat ? "max_completion_tokens" : "max_tokens", &req, &stream)) return SendError(c, *e), true;
-    if (auto e = chat ? Messages(*j, &req) : Prompt(*j, &req)) return SendError(c, *e), true;
+    if (auto e = CommonFields(*j, chat ? "max_completion_tokens" : "max_tokens", &req, &stream)) return SendError(c, *e);
+    if (auto e = chat ? Messages(*j, &req) : Prompt(*j, &req)) return SendError(c, *e);
     Generate(c, req, chat, stream);
-    return true;
   }
 
   static std::optional<HttpError> Prompt(const json& j, v1::GenerateRequest* req) {
@@ -313,11 +302,17 @@ struct OpenAiHttp::Handler : public CivetHandler {
             {"model", model}, {"choices", json::array({choice})}};
   }
 
-  void Generate(mg_connection* c, const v1::GenerateRequest& req, bool chat, bool stream) {
+  void Generate(http::Connection& c, const v1::GenerateRequest& req, bool chat, bool stream) {
     const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
     const std::string model = req.model().empty() ? ServedModel(c) : req.model();
     grpc::ClientContext ctx;
     Authorize(c, &ctx);
+    // A client that hangs up cancels its request, streamed or not, in prefill or in decode.
+    c.OnHangup([&ctx] { ctx.TryCancel(); });
+    struct ClearHangup {
+      http::Connection& c;
+      ~ClearHangup() { c.OnHangup(nullptr); }  // before ctx goes
+    } clear{c};
     auto reader = stub->Generate(&ctx, req);
     v1::GenerateResponse resp;
     std::string text;
@@ -328,9 +323,8 @@ struct OpenAiHttp::Handler : public CivetHandler {
       text += resp.text();
       if (!stream) continue;
       if (!started) {
-        mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "%sConnection: close\r\n\r\n",
-                  CorsHeaders(c).c_str());
+        c.Write(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n",
+                             CorsHeaders(c), "Connection: close\r\n\r\n"));
       }
       if (!resp.text().empty() || !started) {
         if (!Event(c, Chunk(id, model, chat, resp.text(), !started, std::nullopt))) {
@@ -348,8 +342,7 @@ struct OpenAiHttp::Handler : public CivetHandler {
       } else {
         Event(c, Chunk(id, model, chat, "", false, FinishReason(usage.stop_reason())));
       }
-      const std::string done = "data: [DONE]\n\n";
-      mg_write(c, done.data(), done.size());
+      c.Write("data: [DONE]\n\n");
       return;
     }
     json choice = {{"index", 0}, {"finish_reason", FinishReason(usage.stop_reason())}};
@@ -365,13 +358,12 @@ struct OpenAiHttp::Handler : public CivetHandler {
                                  {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}});
   }
 
-  static bool Event(mg_connection* c, const json& j) {
-    const std::string line = absl::StrCat("data: ", Dump(j), "\n\n");
-    return mg_write(c, line.data(), line.size()) > 0;
+  static bool Event(http::Connection& c, const json& j) {
+    return c.Write(absl::StrCat("data: ", Dump(j), "\n\n"));
   }
 
   // The one model served, for responses to requests that named none.
-  std::string ServedModel(mg_connection* c) {
+  std::string ServedModel(const http::Connection& c) {
     grpc::ClientContext ctx;
     Authorize(c, &ctx);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -388,25 +380,23 @@ absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const HttpOptions&
                                                               std::shared_ptr<grpc::Channel> channel) {
   std::unique_ptr<OpenAiHttp> h(new OpenAiHttp());
   h->handler_ = std::make_unique<Handler>(http, std::move(channel));
-  const std::string& listen = http.listen;
-  // No CORS header from civetweb itself (its default is "*"): the handler sends them for
-  // allowed origins only.
-  const std::vector<std::string> options = {"listening_ports", listen, "num_threads", "16",
-                                            "request_timeout_ms", "30000", "enable_keep_alive", "no",
-                                            "access_control_allow_origin", ""};
-  try {
-    h->server_ = std::make_unique<CivetServer>(options);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("http cannot listen on ", listen, ": ", e.what()));
-  }
-  h->server_->addHandler("/v1/", h->handler_.get());
-  const std::vector<int> ports = h->server_->getListeningPorts();
-  h->port_ = ports.empty() ? 0 : ports.front();
+  http::ServerOptions o;
+  o.listen = http.listen;
+  o.threads = http.threads;
+  o.queue = 4 * http.threads;
+  o.max_per_client = http.max_connections_per_client;
+  o.request_timeout_ms = 10000;
+  o.write_timeout_ms = 30000;
+  o.max_body_bytes = static_cast<int64_t>(kMaxBody);
+  o.name = "http";
+  Handler* handler = h->handler_.get();
+  auto server = http::Server::Start(o, [handler](http::Connection& c) { handler->Handle(c); });
+  if (!server.ok()) return server.status();
+  h->server_ = std::move(*server);
+  h->port_ = h->server_->port();
   return h;
 }
 
-OpenAiHttp::~OpenAiHttp() {
-  if (server_) server_->close();
-}
+OpenAiHttp::~OpenAiHttp() { server_.reset(); }  // running handlers finish before the handler goes
 
 }  // namespace dd::router

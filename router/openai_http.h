@@ -6,12 +6,15 @@
 // Every call goes through the router's own gRPC API on an in-process channel, so admission,
 // validation, API keys ("Authorization: Bearer KEY" is passed on) and metrics are the same as for
 // gRPC clients. Errors use the API's shape {"error": {"message", "type", "code"}} with the HTTP
-// status of the gRPC code. Request bodies above 8 MiB are refused before they are read; 16
-// connections are served at once, each network read or write may take 30 s at most.
+// status of the gRPC code. The server is common/http_server.h: idle and slow connections cost
+// no handler thread; a request must arrive within 10 s and bodies above 8 MiB are refused
+// before they are read; `threads` requests are handled at once (more wait in a queue of 4×
+// that, then get 503), at most `max_connections_per_client` connections per client address;
+// a client that hangs up cancels its request, streamed or not.
 // Browsers are kept out unless allowed (HttpOptions): a request carrying an Origin header not
-// on the allow-list gets 403 and no CORS header is ever sent for it (civetweb's "*" default is
-// off); with an open API (no keys), only IP-literal or localhost Host headers are answered, so
-// a DNS-rebinding page cannot reach it under its own name.
+// on the allow-list gets 403 and no CORS header is ever sent for it; with an open API (no
+// keys), only IP-literal or localhost Host headers are answered, so a DNS-rebinding page
+// cannot reach it under its own name.
 // Differences from OpenAI's API: one choice (n = 1), no logprobs or echo, and temperature
 // defaults to 1 as there (the gRPC API's default is greedy).
 #pragma once
@@ -23,7 +26,9 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 
-class CivetServer;
+namespace dd::http {
+class Server;
+}
 
 namespace dd::router {
 
@@ -34,6 +39,8 @@ struct HttpOptions {
   // localhost only.
   std::vector<std::string> allowed_hosts;
   bool open_api = false;  // the router has no API keys
+  int threads = 64;       // requests handled at once (a streamed one holds its thread to the end)
+  int max_connections_per_client = 256;
 };
 
 class OpenAiHttp {
@@ -45,12 +52,12 @@ class OpenAiHttp {
   ~OpenAiHttp();
   int port() const { return port_; }
 
-  struct Handler;  // public for the civetweb callback
+  struct Handler;
 
  private:
   OpenAiHttp() = default;
   std::unique_ptr<Handler> handler_;
-  std::unique_ptr<CivetServer> server_;
+  std::unique_ptr<http::Server> server_;  // after handler_: destroyed first
   int port_ = 0;
 };
 

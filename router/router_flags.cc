@@ -27,6 +27,13 @@ ABSL_FLAG(std::string, http_allowed_hosts, "",
           "router: Host names the HTTP endpoint answers (comma-separated, no port). Empty = any with API keys; "
           "without keys only IP addresses and localhost (against DNS rebinding)");
 
+ABSL_FLAG(int32_t, http_threads, 64,
+          "router: HTTP requests handled at once (a streamed one holds its thread until it ends); 4x as many wait, "
+          "then 503. Idle connections take none");
+ABSL_FLAG(int32_t, http_max_connections_per_client, 256,
+          "router: open HTTP connections one client address may hold (more are closed at once); raise it when every "
+          "request arrives through one proxy");
+
 namespace dd::router {
 
 HttpOptions HttpOptionsFromFlags(bool open_api) {
@@ -35,6 +42,8 @@ HttpOptions HttpOptionsFromFlags(bool open_api) {
   o.cors_origins = absl::StrSplit(absl::GetFlag(FLAGS_http_cors_origins), ',', absl::SkipWhitespace());
   o.allowed_hosts = absl::StrSplit(absl::GetFlag(FLAGS_http_allowed_hosts), ',', absl::SkipWhitespace());
   o.open_api = open_api;
+  o.threads = absl::GetFlag(FLAGS_http_threads);
+  o.max_connections_per_client = absl::GetFlag(FLAGS_http_max_connections_per_client);
   return o;
 }
 

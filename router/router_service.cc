@@ -13,7 +13,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
+#include "common/metrics_server.h"
 #include "prometheus/family.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
@@ -133,7 +133,7 @@ RouterService::~RouterService() {
   watcher_.join();
 }
 
-void RouterService::RegisterMetrics(prometheus::Exposer& exposer) {
+void RouterService::RegisterMetrics(MetricsServer& exposer) {
   auto c = std::make_shared<RouterCollectable>(registry_, queued_, inflight_, resumes_);
   exposer.RegisterCollectable(c);
   exposer.RegisterCollectable(metrics_);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics_server.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/generate.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
@@ -25,7 +26,6 @@ class Counter;
 class Gauge;
 template <typename T>
 class Family;
-class Exposer;
 }  // namespace prometheus
 
 namespace dd::router {
@@ -54,7 +54,7 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   dd::worker::v1::Registry::Service* registry_service() { return registry_service_.get(); }
   // Adds the router metrics (dd_requests_total{code}, dd_queue_depth, dd_router_inflight,
   // dd_router_resumes_total, dd_worker_up{worker}) to an exposer.
-  void RegisterMetrics(prometheus::Exposer& exposer);
+  void RegisterMetrics(MetricsServer& exposer);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
                         grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;

@@ -6,7 +6,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
+#include "common/metrics_server.h"
 #include "prometheus/histogram.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
@@ -112,18 +112,15 @@ WorkerMetrics::~WorkerMetrics() = default;
 void WorkerMetrics::StopServing() { exposer_.reset(); }
 
 absl::Status WorkerMetrics::Serve(const std::string& listen, const Scheduler& scheduler) {
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", listen, ": ", e.what()));
-  }
+  auto server = MetricsServer::Start(listen);
+  if (!server.ok()) return server.status();
+  exposer_ = std::move(*server);
   RegisterWith(*exposer_, scheduler);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  port_ = ports.empty() ? 0 : ports.front();
+  port_ = exposer_->port();
   return absl::OkStatus();
 }
 
-void WorkerMetrics::RegisterWith(prometheus::Exposer& exposer, const Scheduler& scheduler) {
+void WorkerMetrics::RegisterWith(MetricsServer& exposer, const Scheduler& scheduler) {
   auto c = std::make_shared<SchedulerCollectable>(scheduler);
   exposer.RegisterCollectable(c);
   exposer.RegisterCollectable(registry_);

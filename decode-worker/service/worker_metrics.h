@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
+#include "common/metrics_server.h"
 #include "absl/status/statusor.h"
 #include "decode-worker/service/scheduler.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 class Histogram;
 template <typename T>
@@ -32,7 +32,7 @@ class WorkerMetrics : public SchedulerObserver {
   // this object.
   absl::Status Serve(const std::string& listen, const Scheduler& scheduler);
   // For an embedded server that already has an exposer: add these metrics to it.
-  void RegisterWith(prometheus::Exposer& exposer, const Scheduler& scheduler);
+  void RegisterWith(MetricsServer& exposer, const Scheduler& scheduler);
   int port() const { return port_; }
   // Stops serving (before the scheduler it reads goes away).
   void StopServing();
@@ -45,7 +45,7 @@ class WorkerMetrics : public SchedulerObserver {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram *decode_step_ = nullptr, *prefill_step_ = nullptr, *ttft_ = nullptr, *tpot_ = nullptr;
   prometheus::Counter *ok_ = nullptr, *cancelled_ = nullptr, *failed_ = nullptr;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsServer> exposer_;
   std::shared_ptr<void> collectable_;
   int port_ = 0;
 };

@@ -7,7 +7,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/metric_type.h"
-#include "prometheus/exposer.h"
+#include "common/metrics_server.h"
 
 namespace dd::kvpool {
 namespace {
@@ -82,16 +82,13 @@ class PoolCollectable : public prometheus::Collectable {
 absl::StatusOr<std::unique_ptr<PoolMetrics>> PoolMetrics::Start(const Pool& pool, const std::string& listen,
                                                                 const UcxServer* ucx) {
   std::unique_ptr<PoolMetrics> m(new PoolMetrics());
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics cannot listen on ", listen, ": ", e.what()));
-  }
+  auto server = MetricsServer::Start(listen);
+  if (!server.ok()) return server.status();
+  m->exposer_ = std::move(*server);
   auto collectable = std::make_shared<PoolCollectable>(pool, ucx);
   m->exposer_->RegisterCollectable(collectable);
   m->collectable_ = collectable;
-  const std::vector<int> ports = m->exposer_->GetListeningPorts();
-  m->port_ = ports.empty() ? 0 : ports.front();
+  m->port_ = m->exposer_->port();
   return m;
 }
 

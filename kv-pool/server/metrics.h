@@ -10,12 +10,12 @@
 #include <memory>
 #include <string>
 
+#include "common/metrics_server.h"
 #include "absl/status/statusor.h"
 #include "kv-pool/server/pool.h"
 #include "kv-pool/server/ucx_server.h"
 
 namespace prometheus {
-class Exposer;
 }
 
 namespace dd::kvpool {
@@ -31,7 +31,7 @@ class PoolMetrics {
 
  private:
   PoolMetrics() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsServer> exposer_;
   std::shared_ptr<void> collectable_;
   int port_ = 0;
 };
