@@ -45,7 +45,7 @@ namespace {
 
 class InProcessKvStore : public KvStore {
  public:
-  explicit InProcessKvStore(const LinkModel& link) : queue_(link) {}
+  InProcessKvStore(const LinkModel& link, int64_t cache_bytes) : cache_bytes_(cache_bytes), queue_(link) {}
   ~InProcessKvStore() override { queue_.Drain(); }
 
   void SetLink(const LinkModel& link) override { queue_.SetLink(link); }
@@ -63,7 +63,7 @@ class InProcessKvStore : public KvStore {
   absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return UnknownSequence(seq);
+    if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
     Seq& s = it->second;
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
     std::vector<float>& b = s.blocks[BlockIndex(s.layout, ref)];
@@ -74,18 +74,18 @@ class InProcessKvStore : public KvStore {
 
   absl::StatusOr<KvLayout> Layout(SequenceId seq) const override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return UnknownSequence(seq);
-    return it->second.layout;
+    const Seq* s = Find(seq);
+    if (s == nullptr) return UnknownSequence(seq);
+    return s->layout;
   }
 
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
                                       Priority priority) override {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     std::unique_lock<std::mutex> lock(mu_);
-    auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return UnknownSequence(seq);
-    const Seq& s = it->second;
+    const Seq* found = Find(seq);
+    if (found == nullptr) return UnknownSequence(seq);
+    const Seq& s = *found;
     // Validate everything now, so a transfer never fails half-way.
     TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_floats(), {}, nullptr};
     for (const ChunkRef& r : refs) {
@@ -105,11 +105,61 @@ class InProcessKvStore : public KvStore {
   absl::Status Release(SequenceId seq) override {
     queue_.Drain();  // transfers may still read this sequence's blocks
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto h = handles_.find(seq); h != handles_.end()) {  // a prefix handle
+      --seqs_[h->second].pins;
+      handles_.erase(h);
+      Evict();
+      return absl::OkStatus();
+    }
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return UnknownSequence(seq);
-    bytes_ -= static_cast<int64_t>(it->second.blocks.size()) * it->second.layout.block_floats() * sizeof(float);
-    seqs_.erase(it);
+    if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
+    Seq& s = it->second;
+    if (cache_bytes_ > 0 && !s.keys.empty()) {  // its committed prefix stays findable until evicted
+      s.released = true;
+      s.last_use = ++clock_;
+      cached_bytes_ += Bytes(s);
+      Evict();
+      return absl::OkStatus();
+    }
+    Erase(it);
     return absl::OkStatus();
+  }
+
+  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
+    if (cache_bytes_ <= 0) return absl::OkStatus();
+    Seq& s = it->second;
+    for (size_t i = s.keys.size(); i < keys.size(); ++i) {
+      // A key already held elsewhere stays there (the same tokens, the same KV).
+      if (prefix_.emplace(keys[i], seq).second) s.keys.push_back(keys[i]);
+    }
+    s.last_use = ++clock_;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PrefixMatch> LookupPrefix(absl::Span<const uint64_t> keys, const KvLayout& layout,
+                                           int64_t block_chunks) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Keys are chained: block i's key names every token before it, so the longest match is
+    // the last key found. Its sequence holds every block up to it (it wrote them to commit).
+    for (size_t i = keys.size(); i-- > 0;) {
+      auto p = prefix_.find(keys[i]);
+      if (p == prefix_.end()) continue;
+      Seq& s = seqs_[p->second];
+      const KvLayout& l = s.layout;
+      if (l.n_layers != layout.n_layers || l.n_kv_heads != layout.n_kv_heads || l.head_dim != layout.head_dim ||
+          l.chunk_tokens != layout.chunk_tokens || block_chunks <= 0) {
+        continue;
+      }
+      const SequenceId handle = ++next_id_;
+      handles_[handle] = p->second;
+      ++s.pins;
+      s.last_use = ++clock_;
+      return PrefixMatch{static_cast<int64_t>(i) + 1, handle};
+    }
+    return PrefixMatch{};
   }
 
   int64_t bytes_stored() const override {
@@ -122,19 +172,62 @@ class InProcessKvStore : public KvStore {
   struct Seq {
     KvLayout layout;
     std::unordered_map<int64_t, std::vector<float>> blocks;
+    std::vector<uint64_t> keys;  // prefix keys that name this sequence
+    bool released = false;       // only its committed prefix is of use: read through handles
+    int pins = 0;                // open handles
+    uint64_t last_use = 0;
   };
+  static int64_t Bytes(const Seq& s) {
+    return static_cast<int64_t>(s.blocks.size()) * s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+  }
+  // A live sequence, or the one a prefix handle reads (released or not); nullptr otherwise.
+  const Seq* Find(SequenceId id) const {
+    bool via_handle = false;
+    if (auto h = handles_.find(id); h != handles_.end()) {
+      id = h->second;
+      via_handle = true;
+    }
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || (it->second.released && !via_handle)) return nullptr;
+    return &it->second;
+  }
+  void Erase(std::unordered_map<SequenceId, Seq>::iterator it) {
+    for (uint64_t k : it->second.keys) prefix_.erase(k);
+    bytes_ -= Bytes(it->second);
+    if (it->second.released) cached_bytes_ -= Bytes(it->second);
+    seqs_.erase(it);
+  }
+  // Drops released, unpinned sequences, least recently used first, until the cache fits.
+  void Evict() {
+    while (cached_bytes_ > cache_bytes_) {
+      auto victim = seqs_.end();
+      for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
+        if (it->second.released && it->second.pins == 0 &&
+            (victim == seqs_.end() || it->second.last_use < victim->second.last_use)) {
+          victim = it;
+        }
+      }
+      if (victim == seqs_.end()) return;  // everything cached is being read
+      Erase(victim);
+    }
+  }
 
+  const int64_t cache_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<SequenceId, Seq> seqs_;
+  std::unordered_map<uint64_t, SequenceId> prefix_;      // committed key → its sequence
+  std::unordered_map<SequenceId, SequenceId> handles_;   // prefix handle → sequence
   SequenceId next_id_ = 0;
+  uint64_t clock_ = 0;
   int64_t bytes_ = 0;
+  int64_t cached_bytes_ = 0;  // of released sequences
   TransferQueue queue_;  // last: destroyed first
 };
 
 }  // namespace
 
-std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link) {
-  return std::make_unique<InProcessKvStore>(link);
+std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link, int64_t prefix_cache_bytes) {
+  return std::make_unique<InProcessKvStore>(link, prefix_cache_bytes);
 }
 
 }  // namespace dd::kvpool

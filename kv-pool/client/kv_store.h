@@ -105,7 +105,10 @@ class KvStore {
 // otherwise one transfer thread serves gathers through the link model, urgent ones before
 // any queued background one (a transfer in progress is not interrupted), and Wait blocks
 // until the data is in `dst`.
-std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {});
+// Prefix reuse: with `prefix_cache_bytes` > 0 a released sequence whose prefix was committed
+// stays findable (LookupPrefix) while the released sequences together hold at most that many
+// bytes, the least recently committed or looked up evicted first; 0 keeps no prefixes.
+std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {}, int64_t prefix_cache_bytes = 0);
 
 // Stripes layers over `shards` (layer l → shard l % N); each shard is a store of its own.
 std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>> shards);

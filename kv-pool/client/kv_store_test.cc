@@ -64,6 +64,69 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
 // below waits, with a deadline, until all of them have started), while an urgent job on an
 // infinite link still runs in its caller (who waits for it at once), and so does one on a
 // modelled link (on the link's clock: UrgentJobsGoBetweenABackgroundJobsPieces).
+// A sequence of one layer, one head and `chunks` chunks of 8 tokens × 4 floats, block c filled
+// with c + base; its prefix committed under `keys` (one block of one chunk per key).
+SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const std::vector<uint64_t>& keys) {
+  const KvLayout layout{1, 1, 4, 8};
+  auto seq = store.Open(layout);
+  EXPECT_TRUE(seq.ok());
+  for (int64_t c = 0; c < chunks; ++c) {
+    std::vector<float> block(layout.block_floats(), base + static_cast<float>(c));
+    EXPECT_TRUE(store.Write(*seq, {0, 0, c}, block.data()).ok());
+  }
+  EXPECT_TRUE(store.CommitPrefix(*seq, keys).ok());
+  return *seq;
+}
+
+TEST(InProcessKvStoreTest, ACommittedPrefixOutlivesItsSequenceUntilEvicted) {
+  const KvLayout layout{1, 1, 4, 8};
+  const int64_t block_bytes = layout.block_floats() * 4;
+  auto store = NewInProcessKvStore({}, /*prefix_cache_bytes=*/3 * block_bytes);
+  const SequenceId a = CommittedSequence(*store, 2, 10.0f, {101, 102});
+  ASSERT_TRUE(store->Release(a).ok());
+  EXPECT_FALSE(store->Layout(a).ok()) << "a released sequence is gone by its own id";
+  // The longest committed prefix of a request that shares the first block only.
+  auto m = store->LookupPrefix({101, 999}, layout, 1);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->blocks, 1);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  m = store->LookupPrefix({101, 102, 103}, layout, 1);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->blocks, 2);
+  std::vector<float> out(2 * layout.block_floats());
+  const ChunkRef refs[] = {{0, 0, 0}, {0, 0, 1}};
+  auto t = store->Gather(m->seq, refs, out.data(), Priority::kUrgent);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(store->Wait(*t).ok());
+  EXPECT_EQ(out[0], 10.0f);
+  EXPECT_EQ(out[layout.block_floats()], 11.0f);
+  // Another layout does not match; neither does a key nobody committed.
+  EXPECT_EQ(store->LookupPrefix({101}, KvLayout{1, 1, 8, 8}, 1)->blocks, 0);
+  EXPECT_EQ(store->LookupPrefix({555}, layout, 1)->blocks, 0);
+
+  // a is being read (its handle is open): b, which overflows the cache, is evicted instead.
+  const SequenceId b = CommittedSequence(*store, 2, 20.0f, {201, 202});
+  ASSERT_TRUE(store->Release(b).ok());
+  EXPECT_EQ(store->LookupPrefix({201}, layout, 1)->blocks, 0);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  // With no handle open the least recently used goes: a, not the newer c.
+  const SequenceId c = CommittedSequence(*store, 2, 30.0f, {301, 302});
+  ASSERT_TRUE(store->Release(c).ok());
+  EXPECT_EQ(store->LookupPrefix({101}, layout, 1)->blocks, 0);
+  m = store->LookupPrefix({301, 302}, layout, 1);
+  EXPECT_EQ(m->blocks, 2);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  EXPECT_EQ(store->bytes_stored(), 2 * block_bytes);
+}
+
+TEST(InProcessKvStoreTest, WithoutACacheNothingIsKept) {
+  auto store = NewInProcessKvStore();
+  const SequenceId a = CommittedSequence(*store, 1, 1.0f, {7});
+  ASSERT_TRUE(store->Release(a).ok());
+  EXPECT_EQ(store->LookupPrefix({7}, KvLayout{1, 1, 4, 8}, 1)->blocks, 0);
+  EXPECT_EQ(store->bytes_stored(), 0);
+}
+
 TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {
   const std::thread::id caller = std::this_thread::get_id();
   auto ran_on = [](TransferQueue& queue, Priority priority) {

@@ -381,8 +381,8 @@ bool NamesThisHost(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
-                                                     const LinkModel& link) {
-  if (uri.empty() || uri == "inproc://") return NewInProcessKvStore(link);
+                                                     const LinkModel& link, int64_t inproc_prefix_cache_bytes) {
+  if (uri.empty() || uri == "inproc://") return NewInProcessKvStore(link, inproc_prefix_cache_bytes);
   if (uri.find(',') != std::string::npos) {  // several pools: layers striped over them
     std::vector<std::unique_ptr<KvStore>> shards;
     for (absl::string_view part : absl::StrSplit(uri, ',')) {
