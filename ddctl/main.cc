@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   cfg.generate.stop_strings = absl::GetFlag(FLAGS_stop);
   if (!ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids", &cfg.generate.stop_ids)) return 2;
   cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);
-  auto engine_options = dd::worker::EngineOptionsFromFlags();
+  auto engine_options = dd::worker::EngineOptionsFromFlags(/*serving=*/cmd == "serve");
   if (!engine_options.ok()) {
     std::cerr << "ddctl: " << engine_options.status().message() << "\n";
     return 2;

@@ -228,6 +228,25 @@ absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, 
   return device_.Synchronize(device_.Record(Queue::kCompute));  // the host rows may change after
 }
 
+absl::Status DenseKvCache::ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v) {
+  if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || layer < 0 || layer >= config_.n_layer ||
+      slots_[seq].layers.empty() || p0 > p1 || KRow(seq, layer, p0) == nullptr ||
+      (p1 > p0 && KRow(seq, layer, p1 - 1) == nullptr)) {
+    return absl::OutOfRangeError(absl::StrCat("read KV rows: slot ", seq, " layer ", layer, " does not hold positions [",
+                                              p0, ", ", p1, ")"));
+  }
+  const Layer& L = slots_[seq].layers[layer];
+  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+  for (int64_t a = p0; a < p1;) {
+    int64_t len = p1 - a;
+    if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.k, RowOf(L, a) * row, k + (a - p0) * kv_dim, len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.v, RowOf(L, a) * row, v + (a - p0) * kv_dim, len * row));
+    a += len;
+  }
+  return device_.Synchronize(device_.Record(Queue::kCompute));
+}
+
 absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
   const int64_t n = static_cast<int64_t>(call.rows.size());
   int64_t r0 = 0;

@@ -56,6 +56,9 @@ class DenseKvCache : public KvCache {
   // state after a prefill of `length` tokens, for a sliding layer when n >= min(length,
   // window). Complete when it returns.
   absl::Status LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n);
+  // Copies the K and V rows of positions [p0, p1) of `layer` to host memory (k and v: (p1 - p0)
+  // × n_head_kv × head_dim floats); complete when it returns. OUT_OF_RANGE unless all are held.
+  absl::Status ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v);
 
  private:
   struct Layer {

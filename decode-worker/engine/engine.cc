@@ -100,7 +100,8 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   }
   dense_ = static_cast<DenseKvCache*>(kv_.get());
   if (options_.mode != DecodeMode::kFull || options_.prefix_block_tokens > 0) {
-    auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link);
+    auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link,
+                                     options_.prefix_cache_bytes);
     if (!store.ok()) {
       init_status_ = store.status();
       return;
@@ -216,6 +217,11 @@ int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, 
 void Engine::Release(int32_t seq) {
   if (seq >= 0 && seq < static_cast<int32_t>(oracle_.size())) oracle_[seq] = Oracle();
   kv_->Reset(seq);
+  if (seq >= 0 && seq < static_cast<int32_t>(dense_store_.size()) && dense_store_[seq] != 0) {
+    // Its committed prefix, if any, stays with the store (a cache, or a pool's quota).
+    if (absl::Status st = store_->Release(dense_store_[seq]); !st.ok()) LOG(WARNING) << "prefix blocks: " << st;
+    dense_store_[seq] = 0;
+  }
   ClearSpec(seq);
   shortlist_.Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
@@ -326,6 +332,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     for (int64_t i = b; i < e; ++i) rows.push_back({.seq = seq, .pos = i, .token = tokens[i], .want_logits = static_cast<bool>(want[i]), .prefill = true});
     NoteTokens(seq, tokens.subspan(b, e - b));
     absl::Status st = transformer_->Forward(rows, *kv_, &chunk_logits);
+    if (st.ok() && PrefixReuse() && dense_ != nullptr) st = OffloadDense(seq, b, e);
     if (!st.ok()) {
       Release(seq);
       return st;
@@ -380,6 +387,8 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
     return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
   }
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  // The slot's own store sequence gets every block too, so its prompt can be committed whole.
+  ASSIGN_OR_RETURN(const kvpool::SequenceId own, DenseStoreSeq(seq));
   constexpr int64_t kBatch = 64;  // chunks per gather
   std::vector<float> blocks, krows, vrows;
   for (int64_t l = 0; l < cfg.n_layer; ++l) {
@@ -388,13 +397,15 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
     const int64_t c_first = keep_from / C, chunks = tokens / C;
     krows.assign((tokens - c_first * C) * kv_dim, 0.0f);
     vrows.assign(krows.size(), 0.0f);
-    for (int64_t c0 = c_first; c0 < chunks; c0 += kBatch) {
+    for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
       const int64_t c1 = std::min(chunks, c0 + kBatch);
       RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
       // Each block is [K | V] of C positions for one KV head; rows interleave the heads.
       for (int64_t c = c0; c < c1; ++c) {
         for (int32_t g = 0; g < n_kv; ++g) {
           const float* block = &blocks[((c - c0) * n_kv + g) * 2 * C * hd];
+          RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block));
+          if (c < c_first) continue;
           for (int64_t t = 0; t < C; ++t) {
             const int64_t row = (c - c_first) * C + t;
             std::memcpy(&krows[row * kv_dim + g * hd], block + t * hd, hd * sizeof(float));
@@ -408,10 +419,47 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<kvpool::SequenceId> Engine::DenseStoreSeq(int32_t seq) {
+  if (seq >= static_cast<int32_t>(dense_store_.size())) dense_store_.resize(seq + 1, 0);
+  if (dense_store_[seq] == 0) {
+    ASSIGN_OR_RETURN(dense_store_[seq], store_->Open(prefix_ns_.layout));
+  }
+  return dense_store_[seq];
+}
+
+absl::Status Engine::OffloadDense(int32_t seq, int64_t from, int64_t to) {
+  const model::ModelConfig& cfg = model_.config;
+  const int64_t C = options_.sparse.chunk_tokens, hd = cfg.head_dim, n_kv = cfg.n_head_kv, kv_dim = n_kv * hd;
+  const int64_t c0 = from / C, c1 = to / C;  // the chunks this pass completed
+  if (c1 <= c0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const kvpool::SequenceId own, DenseStoreSeq(seq));
+  std::vector<float> k((c1 - c0) * C * kv_dim), v(k.size()), block(2 * C * hd);
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    RETURN_IF_ERROR(dense_->ReadRows(seq, l, c0 * C, c1 * C, k.data(), v.data()));
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int32_t g = 0; g < n_kv; ++g) {
+        for (int64_t t = 0; t < C; ++t) {  // [K | V] of C positions of head g
+          const int64_t row = ((c - c0) * C + t) * kv_dim + g * hd;
+          std::memcpy(&block[t * hd], &k[row], hd * sizeof(float));
+          std::memcpy(&block[(C + t) * hd], &v[row], hd * sizeof(float));
+        }
+        RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block.data()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
-  if (sparse_ == nullptr) return;  // full mode restores prefixes, it does not offload its own
   const std::vector<uint64_t> keys = kvpool::PrefixKeys(PrefixNamespaceOf(seq), tokens);
   if (keys.empty()) return;
+  if (sparse_ == nullptr) {  // full mode: the blocks OffloadDense wrote
+    if (seq >= static_cast<int32_t>(dense_store_.size()) || dense_store_[seq] == 0) return;
+    if (absl::Status st = store_->CommitPrefix(dense_store_[seq], keys); !st.ok()) {
+      LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
+    }
+    return;
+  }
   if (absl::Status st = sparse_->CommitPrefix(seq, keys); !st.ok()) {
     LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
   }
@@ -505,6 +553,9 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
   }
   std::vector<float> logits;
   RETURN_IF_ERROR(transformer_->Forward(rows, *kv_, &logits));
+  if (commit_prefix && PrefixReuse() && dense_ != nullptr) {
+    for (const PrefillPiece& p : pieces) RETURN_IF_ERROR(OffloadDense(p.seq, p.begin, p.end));
+  }
   const int64_t V = model_.config.n_vocab;
   last_logits->assign(pieces.size(), {});
   for (size_t j = 0; j < owner.size(); ++j) {

@@ -55,6 +55,10 @@ struct EngineOptions {
   // only restores (its prefill offloads nothing: a prefix some sparse engine committed,
   // whose KV equals full's bit for bit). 0 = off.
   int64_t prefix_block_tokens = 0;
+  // The in-process store's prefix cache (kv_store inproc://): committed prefixes kept after
+  // their requests end, least recently used evicted past this many bytes. A pool's cache is
+  // bounded by its tenant quota instead.
+  int64_t prefix_cache_bytes = int64_t{1} << 30;
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   // Device-memory budget in bytes (0 = unlimited): weights, workspace and every admitted
@@ -268,6 +272,12 @@ class Engine {
   // `full` mode: loads `tokens` positions of stored sequence `handle` into empty slot `seq`
   // (every position of a global layer, the last window + 1 of a sliding one).
   absl::Status RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
+  // `full` mode with prefix reuse: each slot's KV blocks in a store sequence of its own, so its
+  // prompt can be committed (the sparse cache keeps its own).
+  std::vector<kvpool::SequenceId> dense_store_;  // per slot, 0 = none yet
+  absl::StatusOr<kvpool::SequenceId> DenseStoreSeq(int32_t seq);
+  // Writes the chunks completed between lengths `from` and `to` of every layer to it.
+  absl::Status OffloadDense(int32_t seq, int64_t from, int64_t to);
   // One forward pass over prompt pieces (shared by PrefillBatch and PrefillParts): the last
   // row's logits of each piece that ends its prompt, whose blocks are committed for reuse if
   // `commit_prefix`.

@@ -1,7 +1,7 @@
-// Prefix reuse through a real dd-kv-pool process on the real Gemma 3 270M: a second request
-// (on another engine, as on another worker) that shares a long prefix restores it from the
-// pool instead of prefilling it, and its logits are bit-identical to a fresh prefill; a full
-// engine restores what a sparse one committed.
+// Prefix reuse on the real Gemma 3 270M, through a real dd-kv-pool process and through the
+// in-process store's cache: a second request that shares a long prefix restores it instead of
+// prefilling it, and its logits are bit-identical to a fresh prefill, in every mode; a full
+// engine restores what a sparse one committed, and commits its own prompts.
 #include "decode-worker/engine/prefix_reuse.h"
 
 #include <cstring>
@@ -78,7 +78,7 @@ TEST_F(PrefixReuseTest, SharedPrefixIsRestoredBitIdentically) {
 }
 
 // `full` restores a prefix a sparse engine committed (their prompt KV is the same bits) and
-// answers as a full engine that prefilled it all; it commits nothing of its own.
+// answers as a full engine that prefilled it all; it commits its own prompts as well.
 TEST_F(PrefixReuseTest, FullModeRestoresWhatASparseEngineCommitted) {
   std::vector<int32_t> a = Text(0, 1200), b = Text(0, 1100);
   const std::vector<int32_t> tail = Text(5000, 150);
@@ -98,13 +98,46 @@ TEST_F(PrefixReuseTest, FullModeRestoresWhatASparseEngineCommitted) {
   const std::vector<float> want = Run(**fresh, b, 6);
   ASSERT_EQ(reused.size(), want.size());
   EXPECT_EQ(std::memcmp(reused.data(), want.data(), want.size() * sizeof(float)), 0);
-  // A prompt only full engines have seen is not found: full does not commit.
+  // A prompt only full engines have seen: the one that prefilled it committed it.
   const std::vector<int32_t> c = Text(2500, 600);
   Run(**full, c, 0);
   auto other = Engine::Create(*model_, Options(DecodeMode::kFull, uri, 256));
   ASSERT_TRUE(other.ok());
-  Run(**other, c, 0);
-  EXPECT_EQ((*other)->prefix_reused_tokens(), 0);
+  const std::vector<float> got = Run(**other, c, 2);
+  EXPECT_EQ((*other)->prefix_reused_tokens(), 512);
+  const std::vector<float> want_c = Run(**fresh, c, 2);
+  ASSERT_EQ(got.size(), want_c.size());
+  EXPECT_EQ(std::memcmp(got.data(), want_c.data(), want_c.size() * sizeof(float)), 0);
+}
+
+// Without a pool: the in-process store keeps committed prefixes after their requests end, so
+// one worker alone reuses a repeated prefix, in every mode.
+TEST_F(PrefixReuseTest, TheInProcessStoreKeepsPrefixesInEveryMode) {
+  std::vector<int32_t> a = Text(0, 1200), b = Text(0, 1100);
+  const std::vector<int32_t> tail = Text(5000, 150);
+  b.insert(b.end(), tail.begin(), tail.end());
+  for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
+    SCOPED_TRACE(std::string(DecodeModeName(mode)));
+    auto e = Engine::Create(*model_, Options(mode, "inproc://", 64));
+    ASSERT_TRUE(e.ok()) << e.status();
+    Run(**e, a, 0);
+    const std::vector<float> reused = Run(**e, b, 4);
+    // b shares its first 1100 tokens with a: 17 blocks of 64.
+    EXPECT_EQ((*e)->prefix_reused_tokens(), 17 * 64);
+    auto fresh = Engine::Create(*model_, Options(mode, "inproc://", 0));
+    ASSERT_TRUE(fresh.ok());
+    const std::vector<float> want = Run(**fresh, b, 4);
+    ASSERT_EQ(reused.size(), want.size());
+    EXPECT_EQ(std::memcmp(reused.data(), want.data(), want.size() * sizeof(float)), 0);
+  }
+  // With no cache, nothing outlives its request.
+  EngineOptions o = Options(DecodeMode::kFull, "inproc://", 64);
+  o.prefix_cache_bytes = 0;
+  auto none = Engine::Create(*model_, o);
+  ASSERT_TRUE(none.ok());
+  Run(**none, a, 0);
+  Run(**none, b, 0);
+  EXPECT_EQ((*none)->prefix_reused_tokens(), 0);
 }
 
 TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
@@ -119,7 +152,7 @@ TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   ns.block_tokens = 256;
   ns.model_fingerprint ^= 1;
   EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], k1[0]);
-  EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).ok());  // restores only
+  EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).ok());
   for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse}) {
     EXPECT_TRUE(Engine::Create(*model_, Options(mode, "inproc://", 100)).status().message().find(
                     "multiple of the chunk") != std::string::npos);

@@ -29,9 +29,13 @@ ABSL_FLAG(std::string, device_memory, "0",
 ABSL_FLAG(std::string, kv_store, "inproc://",
           "sparse modes: where offloaded KV lives: inproc://, shm://HOST:PORT or ucx://HOST:PORT (a dd-kv-pool; "
           "token from $DD_KV_POOL_TOKEN)");
-ABSL_FLAG(int64_t, prefix_block, 0,
-          "Prefix reuse with a pool --kv_store (sparse modes): key prompts in blocks of this many tokens "
-          "(e.g. 256); a prompt starting with a stored prefix skips prefilling it. 0 = off");
+ABSL_FLAG(int64_t, prefix_block, -1,
+          "Prefix reuse, every mode: key prompts in blocks of this many tokens (a multiple of 8); a prompt starting "
+          "with a stored prefix restores it instead of prefilling it. 0 = off; -1 (default) = 64 when serving "
+          "(ddctl serve, dd-decode-worker) unless --sparse_layers is set, else off");
+ABSL_FLAG(std::string, prefix_cache, "1GiB",
+          "Prefix reuse with --kv_store inproc://: bytes of committed prefixes kept after their requests end, "
+          "least recently used evicted first (a pool's cache is bounded by its tenant quota)");
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
@@ -93,7 +97,7 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
   return m;
 }
 
-absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   engine::EngineOptions o;
   o.device = absl::GetFlag(FLAGS_device);
   o.threads = absl::GetFlag(FLAGS_threads);
@@ -115,6 +119,10 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   o.device_memory_bytes = *device_memory;
   o.kv_store = absl::GetFlag(FLAGS_kv_store);
   o.prefix_block_tokens = absl::GetFlag(FLAGS_prefix_block);
+  if (o.prefix_block_tokens == -1) o.prefix_block_tokens = serving ? kServingPrefixBlock : 0;
+  auto prefix_cache = engine::ParseByteSize(absl::GetFlag(FLAGS_prefix_cache), "prefix_cache");
+  if (!prefix_cache.ok()) return prefix_cache.status();
+  o.prefix_cache_bytes = *prefix_cache;
   auto predictor = engine::ParsePredictor(absl::GetFlag(FLAGS_predictor));
   if (!predictor.ok()) return absl::InvalidArgumentError(absl::StrCat("--predictor: ", predictor.status().message()));
   o.sparse.predictor = *predictor;
@@ -142,6 +150,12 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--sparse_layers: layer ", l, " is listed twice"));
     }
     o.sparse.sparse_layers.set(l);
+  }
+  // The serving default steps aside for --sparse_layers (layers kept dense are not offloaded).
+  if (absl::GetFlag(FLAGS_prefix_block) == -1 && o.sparse.sparse_layers.any()) o.prefix_block_tokens = 0;
+  if (o.prefix_block_tokens < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefix_block must be >= 0 (or -1, the default), got ",
+                                                   o.prefix_block_tokens));
   }
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
   return o;

@@ -18,6 +18,9 @@ std::string ModelPathFromFlags(bool* defaulted);
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags();
 // Engine options from the flags; INVALID_ARGUMENT names the flag. The pool token comes from
 // $DD_KV_POOL_TOKEN.
-absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
+// `serving` (ddctl serve, dd-decode-worker): prefix reuse on unless --prefix_block says
+// otherwise (kServingPrefixBlock tokens per key), and off with --sparse_layers.
+constexpr int64_t kServingPrefixBlock = 64;
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving = false);
 
 }  // namespace dd::worker

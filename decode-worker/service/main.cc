@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     std::cerr << "dd-decode-worker: " << st.message() << "\n";
     return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
-  auto engine_options = dd::worker::EngineOptionsFromFlags();
+  auto engine_options = dd::worker::EngineOptionsFromFlags(/*serving=*/true);
   if (!engine_options.ok()) return fail(engine_options.status());
   auto model = dd::worker::LoadModelFromFlags();
   if (!model.ok()) return fail(model.status());
