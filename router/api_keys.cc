@@ -1,5 +1,6 @@
 #include "router/api_keys.h"
 
+#include <algorithm>
 #include <sys/stat.h>
 
 
@@ -52,6 +53,13 @@ absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": needs string fields tenant and key"));
     }
     ApiKey k{e["tenant"].get<std::string>(), e["key"].get<std::string>()};
+    if (e.contains("max_inflight")) {
+      const nlohmann::json& m = e["max_inflight"];
+      if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > 1000000) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": max_inflight must be an integer in [1, 1000000]"));
+      }
+      k.max_inflight = m.get<int64_t>();
+    }
     if (k.tenant.empty() || k.tenant.size() > 64) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tenant must be 1 to 64 characters"));
     }
@@ -67,6 +75,22 @@ absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
     keys.push_back(std::move(k));
   }
   return keys;
+}
+
+int64_t ApiAuth::tenant_count() const {
+  std::vector<std::string> names;
+  for (const ApiKey& k : keys_) {
+    if (std::find(names.begin(), names.end(), k.tenant) == names.end()) names.push_back(k.tenant);
+  }
+  return static_cast<int64_t>(names.size());
+}
+
+int64_t ApiAuth::TenantMaxInflight(const std::string& tenant) const {
+  int64_t n = 0;
+  for (const ApiKey& k : keys_) {
+    if (k.tenant == tenant) n = std::max(n, k.max_inflight);
+  }
+  return n;
 }
 
 grpc::Status ApiAuth::Tenant(const grpc::ServerContext* ctx, std::string* tenant) const {

@@ -19,6 +19,7 @@ namespace dd::router {
 
 struct ApiKey {
   std::string tenant, key;
+  int64_t max_inflight = 0;  // the tenant's requests in flight at once (0: the router's default)
 };
 
 absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path);
@@ -34,6 +35,10 @@ class ApiAuth {
   grpc::Status Tenant(const grpc::ServerContext* ctx, std::string* tenant) const;
   // An operator call: OK only with the operator key when any credential is configured.
   grpc::Status Operator(const grpc::ServerContext* ctx) const;
+  // Distinct tenants with keys.
+  int64_t tenant_count() const;
+  // The largest max_inflight among the tenant's keys (0: none set).
+  int64_t TenantMaxInflight(const std::string& tenant) const;
 
  private:
   std::vector<ApiKey> keys_;

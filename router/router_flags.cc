@@ -8,6 +8,9 @@
 
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "router: a worker silent this long is down (not placed on)");
 ABSL_FLAG(int64_t, max_inflight, 256, "router: requests in flight at once; more are refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, tenant_max_inflight, 0,
+          "router: requests one API tenant may have in flight (a key's \"max_inflight\" in --api_keys_file wins); "
+          "0 = half of --max_inflight when the keys name two or more tenants, else no per-tenant limit");
 ABSL_FLAG(int32_t, max_resumes, 3, "router: times a request may move to another worker after failures");
 ABSL_FLAG(int32_t, max_workers, 256, "router: workers it keeps track of; more registrations are refused");
 ABSL_FLAG(std::string, api_keys_file, "",
@@ -52,6 +55,7 @@ RouterOptions RouterOptionsFromFlags() {
   o.heartbeat_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   o.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  o.tenant_max_inflight = absl::GetFlag(FLAGS_tenant_max_inflight);
   o.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   o.max_workers = absl::GetFlag(FLAGS_max_workers);
   return o;

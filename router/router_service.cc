@@ -178,14 +178,41 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
     inflight_--;
     st = Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
              absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
+  } else if (st = AdmitTenant(tenant); !st.ok()) {
+    inflight_--;
   } else {
     queued_++;
     st = Relay(ctx, *req, tenant, writer);
+    ReleaseTenant(tenant);
     inflight_--;
   }
   if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) rejected_++;
   Count(st.error_code());
   return st;
+}
+
+grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
+  if (tenant.empty() || tenant == "operator") return grpc::Status::OK;  // an open API; the operator
+  int64_t limit = options_.auth.TenantMaxInflight(tenant);
+  if (limit == 0) limit = options_.tenant_max_inflight;
+  if (limit == 0 && options_.auth.tenant_count() >= 2) limit = std::max<int64_t>(1, options_.max_inflight / 2);
+  std::lock_guard<std::mutex> lock(tenant_mu_);
+  int64_t& n = tenant_inflight_[tenant];
+  if (limit > 0 && n >= limit) {
+    return Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+               absl::StrCat("tenant '", tenant, "' has ", n, " requests in flight, its limit (max_inflight in the API "
+                            "keys file, else --tenant_max_inflight); retry later"));
+  }
+  ++n;
+  return grpc::Status::OK;
+}
+
+void RouterService::ReleaseTenant(const std::string& tenant) {
+  if (tenant.empty() || tenant == "operator") return;
+  std::lock_guard<std::mutex> lock(tenant_mu_);
+  if (auto it = tenant_inflight_.find(tenant); it != tenant_inflight_.end() && --it->second <= 0) {
+    tenant_inflight_.erase(it);
+  }
 }
 
 grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& in,

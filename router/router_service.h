@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,9 @@ struct RouterOptions {
   std::string cluster_secret;   // shown to and required from workers (proto/cluster_auth.h); "" = off
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;  // dialing workers; null = plaintext
   ApiAuth auth;                 // tenant API keys and the operator key (api_keys.h); default: open
+  // Requests one API tenant may have in flight (a key's own max_inflight wins). 0: half of
+  // max_inflight when the keys name two or more tenants, else no per-tenant limit.
+  int64_t tenant_max_inflight = 0;
 };
 
 class RouterService final : public dd::v1::DualDecoder::Service {
@@ -73,12 +77,17 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   grpc::Status Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req, const std::string& tenant,
                      grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
   void Count(grpc::StatusCode code);
+  // Takes one of the tenant's in-flight places, or says whose limit is reached.
+  grpc::Status AdmitTenant(const std::string& tenant);
+  void ReleaseTenant(const std::string& tenant);
   void WatchCancellations();
 
   RouterOptions options_;
   WorkerRegistry registry_;
   std::unique_ptr<dd::worker::v1::Registry::Service> registry_service_;
   std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0};
+  std::mutex tenant_mu_;
+  std::map<std::string, int64_t> tenant_inflight_;
   // Worker calls to cancel when their client goes away.
   struct Watch {
     grpc::ServerContext* server;

@@ -477,3 +477,31 @@ def test_worker_killed_mid_stream_resumes_elsewhere(cluster):
     stats = json.loads(ddctl("stats", "--server", router).stdout)
     assert int(stats["resumes"]) >= 1
 
+
+
+def test_a_tenant_at_its_inflight_limit_is_refused_and_the_others_are_not(tmp_path):
+    """Per-tenant limits: team-a may have one request in flight (its key's max_inflight); its
+    second gets RESOURCE_EXHAUSTED naming the tenant and the limit while team-b is served, and
+    team-a is served again once its first request ends."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40, "max_inflight": 1},
+                                {"tenant": "team-b", "key": "b" * 40}]))
+    keys.chmod(0o600)
+    a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
+    serve = Proc("limits-serve", ["ddctl", "serve", "--model=smollm2", f"--api_keys_file={keys}"], tmp_path)
+    try:
+        a = stream_until_tokens(serve.addr, prompt(5), 400, 2, f"--api_key_file={a_key}")
+        r = ddctl("generate", "--server", serve.addr, "--prompt", "Hello", "--max_new_tokens", "2",
+                  f"--api_key_file={a_key}")
+        assert r.returncode != 0 and "RESOURCE_EXHAUSTED" in r.stderr and "tenant 'team-a'" in r.stderr, r.stderr
+        b = ddctl_json("generate", "--server", serve.addr, "--prompt", "Hello", "--max_new_tokens", "2",
+                       "--ignore_eos", f"--api_key_file={b_key}")
+        assert len(b["tokens"]) == 2, b
+        a.kill()
+        a.wait()
+        again = wait_for("team-a admitted again", lambda: ddctl(
+            "generate", "--server", serve.addr, "--prompt", "Hello", "--max_new_tokens", "2",
+            f"--api_key_file={a_key}").returncode == 0)
+        assert again
+    finally:
+        serve.stop()
