@@ -97,6 +97,7 @@ class PoolKvStore : public KvStore {
     data_ = std::move(*path);
     data_->set_abort(&lost_);
     ttl_ms_ = hs.lease_ttl_ms();
+    instance_ = hs.instance();
     renewer_ = std::thread([this] { RenewLoop(); });
     return absl::OkStatus();
   }
@@ -114,6 +115,7 @@ class PoolKvStore : public KvStore {
     req.set_chunks(options_.first_extent_chunks);
     v1::OpenResponse resp;
     RETURN_IF_ERROR(Call("open", [&](grpc::ClientContext* c) { return stub_->Open(c, req, &resp); }));
+    RETURN_IF_ERROR(SamePool(resp.instance()));
     std::lock_guard<std::mutex> lock(mu_);
     const SequenceId id = ++next_local_;
     Seq& s = seqs_[id];
@@ -136,6 +138,7 @@ class PoolKvStore : public KvStore {
       lock.unlock();
       v1::ExtendResponse resp;
       RETURN_IF_ERROR(Call("extend", [&](grpc::ClientContext* c) { return stub_->Extend(c, req, &resp); }));
+      RETURN_IF_ERROR(SamePool(resp.instance()));
       lock.lock();
       ASSIGN_OR_RETURN(s, Find(seq));
       AddExtent(*s, resp.extent());
@@ -236,6 +239,7 @@ class PoolKvStore : public KvStore {
     req.set_lease(true);
     v1::LookupPrefixResponse resp;
     RETURN_IF_ERROR(Call("lookup", [&](grpc::ClientContext* c) { return stub_->LookupPrefix(c, req, &resp); }));
+    RETURN_IF_ERROR(SamePool(resp.instance()));
     if (resp.blocks() == 0) return PrefixMatch{};
     const v1::Layout& l = resp.layout();
     const int64_t chunks = resp.blocks() * block_chunks;
@@ -311,6 +315,13 @@ class PoolKvStore : public KvStore {
     }
     return -1;
   }
+  // An answer from another pool process than the one handshaken with (restarted at the same
+  // address before the lease renewal noticed): its extents are not in the region this store
+  // maps, so the pool counts as lost (Recover handshakes again).
+  absl::Status SamePool(uint64_t instance) {
+    if (instance == instance_) return absl::OkStatus();
+    return Lost(absl::UnavailableError("the pool restarted (another process answers at its address)"));
+  }
   // A data-path failure means the pool is gone: every later call fails the same way.
   absl::Status Lost(const absl::Status& st) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -349,6 +360,7 @@ class PoolKvStore : public KvStore {
   absl::Status broken_;
   bool stop_ = false;
   std::atomic<bool> lost_{false};
+  uint64_t instance_ = 0;  // HandshakeResponse.instance of the pool this store maps
   std::unique_ptr<DataPath> data_;
   SequenceId next_local_ = 0;
   int64_t ttl_ms_ = 0, bytes_ = 0;

@@ -44,6 +44,7 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
   resp->set_fd_socket(fd_socket_);
   resp->set_region_bytes(pool_.region_bytes(t));
   resp->set_lease_ttl_ms(pool_.lease_ttl().count());
+  resp->set_instance(instance_);
   if (ucx_ == nullptr) return grpc::Status::OK;
   resp->set_ucx_shm_settings(ucx_->shm_settings());
   resp->set_ucx_tcp_settings(ucx_->tcp_settings());
@@ -70,6 +71,7 @@ grpc::Status KvPoolService::Open(grpc::ServerContext* ctx, const v1::OpenRequest
   auto r = pool_.Open(t, layout, req->chunks(), Pool::Clock::now());
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_sequence(r->first);
+  resp->set_instance(instance_);
   ToProto(r->second, resp->mutable_extent());
   return grpc::Status::OK;
 }
@@ -79,6 +81,7 @@ grpc::Status KvPoolService::Extend(grpc::ServerContext* ctx, const v1::ExtendReq
   auto e = pool_.Extend(t, req->sequence(), req->chunks());
   if (!e.ok()) return ToGrpc(e.status());
   ToProto(*e, resp->mutable_extent());
+  resp->set_instance(instance_);
   return grpc::Status::OK;
 }
 
@@ -94,6 +97,7 @@ grpc::Status KvPoolService::LookupPrefix(grpc::ServerContext* ctx, const v1::Loo
                                       req->lease(), Pool::Clock::now());
   resp->set_blocks(p.blocks);
   resp->set_sequence(p.seq);
+  resp->set_instance(instance_);
   for (const Extent& e : p.extents) ToProto(e, resp->add_extents());
   resp->mutable_layout()->set_n_layers(p.layout.n_layers);
   resp->mutable_layout()->set_n_kv_heads(p.layout.n_kv_heads);

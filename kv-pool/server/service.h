@@ -3,6 +3,7 @@
 // UNAUTHENTICATED, FAILED_PRECONDITION).
 #pragma once
 
+#include "common/random.h"
 #include "kv-pool/server/pool.h"
 #include "kv-pool/server/ucx_server.h"
 #include "proto/kvpool.grpc.pb.h"
@@ -29,6 +30,7 @@ class KvPoolService final : public v1::KvPool::Service {
  private:
   absl::StatusOr<int> Tenant(grpc::ServerContext* ctx) const;
   Pool& pool_;
+  const uint64_t instance_ = RandomU64();  // HandshakeResponse.instance
   UcxServer* ucx_;
   std::string fd_socket_;
 };
