@@ -208,12 +208,20 @@ void Scheduler::AdmitWaiting() {
     // Device memory full: wait for a running request to leave (FIFO, no overtaking).
     if (absl::IsResourceExhausted(st) && !active_.empty()) return;
     absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt, spec.prefix_salt) : absl::StatusOr<int64_t>(st);
+    // The KV pool is lost (nothing running noticed yet): the request waits for it as running
+    // ones do, and RebuildLost starts it once the pool is back.
+    const bool wait_for_pool = st.ok() && absl::IsUnavailable(started.status()) && options_.max_rebuilds > 0;
     std::unique_ptr<Request> owned;
     {
       std::lock_guard<std::mutex> lk(mu_);
       owned = std::move(waiting_.front());
       waiting_.pop_front();
-      if (started.ok()) active_ids_.push_back(owned->spec.id);
+      if (started.ok() || wait_for_pool) active_ids_.push_back(owned->spec.id);
+    }
+    if (wait_for_pool) {
+      started = 0;
+      owned->lost = true;
+      owned->lost_at = Clock::now();
     }
     if (!started.ok()) {
       engine_.Release(slot);
@@ -419,7 +427,8 @@ void Scheduler::RebuildLost() {
     r->lost = false;
     ++r->rebuilds;
     absl::Status st = engine_.Admit(r->slot, static_cast<int64_t>(r->spec.prompt.size()), TotalTokens(r->spec));
-    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(r->slot, r->spec.prompt) : absl::StatusOr<int64_t>(st);
+    absl::StatusOr<int64_t> started =
+        st.ok() ? engine_.StartPrefill(r->slot, r->spec.prompt, r->spec.prefix_salt) : absl::StatusOr<int64_t>(st);
     if (!started.ok()) {
       Finish(*r, absl::UnavailableError(absl::StrCat("rebuilding the KV after the pool was lost: ",
                                                      started.status().message())),

@@ -194,6 +194,7 @@ Heartbeater::~Heartbeater() {
 void Heartbeater::Loop() {
   bool registered = false;
   bool warned = false;
+  std::string lease;  // this registration's (RegisterResponse.lease)
   for (;;) {
     const WorkerIdentity& id = service_.identity();
     grpc::ClientContext ctx;
@@ -214,12 +215,14 @@ void Heartbeater::Loop() {
       st = stub_->Register(&ctx, req, &resp);
       registered = st.ok();
       if (st.ok()) {
+        lease = resp.lease();
         LOG(INFO) << "registered with the router as " << id.worker_id;
         warned = false;
       }
     } else {
       dd::worker::v1::HeartbeatRequest req;
       req.set_worker_id(id.worker_id);
+      req.set_lease(lease);
       FillLoad(scheduler_, req.mutable_load());
       req.mutable_load()->set_draining(service_.draining());
       dd::worker::v1::HeartbeatResponse resp;
@@ -231,6 +234,9 @@ void Heartbeater::Loop() {
       if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
         LOG(ERROR) << "the router refused this worker (UNAUTHENTICATED: " << st.error_message()
                    << "); check --cluster_secret_file; retrying every " << interval_.count() << " ms";
+      } else if (st.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        LOG(ERROR) << "the router refused this worker: " << st.error_message() << "; retrying every "
+                   << interval_.count() << " ms";
       } else {
         LOG(WARNING) << "router unreachable (" << st.error_message() << "); retrying every " << interval_.count()
                      << " ms";
