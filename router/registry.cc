@@ -4,11 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/random.h"
+#include "common/secrets.h"
 #include "grpcpp/grpcpp.h"
 
 namespace dd::router {
 
-absl::Status WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
+absl::StatusOr<std::string> WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
   if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
   if (req.address().empty()) return absl::InvalidArgumentError("address is empty");
   for (const auto& [name, value] : {std::pair<const char*, const std::string*>{"worker_id", &req.worker_id()},
@@ -29,6 +31,10 @@ absl::Status WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req
     }
   }
   Entry& e = workers_[req.worker_id()];
+  if (e.stub && Up(e, Clock::now()) && e.info.address() != req.address()) {
+    return absl::AlreadyExistsError(absl::StrCat("worker id '", req.worker_id(), "' is held by a worker at ",
+                                                 e.info.address(), " that is up; pick another --worker_id"));
+  }
   if (e.info.address() != req.address() || !e.stub) {
     e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), credentials_));
   }
@@ -36,7 +42,8 @@ absl::Status WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req
   e.load = req.load();
   e.last_seen = Clock::now();
   e.marked_down = false;
-  return absl::OkStatus();
+  e.lease = RandomHex(2);
+  return e.lease;
 }
 
 void WorkerRegistry::Purge(Clock::time_point now) {
@@ -52,7 +59,7 @@ void WorkerRegistry::Purge(Clock::time_point now) {
 bool WorkerRegistry::Heartbeat(const dd::worker::v1::HeartbeatRequest& req) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(req.worker_id());
-  if (it == workers_.end()) return false;
+  if (it == workers_.end() || !SecretEquals(it->second.lease, req.lease())) return false;
   it->second.load = req.load();
   it->second.last_seen = Clock::now();
   it->second.marked_down = false;

@@ -42,8 +42,12 @@ class WorkerRegistry {
 
   // How the router dials workers (plaintext unless set; proto/tls.h).
   void set_channel_credentials(std::shared_ptr<grpc::ChannelCredentials> c) { credentials_ = std::move(c); }
-  absl::Status Register(const dd::worker::v1::RegisterRequest& req);
-  // False when the worker is unknown (it must register again).
+  // The registration's lease (heartbeats carry it). ALREADY_EXISTS when the id is held by a
+  // worker that is up at another address: an id cannot be taken over while its owner
+  // heartbeats (a restarted worker at the same address may register again at once).
+  absl::StatusOr<std::string> Register(const dd::worker::v1::RegisterRequest& req);
+  // False when the worker is unknown or the lease is not its registration's (it must register
+  // again).
   bool Heartbeat(const dd::worker::v1::HeartbeatRequest& req);
   // A stream to the worker broke: take it out of placement until its next heartbeat.
   void MarkDown(const std::string& worker_id);
@@ -66,6 +70,7 @@ class WorkerRegistry {
  private:
   struct Entry {
     dd::worker::v1::RegisterRequest info;
+    std::string lease;
     dd::worker::v1::WorkerLoad load;
     Clock::time_point last_seen;
     bool marked_down = false;

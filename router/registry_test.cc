@@ -22,6 +22,32 @@ dd::worker::v1::RegisterRequest Worker(const std::string& id, const std::string&
   return r;
 }
 
+TEST(RegistryTest, AnIdCannotBeTakenOverWhileItsOwnerHeartbeats) {
+  WorkerRegistry reg(std::chrono::seconds(10));
+  const absl::StatusOr<std::string> owner = reg.Register(Worker("w1", "m", 2, 0));
+  ASSERT_TRUE(owner.ok());
+  dd::worker::v1::RegisterRequest thief = Worker("w1", "m", 2, 0);
+  thief.set_address("10.9.9.9:6666");
+  const absl::StatusOr<std::string> taken = reg.Register(thief);
+  ASSERT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+  EXPECT_NE(taken.status().message().find("127.0.0.1:1"), std::string::npos) << taken.status();
+  const std::vector<dd::v1::WorkerInfo> known = reg.Snapshot();
+  ASSERT_EQ(known.size(), 1u);
+  EXPECT_EQ(known[0].address(), "127.0.0.1:1");  // requests still go to the owner
+  // The owner's heartbeats name its registration; a guessed lease is refused.
+  dd::worker::v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  hb.set_lease("not-the-lease");
+  EXPECT_FALSE(reg.Heartbeat(hb));
+  hb.set_lease(*owner);
+  EXPECT_TRUE(reg.Heartbeat(hb));
+  // A restart at the same address registers again at once; the old lease is void.
+  const absl::StatusOr<std::string> again = reg.Register(Worker("w1", "m", 2, 0));
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, *owner);
+  EXPECT_FALSE(reg.Heartbeat(hb));
+}
+
 TEST(RegistryTest, NoWorkersIsUnavailableUnknownModelIsInvalid) {
   WorkerRegistry reg(std::chrono::seconds(10));
   EXPECT_TRUE(absl::IsUnavailable(reg.Pick("", {}, 0).status()));
@@ -54,7 +80,8 @@ TEST(RegistryTest, PicksLeastLoadedAndRefusesWhenFull) {
 TEST(RegistryTest, ExcludedAndDeadWorkersAreSkipped) {
   WorkerRegistry reg(std::chrono::seconds(1));
   ASSERT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());
-  ASSERT_TRUE(reg.Register(Worker("b", "m", 4, 100)).ok());
+  const absl::StatusOr<std::string> lease = reg.Register(Worker("b", "m", 4, 100));
+  ASSERT_TRUE(lease.ok());
   auto p = reg.Pick("m", {"a"}, 0);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->worker_id, "b");
@@ -63,6 +90,8 @@ TEST(RegistryTest, ExcludedAndDeadWorkersAreSkipped) {
   dd::worker::v1::HeartbeatRequest hb;
   hb.set_worker_id("b");
   hb.mutable_load()->set_max_batch(4);
+  EXPECT_FALSE(reg.Heartbeat(hb)) << "a heartbeat without the registration's lease";
+  hb.set_lease(*lease);
   EXPECT_TRUE(reg.Heartbeat(hb));  // back up
   EXPECT_TRUE(reg.Pick("m", {"a"}, 0).ok());
   hb.set_worker_id("never-registered");
@@ -76,10 +105,12 @@ TEST(RegistryTest, ExcludedAndDeadWorkersAreSkipped) {
 
 TEST(RegistryTest, DrainingWorkersGetNothingNew) {
   WorkerRegistry reg(std::chrono::seconds(10));
-  ASSERT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());     // the idlest
+  const absl::StatusOr<std::string> lease = reg.Register(Worker("a", "m", 4, 0));  // the idlest
+  ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(reg.Register(Worker("b", "m", 4, 500)).ok());
   dd::worker::v1::HeartbeatRequest hb;
   hb.set_worker_id("a");
+  hb.set_lease(*lease);
   hb.mutable_load()->set_max_batch(4);
   hb.mutable_load()->set_draining(true);
   ASSERT_TRUE(reg.Heartbeat(hb));
@@ -111,11 +142,11 @@ TEST(RegistryTest, PrefixLocalityKeepsAWorkerWhenNearlyIdle) {
 TEST(RegistryTest, RegistryIsBoundedAndForgetsSilentWorkers) {
   WorkerRegistry reg(std::chrono::milliseconds(20), /*max_workers=*/3, /*forget_after=*/std::chrono::milliseconds(200));
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(reg.Register(Worker(id, "m", 4, 0)).ok());
-  auto full = reg.Register(Worker("d", "m", 4, 0));
+  const absl::Status full = reg.Register(Worker("d", "m", 4, 0)).status();
   EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
   EXPECT_TRUE(reg.Register(Worker("a", "m", 4, 0)).ok());  // re-registering a known id is fine
   auto big = Worker(std::string(WorkerRegistry::kMaxFieldBytes + 1, 'x'), "m", 4, 0);
-  auto r = reg.Register(big);
+  const absl::Status r = reg.Register(big).status();
   EXPECT_TRUE(absl::IsInvalidArgument(r)) << r;
   EXPECT_NE(r.message().find("worker_id"), std::string::npos) << r;
   auto placed = reg.Pick("m", {"b", "c"}, 0);  // a request in flight on "a" keeps it known
@@ -126,7 +157,7 @@ TEST(RegistryTest, RegistryIsBoundedAndForgetsSilentWorkers) {
   absl::Status d = full;
   while (!d.ok() && Clock::now() < until) {
     std::this_thread::yield();
-    d = reg.Register(Worker("d", "m", 4, 0));
+    d = reg.Register(Worker("d", "m", 4, 0)).status();
   }
   EXPECT_TRUE(d.ok()) << d;
   std::set<std::string> known;

@@ -55,7 +55,12 @@ class RegistryService final : public dd::worker::v1::Registry::Service {
       LOG(WARNING) << "refused a registration without the cluster secret from " << ctx->peer();
       return auth;
     }
-    if (absl::Status st = registry_.Register(*req); !st.ok()) return ToGrpc(st);
+    absl::StatusOr<std::string> lease = registry_.Register(*req);
+    if (!lease.ok()) {
+      LOG(WARNING) << "refused worker " << req->worker_id() << " at " << req->address() << ": " << lease.status();
+      return ToGrpc(lease.status());
+    }
+    resp->set_lease(*lease);
     LOG(INFO) << "worker " << req->worker_id() << " at " << req->address() << " registered (" << req->model() << ", "
               << req->mode() << ")";
     resp->set_heartbeat_interval_ms(interval_.count());
