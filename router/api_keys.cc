@@ -60,6 +60,10 @@ absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
       }
       k.max_inflight = m.get<int64_t>();
     }
+    if (e.contains("shared_prefixes")) {
+      if (!e["shared_prefixes"].is_boolean()) return absl::InvalidArgumentError(absl::StrCat(where, ": shared_prefixes must be true or false"));
+      k.shared_prefixes = e["shared_prefixes"].get<bool>();
+    }
     if (k.tenant.empty() || k.tenant.size() > 64) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tenant must be 1 to 64 characters"));
     }
@@ -91,6 +95,13 @@ int64_t ApiAuth::TenantMaxInflight(const std::string& tenant) const {
     if (k.tenant == tenant) n = std::max(n, k.max_inflight);
   }
   return n;
+}
+
+bool ApiAuth::SharesPrefixes(const std::string& tenant) const {
+  for (const ApiKey& k : keys_) {
+    if (k.tenant == tenant && k.shared_prefixes) return true;
+  }
+  return false;
 }
 
 grpc::Status ApiAuth::Tenant(const grpc::ServerContext* ctx, std::string* tenant) const {

@@ -20,6 +20,10 @@ namespace dd::router {
 struct ApiKey {
   std::string tenant, key;
   int64_t max_inflight = 0;  // the tenant's requests in flight at once (0: the router's default)
+  // Prefix reuse shared with the other tenants that set it (a common system prompt): their
+  // prompts' prefixes are keyed without a tenant salt, so they learn whether one another sent
+  // a prefix. Off: the tenant's prefixes are its own.
+  bool shared_prefixes = false;
 };
 
 absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path);
@@ -39,6 +43,8 @@ class ApiAuth {
   int64_t tenant_count() const;
   // The largest max_inflight among the tenant's keys (0: none set).
   int64_t TenantMaxInflight(const std::string& tenant) const;
+  // Whether any of the tenant's keys opts into shared prefixes.
+  bool SharesPrefixes(const std::string& tenant) const;
 
  private:
   std::vector<ApiKey> keys_;

@@ -262,7 +262,9 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     for (int32_t t : streamed) sub.add_resume_tokens(t);
     sub.set_resume_text_bytes(text_bytes);
     sub.set_arrival_unix_seconds(arrival_unix);
-    sub.set_tenant(tenant);
+    // Tenants that opted into shared prefixes are keyed together, unsalted (a keyed router has
+    // no anonymous requests to share that namespace with).
+    sub.set_tenant(options_.auth.SharesPrefixes(tenant) ? "" : tenant);
     grpc::ClientContext wctx;
     AttachClusterSecret(&wctx, options_.cluster_secret);
     if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());
