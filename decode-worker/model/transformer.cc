@@ -168,6 +168,13 @@ absl::Status Transformer::Logits(int64_t m, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;
   const int64_t d = c.n_embd, V = c.n_vocab;
   logits->resize(m * V);
+  if (device_.host_visible()) {
+    // Device memory is host memory: the head writes straight into the caller's rows (no copy
+    // of n_vocab floats per row), the same bits.
+    Linear(weights_->output, xn_, m, d, nullptr, logits->data(), V);
+    if (c.final_logit_softcap > 0) ops_.Softcap(logits->data(), m * V, c.final_logit_softcap);
+    return absl::OkStatus();
+  }
   for (int64_t r0 = 0; r0 < m; r0 += kLogitRows) {
     const int64_t k = std::min(kLogitRows, m - r0);
     Linear(weights_->output, xn_ + r0 * d, k, d, nullptr, logits_, V);
