@@ -26,9 +26,15 @@ std::vector<int64_t> Regions(const ModelConfig& c, int64_t rows) {
 
 }  // namespace
 
+// Region i starts (i + 1) (i + 2) / 2 cache lines past a multiple of its aligned size: the
+// regions' sizes are multiples of 64 KiB, and starts that far apart would share L1 cache sets,
+// which a batch-1 pass touching the head of every region at once would thrash.
+static int64_t Stagger(size_t i) { return kAlignFloats * static_cast<int64_t>(i + 1); }
+
 int64_t Transformer::WorkspaceBytes(const ModelConfig& config, int64_t rows) {
   int64_t floats = 0;
-  for (int64_t n : Regions(config, rows)) floats += Aligned(n);
+  const std::vector<int64_t> sizes = Regions(config, rows);
+  for (size_t i = 0; i < sizes.size(); ++i) floats += Aligned(sizes[i]) + Stagger(i);
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
@@ -64,6 +70,7 @@ absl::Status Transformer::EnsureRows(int64_t rows) {
   float** regions[] = {&x_, &xn_, &q_, &k_, &v_, &attn_, &o_, &gate_, &up_, &rope_cos_, &rope_sin_, &logits_};
   const std::vector<int64_t> sizes = Regions(model_.config, rows);
   for (size_t i = 0; i < sizes.size(); ++i) {
+    p += Stagger(i);
     *regions[i] = p;
     p += Aligned(sizes[i]);
   }
