@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
   if (rounds < 1 || rounds > 100) return std::cerr << "pool_bench: --rounds must be 1..100, not " << rounds << "\n", 2;
   const int64_t quota_mib = max_threads * chunks * block_bytes * 2 / (1 << 20) + 16;
   // A loopback benchmark: the pool serves tcp too (--ucx_tcp; on a network only where every peer is trusted).
-  std::vector<std::string> pool_flags{"--ucx_rma", "--ucx_tcp"};
+  std::vector<std::string> pool_flags{"--ucx_rma", "--ucx_rma_unconfined", "--ucx_tcp"};
   if (absl::GetFlag(FLAGS_pool_busy_poll)) pool_flags.push_back("--ucx_busy_poll");
   if (absl::GetFlag(FLAGS_pool_spin_us) >= 0) {
     pool_flags.push_back("--ucx_spin_us=" + std::to_string(absl::GetFlag(FLAGS_pool_spin_us)));

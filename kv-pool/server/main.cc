@@ -3,6 +3,7 @@
 // once serving, so a caller that asked for port 0 learns the ports. SIGTERM / SIGINT shut it down cleanly.
 // Regions are anonymous memory files handed to same-host workers over --fd_socket: nothing is
 // left in /dev/shm, even by a killed pool.
+#include <filesystem>
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,6 +44,9 @@ ABSL_FLAG(bool, ucx_rma, false,
           "Also register the regions for one-sided UCX gets and puts. Fast on RDMA, whose keys the NIC "
           "confines to a region; over tcp and shared-memory transports UCX cannot, so a tenant could reach "
           "other tenants' regions: only for trusted tenants");
+ABSL_FLAG(bool, ucx_rma_unconfined, false,
+          "Allow --ucx_rma without an RDMA device: over tcp and shared memory one-sided access is not confined "
+          "to a region, and one get outside it crashes the pool. Only where every peer is trusted (tests)");
 ABSL_FLAG(bool, ucx_tcp, false,
           "Serve ucx:// over tcp too. UCX 1.13's tcp transport writes wherever a peer's put request says, "
           "unchecked: any process that can reach the pool's UCX tcp ports can write any of its memory, every "
@@ -77,6 +81,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+// Whether this host has an RDMA device, whose keys the NIC confines to a registered region.
+bool HasRdmaDevice() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
+    (void)e;
+    return true;
+  }
+  return false;
+}
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dd-kv-pool --tenants FILE [--listen HOST:PORT] [--lease_ttl_ms N]");
@@ -123,6 +137,14 @@ int main(int argc, char** argv) {
   std::unique_ptr<dd::kvpool::UcxServer> ucx;
   if (const int64_t spin = absl::GetFlag(FLAGS_ucx_spin_us); spin < 0 || spin > 1000000) {
     std::cerr << "dd-kv-pool: --ucx_spin_us=" << spin << " is outside [0, 1000000]\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_rma) && !absl::GetFlag(FLAGS_ucx_rma_unconfined) &&
+      !HasRdmaDevice()) {
+    std::cerr << "dd-kv-pool: --ucx_rma without an RDMA device (none in /sys/class/infiniband): over tcp and shared "
+                 "memory UCX does not confine one-sided access to a region, and a single get outside it crashes the "
+                 "pool. Leave --ucx_rma off (the active-message path is checked), or add --ucx_rma_unconfined where "
+                 "every peer is trusted\n";
     return 2;
   }
   if (absl::GetFlag(FLAGS_ucx)) {

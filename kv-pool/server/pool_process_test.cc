@@ -115,7 +115,7 @@ TEST_P(PoolTransportTest, ConcurrentWriteGatherRoundTripsExactly) {
 // Infinite link: each thread's gathers run on its own thread (over ucx://, on its own UCX
 // worker and endpoint), on both UCX paths.
 TEST_P(PoolTransportTest, ConcurrentInlineGathersRoundTripExactly) {
-  PoolProcess pool(30000, "8MiB", {"--ucx_rma"});
+  PoolProcess pool(30000, "8MiB", {"--ucx_rma", "--ucx_rma_unconfined"});
   for (UcxPath path : {UcxPath::kActiveMessages, UcxPath::kRma}) {
     if (GetParam() == PoolTransport::kShm && path == UcxPath::kRma) continue;
     SCOPED_TRACE(path == UcxPath::kRma ? "rma" : "active messages");
@@ -240,7 +240,7 @@ TEST(PoolProcessTest, MetricsReflectThePool) {
 // A pool run with --ucx_rma offers one-sided access (trusted tenants, RDMA); the client uses it
 // when asked and the bytes round-trip the same.
 TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
-  PoolProcess pool(30000, "8MiB", {"--ucx_rma"});
+  PoolProcess pool(30000, "8MiB", {"--ucx_rma", "--ucx_rma_unconfined"});
   auto s = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
                                .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -607,7 +607,7 @@ INSTANTIATE_TEST_SUITE_P(PathsAndTransports, KilledMidGatherTest,
 TEST_P(KilledMidGatherTest, GathersInFlightFailWithUnavailable) {
   const auto [path, tls] = GetParam();
   PoolProcess pool(/*lease_ttl_ms=*/600, "8MiB",
-                   path == UcxPath::kRma ? std::vector<std::string>{"--ucx_tcp", "--ucx_rma"}
+                   path == UcxPath::kRma ? std::vector<std::string>{"--ucx_tcp", "--ucx_rma", "--ucx_rma_unconfined"}
                                          : std::vector<std::string>{"--ucx_tcp"});
   absl::StatusOr<std::unique_ptr<KvStore>> s;
   {

@@ -307,6 +307,7 @@ TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
   {
     std::vector<std::string> flags = PoolFlags();
     flags.push_back("--ucx_rma");
+    flags.push_back("--ucx_rma_unconfined");
     PoolProcess rma_pool(30000, "8MiB", flags);
     const v1::HandshakeResponse other = Handshake(rma_pool, kBob);
     ASSERT_FALSE(other.ucx_rkey().empty());

@@ -3,6 +3,7 @@ gives exactly the tokens of the in-process store, in both sparse modes."""
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,21 @@ def test_pool_refuses_ucx_over_tcp_unless_told(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "can write its memory" in err, err
+
+
+def test_pool_refuses_one_sided_access_it_cannot_confine(tmp_path):
+    """--ucx_rma over tcp or shared memory: a one-sided get outside the region crashed the pool
+    (measured: a get at 1 TiB past the region's base ended the pool over both). Without an RDMA
+    device the pool refuses it, naming why and the flag that takes the risk knowingly."""
+    if Path("/sys/class/infiniband").is_dir() and any(Path("/sys/class/infiniband").iterdir()):
+        pytest.skip("this host has an RDMA device: --ucx_rma is confined by the NIC there")
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "cli", "token": TOKEN, "quota": "8MiB"}]))
+    cfg.chmod(0o600)
+    r = subprocess.run([str(BIN / "dd-kv-pool"), f"--tenants={cfg}", "--ucx_rma"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "crashes the pool" in r.stderr and "--ucx_rma_unconfined" in r.stderr, r.stderr
 
 
 def test_pool_over_tls(tiny, tmp_path):  # noqa: F811
