@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
+#include "dd/backend/registry.h"
 #include "ddctl/commands.h"
 #include "ddctl/npy.h"
 #include "decode-worker/model/chat_template.h"
@@ -221,6 +223,18 @@ absl::Status RunInfo(const CliConfig& cfg) {
     if (!c.layer_is_swa[l]) global.push_back(l);
   }
   j["global_layers"] = global;
+  // The compute devices --device may name, each usable or the reason it is not.
+  ThreadPool pool(1);
+  nlohmann::json devices = nlohmann::json::object();
+  for (const char* name : {"cpu", "sim", "cuda"}) {
+    auto d = backend::CreateDevice(name, {.budget_bytes = 0, .pool = &pool});
+    if (!d.ok()) {
+      devices[name] = std::string(d.status().message());
+    } else {
+      devices[name] = (*d)->host_visible() ? "usable" : "usable (full mode only)";
+    }
+  }
+  j["devices"] = devices;
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }

@@ -41,6 +41,16 @@ def test_generate_works_on_tiny_model(tiny):
         (j["stop_reason"] == "eos" and j["generated_tokens"] < 5), j
 
 
+def test_info_lists_the_devices_and_whether_each_is_usable(tiny):
+    import json
+    r = ddctl("info", "--model", str(tiny))
+    assert r.returncode == 0, r.stderr
+    devices = json.loads(r.stdout)["devices"]
+    assert devices["cpu"] == "usable" and devices["sim"] == "usable (full mode only)", devices
+    # No engine device for cuda exists yet: its entry is the reason, whatever the machine has.
+    assert devices["cuda"].startswith("--device cuda: "), devices
+
+
 def test_missing_default_model_names_fetch_command(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DD_MODEL", "DD_MODEL_DIR")}
     env["HOME"] = str(tmp_path)
