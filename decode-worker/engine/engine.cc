@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "dd/backend/registry.h"
+#include "decode-worker/engine/kv_block.h"
 #include "glog/logging.h"
 #include "kv-pool/client/pool_kv_store.h"
 
@@ -406,11 +407,9 @@ absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, 
           const float* block = &blocks[((c - c0) * n_kv + g) * 2 * C * hd];
           RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block));
           if (c < c_first) continue;
-          for (int64_t t = 0; t < C; ++t) {
-            const int64_t row = (c - c_first) * C + t;
-            std::memcpy(&krows[row * kv_dim + g * hd], block + t * hd, hd * sizeof(float));
-            std::memcpy(&vrows[row * kv_dim + g * hd], block + (C + t) * hd, hd * sizeof(float));
-          }
+          const int64_t row0 = (c - c_first) * C;
+          UnpackKvBlock(C, hd, g, block, [&](int64_t t) { return &krows[(row0 + t) * kv_dim]; },
+                        [&](int64_t t) { return &vrows[(row0 + t) * kv_dim]; });
         }
       }
     }
@@ -437,12 +436,10 @@ absl::Status Engine::OffloadDense(int32_t seq, int64_t from, int64_t to) {
   for (int64_t l = 0; l < cfg.n_layer; ++l) {
     RETURN_IF_ERROR(dense_->ReadRows(seq, l, c0 * C, c1 * C, k.data(), v.data()));
     for (int64_t c = c0; c < c1; ++c) {
+      const int64_t row0 = (c - c0) * C;
       for (int32_t g = 0; g < n_kv; ++g) {
-        for (int64_t t = 0; t < C; ++t) {  // [K | V] of C positions of head g
-          const int64_t row = ((c - c0) * C + t) * kv_dim + g * hd;
-          std::memcpy(&block[t * hd], &k[row], hd * sizeof(float));
-          std::memcpy(&block[(C + t) * hd], &v[row], hd * sizeof(float));
-        }
+        PackKvBlock(C, hd, g, [&](int64_t t) { return &k[(row0 + t) * kv_dim]; },
+                    [&](int64_t t) { return &v[(row0 + t) * kv_dim]; }, block.data());
         RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block.data()));
       }
     }

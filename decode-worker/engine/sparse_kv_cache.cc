@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/attention_ops.h"
+#include "decode-worker/engine/kv_block.h"
 #include "decode-worker/engine/prefix_reuse.h"
 
 namespace dd::engine {
@@ -251,10 +252,8 @@ absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const 
   }
   st.landmarks.Append(marks.data(), n_kv * hd);  // before the offload: chunk c always has them
   for (int32_t g = 0; g < n_kv; ++g) {
-    for (int64_t t = 0; t < C; ++t) {
-      std::memcpy(&block[t * hd], DevK(st, c * C + t) + g * hd, hd * sizeof(float));
-      std::memcpy(&block[(C + t) * hd], DevV(st, c * C + t) + g * hd, hd * sizeof(float));
-    }
+    PackKvBlock(C, hd, g, [&](int64_t t) { return DevK(st, c * C + t); },
+                [&](int64_t t) { return DevV(st, c * C + t); }, block.data());
     RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
   }
   return absl::OkStatus();
@@ -268,14 +267,13 @@ absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& cal
     if (row.speculative || (row.pos + 1) % C != 0) continue;
     ASSIGN_OR_RETURN(Seq * s, GetSeq(row.seq));
     const int64_t c = (row.pos + 1) / C - 1;
+    // The ring holds the chunk's first row, hence the rest (a chunk is shorter than the window).
+    if (dense_.KRow(row.seq, call.layer, c * C) == nullptr) {
+      return absl::InternalError("sliding chunk left the ring before its offload");
+    }
     for (int32_t g = 0; g < n_kv; ++g) {
-      for (int64_t t = 0; t < C; ++t) {
-        const float* k = dense_.KRow(row.seq, call.layer, c * C + t);
-        const float* v = dense_.VRow(row.seq, call.layer, c * C + t);
-        if (k == nullptr || v == nullptr) return absl::InternalError("sliding chunk left the ring before its offload");
-        std::memcpy(&block[t * hd], k + g * hd, hd * sizeof(float));
-        std::memcpy(&block[(C + t) * hd], v + g * hd, hd * sizeof(float));
-      }
+      PackKvBlock(C, hd, g, [&](int64_t t) { return dense_.KRow(row.seq, call.layer, c * C + t); },
+                  [&](int64_t t) { return dense_.VRow(row.seq, call.layer, c * C + t); }, block.data());
       RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(call.layer), g, c}, block.data()));
     }
   }
