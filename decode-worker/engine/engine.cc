@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
