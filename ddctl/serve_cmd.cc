@@ -228,7 +228,8 @@ absl::Status RunServe(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(options.auth, router::ApiAuthFromFlags());
   router::RouterService router(options);
   worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
-  ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, worker::SchedulerOptionsFromFlags(), id));
+  ASSIGN_OR_RETURN(const worker::SchedulerOptions sched, worker::SchedulerOptionsFromFlags());
+  ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, sched, id));
   node->service().set_cluster_secret(secret);
   // The public API alone on --listen; the registry and the worker service on --internal_listen.
   EnableStandardServices();

@@ -264,7 +264,8 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     sub.set_arrival_unix_seconds(arrival_unix);
     // Tenants that opted into shared prefixes are keyed together, unsalted (a keyed router has
     // no anonymous requests to share that namespace with).
-    sub.set_tenant(options_.auth.SharesPrefixes(tenant) ? "" : tenant);
+    sub.set_tenant(tenant);
+    sub.set_shared_prefixes(options_.auth.SharesPrefixes(tenant));
     grpc::ClientContext wctx;
     AttachClusterSecret(&wctx, options_.cluster_secret);
     if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());

@@ -188,6 +188,16 @@ class Engine {
   // (KvStore::Recover). Release every sequence first; they are rebuilt by prefilling again.
   absl::Status RecoverKvStore() { return store_ != nullptr ? store_->Recover() : absl::OkStatus(); }
   const MemoryPlan& memory_plan() const { return plan_; }
+  // The store bytes a request may be charged (MemoryPlan::StoreChunks with this engine's prefix
+  // reuse, as the store reserves them), and the store's bound for this worker (its pool
+  // tenant's quota; 0: none known).
+  int64_t StoreBytes(int64_t prompt_tokens, int64_t total_tokens) const {
+    const int64_t chunks = plan_.StoreChunks(prompt_tokens, total_tokens, PrefixReuse());
+    if (chunks < 0 || store_ == nullptr) return 0;
+    const model::ModelConfig& c = model_.config;
+    return store_->ReservedBytes({c.n_layer, c.n_head_kv, c.head_dim, options_.sparse.chunk_tokens}, chunks);
+  }
+  int64_t store_capacity_bytes() const { return store_ != nullptr ? store_->capacity_bytes() : 0; }
   // Whether a request of `prompt_tokens` growing to `total_tokens` fits the device-memory budget
   // with nothing else admitted (RESOURCE_EXHAUSTED with the numbers if not). Reads only what
   // is fixed at construction, so any thread may call it.

@@ -93,6 +93,12 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   return r;
 }
 
+int64_t MemoryPlan::StoreChunks(int64_t prompt_tokens, int64_t total_tokens, bool prefix_reuse) const {
+  const int64_t C = sparse_.chunk_tokens;
+  if (mode_ != DecodeMode::kFull) return total_tokens / C;
+  return prefix_reuse && prompt_tokens >= C ? prompt_tokens / C : -1;
+}
+
 int64_t MemoryPlan::MaxBatch(int64_t budget, int64_t prompt_tokens, int64_t total_tokens) const {
   const RequestBytes r = Request(prompt_tokens, total_tokens);
   const int64_t room = budget - weight_bytes_ - shared_workspace_ - r.prefill_extra;

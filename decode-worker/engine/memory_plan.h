@@ -52,6 +52,10 @@ class MemoryPlan {
   RequestBytes Request(int64_t prompt_tokens, int64_t total_tokens) const;
   // KV bytes the cache holds for one decoding sequence of `length` positions.
   int64_t DecodeKvBytes(int64_t length) const;
+  // The chunks a request writes to the store at most: sparse modes offload every completed
+  // chunk (all layers) up to its final length and always open a store sequence; full mode
+  // only its prompt's chunks, and only with prefix reuse on (-1: no store sequence).
+  int64_t StoreChunks(int64_t prompt_tokens, int64_t total_tokens, bool prefix_reuse) const;
   // How many requests of this shape fit in `budget` bytes (prefilled one at a time).
   int64_t MaxBatch(int64_t budget, int64_t prompt_tokens, int64_t total_tokens) const;
   // The explanation used in errors: "weights 253.1 MiB + workspace ... + kv ...".

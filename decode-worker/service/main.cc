@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   if (!secret.ok()) return fail(secret.status());
   auto tls = dd::TlsFilesFromFlags();
   if (!tls.ok()) return fail(tls.status());
-  auto node = dd::worker::WorkerNode::Create(**model, *engine_options, dd::worker::SchedulerOptionsFromFlags(), id);
+  auto sched = dd::worker::SchedulerOptionsFromFlags();
+  if (!sched.ok()) return fail(sched.status());
+  auto node = dd::worker::WorkerNode::Create(**model, *engine_options, *sched, id);
   if (!node.ok()) return fail(node.status());
   std::fprintf(stderr, "dd-decode-worker: compute device %s\n", engine_options->device.c_str());
   (*node)->service().set_cluster_secret(*secret);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -67,7 +68,10 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
   }
   const int64_t n = static_cast<int64_t>(spec.prompt.size());
   RETURN_IF_ERROR(engine_.FitsAlone(n, TotalTokens(spec)));
+  const int64_t store_bytes = spec.tenant.empty() ? 0 : engine_.StoreBytes(n, TotalTokens(spec));
+  const int64_t tenant_limit = TenantStoreLimit();
   auto r = std::make_unique<Request>();
+  r->store_bytes = store_bytes;
   r->spec = std::move(spec);
   r->stream = std::make_shared<RequestStream>();
   std::shared_ptr<RequestStream> stream = r->stream;
@@ -82,6 +86,19 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
       return absl::ResourceExhaustedError(absl::StrCat("worker is full: ", active_ids_.size(), " requests in the batch and ",
                                                        waiting_.size(), " waiting (max_batch ", options_.max_batch,
                                                        ", max_waiting ", options_.max_waiting, ")"));
+    }
+    if (tenant_limit > 0 && store_bytes > 0) {
+      int64_t& held_bytes = tenant_store_bytes_[r->spec.tenant];
+      if (held_bytes + store_bytes > tenant_limit) {
+        const int64_t now_held = held_bytes;
+        if (held_bytes == 0) tenant_store_bytes_.erase(r->spec.tenant);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "tenant ", r->spec.tenant, " is at its KV-store limit on this worker (--tenant_max_pool_bytes ",
+            MiB(tenant_limit), "): its requests hold ", MiB(now_held), " and this one needs ", MiB(store_bytes)));
+      }
+      held_bytes += store_bytes;
+    } else {
+      r->store_bytes = 0;  // nothing charged, nothing to give back
     }
     waiting_.push_back(std::move(r));
   }
@@ -101,6 +118,19 @@ std::shared_ptr<RequestStream> Scheduler::FinishedResume(const RequestSpec& spec
   auto stream = std::make_shared<RequestStream>();
   stream->Push(std::move(e));
   return stream;
+}
+
+int64_t Scheduler::TenantStoreLimit() const {
+  if (options_.tenant_max_store_bytes >= 0) return options_.tenant_max_store_bytes;
+  return engine_.store_capacity_bytes() / 2;
+}
+
+void Scheduler::UnchargeLocked(const Request& r) {
+  if (r.store_bytes <= 0) return;
+  auto it = tenant_store_bytes_.find(r.spec.tenant);
+  if (it == tenant_store_bytes_.end()) return;
+  it->second -= r.store_bytes;
+  if (it->second <= 0) tenant_store_bytes_.erase(it);
 }
 
 bool Scheduler::Cancel(const std::string& id) {
@@ -154,6 +184,7 @@ void Scheduler::Loop() {
           ++(cancelled ? stats_.cancelled : stats_.failed);
           if (observer_) observer_->OnFinished(e);
           w.stream->Push(std::move(e));
+          UnchargeLocked(w);
           it = waiting_.erase(it);
         } else {
           ++it;
@@ -188,6 +219,7 @@ void Scheduler::Loop() {
     StreamEvent e{.final = true};
     e.status = absl::UnavailableError("worker is shutting down");
     w->stream->Push(std::move(e));
+    UnchargeLocked(*w);
   }
   waiting_.clear();
 }
@@ -216,7 +248,11 @@ void Scheduler::AdmitWaiting() {
       std::lock_guard<std::mutex> lk(mu_);
       owned = std::move(waiting_.front());
       waiting_.pop_front();
-      if (started.ok() || wait_for_pool) active_ids_.push_back(owned->spec.id);
+      if (started.ok() || wait_for_pool) {
+        active_ids_.push_back(owned->spec.id);
+      } else {
+        UnchargeLocked(*owned);
+      }
     }
     if (wait_for_pool) {
       started = 0;
@@ -462,6 +498,7 @@ void Scheduler::Reap() {
     for (const auto& r : gone) {
       auto at = std::find(active_ids_.begin(), active_ids_.end(), r->spec.id);
       if (at != active_ids_.end()) active_ids_.erase(at);
+      UnchargeLocked(*r);
       // A cancel that came in after this request ended must not hit a later one with its id.
       cancels_.erase(std::remove(cancels_.begin(), cancels_.end(), r->spec.id), cancels_.end());
       const absl::Status& st = r->final_event.status;

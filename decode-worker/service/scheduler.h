@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@ struct RequestSpec {
   std::string id;
   std::vector<int32_t> prompt;         // tokenized prompt, resumed tokens appended
   std::vector<int32_t> resumed;        // tokens the client already has (resume), also in prompt
+  std::string tenant;                  // the API tenant the router authenticated ("": none)
   uint64_t prefix_salt = 0;            // its tenant's prefix-reuse salt (kvpool::TenantSalt)
   int64_t resumed_text_bytes = 0;
   int64_t max_new_tokens = 128;        // counting the resumed tokens
@@ -82,6 +84,11 @@ struct SchedulerOptions {
   // UNAVAILABLE (the router resumes it elsewhere).
   std::chrono::milliseconds pool_recovery_timeout{30000};
   int32_t max_rebuilds = 3;
+  // KV-store bytes the requests of one API tenant (RequestSpec::tenant, not "") may hold at
+  // once, running and queued, counted as Engine::StoreBytes at admission: one tenant cannot
+  // fill the pool quota every tenant behind this worker shares. -1: half of the store's
+  // capacity when it has one (a pool tenant's quota), else no limit; 0: no limit.
+  int64_t tenant_max_store_bytes = -1;
 };
 
 struct SchedulerStats {
@@ -141,6 +148,7 @@ class Scheduler {
     Clock::time_point lost_at{};
     int32_t rebuilds = 0;
     int64_t rebuilt_tokens = 0;  // of spec.resumed, those a rebuild added (generated here)
+    int64_t store_bytes = 0;     // charged to its tenant at Submit (Engine::StoreBytes)
     StreamEvent final_event{};
   };
   void Loop();
@@ -160,6 +168,10 @@ class Scheduler {
   void RebuildLost();
   // The stream of a resumed request that has nothing left to generate.
   std::shared_ptr<RequestStream> FinishedResume(const RequestSpec& spec, const std::string& stop);
+  // The per-tenant store limit in force now (SchedulerOptions::tenant_max_store_bytes; 0: none).
+  int64_t TenantStoreLimit() const;
+  // Gives back what a request's admission charged to its tenant (mu_ held).
+  void UnchargeLocked(const Request& r);
 
   engine::Engine& engine_;
   engine::MemoryPlan full_plan_;  // full attention's, for "device memory against full"
@@ -170,6 +182,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Request>> waiting_;  // guarded by mu_
   std::vector<std::string> cancels_;              // guarded by mu_
   std::vector<std::string> active_ids_;           // guarded by mu_ (for Cancel)
+  std::map<std::string, int64_t> tenant_store_bytes_;  // guarded by mu_: charged per API tenant
   bool stop_ = false;                             // guarded by mu_
   std::vector<std::unique_ptr<Request>> active_;  // scheduler thread only
   std::vector<int32_t> free_slots_;

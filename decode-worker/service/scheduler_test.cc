@@ -186,6 +186,48 @@ TEST_F(SchedulerTest, CancelFreesTheSlotAndMemory) {
   EXPECT_TRUE(next.final.status.ok()) << next.final.status;
 }
 
+TEST_F(SchedulerTest, OneTenantCannotHoldMoreThanItsShareOfTheStore) {
+  // Sparse mode writes every chunk to the store: a limit of two such requests per tenant.
+  engine::EngineOptions eo{.mode = engine::DecodeMode::kSparse, .threads = 2};
+  eo.sparse.budget_tokens = 64;
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  RequestSpec a1 = Spec("a1", Prompts()[0], 200), a2 = Spec("a2", Prompts()[0], 200), a3 = Spec("a3", Prompts()[0], 200);
+  RequestSpec b1 = Spec("b1", Prompts()[0], 200), open = Spec("open", Prompts()[0], 200);
+  for (RequestSpec* r : {&a1, &a2, &a3}) r->tenant = "team-a";
+  b1.tenant = "team-b";
+  for (RequestSpec* r : {&a1, &a2, &a3, &b1, &open}) r->stop_at_eos = false;
+  const int64_t one = (*eng)->StoreBytes(static_cast<int64_t>(a1.prompt.size()), static_cast<int64_t>(a1.prompt.size()) + 200);
+  ASSERT_GT(one, 0);
+  // The in-process store charges the blocks written: every layer's, for each complete chunk.
+  EXPECT_EQ((*eng)->StoreBytes(100, 100),
+            100 / 8 * model_->config.n_layer * model_->config.n_head_kv * 2 * 8 * model_->config.head_dim * 4);
+  Scheduler sched(**eng, {.max_batch = 1, .max_waiting = 8, .tenant_max_store_bytes = 2 * one + one / 2});
+  auto s1 = sched.Submit(a1), s2 = sched.Submit(a2);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  auto refused = sched.Submit(a3);  // a third would pass team-a's share, running and queued together
+  ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("tenant team-a"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--tenant_max_pool_bytes"), std::string::npos) << refused.status();
+  // Another tenant, and requests without one, are not held back by team-a's use.
+  auto sb = sched.Submit(b1), so = sched.Submit(open);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  ASSERT_TRUE(so.ok()) << so.status();
+  // A request that leaves gives its share back: cancelled while queued, then one that ran.
+  EXPECT_TRUE(sched.Cancel("a2"));
+  EXPECT_TRUE(absl::IsCancelled(Drain(**s2).final.status));
+  auto again = sched.Submit(a3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(sched.Cancel("a1"));
+  Drain(**s1);
+  RequestSpec a4 = Spec("a4", Prompts()[0], 200);
+  a4.tenant = "team-a";
+  auto fourth = sched.Submit(a4);
+  EXPECT_TRUE(fourth.ok()) << fourth.status();
+  for (const char* id : {"a3", "b1", "open", "a4"}) sched.Cancel(id);
+  for (auto* st : {&*again, &*sb, &*so, &*fourth}) Drain(**st);
+}
+
 TEST_F(SchedulerTest, BadRequestsNameTheProblem) {
   // A budget that holds a 4K-token request but not a 30K-token one.
   const engine::MemoryPlan plan(*model_, engine::DecodeMode::kFull, {}, 512);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/flags/flag.h"
+#include "common/byte_size.h"
 #include "common/status_macros.h"
 #include "proto/request_check.h"
 
@@ -15,10 +16,20 @@ ABSL_FLAG(int64_t, pool_recovery_ms, 30000,
           "serve: how long running requests wait for a lost KV pool to come back (same address) before they "
           "fail; their KV is then rebuilt by prefilling the prompt and the tokens already streamed");
 
+ABSL_FLAG(std::string, tenant_max_pool_bytes, "auto",
+          "serve: KV-pool bytes the running and queued requests of one API tenant may hold on this worker "
+          "(their blocks' bytes at full length; RESOURCE_EXHAUSTED past it), so one tenant cannot fill the pool "
+          "quota the others share. auto: half of the pool tenant's quota (no limit with the in-process store); "
+          "0: no limit; or a size such as 512MiB");
+
 namespace dd::worker {
 
-SchedulerOptions SchedulerOptionsFromFlags() {
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags() {
   SchedulerOptions o;
+  const std::string tenant_bytes = absl::GetFlag(FLAGS_tenant_max_pool_bytes);
+  if (tenant_bytes != "auto") {
+    ASSIGN_OR_RETURN(o.tenant_max_store_bytes, ParseByteSize(tenant_bytes, "--tenant_max_pool_bytes"));
+  }
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);

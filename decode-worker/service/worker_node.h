@@ -13,8 +13,8 @@
 
 namespace dd::worker {
 
-// Scheduler options from --max_batch, --max_waiting, --step_tokens.
-SchedulerOptions SchedulerOptionsFromFlags();
+// Scheduler options from --max_batch, --max_waiting, --step_tokens, --tenant_max_pool_bytes, ...
+absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags();  // InvalidArgument names a bad flag
 
 class WorkerNode {
  public:

@@ -46,7 +46,8 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
   spec.id = req.request_id();
   if (spec.id.empty()) return absl::InvalidArgumentError("request_id is empty");
   if (sub.tenant().size() > 256) return absl::InvalidArgumentError("tenant is longer than 256 bytes");
-  spec.prefix_salt = kvpool::TenantSalt(sub.tenant());
+  spec.tenant = sub.tenant();
+  spec.prefix_salt = kvpool::TenantSalt(sub.shared_prefixes() ? "" : sub.tenant());
   if (!req.model().empty() && req.model() != identity_.model) {
     return absl::InvalidArgumentError(absl::StrCat("model '", req.model(), "' is not served here (", identity_.model, ")"));
   }

@@ -73,6 +73,14 @@ class KvStore {
   // Frees the sequence's blocks. NotFound for an unknown sequence.
   virtual absl::Status Release(SequenceId seq) = 0;
   virtual int64_t bytes_stored() const = 0;
+  // The most bytes the store may hold for this client (a pool tenant's quota); 0: no bound
+  // known (the in-process store).
+  virtual int64_t capacity_bytes() const { return 0; }
+  // What a sequence of this layout that grows to `chunks` chunks is charged against that bound
+  // (a pool reserves extents: a first one at Open, then doubling).
+  virtual int64_t ReservedBytes(const KvLayout& layout, int64_t chunks) const {
+    return chunks * layout.n_layers * layout.n_kv_heads * layout.block_floats() * static_cast<int64_t>(sizeof(float));
+  }
   // Nanoseconds callers spent blocked in Wait() or running a transfer themselves (an urgent
   // gather on a real transport, any gather of an in-process store), since construction.
   virtual int64_t wait_ns() const = 0;

@@ -97,6 +97,7 @@ class PoolKvStore : public KvStore {
     data_ = std::move(*path);
     data_->set_abort(&lost_);
     ttl_ms_ = hs.lease_ttl_ms();
+    capacity_.store(hs.region_bytes(), std::memory_order_relaxed);
     instance_ = hs.instance();
     renewer_ = std::thread([this] { RenewLoop(); });
     return absl::OkStatus();
@@ -266,6 +267,12 @@ class PoolKvStore : public KvStore {
     return PrefixMatch{resp.blocks(), id};
   }
 
+  int64_t ReservedBytes(const KvLayout& layout, int64_t chunks) const override {
+    int64_t extent = std::max<int64_t>(1, options_.first_extent_chunks);  // Open's, then Write doubles it
+    while (extent < chunks) extent *= 2;
+    return KvStore::ReservedBytes(layout, extent);
+  }
+  int64_t capacity_bytes() const override { return capacity_.load(std::memory_order_relaxed); }
   int64_t bytes_stored() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return bytes_;
@@ -360,6 +367,7 @@ class PoolKvStore : public KvStore {
   absl::Status broken_;
   bool stop_ = false;
   std::atomic<bool> lost_{false};
+  std::atomic<int64_t> capacity_{0};  // the tenant's region (quota), from the handshake
   uint64_t instance_ = 0;  // HandshakeResponse.instance of the pool this store maps
   std::unique_ptr<DataPath> data_;
   SequenceId next_local_ = 0;

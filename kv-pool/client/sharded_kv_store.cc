@@ -107,6 +107,19 @@ class ShardedKvStore : public KvStore {
     return absl::OkStatus();
   }
 
+  int64_t ReservedBytes(const KvLayout& layout, int64_t chunks) const override {  // each shard holds a sequence
+    int64_t n = 0;
+    for (const auto& s : shards_) n += s->ReservedBytes(layout, chunks);
+    return n;
+  }
+  int64_t capacity_bytes() const override {  // bounded only when every shard is
+    int64_t n = 0;
+    for (const auto& s : shards_) {
+      if (s->capacity_bytes() <= 0) return 0;
+      n += s->capacity_bytes();
+    }
+    return n;
+  }
   int64_t bytes_stored() const override {
     int64_t n = 0;
     for (const auto& s : shards_) n += s->bytes_stored();

@@ -533,3 +533,52 @@ def test_tenants_that_opt_in_share_prefixes_and_the_others_do_not(tmp_path):
         assert reused("s1", mine) == 0  # and they nothing of its
     finally:
         serve.stop()
+
+
+def test_a_tenant_cannot_fill_the_pool_quota_the_others_share(tmp_path):
+    """Per-tenant pool bytes: behind one worker on a 256 MiB pool quota, team-a may hold at most
+    half of it (--tenant_max_pool_bytes=auto). Its second long request is refused naming the
+    limit while team-b's is admitted beside its first, and team-a is admitted again once its
+    first request ends."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40, "max_inflight": 8},
+                                {"tenant": "team-b", "key": "b" * 40, "max_inflight": 8}]))
+    keys.chmod(0o600)
+    a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "256MiB"}]))
+    cfg.chmod(0o600)
+    procs = []
+    try:
+        pool = Proc("quota-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
+        procs.append(pool)
+        router = Proc("quota-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"],
+                      tmp_path)
+        procs.append(router)
+        procs.append(start_worker("quota-w", router.addr, tmp_path, "--mode=sparse", "--budget=256",
+                                  f"--kv_store=shm://{pool.addr}", "--prefix_block=0",
+                                  env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)))
+        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+        # A sequence's first pool extent holds 2048 tokens: 72 MiB of Gemma 3 270M's blocks. Two
+        # are past team-a's 128 MiB, before this change three of them filled the quota.
+        n = "600"
+        a = stream_until_tokens(router.addr, prompt(1), int(n), 1, f"--api_key_file={a_key}")
+        r = ddctl("generate", "--server", router.addr, "--prompt", prompt(2), "--max_new_tokens", n,
+                  f"--api_key_file={a_key}")
+        assert r.returncode != 0 and "RESOURCE_EXHAUSTED" in r.stderr, r.stderr
+        assert "tenant team-a" in r.stderr and "--tenant_max_pool_bytes" in r.stderr, r.stderr
+        b = stream_until_tokens(router.addr, prompt(2), int(n), 1, f"--api_key_file={b_key}")
+        a.kill()
+        a.wait()
+
+        def admitted():  # it runs until its 1 s deadline: admitted, not refused
+            r = ddctl("generate", "--server", router.addr, "--prompt", prompt(2), "--max_new_tokens", n,
+                      "--deadline_ms=1000", f"--api_key_file={a_key}")
+            return "RESOURCE_EXHAUSTED" not in r.stderr and (r.returncode == 0 or "DEADLINE_EXCEEDED" in r.stderr)
+
+        assert wait_for("team-a admitted again", admitted)
+        b.kill()
+        b.wait()
+    finally:
+        for p in reversed(procs):
+            p.stop()
