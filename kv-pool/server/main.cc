@@ -15,11 +15,13 @@
 #include <sstream>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -45,8 +47,9 @@ ABSL_FLAG(bool, ucx_rma, false,
           "confines to a region; over tcp and shared-memory transports UCX cannot, so a tenant could reach "
           "other tenants' regions: only for trusted tenants");
 ABSL_FLAG(bool, ucx_rma_unconfined, false,
-          "Allow --ucx_rma without an RDMA device: over tcp and shared memory one-sided access is not confined "
-          "to a region, and one get outside it crashes the pool. Only where every peer is trusted (tests)");
+          "Allow --ucx_rma with transports other than RDMA (UCX_TLS unset or naming more than rc/ud/dc/ib): over "
+          "tcp and shared memory one-sided access is not confined to a region, and one get outside it crashes the "
+          "pool. Only where every peer is trusted (tests)");
 ABSL_FLAG(bool, ucx_tcp, false,
           "Serve ucx:// over tcp too. UCX 1.13's tcp transport writes wherever a peer's put request says, "
           "unchecked: any process that can reach the pool's UCX tcp ports can write any of its memory, every "
@@ -82,14 +85,18 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-// Whether this host has an RDMA device, whose keys the NIC confines to a registered region.
-bool HasRdmaDevice() {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/sys/class/infiniband", ec)) {
-    (void)e;
-    return true;
+// Whether UCX is limited to transports whose one-sided access the NIC confines to a registered
+// region: UCX_TLS names RDMA transports only (and `self`, which no peer reaches). Anything else
+// (unset, an exclusion list, shared memory, tcp) lets a peer's get reach outside its region.
+bool RmaConfinedByUcxTls() {
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
+  static const std::set<std::string> kConfined = {"rc",    "rc_v",  "rc_x",  "rc_mlx5", "ud",      "ud_v", "ud_x",
+                                                 "ud_mlx5", "dc",   "dc_x",  "dc_mlx5", "ib",      "self"};
+  for (absl::string_view t : absl::StrSplit(tls, ',', absl::SkipWhitespace())) {
+    if (!kConfined.count(std::string(absl::StripAsciiWhitespace(t)))) return false;
   }
-  return false;
+  return true;
 }
 
 int main(int argc, char** argv) {
@@ -140,11 +147,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (absl::GetFlag(FLAGS_ucx) && absl::GetFlag(FLAGS_ucx_rma) && !absl::GetFlag(FLAGS_ucx_rma_unconfined) &&
-      !HasRdmaDevice()) {
-    std::cerr << "dd-kv-pool: --ucx_rma without an RDMA device (none in /sys/class/infiniband): over tcp and shared "
-                 "memory UCX does not confine one-sided access to a region, and a single get outside it crashes the "
-                 "pool. Leave --ucx_rma off (the active-message path is checked), or add --ucx_rma_unconfined where "
-                 "every peer is trusted\n";
+      !RmaConfinedByUcxTls()) {
+    std::cerr << "dd-kv-pool: --ucx_rma needs UCX_TLS to name RDMA transports only (e.g. UCX_TLS=rc,ud; now '"
+              << (std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "unset")
+              << "'): over tcp and shared memory UCX does not confine one-sided access to a region, and a single "
+                 "get outside it crashes the pool. Leave --ucx_rma off (the active-message path is checked), or add "
+                 "--ucx_rma_unconfined where every peer is trusted\n";
     return 2;
   }
   if (absl::GetFlag(FLAGS_ucx)) {
