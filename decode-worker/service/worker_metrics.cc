@@ -49,6 +49,10 @@ class SchedulerCollectable : public prometheus::Collectable {
     out.push_back(family("dd_spec_resyncs_total",
                          "Speculative tokens replaced by the context's continuation after a speculative miss",
                          MetricType::Counter, static_cast<double>(st.spec_resyncs)));
+    out.push_back(family("dd_requests_rebuilt_total",
+                         "Requests whose KV was rebuilt (prompt and streamed tokens prefilled again) after the KV "
+                         "pool was lost",
+                         MetricType::Counter, static_cast<double>(st.rebuilt)));
     prometheus::MetricFamily kv{"dd_kv_bytes_total", "KV bytes gathered from the store by path", MetricType::Counter, {}};
     for (auto [path, v] : {std::pair{"prefetch", st.kv_prefetch_bytes}, {"urgent", st.kv_urgent_bytes},
                            {"wasted", st.kv_wasted_bytes}}) {

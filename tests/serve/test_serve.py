@@ -84,7 +84,7 @@ def test_sixteen_concurrent_streams_match_one_at_a_time(cluster):
     assert metric(page, "dd_worker_up") == 2
     wpage = scrape(cluster["workers"]["w1"].metrics)
     for name in ("dd_decode_tokens_total", "dd_step_seconds_count", "dd_ttft_seconds_count", "dd_batch_size",
-                 "dd_device_memory_bytes", "dd_prefetch_hit_ratio", "dd_kv_bytes_total", "dd_spec_resyncs_total"):
+                 "dd_device_memory_bytes", "dd_prefetch_hit_ratio", "dd_kv_bytes_total", "dd_spec_resyncs_total", "dd_requests_rebuilt_total"):
         assert name in wpage, name
     assert metric(wpage, "dd_decode_tokens_total") > 0
     # dualdecoder keeps chunks resident across steps (issue 18): some selected chunks were reused.
