@@ -29,6 +29,7 @@ import pods as podlib
 TAG = os.environ.get("DD_IMAGE_TAG", "latest")
 PROMPT = "Write one sentence about the river that flows past the old mill."
 failures = []
+KEEP = "--keep" in sys.argv
 
 
 def podman(*args, check=True, timeout=120):
@@ -36,6 +37,14 @@ def podman(*args, check=True, timeout=120):
     if check and r.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)}: {r.stderr.strip()}")
     return r
+
+
+def kill(pod):
+    """SIGKILL to every container of the pod, returning once they have exited (a `pod start` issued
+    while podman still cleans up after the kill has been seen to be killed in turn)."""
+    podman("pod", "kill", pod.name)
+    names = podman("ps", "-a", "--filter", f"pod={pod.name}", "--format", "{{.Names}}").stdout.split()
+    podman("wait", *names, timeout=60)
 
 
 def report(name, ok, detail):
@@ -210,7 +219,8 @@ def single_node(workdir):
                f"SIGTERM after {at_stop} of 256 tokens; the stream finished with {len(s.tokens)} (status {code}), "
                f"the pod exited {time.monotonic() - t0:.1f} s after the signal" + (f": {err.strip()}" if code else ""))
     finally:
-        podman("pod", "rm", "-f", serve.name, check=False)
+        if not KEEP:
+            podman("pod", "rm", "-f", serve.name, check=False)
 
 
 def cluster(workdir):
@@ -236,7 +246,8 @@ def cluster(workdir):
         s = Stream(workdir, router.host_port("grpc"), 64)
         s.got_first.wait(120)
         victim = serving_worker(workers)
-        podman("pod", "kill", victim.name) if victim else None
+        if victim:
+            kill(victim)
         code, err = s.finish()
         resumes = metric_sum(router.host_port("metrics"), "dd_router_resumes_total")
         report("cluster: worker killed mid-stream", victim is not None and code == 0 and s.tokens == want and resumes >= 1,
@@ -256,7 +267,7 @@ def cluster(workdir):
         for s in streams:
             s.got_first.wait(120)
         at_kill = [len(s.tokens) for s in streams]
-        podman("pod", "kill", pool.name)
+        kill(pool)
         podman("pod", "start", pool.name)  # as kubelet restarts it, at the same address
         results = [s.finish() for s in streams]
         rebuilt = sum(metric_sum(w.host_port("metrics"), "dd_requests_rebuilt_total") for w in workers)
@@ -284,14 +295,14 @@ def cluster(workdir):
                f"{time.monotonic() - t0:.1f} s later; stream status {code}, {len(s.tokens)} tokens, as undisturbed: "
                f"{s.tokens == want}, resumed elsewhere: {resumed:.0f}" + (f": {err.strip()}" if code else ""))
     finally:
-        for p in pods:
+        for p in pods if not KEEP else []:
             podman("pod", "rm", "-f", p.name, check=False)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overlays", nargs="*", default=["single-node", "cluster"])
-    ap.add_argument("--keep", action="store_true", help="keep the check's directory (logs with podman logs)")
+    ap.add_argument("--keep", action="store_true", help="keep the pods and the check's directory (podman logs)")
     a = ap.parse_args()
     print("changed for one host with podman:\n  " + "\n  ".join(podlib.CHANGES))
     workdir = Path(tempfile.mkdtemp(prefix="dd-check-kube-"))
