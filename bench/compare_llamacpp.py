@@ -14,8 +14,11 @@ dd-bench-model forks it), then time the decode steps: the figure is decode at co
 batch B, not B prefills. Rounds alternate the engines; each figure is the best of the rounds.
 
   bench/compare_llamacpp.py [--models gemma,smollm2] [--contexts 1024,8000] [--batches 1,8]
-                            [--threads 2] [--steps 32] [--rounds 2]
-Writes bench/results/model-cpu-vs-llamacpp.{json,md}.
+                            [--threads 2] [--steps 32] [--rounds 2] [--isa native|avx2]
+Writes bench/results/model-cpu-vs-llamacpp.{json,md}. --isa avx2 compares the AVX2 paths on an
+AVX-512 machine: DualDecoder built with -mno-avx512f (build-avx2/, docs/development.md) against
+llama.cpp built without AVX-512 (DD_LLAMACPP_ISA=avx2 bench/build-llamacpp), written to
+model-cpu-vs-llamacpp-avx2.{json,md}.
 """
 import argparse
 import json
@@ -39,8 +42,9 @@ CONFIGS = {
 }
 
 
-def llamacpp_bin():
-    out = subprocess.run([str(REPO / "bench" / "build-llamacpp")], check=True, stdout=subprocess.PIPE, text=True)
+def llamacpp_bin(isa):
+    out = subprocess.run([str(REPO / "bench" / "build-llamacpp")], check=True, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, DD_LLAMACPP_ISA=isa))
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -66,9 +70,13 @@ def llamacpp_run(binary, model, contexts, batches, steps, threads, flags):
             "prefill": [{"prompt_tokens": r["pp"], "tokens_per_s": r["speed_pp"]} for r in rows]}
 
 
-def ours_run(model, contexts, batches, steps, threads):
+def ours_build(isa):
+    return REPO / ("build-avx2" if isa == "avx2" else "build") / "bin" / "dd-bench-model"
+
+
+def ours_run(model, contexts, batches, steps, threads, isa):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [str(REPO / "build" / "bin" / "dd-bench-model"), "--model", model,
+        cmd = [str(ours_build(isa)), "--model", model,
                "--prefill", ",".join(map(str, contexts)), "--contexts", ",".join(map(str, contexts)),
                "--batches", ",".join(map(str, batches)), "--decode_steps", str(steps),
                "--threads", str(threads), "--out", f.name]
@@ -114,21 +122,24 @@ def main():
                     help="8000, not 8192: SmolLM2's context is 8192 tokens and the decode steps need room")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: both engines built for an AVX2 CPU without AVX-512")
     add_record_args(ap)
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
     if min(contexts) < 16 or min(batches) < 1 or a.steps < 1 or a.rounds < 1 or a.threads < 1:
         sys.exit("compare_llamacpp: contexts >= 16, batches, steps, rounds and threads >= 1")
-    if not (REPO / "build" / "bin" / "dd-bench-model").exists():
-        sys.exit("compare_llamacpp: build/bin/dd-bench-model is missing (run scripts/build)")
-    binary = llamacpp_bin()
+    if not ours_build(a.isa).exists():
+        sys.exit(f"compare_llamacpp: {ours_build(a.isa)} is missing (run scripts/build"
+                 + (', with CXXFLAGS="-mno-avx512f" DD_BUILD_DIR=build-avx2' if a.isa == "avx2" else "") + ")")
+    binary = llamacpp_bin(a.isa)
     per_model = []
     for name in a.models.split(","):
         path = str(models.model_path(name))
         runs = []
         for rnd in range(a.rounds):
-            run = {"round": rnd, "dualdecoder": ours_run(path, contexts, batches, a.steps, a.threads)}
+            run = {"round": rnd, "dualdecoder": ours_run(path, contexts, batches, a.steps, a.threads, a.isa)}
             for cfg, flags in CONFIGS.items():
                 run[cfg] = llamacpp_run(binary, path, contexts, batches, a.steps, a.threads, flags)
             runs.append(run)
@@ -149,11 +160,13 @@ def main():
             prefill.append({"prompt_tokens": c, "dualdecoder_tokens_per_s": ours, "llama_cpp_tokens_per_s": theirs,
                             "ratio": ours / theirs if ours and theirs else None})
         per_model.append({"model": name, "path": path, "decode": rows, "prefill": prefill, "runs": runs})
-    doc = {"benchmark": "model-cpu-vs-llamacpp", "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(),
+    name = "model-cpu-vs-llamacpp" + ("-avx2" if a.isa == "avx2" else "")
+    doc = {"benchmark": name, "isa": a.isa, "git_sha": wrap_results.git_sha(), "machine": wrap_results.machine(),
            **record(a, "bench/compare_llamacpp.py"), "threads": a.threads, "steps": a.steps,
            "llamacpp_source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp (bench/build-llamacpp)",
            "llamacpp_configs": CONFIGS, "models": per_model}
-    md = ["# CPU decode: DualDecoder (full mode) vs llama.cpp, same GGUF, one run", "",
+    md = ["# CPU decode: DualDecoder (full mode) vs llama.cpp, same GGUF, one run"
+          + (" (AVX2 builds of both, no AVX-512)" if a.isa == "avx2" else ""), "",
           f"{doc['machine']['cpu']}, {a.threads} threads, git {doc['git_sha'][:12]}, "
           f"best of {a.rounds} alternating rounds, {a.steps} decode steps; `{doc['command']}`", "",
           "like-for-like: llama.cpp `-fa on`, windowed sliding-window cache; library defaults: "
@@ -173,7 +186,7 @@ def main():
             md.append(f"| {m['model']} | {r['prompt_tokens']} | {r['dualdecoder_tokens_per_s']:.1f} | "
                       f"{r['llama_cpp_tokens_per_s']:.1f} | {r['ratio']:.2f} |")
     md.append("")
-    write_results("model-cpu-vs-llamacpp", doc, md)
+    write_results(name, doc, md)
 
 
 if __name__ == "__main__":

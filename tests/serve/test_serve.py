@@ -1,5 +1,6 @@
 """Router + two decode workers + one pool, all real processes on loopback (issue 6):
 concurrency, resume after a worker dies, cancellation, bad requests, overload, metrics."""
+import contextlib
 import json
 import os
 import subprocess
@@ -358,41 +359,50 @@ def test_tenants_cannot_cancel_or_squat_each_others_request_ids(tmp_path):
         router.stop()
 
 
+@contextlib.contextmanager
+def keyed_cluster(tmp_path, name, keys, quota, *worker_args):
+    """A pool (one tenant of `quota`), a router with the API `keys` and one worker on the pool;
+    yields the router's address."""
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps(keys))
+    keys_file.chmod(0o600)
+    cfg = tmp_path / "tenants.json"
+    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": quota}]))
+    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
+    procs = []
+    try:
+        pool = Proc(f"{name}-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
+        procs.append(pool)
+        router = Proc(f"{name}-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys_file}"],
+                      tmp_path)
+        procs.append(router)
+        procs.append(start_worker(f"{name}-w", router.addr, tmp_path, f"--kv_store=shm://{pool.addr}", *worker_args,
+                                  env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)))
+        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+        yield router.addr
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
 def test_prefix_reuse_is_scoped_to_the_api_tenant(tmp_path):
     """Prefix reuse through a real pool: tenant B sending the text tenant A sent restores none of
     A's blocks (no prefill skipped: no oracle for "did someone send this"), while A's own repeat
     still restores its prefix."""
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]))
-    keys.chmod(0o600)
+    keys = [{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]
     a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
-    cfg = tmp_path / "tenants.json"
-    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "1GiB"}]))
-    cfg.chmod(0o600)  # it holds the tokens: the pool refuses it readable by others
-    procs = []
-    try:
-        pool = Proc("prefix-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
-        procs.append(pool)
-        router = Proc("prefix-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"],
-                      tmp_path)
-        procs.append(router)
-        procs.append(start_worker("prefix-w", router.addr, tmp_path, "--mode=dualdecoder", "--budget=256",
-                                  f"--kv_store=shm://{pool.addr}", "--prefix_block=64",
-                                  env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)))
-        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+    with keyed_cluster(tmp_path, "prefix", keys, "1GiB", "--mode=dualdecoder", "--budget=256",
+                       "--prefix_block=64") as router:
         text = prompt(4) * 3
 
         def reused(key):
-            out = ddctl_json("generate", "--server", router.addr, "--prompt", text, "--max_new_tokens", "2",
+            out = ddctl_json("generate", "--server", router, "--prompt", text, "--max_new_tokens", "2",
                              "--ignore_eos", f"--api_key_file={key}")
             return int(out["usage"].get("prefix_reused_tokens", 0))
 
         assert reused(a_key) == 0
         assert reused(b_key) == 0  # the same text from another tenant: nothing of A's
         assert reused(a_key) >= 64  # A's own repeat
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 def test_pool_killed_mid_stream_loses_no_request(tmp_path):
@@ -540,45 +550,28 @@ def test_a_tenant_cannot_fill_the_pool_quota_the_others_share(tmp_path):
     half of it (--tenant_max_pool_bytes=auto). Its second long request is refused naming the
     limit while team-b's is admitted beside its first, and team-a is admitted again once its
     first request ends."""
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40, "max_inflight": 8},
-                                {"tenant": "team-b", "key": "b" * 40, "max_inflight": 8}]))
-    keys.chmod(0o600)
+    keys = [{"tenant": "team-a", "key": "a" * 40, "max_inflight": 8},
+            {"tenant": "team-b", "key": "b" * 40, "max_inflight": 8}]
     a_key, b_key = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
-    cfg = tmp_path / "tenants.json"
-    cfg.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "256MiB"}]))
-    cfg.chmod(0o600)
-    procs = []
-    try:
-        pool = Proc("quota-pool", ["dd-kv-pool", f"--tenants={cfg}"], tmp_path)
-        procs.append(pool)
-        router = Proc("quota-router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"],
-                      tmp_path)
-        procs.append(router)
-        procs.append(start_worker("quota-w", router.addr, tmp_path, "--mode=sparse", "--budget=256",
-                                  f"--kv_store=shm://{pool.addr}", "--prefix_block=0",
-                                  env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)))
-        wait_for("worker up", lambda: ddctl("health", "--server", router.addr).returncode == 0)
+    with keyed_cluster(tmp_path, "quota", keys, "256MiB", "--mode=sparse", "--budget=256",
+                       "--prefix_block=0") as router:
         # A sequence's first pool extent holds 2048 tokens: 72 MiB of Gemma 3 270M's blocks. Two
-        # are past team-a's 128 MiB, before this change three of them filled the quota.
-        n = "600"
-        a = stream_until_tokens(router.addr, prompt(1), int(n), 1, f"--api_key_file={a_key}")
-        r = ddctl("generate", "--server", router.addr, "--prompt", prompt(2), "--max_new_tokens", n,
+        # are past team-a's 128 MiB; before the limit, three of them filled the quota.
+        n = 600
+        a = stream_until_tokens(router, prompt(1), n, 1, f"--api_key_file={a_key}")
+        r = ddctl("generate", "--server", router, "--prompt", prompt(2), "--max_new_tokens", str(n),
                   f"--api_key_file={a_key}")
         assert r.returncode != 0 and "RESOURCE_EXHAUSTED" in r.stderr, r.stderr
         assert "tenant team-a" in r.stderr and "--tenant_max_pool_bytes" in r.stderr, r.stderr
-        b = stream_until_tokens(router.addr, prompt(2), int(n), 1, f"--api_key_file={b_key}")
+        b = stream_until_tokens(router, prompt(2), n, 1, f"--api_key_file={b_key}")
         a.kill()
         a.wait()
 
         def admitted():  # it runs until its 1 s deadline: admitted, not refused
-            r = ddctl("generate", "--server", router.addr, "--prompt", prompt(2), "--max_new_tokens", n,
+            r = ddctl("generate", "--server", router, "--prompt", prompt(2), "--max_new_tokens", str(n),
                       "--deadline_ms=1000", f"--api_key_file={a_key}")
             return "RESOURCE_EXHAUSTED" not in r.stderr and (r.returncode == 0 or "DEADLINE_EXCEEDED" in r.stderr)
 
         assert wait_for("team-a admitted again", admitted)
         b.kill()
         b.wait()
-    finally:
-        for p in reversed(procs):
-            p.stop()
