@@ -182,7 +182,9 @@ def serving_worker(workers):
 
 def make_secrets(workdir):
     tenant, operator, cluster, pool = (secrets.token_hex(20) for _ in range(4))
-    (workdir / "tenant_key").write_text(tenant + "\n")
+    key_file = workdir / "tenant_key"  # the OpenAI client's copy, the check's own (not the pods')
+    key_file.write_text(tenant + "\n")
+    key_file.chmod(0o600)
     keys = json.dumps([{"tenant": "team-a", "key": tenant}]).encode()
     return {
         "client": {"tenant_key": tenant.encode()},  # the API key ddctl shows (not a manifest's secret)
