@@ -241,11 +241,13 @@ def cluster(workdir):
         ref = check_api(workdir, router.host_port("grpc"), router.host_port("http"), "cluster")
         check_metrics(by, [(router.name, "dd_worker_up"), (pool.name, "dd_pool_bytes"),
                            *((w.name, "dd_batch_size") for w in workers)])
-        full = ddctl(workdir, *generate_args(router.host_port("grpc"), 64, "--json"))
+        # Streams long enough (several seconds) that the kill and the SIGTERM land mid-stream.
+        n_ref = 256
+        full = ddctl(workdir, *generate_args(router.host_port("grpc"), n_ref, "--json"))
         want = json.loads(full.stdout)["tokens"] if full.returncode == 0 else []
 
         # A worker killed mid-stream: the router resumes the request on the other worker.
-        s = Stream(workdir, router.host_port("grpc"), 64)
+        s = Stream(workdir, router.host_port("grpc"), n_ref)
         s.got_first.wait(120)
         victim = serving_worker(workers)
         if victim:
@@ -274,16 +276,16 @@ def cluster(workdir):
         results = [s.finish() for s in streams]
         rebuilt = sum(metric_sum(w.host_port("metrics"), "dd_requests_rebuilt_total") for w in workers)
         report("cluster: pool killed mid-stream", all(c == 0 for c, _ in results) and rebuilt >= 2
-               and all(len(s.tokens) == n and s.tokens[:64] == want for s in streams) and all(k < n for k in at_kill)
+               and all(len(s.tokens) == n and s.tokens[:n_ref] == want for s in streams) and all(k < n for k in at_kill)
                and streams[0].tokens == streams[1].tokens,
                f"pool SIGKILLed and restarted after {at_kill} of {n} tokens; requests rebuilt by the workers "
                f"{rebuilt:.0f}; streams {[c for c, _ in results]} with {[len(s.tokens) for s in streams]} tokens, "
-               f"the first 64 as undisturbed: {[s.tokens[:64] == want for s in streams]}, the two alike: "
+               f"the first {n_ref} as undisturbed: {[s.tokens[:n_ref] == want for s in streams]}, the two alike: "
                f"{streams[0].tokens == streams[1].tokens}"
                + "".join(f": {e.strip()}" for c, e in results if c))
 
         # SIGTERM: the serving worker drains its running request before it exits.
-        s = Stream(workdir, router.host_port("grpc"), 64)
+        s = Stream(workdir, router.host_port("grpc"), n_ref)
         s.got_first.wait(120)
         victim = serving_worker(workers)
         t0, at_stop = time.monotonic(), len(s.tokens)
@@ -291,9 +293,9 @@ def cluster(workdir):
             podman("pod", "stop", "-t", "45", victim.name, timeout=120)
         code, err = s.finish()
         resumed = metric_sum(router.host_port("metrics"), "dd_router_resumes_total") - resumes
-        report("cluster: worker SIGTERM drain", victim is not None and code == 0 and s.tokens == want and at_stop < 64
+        report("cluster: worker SIGTERM drain", victim is not None and code == 0 and s.tokens == want and at_stop < n_ref
                and resumed == 0,
-               f"SIGTERM to {victim.name if victim else 'none'} after {at_stop} of 64 tokens; it exited "
+               f"SIGTERM to {victim.name if victim else 'none'} after {at_stop} of {n_ref} tokens; it exited "
                f"{time.monotonic() - t0:.1f} s later; stream status {code}, {len(s.tokens)} tokens, as undisturbed: "
                f"{s.tokens == want}, resumed elsewhere: {resumed:.0f}" + (f": {err.strip()}" if code else ""))
     finally:
