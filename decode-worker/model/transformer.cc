@@ -26,9 +26,10 @@ std::vector<int64_t> Regions(const ModelConfig& c, int64_t rows) {
 
 }  // namespace
 
-// Region i starts (i + 1) (i + 2) / 2 cache lines past a multiple of its aligned size: the
-// regions' sizes are multiples of 64 KiB, and starts that far apart would share L1 cache sets,
-// which a batch-1 pass touching the head of every region at once would thrash.
+// Region i starts (i + 1) (i + 2) / 2 cache lines further than packing alone would put it: the
+// regions' sizes (rows × a model width) are often multiples of 4 KiB, and starts that far apart
+// would share L1 cache sets, which a batch-1 pass touching the head of every region at once
+// would thrash.
 static int64_t Stagger(size_t i) { return kAlignFloats * static_cast<int64_t>(i + 1); }
 
 int64_t Transformer::WorkspaceBytes(const ModelConfig& config, int64_t rows) {

@@ -88,15 +88,14 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(RequestSpec spe
                                                        ", max_waiting ", options_.max_waiting, ")"));
     }
     if (tenant_limit > 0 && store_bytes > 0) {
-      int64_t& held_bytes = tenant_store_bytes_[r->spec.tenant];
+      const auto it = tenant_store_bytes_.find(r->spec.tenant);
+      const int64_t held_bytes = it == tenant_store_bytes_.end() ? 0 : it->second;
       if (held_bytes + store_bytes > tenant_limit) {
-        const int64_t now_held = held_bytes;
-        if (held_bytes == 0) tenant_store_bytes_.erase(r->spec.tenant);
         return absl::ResourceExhaustedError(absl::StrCat(
             "tenant ", r->spec.tenant, " is at its KV-store limit on this worker (--tenant_max_pool_bytes ",
-            MiB(tenant_limit), "): its requests hold ", MiB(now_held), " and this one needs ", MiB(store_bytes)));
+            MiB(tenant_limit), "): its requests hold ", MiB(held_bytes), " and this one needs ", MiB(store_bytes)));
       }
-      held_bytes += store_bytes;
+      tenant_store_bytes_[r->spec.tenant] = held_bytes + store_bytes;
     } else {
       r->store_bytes = 0;  // nothing charged, nothing to give back
     }
