@@ -33,3 +33,11 @@ CONF
     export CONTAINERS_CONF="$dir/containers.conf"
   fi
 }
+
+# The host's CA bundle (for pip behind a TLS-inspecting proxy), or nothing.
+host_ca_bundle() {
+  local ca
+  for ca in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt; do
+    if [[ -s "$ca" ]]; then echo "$ca"; return; fi
+  done
+}

@@ -29,7 +29,7 @@ import pods as podlib
 TAG = os.environ.get("DD_IMAGE_TAG", "latest")
 PROMPT = "Write one sentence about the river that flows past the old mill."
 failures = []
-KEEP = "--keep" in sys.argv
+KEEP = False  # --keep: leave the pods for podman logs (set by main)
 
 
 def podman(*args, check=True, timeout=120):
@@ -308,6 +308,8 @@ def main():
     ap.add_argument("overlays", nargs="*", default=["single-node", "cluster"])
     ap.add_argument("--keep", action="store_true", help="keep the pods and the check's directory (podman logs)")
     a = ap.parse_args()
+    global KEEP
+    KEEP = a.keep
     print("changed for one host with podman:\n  " + "\n  ".join(podlib.CHANGES))
     workdir = Path(tempfile.mkdtemp(prefix="dd-check-kube-"))
     os.chmod(workdir, 0o755)

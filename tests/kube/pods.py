@@ -83,7 +83,7 @@ def expand(text, env):
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
 
-def plan(docs, tag, workdir, secret_files, replicas=None):
+def plan(docs, tag, workdir, secret_files):
     """The pods of an overlay's workloads; `secret_files` maps secret name -> {key: bytes}."""
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
@@ -91,7 +91,7 @@ def plan(docs, tag, workdir, secret_files, replicas=None):
     for d in docs:
         if d["kind"] not in ("Deployment", "DaemonSet"):
             continue
-        n = 1 if d["kind"] == "DaemonSet" else (replicas or {}).get(d["metadata"]["name"], d["spec"].get("replicas", 1))
+        n = 1 if d["kind"] == "DaemonSet" else d["spec"].get("replicas", 1)
         pods += [Pod(f"{d['metadata']['name']}-{i}", d, i) for i in range(n)]
 
     def backend(service, port):  # a Service's port -> 127.0.0.1:<host port of the pod behind it>
