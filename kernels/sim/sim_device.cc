@@ -84,6 +84,9 @@ void SimDevice::Free(DeviceBuffer& buf) {
 
 Event SimDevice::Record(Queue q) {
   const int i = static_cast<int>(q);
+  // Waits the queue took since its last work belong to the event (as on CUDA streams): an
+  // empty piece of work carries them, so completing the event means they completed too.
+  if (!queues_[i].pending_waits.empty()) Submit(q, "the waits before an event", Accesses{}, [] {});
   const uint64_t seq = queues_[i].submitted;
   if (seq == 0) return Event{q, 0};
   Clock c = knows_[i];
@@ -161,7 +164,13 @@ void SimDevice::Submit(Queue queue, const std::string& what, Accesses acc, std::
     uintptr_t base = 0;
     Buffer* b = Find(r, &base);
     if (b == nullptr) return;
-    w.touch.push_back(r);
+    // The whole buffer is opened while the work runs: one mprotect per buffer, where one per
+    // range split the mapping (an attention call reads thousands of key rows) past the
+    // kernel's map limit. The hazard checks stay per range.
+    const Range whole{base, base + b->mapped};
+    if (std::none_of(w.touch.begin(), w.touch.end(), [&](const Range& t) { return t.begin == whole.begin; })) {
+      w.touch.push_back(whole);
+    }
     // Accesses inside this one are ordered before it (Check passed): a write supersedes them,
     // a read supersedes this queue's earlier reads.
     auto& list = b->accesses;

@@ -139,6 +139,25 @@ TEST_F(SimDeviceTest, OrderingIsTransitiveThroughEvents) {
   dev->Free(*kv);
 }
 
+TEST_F(SimDeviceTest, AnEventRecordedRightAfterAWaitCoversTheWaitedWork) {
+  // compute waits for prefetch and records at once, with no work between: synchronizing with
+  // that event must mean the prefetch copy is done (the host may read its source and free its
+  // buffer), on every run of the jitter.
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    auto dev = Make(seed);
+    std::vector<float> data(kN, 2.0f), out(kN, 0.0f);
+    auto kv = dev->Allocate(MemoryTag::kKv, kN * 4);
+    ASSERT_TRUE(kv.ok());
+    ASSERT_TRUE(dev->CopyToDevice(Queue::kPrefetch, data.data(), *kv, 0, kN * 4).ok());
+    dev->Wait(Queue::kCompute, dev->Record(Queue::kPrefetch));
+    ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kCompute)).ok());
+    ASSERT_TRUE(dev->CopyToHost(Queue::kWriteBack, *kv, 0, out.data(), kN * 4).ok());
+    ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kWriteBack)).ok());
+    EXPECT_EQ(out, data) << "seed " << seed;
+    dev->Free(*kv);
+  }
+}
+
 TEST_F(SimDeviceTest, FreeingBeforeTheHostSynchronizedAborts) {
   EXPECT_DEATH(
       {
