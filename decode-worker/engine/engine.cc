@@ -67,7 +67,13 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
     shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
   }
-  if (UsesShortlist()) plan_.AddSharedWorkspace(shortlist_.cache_cap_bytes());
+  if (UsesShortlist()) {
+    if (absl::Status st = shortlist_.Attach(*device_, model.config.n_embd); !st.ok()) {
+      init_status_ = st;
+      return;
+    }
+    plan_.AddSharedWorkspace(shortlist_.device_bytes());
+  }
   if (options_.device_memory_bytes < 0) {
     init_status_ = absl::InvalidArgumentError(
         absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options_.device_memory_bytes));
@@ -208,8 +214,9 @@ int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, 
       break;
   }
   if (hidden != nullptr) {
-    const int32_t t = shortlist_.Argmax(seq, model_, hidden, device_->ops());
-    return t >= 0 ? t : fallback;
+    const absl::StatusOr<int32_t> t = shortlist_.Argmax(seq, transformer_->weights().output, hidden);
+    LOG_IF(ERROR, !t.ok()) << "context head: " << t.status();  // a prediction only: fall back
+    return t.ok() && *t >= 0 ? *t : fallback;
   }
   return Argmax(logits, V);
 }

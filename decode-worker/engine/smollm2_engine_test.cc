@@ -9,6 +9,8 @@
 #include "decode-worker/engine/spec_head.h"
 
 #include "dd/backend/cpu_device.h"
+#include "dd/backend/registry.h"
+#include "decode-worker/model/device_weights.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
@@ -130,25 +132,39 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   ASSERT_TRUE((*tf)->Forward(rows, kv, &none, &hidden).ok());
   ASSERT_EQ(static_cast<int64_t>(hidden.size()), d);
   EXPECT_TRUE(none.empty());
+  // On the cpu device (two threads) and on the simulated one: the same answers.
   ThreadPool two_threads(2);
-  backend::CpuOps two(two_threads);
-  EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);
-  EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));  // every row cached once
-  EXPECT_EQ(list.Argmax(3, *model_, hidden.data(), two), want);          // from the cache
-  EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));
-  // A cap below the set: the first rows cached, the rest dequantized per call, same answer.
-  for (int64_t cap_rows : {int64_t{0}, int64_t{3}}) {
-    ContextShortlist capped(V, cap_rows * d * static_cast<int64_t>(sizeof(float)));
-    capped.Note(3, prompt);
-    EXPECT_EQ(capped.Argmax(3, *model_, hidden.data(), two), want) << cap_rows;
-    EXPECT_EQ(capped.cached_rows(), cap_rows);
+  backend::CpuDevice cpu(0, two_threads);
+  auto sim = backend::CreateDevice("sim", {.budget_bytes = 0, .pool = &two_threads});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  for (backend::Device* dev : {static_cast<backend::Device*>(&cpu), sim->get()}) {
+    SCOPED_TRACE(dev->name());
+    // The output matrix where this device keeps it.
+    auto weights = model::DeviceWeights::Upload(*model_, *dev);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const kernels::WeightView& out = (*weights)->output;
+    ContextShortlist list(V);
+    list.Note(3, prompt);
+    EXPECT_EQ(list.Argmax(3, out, hidden.data()).status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(list.Attach(*dev, d).ok());
+    EXPECT_EQ(*list.Argmax(3, out, hidden.data()), want);
+    EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));  // every row cached once
+    EXPECT_EQ(*list.Argmax(3, out, hidden.data()), want);                 // from the cache
+    EXPECT_EQ(list.cached_rows(), static_cast<int64_t>(unique.size()));
+    // A cap below the set: the first rows cached, the rest dequantized per call, same answer.
+    for (int64_t cap_rows : {int64_t{0}, int64_t{3}}) {
+      ContextShortlist capped(V, cap_rows * d * static_cast<int64_t>(sizeof(float)));
+      ASSERT_TRUE(capped.Attach(*dev, d).ok());
+      capped.Note(3, prompt);
+      EXPECT_EQ(*capped.Argmax(3, out, hidden.data()), want) << cap_rows;
+      EXPECT_EQ(capped.cached_rows(), cap_rows);
+    }
+    list.Copy(3, 5);
+    EXPECT_EQ(*list.Argmax(5, out, hidden.data()), want);
+    list.Reset(3);
+    EXPECT_EQ(list.size(3), 0);
+    EXPECT_EQ(*list.Argmax(3, out, hidden.data()), -1);
   }
-  ContextShortlist copy = list;
-  copy.Copy(3, 5);
-  EXPECT_EQ(copy.Argmax(5, *model_, hidden.data(), two), want);
-  copy.Reset(3);
-  EXPECT_EQ(copy.size(3), 0);
-  EXPECT_EQ(copy.Argmax(3, *model_, hidden.data(), two), -1);
 }
 
 // The speculative chain's resync (EngineOptions::spec_resync): text that repeats and then

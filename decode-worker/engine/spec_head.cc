@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "decode-worker/model/tokenizer.h"
 
 namespace dd::engine {
@@ -93,25 +94,51 @@ int64_t ContextShortlist::size(int32_t seq) const {
   return seq >= 0 && seq < static_cast<int32_t>(slots_.size()) ? static_cast<int64_t>(slots_[seq].ids.size()) : 0;
 }
 
-int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden,
-                                 backend::Ops& ops) {
+ContextShortlist::~ContextShortlist() {
+  if (device_ == nullptr) return;
+  (void)device_->Synchronize(device_->Record(backend::Queue::kCompute));
+  device_->Free(cache_rows_);
+  device_->Free(hidden_);
+  device_->Free(scores_);
+}
+
+absl::Status ContextShortlist::Attach(backend::Device& device, int64_t n_embd) {
+  if (device_ != nullptr) return absl::FailedPreconditionError("context shortlist: already attached to a device");
+  if (n_embd <= 0) return absl::InvalidArgumentError(absl::StrCat("context shortlist: n_embd ", n_embd));
+  const int64_t row = n_embd * static_cast<int64_t>(sizeof(float));
+  const int64_t cap_rows = std::min(cache_bytes_ / row, n_vocab_);
+  device_ = &device;
+  d_ = n_embd;
+  if (cap_rows > 0) {
+    ASSIGN_OR_RETURN(cache_rows_, device.Allocate(backend::MemoryTag::kWorkspace, cap_rows * row));
+  }
+  ASSIGN_OR_RETURN(hidden_, device.Allocate(backend::MemoryTag::kWorkspace, row));
+  ASSIGN_OR_RETURN(scores_, device.Allocate(backend::MemoryTag::kWorkspace, n_vocab_ * static_cast<int64_t>(sizeof(float))));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> ContextShortlist::Argmax(int32_t seq, const kernels::WeightView& output, const float* hidden) {
+  if (device_ == nullptr) return absl::FailedPreconditionError("context shortlist: Argmax before Attach");
   if (size(seq) == 0) return -1;
+  backend::Device& dev = *device_;
+  backend::Ops& ops = dev.ops();
   const std::vector<int32_t>& ids = slots_[seq].ids;
-  const kernels::WeightView& out = model.weights.output;
-  const int64_t d = model.config.n_embd, n = static_cast<int64_t>(ids.size());
+  const int64_t d = d_, n = static_cast<int64_t>(ids.size());
   // Cache the rows not yet held while the cap allows.
   if (cache_index_.empty()) cache_index_.assign(n_vocab_, -1);
-  const int64_t cap_rows = d > 0 ? cache_bytes_ / (d * static_cast<int64_t>(sizeof(float))) : 0;
+  const int64_t cap_rows = cache_rows_.bytes / (d * static_cast<int64_t>(sizeof(float)));
   const int64_t first_new = static_cast<int64_t>(cached_.size());
   for (int64_t i = 0; i < n && static_cast<int64_t>(cached_.size()) < cap_rows; ++i) {
     if (cache_index_[ids[i]] >= 0) continue;
     cache_index_[ids[i]] = static_cast<int32_t>(cached_.size());
     cached_.push_back(ids[i]);
   }
-  const int64_t added = static_cast<int64_t>(cached_.size()) - first_new;
-  if (added > 0) {
-    cache_rows_.resize(cached_.size() * d);
-    ops.DequantizeRows(out, absl::MakeConstSpan(cached_).subspan(first_new), cache_rows_.data() + first_new * d);
+  float* rows = static_cast<float*>(cache_rows_.data);
+  float* x = static_cast<float*>(hidden_.data);
+  float* scores = static_cast<float*>(scores_.data);
+  RETURN_IF_ERROR(dev.CopyToDevice(backend::Queue::kCompute, hidden, hidden_, 0, d * static_cast<int64_t>(sizeof(float))));
+  if (static_cast<int64_t>(cached_.size()) > first_new) {
+    ops.DequantizeRows(output, absl::MakeConstSpan(cached_).subspan(first_new), rows + first_new * d);
   }
   // Cached rows from the cache; rows past its cap are dequantized and scored one at a time.
   score_.resize(n);
@@ -122,18 +149,28 @@ int32_t ContextShortlist::Argmax(int32_t seq, const model::LoadedModel& model, c
   for (int64_t i = 0; i < n; ++i) {
     const int32_t at = cache_index_[ids[i]];
     if (at >= 0) {
-      row_ptrs_.push_back(cache_rows_.data() + static_cast<int64_t>(at) * d);
+      row_ptrs_.push_back(rows + static_cast<int64_t>(at) * d);
       scored_.push_back(i);
     } else {
       uncached_.push_back(ids[i]);
       uncached_at_.push_back(i);
     }
   }
-  piece_scores_.resize(std::max(row_ptrs_.size(), uncached_.size()));
-  ops.DotRows(row_ptrs_, hidden, d, piece_scores_.data());
-  for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = piece_scores_[j];
-  ops.ScoreRows(out, uncached_, hidden, piece_scores_.data());
-  for (size_t j = 0; j < uncached_at_.size(); ++j) score_[uncached_at_[j]] = piece_scores_[j];
+  // Scores of the cached rows first, then of the others, side by side in scores_.
+  const int64_t nc = static_cast<int64_t>(row_ptrs_.size());
+  ops.DotRows(row_ptrs_, x, d, scores);
+  ops.ScoreRows(output, uncached_, x, scores + nc);
+  const float* got = scores;
+  if (!dev.host_visible()) {
+    piece_scores_.resize(n);
+    RETURN_IF_ERROR(dev.CopyToHost(backend::Queue::kCompute, scores_, 0, piece_scores_.data(),
+                                   n * static_cast<int64_t>(sizeof(float))));
+    got = piece_scores_.data();
+  }
+  // Also what `hidden` must live for (the copy above reads it).
+  RETURN_IF_ERROR(dev.Synchronize(dev.Record(backend::Queue::kCompute)));
+  for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = got[j];
+  for (size_t j = 0; j < uncached_at_.size(); ++j) score_[uncached_at_[j]] = got[nc + j];
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
     if (score_[i] > score_[best]) best = i;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "dd/backend/device.h"
 #include "dd/backend/ops.h"
 #include "decode-worker/model/weights.h"
 
@@ -40,12 +41,21 @@ std::vector<int32_t> CommonTokens(const model::Tokenizer& tokenizer, int64_t com
 // One shortlist serves one model: it keeps the output-matrix rows it has dequantized (shared by
 // every slot, up to `cache_bytes`), so a step dequantizes only the tokens new since the last
 // one. Rows past the cap are dequantized on every call, as without the cache; the scores, and
-// so the argmax, are the same either way.
+// so the argmax, are the same either way. The cached rows, the hidden state and the scores are
+// device memory (Attach); the scores come back to the host by one copy.
 class ContextShortlist {
  public:
   static constexpr int64_t kDefaultCacheBytes = int64_t{16} << 20;
   explicit ContextShortlist(int64_t n_vocab, int64_t cache_bytes = kDefaultCacheBytes)
       : n_vocab_(n_vocab), cache_bytes_(cache_bytes) {}
+  ~ContextShortlist();
+  ContextShortlist(const ContextShortlist&) = delete;
+  ContextShortlist& operator=(const ContextShortlist&) = delete;
+  // Allocates the device memory (tag kWorkspace) for rows of `n_embd` floats: the row cache,
+  // one hidden state, a score per vocabulary id. Once, before Argmax; `device` outlives this.
+  absl::Status Attach(backend::Device& device, int64_t n_embd);
+  // The bytes Attach allocates (the memory plan's shared workspace).
+  int64_t device_bytes() const { return cache_rows_.bytes + hidden_.bytes + scores_.bytes; }
   // Tokens every slot's set starts with (CommonTokens), scored before the slot's own.
   void SetBase(std::vector<int32_t> base) { base_ = std::move(base); }
   // Adds tokens to slot `seq`'s set (ids outside the vocabulary are ignored).
@@ -53,10 +63,10 @@ class ContextShortlist {
   void Copy(int32_t src, int32_t dst);
   void Reset(int32_t seq);
   int64_t size(int32_t seq) const;
-  // The token of `seq`'s set whose output-matrix row has the largest dot product with
-  // `hidden` (n_embd floats, already normalized); ties go to the token seen first. -1 when
-  // the set is empty.
-  int32_t Argmax(int32_t seq, const model::LoadedModel& model, const float* hidden, backend::Ops& ops);
+  // The token of `seq`'s set whose row of `output` (the output matrix on the device) has the
+  // largest dot product with `hidden` (n_embd floats of host memory, already normalized);
+  // ties go to the token seen first. -1 when the set is empty.
+  absl::StatusOr<int32_t> Argmax(int32_t seq, const kernels::WeightView& output, const float* hidden);
   // Rows held dequantized (for tests and the memory report).
   int64_t cached_rows() const { return static_cast<int64_t>(cached_.size()); }
   int64_t cache_cap_bytes() const { return cache_bytes_; }
@@ -74,13 +84,17 @@ class ContextShortlist {
   int64_t cache_bytes_;
   std::vector<int32_t> cache_index_;  // per vocabulary id: its row in cache_rows_, or -1
   std::vector<int32_t> cached_;       // the ids held, in the order cached
-  std::vector<float> cache_rows_;     // cached_.size() rows of n_embd floats
+  backend::Device* device_ = nullptr;
+  int64_t d_ = 0;                     // n_embd
+  backend::DeviceBuffer cache_rows_;  // up to cache_bytes_ / row of n_embd floats
+  backend::DeviceBuffer hidden_;      // n_embd floats
+  backend::DeviceBuffer scores_;      // a score per vocabulary id
   // Argmax's scratch, kept across calls: cached rows and their places, rows past the cap and
   // their places, scores.
   std::vector<const float*> row_ptrs_;
   std::vector<int64_t> scored_, uncached_at_;
   std::vector<int32_t> uncached_;
-  std::vector<float> piece_scores_, score_;
+  std::vector<float> piece_scores_, score_;  // host
 };
 
 }  // namespace dd::engine
