@@ -41,7 +41,8 @@ void DenseKvCache::Reset(int32_t seq) {
   slots_[seq] = Slot();
 }
 
-absl::Status DenseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
+absl::Status DenseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
+                                   const std::vector<bool>* only) {
   if (seq < 0 || prompt_tokens <= 0 || total_tokens < prompt_tokens || pass_rows <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("dense KV reservation: slot ", seq, ", ", prompt_tokens,
                                                    " prompt tokens, ", total_tokens, " in all, passes of ", pass_rows));
@@ -52,6 +53,7 @@ absl::Status DenseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t t
   }
   const int64_t window = config_.sliding_window;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (only != nullptr && !(*only)[l]) continue;
     const bool sliding = config_.layer_is_swa[l];
     const int64_t cap = sliding ? std::max(window + 1, window - 1 + std::min(prompt_tokens, pass_rows)) : total_tokens;
     if (absl::Status st = Resize(slot.layers[l], cap, sliding, 0); !st.ok()) {

@@ -28,8 +28,10 @@ class DenseKvCache : public KvCache {
 
   // Allocates empty slot `seq` for a request of `prompt_tokens` growing to `total_tokens`,
   // prefilled `pass_rows` rows per pass at most. RESOURCE_EXHAUSTED (nothing kept) when the
-  // device cannot hold it; FAILED_PRECONDITION when the slot is in use.
-  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows);
+  // device cannot hold it; FAILED_PRECONDITION when the slot is in use. `only` (optional, one
+  // flag per layer): reserve just these layers (the sparse cache's dense ones).
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
+                       const std::vector<bool>* only = nullptr);
   // The prompt is in: sliding-window rings shrink to the window + 1 rows decoding needs.
   absl::Status FinishPrefill(int32_t seq);
   // Slots are created on demand.

@@ -32,6 +32,7 @@ std::unique_ptr<backend::Device> CreateEngineDevice(const std::string& name, Thr
 EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& config) {
   if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
   if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
+  o.sparse.dual_token = o.mode == DecodeMode::kDualDecoder;
   o.spec_head = ResolveSpecHead(o.spec_head, config);
   // The speculative shortlist by head: the full head's query ranks chunks as the real row's
   // did, the context head's does not (docs/decisions/0009-speculative-row-cost.md).
@@ -52,12 +53,6 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     return;
   }
   if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
-  if (!device_->host_visible() && options_.mode != DecodeMode::kFull) {
-    init_status_ = absl::UnimplementedError(absl::StrCat(
-        "--device ", device_->name(), " runs the full decode mode only so far: the ", DecodeModeName(options_.mode),
-        " mode's cache still reads KV, landmarks and blocks on the host"));
-    return;
-  }
   auto transformer = model::Transformer::Create(model, *device_, options_.matmul, options_.prefill_chunk);
   if (!transformer.ok()) {
     init_status_ = transformer.status();
@@ -157,6 +152,8 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
   }
   if (dense_ != nullptr) {
     RETURN_IF_ERROR(dense_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
+  } else if (sparse_ != nullptr) {
+    RETURN_IF_ERROR(sparse_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
   }
   reservations_[seq] = r;
   return absl::OkStatus();
@@ -598,6 +595,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
   }
   for (int32_t s : seqs) {  // decode drops the dense prompt
     if (reservations_[s].prefilling && dense_ != nullptr) RETURN_IF_ERROR(dense_->FinishPrefill(s));
+    if (reservations_[s].prefilling && sparse_ != nullptr) RETURN_IF_ERROR(sparse_->FinishPrefill(s));
     reservations_[s].prefilling = false;
   }
   if (options_.mode != DecodeMode::kDualDecoder) return transformer_->Forward(rows, *kv_, logits);

@@ -40,8 +40,8 @@ absl::string_view DecodeModeName(DecodeMode mode);
 
 struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
-  // The compute device (dd/backend/registry.h): "cpu" runs everywhere; "sim" and "cuda" are
-  // refused with the reason until their devices exist.
+  // The compute device (dd/backend/registry.h): "cpu" and "sim" run everywhere (every mode);
+  // "cuda" is refused with the reason until its device exists.
   std::string device = "cpu";
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)

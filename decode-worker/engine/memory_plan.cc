@@ -35,35 +35,35 @@ MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const S
                        int64_t prefill_chunk)
     : config_(model.config), mode_(mode), sparse_(sparse), prefill_chunk_(prefill_chunk), weight_bytes_(WeightBytes(model)) {
   if (mode_ != DecodeMode::kFull) {
-    // The block staging buffer: one layer's budget. (The urgent gathers are per request: every
+    // The landmark scores of one selection. (The urgent gathers are per request: every
     // sequence's blocks of a layer are read by one attention call; Request counts them.)
-    shared_workspace_ = sparse_.budget_tokens * config_.n_head_kv * 2 * config_.head_dim *
-                        static_cast<int64_t>(sizeof(float));
+    shared_workspace_ = SparseKvCache::ScoresBytes(config_, sparse_);
   }
 }
 
-int64_t MemoryPlan::DecodeKvBytes(int64_t length) const {
+KvBytes MemoryPlan::DecodeKv(int64_t length) const {
   const int64_t row = 2 * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
   const int64_t C = sparse_.chunk_tokens;
-  int64_t total = 0, sparse_layers = 0;
+  KvBytes b;
+  int64_t sparse_layers = 0;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const bool kept_dense = sparse_.sparse_layers.any() && !(l < SparseOptions::kMaxLayers && sparse_.sparse_layers.test(l));
     if (Sliding(config_, l)) {
-      total += (config_.sliding_window + 1) * row;
-    } else if (mode_ == DecodeMode::kFull) {
-      total += length * row;
+      b.kv += (config_.sliding_window + 1) * row;
+    } else if (mode_ == DecodeMode::kFull || kept_dense) {
+      b.kv += length * row;
     } else {
-      const int64_t dense = std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C);
-      const int64_t landmarks = (length / C) * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
-      total += dense * row + landmarks;
+      b.kv += std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C) * row;
+      b.landmarks += (length / C) * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
       ++sparse_layers;
     }
   }
   if (sparse_.step_cache && mode_ != DecodeMode::kFull) {  // a resident set per sparse layer
-    total += sparse_layers * (sparse_.budget_tokens + sparse_.resident_margin_tokens) * row;
+    b.resident = sparse_layers * (sparse_.budget_tokens + sparse_.resident_margin_tokens) * row;
   } else if (mode_ == DecodeMode::kDualDecoder) {  // the prefetch buffers, shared by the sparse layers
-    total += std::min(sparse_.prefetch_buffers, sparse_layers) * sparse_.budget_tokens * row;
+    b.prefetch = std::min(sparse_.prefetch_buffers, sparse_layers) * sparse_.budget_tokens * row;
   }
-  return total;
+  return b;
 }
 
 RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) const {
@@ -86,9 +86,16 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   // Prefill rings: window - 1 + the rows of one pass, against window + 1 when decoding.
   r.prefill_extra = sliding_layers * std::max<int64_t>(0, std::min(prompt_tokens, prefill_chunk_) - 2) * row;
   if (mode_ != DecodeMode::kFull) {
-    // Prefill keeps the whole prompt of every global layer on the device.
+    // Prefill keeps the whole prompt of every sparse layer on the device.
     const int64_t dense_now = std::min(prompt_tokens, sparse_.sink_tokens + sparse_.window_tokens + sparse_.chunk_tokens);
-    r.prefill_extra += (c.n_layer - sliding_layers) * (prompt_tokens - dense_now) * row;
+    int64_t sparse_layers = c.n_layer - sliding_layers;
+    if (sparse_.sparse_layers.any()) {
+      sparse_layers = 0;
+      for (int64_t l = 0; l < c.n_layer && l < SparseOptions::kMaxLayers; ++l) {
+        sparse_layers += !Sliding(c, l) && sparse_.sparse_layers.test(l) ? 1 : 0;
+      }
+    }
+    r.prefill_extra += sparse_layers * (prompt_tokens - dense_now) * row;
   }
   return r;
 }

@@ -1,18 +1,22 @@
 // Device-memory accounting (DESIGN §5, §6): what a request costs on the device in each decode
 // mode, so the engine can admit requests against `--device-memory` and report max batch.
 //
-// The projection mirrors what the KV caches hold (tests compare it with their actual bytes):
+// The projection is what the caches allocate, tag by tag (memory_plan_test compares it with
+// the device's per-tag totals in every mode):
 //   weights    every matrix and vector of the model, as stored;
 //   workspace  activations and logits per batch row (a dualdecoder request has two rows), and
 //              without the step cache one layer's gathered blocks per request (the batch's
-//              attention reads every request's at once); shared by all requests: a block
-//              staging buffer and the context head's row cache (spec_head.h);
-//   kv         full: every position of every global layer. sparse modes: sinks, local
-//              window + tail chunk and one landmark per chunk per KV head on global layers,
-//              plus, with the step cache (sparse-cached, dualdecoder by default), a resident
-//              set of `budget + resident_margin` tokens per global layer, or else
-//              (dualdecoder) `prefetch_buffers` buffers of `budget` tokens (ping-pong).
-//              Sliding-window layers keep a ring of window + 1 positions in every mode.
+//              attention reads every request's at once); shared by all requests: the
+//              landmark-score buffer and the context head's row cache (spec_head.h);
+//   kv         (kKv) full: every position of every global layer. sparse modes: sinks and the
+//              local window's ring (window + chunk rows) on sparse layers; global layers kept
+//              dense (--sparse_layers) hold every position. Sliding-window layers keep a ring
+//              of window + 1 positions in every mode;
+//   landmarks  (kLandmarks) one per chunk per KV head on sparse layers;
+//   resident   (kResidentSlots) with the step cache (sparse-cached, dualdecoder by default) a
+//              resident set of `budget + resident_margin` tokens per sparse layer;
+//   prefetch   (kPrefetchRing) dualdecoder without the step cache: `prefetch_buffers`
+//              buffers of `budget` tokens (ping-pong), shared by the sparse layers.
 // Prefill is dense in every mode, so a request being prefilled transiently holds its whole
 // prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +
 // prefill_chunk rows instead of window + 1 (`prefill_extra`), released at its first decode step.
@@ -32,6 +36,12 @@ namespace dd::engine {
 // ShadowKV-style baseline that keeps the last steps' chunks resident and fetches the misses.
 enum class DecodeMode { kFull, kSparse, kSparseCached, kDualDecoder };
 
+// A request's decode-state bytes by memory tag.
+struct KvBytes {
+  int64_t kv = 0, landmarks = 0, resident = 0, prefetch = 0;
+  int64_t total() const { return kv + landmarks + resident + prefetch; }
+};
+
 struct RequestBytes {
   int64_t kv = 0;             // steady decode state at the request's final length
   int64_t workspace = 0;      // per-row activations and logits
@@ -50,8 +60,9 @@ class MemoryPlan {
   void AddSharedWorkspace(int64_t bytes) { shared_workspace_ += bytes; }
   // A request whose prompt has `prompt_tokens` and that may grow to `total_tokens`.
   RequestBytes Request(int64_t prompt_tokens, int64_t total_tokens) const;
-  // KV bytes the cache holds for one decoding sequence of `length` positions.
-  int64_t DecodeKvBytes(int64_t length) const;
+  // KV bytes the cache holds for one decoding sequence of `length` positions, by tag.
+  KvBytes DecodeKv(int64_t length) const;
+  int64_t DecodeKvBytes(int64_t length) const { return DecodeKv(length).total(); }
   // The chunks a request writes to the store at most: sparse modes offload every completed
   // chunk (all layers) up to its final length and always open a store sequence; full mode
   // only its prompt's chunks, and only with prefix reuse on (-1: no store sequence).

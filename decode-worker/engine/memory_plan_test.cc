@@ -31,7 +31,7 @@ class MemoryPlanTest : public GemmaTest {
   }
 };
 
-TEST_F(MemoryPlanTest, ProjectionBoundsWhatTheCacheHolds) {
+TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
   const std::vector<int32_t> prompt = Prompt(1300);
   // dualdecoder twice: with the prefetch ring, then on the resident set (step cache).
   const std::vector<std::pair<DecodeMode, bool>> modes = {{DecodeMode::kFull, false},
@@ -39,45 +39,50 @@ TEST_F(MemoryPlanTest, ProjectionBoundsWhatTheCacheHolds) {
                                                           {DecodeMode::kSparseCached, true},
                                                           {DecodeMode::kDualDecoder, false},
                                                           {DecodeMode::kDualDecoder, true}};
+  using backend::MemoryTag;
+  for (const char* device_name : {"cpu", "sim"}) {
   for (auto [mode, step_cache] : modes) {
-    SCOPED_TRACE(std::string(DecodeModeName(mode)) + (step_cache ? " (step cache)" : ""));
+    SCOPED_TRACE(std::string(device_name) + ": " + std::string(DecodeModeName(mode)) + (step_cache ? " (step cache)" : ""));
     EngineOptions o = Options(mode);
+    o.device = device_name;
     o.sparse.step_cache = step_cache;
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
     const backend::Device& device = (*e)->device();
+    const auto expect_tags = [&](const KvBytes& want, int64_t prefill_extra) {
+      EXPECT_EQ(device.bytes_in_use(MemoryTag::kKv), want.kv + prefill_extra);
+      EXPECT_EQ(device.bytes_in_use(MemoryTag::kLandmarks), want.landmarks);
+      EXPECT_EQ(device.bytes_in_use(MemoryTag::kResidentSlots), want.resident);
+      EXPECT_EQ(device.bytes_in_use(MemoryTag::kPrefetchRing), want.prefetch);
+    };
     // The weights on the device are what the plan counts, in every mode.
-    EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kWeights), plan.weight_bytes());
+    EXPECT_EQ(device.bytes_in_use(MemoryTag::kWeights), plan.weight_bytes());
+    const int64_t idle_workspace = device.bytes_in_use(MemoryTag::kWorkspace);
     ASSERT_TRUE((*e)->Admit(0, 1300, 1310).ok());
     const RequestBytes r = plan.Request(1300, 1310);
-    if (mode == DecodeMode::kFull) {
-      // Full mode's KV is allocated at admission: exactly the plan, rings sized for prefill.
-      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), plan.DecodeKvBytes(1310) + r.prefill_extra);
-    }
+    // Everything is allocated at admission: exactly the plan, the prompt's rows included.
+    expect_tags(plan.DecodeKv(1310), r.prefill_extra);
+    // The request's own workspace: its urgent blocks (sparse modes without the step cache).
+    const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
+    const bool urgent_blocks = mode != DecodeMode::kFull && !step_cache;
+    EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace) - idle_workspace,
+              urgent_blocks ? o.sparse.budget_tokens * row : 0);
     auto logits = (*e)->Prefill(0, prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
-    // While prefilled, before decoding: the prompt is dense on the device.
-    EXPECT_LE((*e)->kv_bytes(), plan.DecodeKvBytes(1310) + r.prefill_extra);
+    expect_tags(plan.DecodeKv(1310), r.prefill_extra);  // prefill allocated nothing
     int32_t seq = 0, tok = Argmax(logits->data(), model_->config.n_vocab);
     std::vector<float> out;
     for (int step = 0; step < 4; ++step) {
       ASSERT_TRUE((*e)->DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&tok, 1), &out).ok());
       tok = Argmax(out.data(), model_->config.n_vocab);
+      // Decoding released the prompt's rows: the steady state of the admitted request.
+      expect_tags(plan.DecodeKv(1310), 0);
     }
-    if (mode == DecodeMode::kFull) {
-      // Decoding released the prefill rings: the steady state of the admitted request.
-      EXPECT_EQ((*e)->kv_bytes(), plan.DecodeKvBytes(1310));
-      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), plan.DecodeKvBytes(1310));
-      (*e)->Release(0);
-      EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kKv), 0);
-      continue;
-    }
-    const int64_t actual = (*e)->kv_bytes(), projected = plan.DecodeKvBytes((*e)->Length(0));
-    EXPECT_LE(actual, projected);
-    // Close, not just an upper bound: at most the window's slack rows (sinks + window + a chunk).
-    const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
-    EXPECT_GE(actual, projected - 3 * 8 * row) << "projection far above the cache: " << projected << " vs " << actual;
+    (*e)->Release(0);
+    expect_tags(KvBytes{}, 0);
+    EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace), idle_workspace);
+  }
   }
 }
 

@@ -4,10 +4,8 @@
 
 namespace dd::engine {
 
-void ResidentSet::Init(int64_t heads, int64_t slots_per_head, int64_t block_floats) {
+void ResidentSet::Init(int64_t heads, int64_t slots_per_head) {
   slots_per_head_ = slots_per_head;
-  block_floats_ = block_floats;
-  data_.assign(heads * slots_per_head * block_floats, 0.0f);
   heads_.assign(heads, Head());
   for (Head& h : heads_) {
     h.chunk.assign(slots_per_head, -1);

@@ -7,7 +7,9 @@
 // used (lowest stamp), lower slot index on ties. A slot can be "in flight" (a background
 // prefetch is still writing it); such a slot is taken only when the caller allows it (after
 // waiting for that transfer). Chunks are immutable once offloaded, so a resident block never
-// goes stale. Not thread-safe (the engine's compute thread).
+// goes stale. The set keeps the bookkeeping only: the blocks live in device memory the caller
+// owns (one buffer per (sequence, layer), block BlockIndex(g, slot) of it). Not thread-safe
+// (the engine's compute thread).
 #pragma once
 
 #include <cstddef>
@@ -18,19 +20,18 @@ namespace dd::engine {
 
 class ResidentSet {
  public:
-  // `heads` KV heads of `slots_per_head` slots of `block_floats` floats each; empties the set.
-  void Init(int64_t heads, int64_t slots_per_head, int64_t block_floats);
+  // `heads` KV heads of `slots_per_head` slots each; empties the set.
+  void Init(int64_t heads, int64_t slots_per_head);
   bool initialized() const { return slots_per_head_ > 0; }
   int64_t heads() const { return static_cast<int64_t>(heads_.size()); }
   int64_t slots_per_head() const { return slots_per_head_; }
-  int64_t bytes() const { return static_cast<int64_t>(data_.size() * sizeof(float)); }
+  // Blocks in all (heads × slots per head): the device buffer holds this many.
+  int64_t blocks() const { return heads() * slots_per_head_; }
 
   // The slot holding chunk `c` of head `g`, or -1.
   int32_t Find(int64_t g, int64_t c) const;
-  float* Block(int64_t g, int32_t slot) { return &data_[((g * slots_per_head_) + slot) * block_floats_]; }
-  const float* Block(int64_t g, int32_t slot) const {
-    return &data_[((g * slots_per_head_) + slot) * block_floats_];
-  }
+  // Where slot `slot` of head g sits in the caller's buffer, in blocks.
+  int64_t BlockIndex(int64_t g, int32_t slot) const { return g * slots_per_head_ + slot; }
   bool inflight(int64_t g, int32_t slot) const { return heads_[g].inflight[slot]; }
 
   // Gives each chunk of `incoming` (head g, none of them resident) a slot, in order, evicting
@@ -46,7 +47,7 @@ class ResidentSet {
   void Touch(int64_t g, int32_t slot, int64_t stamp) { heads_[g].last_use[slot] = stamp; }
   // Every in-flight slot has landed (the caller waited for the transfer writing them).
   void Landed();
-  // Forgets every chunk (slots become empty); keeps the memory.
+  // Forgets every chunk (slots become empty).
   void Clear();
 
  private:
@@ -76,8 +77,7 @@ class ResidentSet {
   }
 
   std::vector<Head> heads_;
-  int64_t slots_per_head_ = 0, block_floats_ = 0;
-  std::vector<float> data_;
+  int64_t slots_per_head_ = 0;
   bool any_inflight_ = false;
 };
 

@@ -10,6 +10,7 @@
 #include "decode-worker/engine/attention_ops.h"
 #include "decode-worker/engine/kv_block.h"
 #include "decode-worker/engine/prefix_reuse.h"
+#include "glog/logging.h"
 
 namespace dd::engine {
 
@@ -50,7 +51,8 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                              backend::Device& device)
-    : config_(config), options_(options), store_(store), ops_(device.ops()), dense_(config, device),
+    : config_(config), options_(options), store_(store), device_(device), ops_(device.ops()),
+      host_visible_(device.host_visible()), dense_(config, device),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
   options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   for (int64_t l = 0; l < config.n_layer; ++l) {
@@ -77,7 +79,14 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                      absl::StrJoin(global, ","), ")"));
     }
   }
-  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, device));
+  std::unique_ptr<SparseKvCache> cache(new SparseKvCache(config, options, store, device));
+  ASSIGN_OR_RETURN(cache->scores_, device.Allocate(backend::MemoryTag::kWorkspace, ScoresBytes(config, options)));
+  return cache;
+}
+
+int64_t SparseKvCache::ScoresBytes(const model::ModelConfig& config, const SparseOptions& options) {
+  return config.n_head / config.n_head_kv * config.n_head_kv * (config.n_ctx_train / options.chunk_tokens + 1) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 SparseKvCache::LayerStats SparseKvCache::total_stats() const {
@@ -101,6 +110,10 @@ SparseKvCache::~SparseKvCache() {
   for (Seq& s : seqs_) {
     if (s.open) WaitAll(s);
   }
+  // Nothing queued may still use the buffers (or landmark_host_) when they go.
+  (void)device_.Synchronize(device_.Record(backend::Queue::kCompute));
+  for (Seq& s : seqs_) FreeSeq(s);
+  device_.Free(scores_);
 }
 
 absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
@@ -112,7 +125,6 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
     ASSIGN_OR_RETURN(s.store_id, store_->Open(layout));
     s.open = true;
     s.layers.assign(config_.n_layer, LayerState());
-    for (auto& st : s.layers) st.dev_base = options_.sink_tokens;
     s.buffers.assign(std::min<int64_t>(options_.prefetch_buffers, std::max<size_t>(1, sparse_layers_.size())), Buffer());
   }
   return &s;
@@ -123,6 +135,8 @@ void SparseKvCache::Reset(int32_t seq) {
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return;
   if (seqs_[seq].open) {
     WaitAll(seqs_[seq]);  // no transfer may still write into buffers about to be freed
+    (void)device_.Synchronize(device_.Record(backend::Queue::kCompute));  // nor queued work read them
+    FreeSeq(seqs_[seq]);
     (void)store_->Release(seqs_[seq].store_id);
   }
   seqs_[seq] = Seq();
@@ -165,10 +179,10 @@ int64_t SparseKvCache::device_bytes() const {
   int64_t total = dense_.device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerState& st : s.layers) {
-      total += (st.k.size() + st.v.size() + st.sink_k.size() + st.sink_v.size() + st.landmarks.floats()) * sizeof(float);
+      total += st.sink_k.bytes + st.sink_v.bytes + st.k.bytes + st.v.bytes + st.landmarks.bytes + st.slots.bytes;
     }
-    for (const Buffer& b : s.buffers) total += b.data.size() * sizeof(float);
-    for (const LayerState& st : s.layers) total += st.resident.bytes();
+    for (const Buffer& b : s.buffers) total += b.data.bytes;
+    total += s.urgent_blocks.bytes;
   }
   return total;
 }
@@ -182,8 +196,40 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   ASSIGN_OR_RETURN(Seq * to, GetSeq(dst));
   from = &seqs_[src];  // GetSeq(dst) may have grown the vector
   const kvpool::SequenceId to_id = to->store_id;
-  *to = *from;
-  to->store_id = to_id;
+  // The bookkeeping as it is; every device buffer duplicated (none shared).
+  Seq copy = *from;
+  for (LayerState& st : copy.layers) {
+    st.sink_k = st.sink_v = st.k = st.v = st.landmarks = st.slots = backend::DeviceBuffer{};
+    st.prefetch = Landing();
+  }
+  for (Buffer& b : copy.buffers) {
+    b.data = backend::DeviceBuffer{};
+    b.landing = Landing();
+  }
+  copy.urgent_blocks = backend::DeviceBuffer{};
+  copy.store_id = to_id;
+  *to = std::move(copy);
+  absl::Status dup;
+  for (int64_t l = 0; l < config_.n_layer && dup.ok(); ++l) dup = DuplicateLayer(from->layers[l], to->layers[l]);
+  for (size_t i = 0; i < from->buffers.size() && dup.ok(); ++i) {
+    if (!from->buffers[i].data) continue;
+    auto b = device_.Allocate(backend::MemoryTag::kPrefetchRing, from->buffers[i].data.bytes);
+    if (b.ok()) {
+      to->buffers[i].data = *b;
+      dup = device_.Copy(backend::Queue::kCompute, from->buffers[i].data, 0, *b, 0, b->bytes);
+    } else {
+      dup = b.status();
+    }
+  }
+  if (dup.ok() && from->urgent_blocks) {
+    auto b = device_.Allocate(backend::MemoryTag::kWorkspace, from->urgent_blocks.bytes);
+    if (b.ok()) to->urgent_blocks = *b;
+    dup = b.status();
+  }
+  if (!dup.ok()) {
+    Reset(dst);
+    return dup;
+  }
   // Duplicate the offloaded blocks under the new store sequence, gathering up to kBatch blocks
   // per transfer (one gather per block made a 32K-token fork cost seconds over a pool).
   constexpr size_t kBatch = 256;
@@ -212,68 +258,80 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   return flush();
 }
 
-const float* SparseKvCache::DevK(const LayerState& st, int64_t pos) const {
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  return pos < options_.sink_tokens ? &st.sink_k[pos * kv_dim] : &st.k[(pos - st.dev_base) * kv_dim];
-}
-const float* SparseKvCache::DevV(const LayerState& st, int64_t pos) const {
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  return pos < options_.sink_tokens ? &st.sink_v[pos * kv_dim] : &st.v[(pos - st.dev_base) * kv_dim];
-}
-
-absl::Status SparseKvCache::Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos) {
+absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::DeviceBuffer& src_buf, const float* k,
+                                       const float* v, int64_t pos, int64_t n) {
   LayerState& st = s.layers[layer];
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd, C = options_.chunk_tokens;
   if (pos != st.length) {
     return absl::InvalidArgumentError(absl::StrCat("row position ", pos, " does not continue the cache (expected ",
                                                    st.length, ")"));
   }
-  auto& dk = pos < options_.sink_tokens ? st.sink_k : st.k;
-  auto& dv = pos < options_.sink_tokens ? st.sink_v : st.v;
-  dk.insert(dk.end(), k, k + kv_dim);
-  dv.insert(dv.end(), v, v + kv_dim);
-  ++st.length;
-  if (st.length % C != 0) return absl::OkStatus();
-  // Chunk full: landmark (mean of its post-RoPE keys) per KV head, and offload one
-  // [K | V] block per KV head.
-  const int64_t c = st.length / C - 1;
+  RETURN_IF_ERROR(EnsureRows(st, pos + n));
+  RETURN_IF_ERROR(StoreRows(st, pos, pos + n, src_buf, k, v));
+  const int64_t c0 = st.length / C;
+  st.length += n;
+  const int64_t c1 = st.length / C;
+  if (c1 == c0) {
+    // Rows from host memory: copied before the caller may reuse it.
+    return src_buf ? absl::OkStatus() : device_.Synchronize(device_.Record(backend::Queue::kCompute));
+  }
+  // Chunks full: their rows on the host, a landmark (mean of the chunk's post-RoPE keys) per
+  // KV head, and one [K | V] block per KV head offloaded.
+  RETURN_IF_ERROR(EnsureLandmarks(st, c1));
+  const int64_t rows = (c1 - c0) * C;
+  host_k_.resize(rows * kv_dim);
+  host_v_.resize(rows * kv_dim);
+  RETURN_IF_ERROR(RowsToHost(st, c0 * C, c1 * C, host_k_.data(), host_v_.data()));
+  // Also the last upload from landmark_host_ (same queue) is done after this.
+  RETURN_IF_ERROR(device_.Synchronize(device_.Record(backend::Queue::kCompute)));
+  std::vector<double>& mean = landmark_sum_;
+  landmark_host_.resize((c1 - c0) * kv_dim);
   std::vector<float>& block = offload_block_;
   block.resize(2 * C * hd);
-  std::vector<double>& mean = landmark_sum_;
-  std::vector<float>& marks = landmark_chunk_;
-  marks.resize(n_kv * hd);
-  for (int32_t g = 0; g < n_kv; ++g) {
-    mean.assign(hd, 0.0);
-    for (int64_t t = 0; t < C; ++t) {
-      const float* kr = DevK(st, c * C + t) + g * hd;
-      for (int64_t i = 0; i < hd; ++i) mean[i] += kr[i];
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* kr = &host_k_[(c - c0) * C * kv_dim];
+    const float* vr = &host_v_[(c - c0) * C * kv_dim];
+    for (int32_t g = 0; g < n_kv; ++g) {
+      mean.assign(hd, 0.0);
+      for (int64_t t = 0; t < C; ++t) {
+        for (int64_t i = 0; i < hd; ++i) mean[i] += kr[t * kv_dim + g * hd + i];
+      }
+      float* mark = &landmark_host_[((c - c0) * n_kv + g) * hd];
+      for (int64_t i = 0; i < hd; ++i) mark[i] = static_cast<float>(mean[i] / C);
     }
-    for (int64_t i = 0; i < hd; ++i) marks[g * hd + i] = static_cast<float>(mean[i] / C);
+    for (int32_t g = 0; g < n_kv; ++g) {
+      PackKvBlock(C, hd, g, [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; },
+                  block.data());
+      RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
+    }
   }
-  st.landmarks.Append(marks.data(), n_kv * hd);  // before the offload: chunk c always has them
-  for (int32_t g = 0; g < n_kv; ++g) {
-    PackKvBlock(C, hd, g, [&](int64_t t) { return DevK(st, c * C + t); },
-                [&](int64_t t) { return DevV(st, c * C + t); }, block.data());
-    RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
-  }
+  // landmark_host_ stays unchanged until the next sync of the compute queue (above, or the
+  // cache's Reset and destructor).
+  const int64_t per_chunk = kv_dim * static_cast<int64_t>(sizeof(float));
+  RETURN_IF_ERROR(device_.CopyToDevice(backend::Queue::kCompute, landmark_host_.data(), st.landmarks, c0 * per_chunk,
+                                       (c1 - c0) * per_chunk));
+  landmark_upload_ = device_.Record(backend::Queue::kCompute);
   return absl::OkStatus();
 }
 
 absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& call) {
-  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv;
+  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
   std::vector<float>& block = offload_block_;
   block.resize(2 * C * hd);
+  host_k_.resize(C * kv_dim);
+  host_v_.resize(C * kv_dim);
   for (const model::BatchRow& row : call.rows) {
     if (row.speculative || (row.pos + 1) % C != 0) continue;
     ASSIGN_OR_RETURN(Seq * s, GetSeq(row.seq));
     const int64_t c = (row.pos + 1) / C - 1;
     // The ring holds the chunk's first row, hence the rest (a chunk is shorter than the window).
-    if (dense_.KRow(row.seq, call.layer, c * C) == nullptr) {
-      return absl::InternalError("sliding chunk left the ring before its offload");
+    if (absl::Status st = dense_.ReadRows(row.seq, call.layer, c * C, (c + 1) * C, host_k_.data(), host_v_.data());
+        !st.ok()) {
+      return absl::InternalError(absl::StrCat("sliding chunk left the ring before its offload: ", st.message()));
     }
     for (int32_t g = 0; g < n_kv; ++g) {
-      PackKvBlock(C, hd, g, [&](int64_t t) { return dense_.KRow(row.seq, call.layer, c * C + t); },
-                  [&](int64_t t) { return dense_.VRow(row.seq, call.layer, c * C + t); }, block.data());
+      PackKvBlock(C, hd, g, [&](int64_t t) { return &host_k_[t * kv_dim]; },
+                  [&](int64_t t) { return &host_v_[t * kv_dim]; }, block.data());
       RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(call.layer), g, c}, block.data()));
     }
   }
@@ -300,20 +358,18 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
     for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
       const int64_t c1 = std::min(chunks, c0 + batch);
       RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
-      std::vector<float> k(kv_dim), v(kv_dim);
+      std::vector<float> k((c1 - c0) * C * kv_dim), v((c1 - c0) * C * kv_dim);
       for (int64_t c = c0; c < c1; ++c) {
         const float* chunk = &blocks[(c - c0) * n_kv * 2 * C * hd];
         for (int64_t t = 0; t < C; ++t) {
           const int64_t pos = c * C + t;
           for (int32_t g = 0; g < n_kv; ++g) {
-            std::memcpy(&k[g * hd], chunk + g * 2 * C * hd + t * hd, hd * sizeof(float));
-            std::memcpy(&v[g * hd], chunk + g * 2 * C * hd + (C + t) * hd, hd * sizeof(float));
+            std::memcpy(&k[(pos - c0 * C) * kv_dim + g * hd], chunk + g * 2 * C * hd + t * hd, hd * sizeof(float));
+            std::memcpy(&v[(pos - c0 * C) * kv_dim + g * hd], chunk + g * 2 * C * hd + (C + t) * hd, hd * sizeof(float));
           }
-          if (!sliding) {
-            RETURN_IF_ERROR(Append(*s, l, k.data(), v.data(), pos));  // landmarks and offload as in prefill
-          } else if (pos >= keep_from) {
-            std::memcpy(&krows[(pos - keep_from) * kv_dim], k.data(), kv_dim * sizeof(float));
-            std::memcpy(&vrows[(pos - keep_from) * kv_dim], v.data(), kv_dim * sizeof(float));
+          if (sliding && pos >= keep_from) {
+            std::memcpy(&krows[(pos - keep_from) * kv_dim], &k[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
+            std::memcpy(&vrows[(pos - keep_from) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
           }
         }
         if (sliding) {
@@ -321,6 +377,9 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
             RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(l), g, c}, chunk + g * 2 * C * hd));
           }
         }
+      }
+      if (!sliding) {  // landmarks and offload as in prefill
+        RETURN_IF_ERROR(AppendRows(*s, l, backend::DeviceBuffer{}, k.data(), v.data(), c0 * C, (c1 - c0) * C));
       }
     }
     if (sliding) RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - keep_from));
@@ -366,7 +425,14 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
     }
     for (int64_t r = r0; r < real_end; ++r) {
       if (call.rows[r].speculative) return absl::InvalidArgumentError("a speculative row must be the last");
-      RETURN_IF_ERROR(Append(*s, call.layer, call.k + r * kv_dim, call.v + r * kv_dim, call.rows[r].pos));
+      if (call.rows[r].pos != call.rows[r0].pos + (r - r0)) {
+        return absl::InvalidArgumentError(absl::StrCat("row position ", call.rows[r].pos, " does not continue the cache (expected ",
+                                                       call.rows[r0].pos + (r - r0), ")"));
+      }
+    }
+    if (real_end > r0) {
+      RETURN_IF_ERROR(AppendRows(*s, call.layer, call.buffer, call.k + r0 * kv_dim, call.v + r0 * kv_dim,
+                                 call.rows[r0].pos, real_end - r0));
     }
     if (prompt) {
       if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
@@ -378,6 +444,8 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
     }
     const bool decode_row = real_end - r0 == 1 && !prompt;
     if (decode_row || spec_last) {
+      RETURN_IF_ERROR(StartDecoding(*s, st));
+      RETURN_IF_ERROR(EnsureSeqBuffers(*s));
       DecodeRead& read = AddRead(call.rows[r0].seq);
       read.real_row = decode_row ? r0 : -1;
       read.spec_row = spec_last ? r1 - 1 : -1;
@@ -396,8 +464,8 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
   const LayerState& st = s.layers[call.layer];
   const int64_t n_keys = call.rows[r1 - 1].pos + 1;
   const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
-  const backend::KvRun runs[2] = {{st.sink_k.data(), st.sink_v.data(), n_sink},
-                                  {st.k.data(), st.v.data(), n_keys - n_sink}};
+  const backend::KvRun runs[2] = {{static_cast<const float*>(st.sink_k.data), static_cast<const float*>(st.sink_v.data), n_sink},
+                                  {static_cast<const float*>(st.k.data), static_cast<const float*>(st.v.data), n_keys - n_sink}};
   ops_.AttendCausal(CausalRows(call, config_, r0, r1, /*lo=*/0, runs, &prefill_positions_));
 }
 
@@ -415,7 +483,7 @@ SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
 
 SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w,
                                                Selection* ranked, Selection* shortlist,
-                                               const Selection* candidates) const {
+                                               const Selection* candidates) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
   const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
   const int64_t k_short = options_.spec_candidates * k_sel;
@@ -438,11 +506,16 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
   Selection sel(n_kv);
   if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
   std::vector<uint64_t> cand;
-  // Landmark scores of the group's gs query heads in one blocked call (Dot's bits per pair).
+  // Landmark scores of each group's gs query heads in one blocked call (Dot's bits per pair),
+  // every head's into scores_ (head g from g × gs × max_chunks on), then read on the host: in
+  // place where it may, else after one copy and one sync for all heads.
   thread_local std::vector<const float*> landmarks;
-  thread_local std::vector<int64_t> chunks;
-  thread_local std::vector<float> scores;
+  thread_local std::vector<std::vector<int64_t>> head_chunks;
+  head_chunks.resize(n_kv);
+  const int64_t stride = gs * (config_.n_ctx_train / options_.chunk_tokens + 1);
+  float* dev_scores = static_cast<float*>(scores_.data);
   for (int64_t g = 0; g < n_kv; ++g) {
+    std::vector<int64_t>& chunks = head_chunks[g];
     chunks.clear();
     if (candidates != nullptr) {
       chunks = (*candidates)[g];
@@ -451,9 +524,23 @@ SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float
     }
     const int64_t n_cand = static_cast<int64_t>(chunks.size());
     landmarks.resize(n_cand);
-    for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = st.landmarks.At(chunks[i], g * hd);
-    scores.resize(gs * n_cand);
-    ops_.KeyScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, scores.data(), n_cand);
+    for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = LandmarkAt(st, chunks[i], g);
+    ops_.KeyScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, dev_scores + g * stride, n_cand);
+  }
+  const float* all_scores = dev_scores;
+  if (!host_visible_) {
+    const int64_t used = (n_kv - 1) * stride + gs * static_cast<int64_t>(head_chunks[n_kv - 1].size());
+    scores_host_.resize(used);
+    absl::Status st_copy = device_.CopyToHost(backend::Queue::kCompute, scores_, 0, scores_host_.data(),
+                                              used * static_cast<int64_t>(sizeof(float)));
+    if (st_copy.ok()) st_copy = device_.Synchronize(device_.Record(backend::Queue::kCompute));
+    CHECK(st_copy.ok()) << "landmark scores to the host: " << st_copy;  // sizes are the cache's own
+    all_scores = scores_host_.data();
+  }
+  for (int64_t g = 0; g < n_kv; ++g) {
+    const std::vector<int64_t>& chunks = head_chunks[g];
+    const int64_t n_cand = static_cast<int64_t>(chunks.size());
+    const float* scores = all_scores + g * stride;
     cand.resize(n_cand);
     for (int64_t i = 0; i < n_cand; ++i) {
       float best = -INFINITY;
@@ -521,11 +608,7 @@ absl::string_view PredictorName(Predictor p) {
   return "unknown";
 }
 
-absl::Status SparseKvCache::WaitBuffer(Buffer& b) {
-  if (!b.pending) return absl::OkStatus();
-  b.pending = false;
-  return b.tid == 0 ? absl::OkStatus() : store_->Wait(b.tid);
-}
+absl::Status SparseKvCache::WaitBuffer(Buffer& b) { return FinishLanding(b.landing, backend::Queue::kPrefetch); }
 
 int64_t SparseKvCache::NextRead(const Seq& s, int64_t sparse_index) const {
   // Reads go through the sparse layers in order, one per layer per step; the next read of
@@ -542,9 +625,11 @@ absl::Status SparseKvCache::TryIssue(Seq& s, int64_t layer) {
   const int64_t k = NextRead(s, sparse_index_[layer]);
   if (k - d >= s.reads) return absl::OkStatus();  // its buffer still serves an earlier read
   Buffer& b = s.buffers[k % d];
-  if (b.layer >= 0 || b.pending) return absl::OkStatus();  // not yet handed back
-  RETURN_IF_ERROR(StartGather(s, layer, st.predicted, kvpool::Priority::kBackground, &b.data, &b.tid));
-  b.pending = true;
+  if (b.layer >= 0 || b.landing.pending) return absl::OkStatus();  // not yet handed back
+  if (!b.data) {  // an unreserved slot
+    ASSIGN_OR_RETURN(b.data, device_.Allocate(backend::MemoryTag::kPrefetchRing, BudgetBlocks() * block_bytes()));
+  }
+  RETURN_IF_ERROR(StartGather(s, layer, st.predicted, kvpool::Priority::kBackground, b.data, &b.landing));
   b.layer = layer;
   b.seeded = st.seeded;
   for (const auto& v : st.predicted) {
@@ -578,44 +663,26 @@ void SparseKvCache::WaitAll(Seq& s) {
 }
 
 absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
-                                        std::vector<float>* blocks, kvpool::TransferId* tid) {
-  *tid = 0;
+                                        const backend::DeviceBuffer& buf, Landing* l) {
   std::vector<kvpool::ChunkRef> refs;
+  std::vector<BlockDst> dsts;
   for (size_t g = 0; g < sel.size(); ++g) {
-    for (int64_t c : sel[g]) refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), c});
+    for (int64_t c : sel[g]) {
+      dsts.push_back(DstAt(buf, static_cast<int64_t>(refs.size())));
+      refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), c});
+    }
   }
-  const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
-  blocks->resize(refs.size() * bf);
-  if (refs.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(*tid, store_->Gather(s.store_id, refs, blocks->data(), priority));
-  fetched_chunks_ += static_cast<int64_t>(refs.size());
-  return absl::OkStatus();
-}
-
-void SparseKvCache::BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const {
-  const size_t bf = 2 * options_.chunk_tokens * config_.head_dim;
-  out->clear();
-  for (size_t off = 0; off < blocks.size(); off += bf) out->push_back(blocks.data() + off);
+  if (static_cast<int64_t>(refs.size()) > BudgetBlocks()) {
+    return absl::InternalError(absl::StrCat("a gather of ", refs.size(), " blocks exceeds the budget's ", BudgetBlocks()));
+  }
+  return StartLanding(s, refs, std::move(dsts), priority, l);
 }
 
 SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
                                                          int64_t row, bool spec_follows, Window* window) {
-  st.decoded = true;
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim, q_dim = config_.n_head * config_.head_dim;
-  const int64_t n = call.rows[row].pos + 1;
-  const Window w = WindowFor(n);
+  const int64_t q_dim = config_.n_head * config_.head_dim;
+  const Window w = WindowFor(call.rows[row].pos + 1);
   *window = w;
-  // Drop device rows that left the window: they are offloaded and have landmarks.
-  if (w.dense_from > st.dev_base) {
-    const int64_t drop = w.dense_from - st.dev_base;
-    st.k.erase(st.k.begin(), st.k.begin() + drop * kv_dim);
-    st.v.erase(st.v.begin(), st.v.begin() + drop * kv_dim);
-    st.dev_base = w.dense_from;
-    if (st.k.capacity() > 2 * st.k.size() + 64 * kv_dim) {  // give back the prefill's prefix
-      st.k.shrink_to_fit();
-      st.v.shrink_to_fit();
-    }
-  }
   const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
   const bool shortlist = spec_follows && options_.spec_candidates > 0;
   return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, shortlist ? &last_shortlist_ : nullptr);

@@ -12,7 +12,12 @@
 // result is bit-identical to the dense cache.
 //
 // Prefill rows attend densely (the whole prefix stays on the device while a sequence is
-// prefilling); the first decode row drops what left the window.
+// prefilling); at the first decode row the prefix becomes a ring of the window's rows.
+//
+// Everything the cache keeps on the device is in device buffers from the engine's Device,
+// sized at admission (Reserve): sinks, window rows, landmarks, resident slots, prefetch
+// buffers and the urgent blocks; the host reads device memory only through copies (landmark
+// scores and offloaded rows), so the cache runs on devices the host cannot touch (sim).
 //
 // Decode rows are batch-wide per layer (sparse_kv_cache_decode.cc): every sequence's
 // selection and transfers first, then one wait per sequence, one attention call for the
@@ -47,8 +52,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/thread_pool.h"
+#include "dd/backend/device.h"
 #include "dd/backend/ops.h"
-#include "decode-worker/engine/chunk_landmarks.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/resident_set.h"
@@ -103,6 +108,9 @@ struct SparseOptions {
   // Keep attended chunks resident across steps (see above). Off: every step gathers its whole
   // selection (`sparse`) or prefetches its whole prediction into the ring (dualdecoder).
   bool step_cache = false;
+  // dualdecoder: speculative rows will come, so Reserve sizes the prefetch ring too (without
+  // the step cache). Set by the Engine from the mode.
+  bool dual_token = false;
   // Resident slots per KV head beyond the budget (in tokens, a multiple of the chunk): chunks
   // a step stops selecting stay this much longer, least recently used evicted first.
   int64_t resident_margin_tokens = 0;
@@ -122,6 +130,17 @@ class SparseKvCache : public KvCache {
   static absl::StatusOr<std::unique_ptr<SparseKvCache>> Create(const model::ModelConfig& config,
                                                                const SparseOptions& options,
                                                                kvpool::KvStore* store, backend::Device& device);
+
+  // Fault injection for the tests that show a missing wait is caught (on the sim device):
+  // every cache of the process leaves out that wait from now on.
+  enum class SkipWait {
+    kNone,
+    kComputeWaitsForLanding,  // attention does not wait for the blocks copied to the device
+  };
+  static void SkipWaitForTesting(SkipWait skip);
+
+  // Device bytes of the landmark-score buffer one cache keeps (MemoryPlan's shared workspace).
+  static int64_t ScoresBytes(const model::ModelConfig& config, const SparseOptions& options);
 
   ~SparseKvCache() override;  // waits for transfers still writing into its buffers
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
@@ -182,16 +201,45 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SeqKvBytes SeqTransfers(int32_t seq) const;
-  int64_t block_bytes() const { return 2 * options_.chunk_tokens * config_.head_dim * sizeof(float); }
+  int64_t block_bytes() const { return BlockFloats() * static_cast<int64_t>(sizeof(float)); }
   int64_t fetched_chunks() const { return fetched_chunks_; }
 
+  // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
+  // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and
+  // dense layers will use, so that a decode step allocates nothing and the allocator's totals
+  // are MemoryPlan's (tested). RESOURCE_EXHAUSTED (nothing kept) when the device cannot hold
+  // it. A slot used without Reserve allocates as it goes (tests).
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows);
+  // The prompt is in: the prefill's linear rows become the decode window's ring, and the
+  // sliding layers' rings shrink (DenseKvCache::FinishPrefill).
+  absl::Status FinishPrefill(int32_t seq);
+
  private:
+  // Blocks from the store landing in device memory (sparse_kv_cache_device.cc): on a device
+  // whose memory the host may write (cpu) the store writes the device addresses directly;
+  // otherwise it writes `staging` and the landing copies each block to the device on the
+  // queue of its priority, the compute queue waiting for that copy.
+  struct BlockDst {
+    backend::DeviceBuffer buf;
+    int64_t offset = 0;  // bytes
+  };
+  struct Landing {
+    kvpool::TransferId tid = 0;
+    bool pending = false;         // started, not landed yet
+    std::vector<float> staging;   // host-invisible devices: where the store writes
+    std::vector<BlockDst> dsts;
+    backend::Event copied;        // staging's copies (staging is reused only after it)
+  };
   struct LayerState {
     int64_t length = 0;          // positions written
-    int64_t dev_base = 0;        // first position (after the sinks) still on the device
-    std::vector<float> k, v;     // device rows for positions [dev_base, length), n_kv × hd each
-    std::vector<float> sink_k, sink_v;  // positions [0, min(length, sinks))
-    ChunkLandmarks landmarks;           // full chunks × n_kv × hd
+    // Device rows (n_kv × hd floats each): positions [0, sinks) in sink_k/v at row = position;
+    // positions from `sinks` on in k/v at row (pos - sinks), or (pos - sinks) % ring once the
+    // prompt is in (ring > 0: the decode window).
+    backend::DeviceBuffer sink_k, sink_v, k, v;
+    int64_t sink_cap = 0, cap = 0, ring = 0;  // rows
+    backend::DeviceBuffer landmarks;  // per full chunk, n_kv × hd floats
+    int64_t landmark_cap = 0;         // chunks
+    backend::DeviceBuffer slots;      // step cache: the resident set's blocks
     bool decoded = false;        // a decode row has run (no more dense prefill)
     // The next step's P' for this layer, computed by a speculative row and not yet issued
     // into a prefetch buffer (issue waits for the buffer, see Seq::buffers).
@@ -203,28 +251,31 @@ class SparseKvCache : public KvCache {
     // was actually fetched (P' \ resident).
     ResidentSet resident;
     int64_t stamp = 0;  // real reads so far (least-recently-used clock)
-    std::vector<kvpool::TransferId> prefetch_tids;  // pieces of the background gather
-    bool prefetch_pending = false;
+    Landing prefetch;
     bool issued = false, issued_seeded = false;
     std::vector<std::vector<int64_t>> issued_sel, prefetch_chunks;
   };
   // A prefetch buffer: P' blocks of one sparse layer, heads in order, in flight until waited.
   struct Buffer {
-    std::vector<float> data;
+    backend::DeviceBuffer data;             // budget blocks per KV head
     std::vector<std::vector<int64_t>> sel;  // what it holds (P' per KV head)
     int64_t layer = -1;                     // the model layer it is for; -1 = free
     bool seeded = false;
-    kvpool::TransferId tid = 0;
-    bool pending = false;
+    Landing landing;
   };
   using Selection = std::vector<std::vector<int64_t>>;  // chunks per KV head, ascending
   struct Seq {
     kvpool::SequenceId store_id = 0;
     bool open = false;
+    bool reserved = false;  // Reserve sized its buffers for the whole request
+    int64_t total = 0;      // reserved: the positions it may reach
     std::vector<LayerState> layers;  // indexed by model layer; unused for dense layers
     // Sparse-layer reads by real rows so far, across steps: read k uses buffers[k % size]
     // and, once finished, frees it for read k + size.
     std::vector<Buffer> buffers;
+    // Without the step cache: the blocks a read fetches on the urgent path (budget per KV
+    // head), read by the layer's attention call.
+    backend::DeviceBuffer urgent_blocks;
     int64_t reads = 0;
     int64_t reading = -1;  // the buffer the current real row reads until its step finishes
     // This request's prediction outcomes after its first decode step (the seeded step is
@@ -237,7 +288,58 @@ class SparseKvCache : public KvCache {
                 backend::Device& device);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
-  absl::Status Append(Seq& s, int64_t layer, const float* k, const float* v, int64_t pos);
+  // ---- device memory (sparse_kv_cache_device.cc) ----
+  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
+  int64_t BlockFloats() const { return 2 * options_.chunk_tokens * config_.head_dim; }
+  int64_t BudgetBlocks() const { return options_.budget_tokens / options_.chunk_tokens * config_.n_head_kv; }
+  // The decode window's ring in rows, for a sequence that may reach `total` positions (0:
+  // unknown).
+  int64_t RingRows(int64_t total) const;
+  absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes);
+  void Free(backend::DeviceBuffer& buf) { device_.Free(buf); }
+  void FreeSeq(Seq& s);  // every device buffer of the slot (after WaitAll and a sync)
+  // Makes room for `rows` positions from `sinks` on (linear) / `chunks` landmarks, growing
+  // geometrically on an unreserved slot.
+  absl::Status EnsureRows(LayerState& st, int64_t end);
+  absl::Status EnsureLandmarks(LayerState& st, int64_t chunks);
+  absl::Status EnsureSlots(LayerState& st);
+  absl::Status EnsureSeqBuffers(Seq& s);
+  // Gives `st` k/v of `cap` rows (a ring when `ring`), keeping the positions that fit.
+  absl::Status ResizeRows(LayerState& st, int64_t cap, bool ring);
+  // Copies positions [p0, p1) into the device rows from `src_buf` (device) or, when it is
+  // empty, host memory (complete when the caller synchronizes).
+  absl::Status StoreRows(LayerState& st, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf,
+                         const float* k, const float* v);
+  // Positions [p0, p1) as runs contiguous in one buffer pair: `sink` runs in sink_k/v, the
+  // others in k/v, from row `row` on. At most three (sinks, then a ring's wrap).
+  struct RowRun {
+    int64_t pos = 0, len = 0, row = 0;
+    bool sink = false;
+  };
+  int RunsOf(const LayerState& st, int64_t p0, int64_t p1, RowRun out[3]) const;
+  // Enqueues copies of positions [p0, p1) into host rows k and v (complete after a sync).
+  absl::Status RowsToHost(const LayerState& st, int64_t p0, int64_t p1, float* k, float* v);
+  absl::Status DuplicateLayer(const LayerState& from, LayerState& to);
+  absl::Status StartLanding(Seq& s, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
+                            kvpool::Priority priority, Landing* l);
+  // Waits for the store's transfer; on a host-invisible device copies the blocks over on `q`
+  // and has the compute queue wait for them.
+  absl::Status FinishLanding(Landing& l, backend::Queue q);
+  const float* BlockAt(const backend::DeviceBuffer& buf, int64_t block) const {
+    return static_cast<const float*>(buf.data) + block * BlockFloats();
+  }
+  BlockDst DstAt(const backend::DeviceBuffer& buf, int64_t block) const {
+    return {buf, block * BlockFloats() * static_cast<int64_t>(sizeof(float))};
+  }
+  const float* LandmarkAt(const LayerState& st, int64_t chunk, int64_t g) const {
+    return static_cast<const float*>(st.landmarks.data) + (chunk * config_.n_head_kv + g) * config_.head_dim;
+  }
+
+  // Appends rows for positions [pos, pos + n) (k, v: n rows, device memory in src_buf, or host
+  // memory when it is empty); every chunk they complete gets its landmarks and goes to the
+  // store.
+  absl::Status AppendRows(Seq& s, int64_t layer, const backend::DeviceBuffer& src_buf, const float* k,
+                          const float* v, int64_t pos, int64_t n);
   // offload_sliding: writes the chunks the call's real rows completed on a sliding layer.
   absl::Status OffloadSlidingChunks(const model::AttentionCall& call);
   // Decode-row window geometry for `n` visible committed-or-own positions.
@@ -250,12 +352,12 @@ class SparseKvCache : public KvCache {
   // `candidates` (optional): score only these chunks per head (each in the window's
   // selectable range) instead of the whole range.
   Selection Select(const LayerState& st, const float* q, const Window& w, Selection* ranked = nullptr,
-                   Selection* shortlist = nullptr, const Selection* candidates = nullptr) const;
+                   Selection* shortlist = nullptr, const Selection* candidates = nullptr);
   // The union predictor: alternately from both rankings, within the next window, k per head.
   Selection UnionOf(const Selection& a, const Selection& b, const Window& w) const;
-  // Starts a gather into `blocks` (resized first) without waiting; *tid = 0 when empty.
+  // Starts a gather of `sel` into consecutive blocks of `buf` without waiting.
   absl::Status StartGather(Seq& s, int64_t layer, const Selection& sel, kvpool::Priority priority,
-                           std::vector<float>* blocks, kvpool::TransferId* tid);
+                           const backend::DeviceBuffer& buf, Landing* l);
   absl::Status WaitBuffer(Buffer& b);
   void WaitAll(Seq& s);
   // Issues layer `layer`'s pending prediction into the buffer of its next read, if that buffer
@@ -267,8 +369,9 @@ class SparseKvCache : public KvCache {
   absl::Status EndRingRead(Seq& s, int64_t layer);
   // Next read index of sparse layer `layer` (index among sparse layers) from now.
   int64_t NextRead(const Seq& s, int64_t sparse_index) const;
-  void BlockPointers(const std::vector<float>& blocks, std::vector<const float*>* out) const;
-  // A decode row's window (dropping device rows that left it) and selection S.
+  // The first decode row of a layer: the prompt's linear rows become the window's ring.
+  absl::Status StartDecoding(const Seq& s, LayerState& st);
+  // A decode row's window and selection S.
   Selection PrepareDecodeRow(LayerState& st, const model::AttentionCall& call, int64_t row, bool spec_follows,
                              Window* w);
 
@@ -281,11 +384,10 @@ class SparseKvCache : public KvCache {
     Window w{};              // the window the rows attend over
     Selection sel;           // the chunks they attend, per KV head, ascending
     Selection predicted;     // the speculative row's P' for the next step
-    Selection misses;        // the ring: S \ P', fetched urgently into blocks_data
+    Selection misses;        // the ring: S \ P', fetched urgently into Seq::urgent_blocks
     int64_t buffer = -1;     // the ring: the prefetch buffer the real row reads
-    std::vector<float> blocks_data;    // blocks fetched for this read (no step cache)
     std::vector<const float*> blocks;  // one per selected chunk, heads in order, where it lies
-    kvpool::TransferId urgent = 0;     // not yet waited for
+    Landing urgent;                    // the urgent blocks, not yet waited for
     bool wait_prefetch = false;        // step cache: it reads slots the layer's prefetch writes
     int64_t count_urgent = 0, count_reused = 0, count_evicted = 0;  // step cache statistics
   };
@@ -318,15 +420,21 @@ class SparseKvCache : public KvCache {
   // Prefetches P' \ resident into resident slots at background priority.
   absl::Status IssueResidentPrefetch(Seq& s, int64_t layer, Selection predicted, bool seeded);
   absl::Status WaitPrefetch(LayerState& st);
-  void EnsureResident(LayerState& st) const;
   void AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1);
+  // Device addresses of position `pos`'s K and V rows (held: a sink, or in the rows).
   const float* DevK(const LayerState& st, int64_t pos) const;
   const float* DevV(const LayerState& st, int64_t pos) const;
+  int64_t RowOf(const LayerState& st, int64_t pos) const {
+    const int64_t i = pos - options_.sink_tokens;
+    return st.ring > 0 ? i % st.ring : i;
+  }
 
   const model::ModelConfig& config_;
   SparseOptions options_;
   kvpool::KvStore* store_;
+  backend::Device& device_;
   backend::Ops& ops_;
+  const bool host_visible_;  // the host may read and the store write device memory (cpu)
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<DecodeRead> reads_;  // this layer's decode reads: [0, n_reads_) in use
@@ -337,9 +445,13 @@ class SparseKvCache : public KvCache {
   std::vector<backend::KeyValueList> attend_lists_;
   std::vector<backend::ListQuery> attend_rows_;
   std::vector<backend::AttentionGroup> attend_groups_;
-  std::vector<float> offload_block_;   // Append: one [K | V] block being offloaded
-  std::vector<double> landmark_sum_;   // Append: landmark accumulator
-  std::vector<float> landmark_chunk_;  // Append: one chunk's landmarks, all KV heads
+  std::vector<float> offload_block_;   // AppendRows: one [K | V] block being offloaded
+  std::vector<float> host_k_, host_v_; // AppendRows: the completed chunks' rows, on the host
+  std::vector<double> landmark_sum_;   // AppendRows: landmark accumulator
+  std::vector<float> landmark_host_;   // AppendRows: the completed chunks' landmarks
+  backend::Event landmark_upload_;     // landmark_host_'s copy to the device
+  backend::DeviceBuffer scores_;       // Select: landmark scores, every KV head's
+  std::vector<float> scores_host_;     // ... copied to the host where it cannot read them
   std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
   Selection last_ranked_;     // the last real row's S by score (previous / union predictors)
   Selection last_shortlist_;  // the real row's best candidates for its speculative row (spec_candidates)

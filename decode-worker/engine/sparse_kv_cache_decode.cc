@@ -101,9 +101,9 @@ absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& ca
         stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
         s.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
       }
-      RETURN_IF_ERROR(StartGather(s, call.layer, r.misses, kvpool::Priority::kUrgent, &r.blocks_data, &r.urgent));
+      RETURN_IF_ERROR(StartGather(s, call.layer, r.misses, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
     } else {
-      RETURN_IF_ERROR(StartGather(s, call.layer, sel, kvpool::Priority::kUrgent, &r.blocks_data, &r.urgent));
+      RETURN_IF_ERROR(StartGather(s, call.layer, sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
     }
   }
   stats.selected += Total(sel);
@@ -145,20 +145,18 @@ absl::Status SparseKvCache::StartPreDecodeRead(Seq& s, const model::AttentionCal
   // this same token at this same position.
   LayerState& st = s.layers[call.layer];
   const int64_t q_dim = config_.n_head * config_.head_dim;
-  st.decoded = true;
   r.w = WindowFor(call.rows[r.spec_row].pos);
   r.sel = Select(st, call.q + r.spec_row * q_dim, r.w);
   if (options_.step_cache) return StartResidentFetch(s, call.layer, /*count=*/false, r);
-  return StartGather(s, call.layer, r.sel, kvpool::Priority::kUrgent, &r.blocks_data, &r.urgent);
+  return StartGather(s, call.layer, r.sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent);
 }
 
 absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
   if (options_.step_cache) return FinishResidentFetch(s, layer, r);
-  const kvpool::TransferId urgent = r.urgent;
-  r.urgent = 0;
   if (r.buffer < 0) {
-    RETURN_IF_ERROR(urgent == 0 ? absl::OkStatus() : store_->Wait(urgent));
-    BlockPointers(r.blocks_data, &r.blocks);
+    RETURN_IF_ERROR(FinishLanding(r.urgent, backend::Queue::kUrgent));
+    r.blocks.clear();
+    for (int64_t i = 0, n = Total(r.sel); i < n; ++i) r.blocks.push_back(BlockAt(s.urgent_blocks, i));
     if (r.real_row >= 0) {
       for (const auto& v : r.sel) {
         stats_[layer].urgent += static_cast<int64_t>(v.size());
@@ -169,10 +167,9 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
   }
   Buffer& buf = s.buffers[r.buffer];
   absl::Status status = WaitBuffer(buf);
-  if (urgent != 0) status.Update(store_->Wait(urgent));
+  status.Update(FinishLanding(r.urgent, backend::Queue::kUrgent));
   RETURN_IF_ERROR(status);
   // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
-  const int64_t bf = 2 * options_.chunk_tokens * config_.head_dim;
   const Selection& predicted = buf.sel;
   r.blocks.clear();
   int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
@@ -181,9 +178,9 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
     for (int64_t c : r.sel[g]) {
       while (pj < predicted[g].size() && predicted[g][pj] < c) ++pj;
       if (pj < predicted[g].size() && predicted[g][pj] == c) {
-        r.blocks.push_back(&buf.data[(pi + static_cast<int64_t>(pj)) * bf]);
+        r.blocks.push_back(BlockAt(buf.data, pi + static_cast<int64_t>(pj)));
       } else {
-        r.blocks.push_back(&r.blocks_data[(ui + static_cast<int64_t>(mj++)) * bf]);
+        r.blocks.push_back(BlockAt(s.urgent_blocks, ui + static_cast<int64_t>(mj++)));
       }
     }
     pi += static_cast<int64_t>(predicted[g].size());
@@ -196,9 +193,8 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
 
 void SparseKvCache::AbandonReads() {
   for (size_t i = 0; i < n_reads_; ++i) {
-    DecodeRead& r = reads_[i];
-    if (r.urgent != 0) (void)store_->Wait(r.urgent);  // nothing may still write into its blocks
-    r.urgent = 0;
+    // Nothing may still write into its blocks (nor its staging).
+    (void)FinishLanding(reads_[i].urgent, backend::Queue::kUrgent);
   }
   n_reads_ = 0;
 }
@@ -303,7 +299,8 @@ SparseKvCache::DecodeRead& SparseKvCache::AddRead(int32_t seq) {
   r.seq = seq;
   r.real_row = r.spec_row = -1;
   r.buffer = -1;
-  r.urgent = 0;
+  r.urgent.pending = false;
+  r.urgent.tid = 0;
   r.wait_prefetch = false;
   r.sel.clear();
   r.predicted.clear();

@@ -10,18 +10,9 @@
 
 namespace dd::engine {
 
-void SparseKvCache::EnsureResident(LayerState& st) const {
-  if (st.resident.initialized()) return;
-  const int64_t slots = (options_.budget_tokens + options_.resident_margin_tokens) / options_.chunk_tokens;
-  st.resident.Init(config_.n_head_kv, slots, 2 * options_.chunk_tokens * config_.head_dim);
-}
-
 absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
-  if (!st.prefetch_pending) return absl::OkStatus();
-  st.prefetch_pending = false;
-  absl::Status status;
-  for (kvpool::TransferId tid : st.prefetch_tids) status.Update(store_->Wait(tid));
-  st.prefetch_tids.clear();
+  if (!st.prefetch.pending) return absl::OkStatus();
+  const absl::Status status = FinishLanding(st.prefetch, backend::Queue::kPrefetch);
   st.resident.Landed();
   if (!status.ok()) st.resident.Clear();  // the slots it was writing hold nothing usable
   return status;
@@ -29,7 +20,7 @@ absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
 
 absl::Status SparseKvCache::StartResidentFetch(Seq& s, int64_t layer, bool count, DecodeRead& r) {
   LayerState& st = s.layers[layer];
-  EnsureResident(st);
+  RETURN_IF_ERROR(EnsureSlots(st));
   ResidentSet& res = st.resident;
   const Selection& sel = r.sel;
   const int64_t heads = static_cast<int64_t>(sel.size());
@@ -50,14 +41,14 @@ absl::Status SparseKvCache::StartResidentFetch(Seq& s, int64_t layer, bool count
     }
   }
   std::vector<kvpool::ChunkRef> refs;
-  std::vector<float*> dsts;
+  std::vector<BlockDst> dsts;
   int64_t evicted = 0;
   for (int64_t g = 0; g < heads; ++g) {
     std::vector<int32_t> slots;
     // Misses go only into slots no transfer is writing: when too few are free, the layer's
     // prefetch is waited first (it has landed by now in the common case), then every slot is.
     bool assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
-    if (!assigned && st.prefetch_pending) {
+    if (!assigned && st.prefetch.pending) {
       RETURN_IF_ERROR(WaitPrefetch(st));
       assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
     }
@@ -68,17 +59,13 @@ absl::Status SparseKvCache::StartResidentFetch(Seq& s, int64_t layer, bool count
     }
     for (size_t i = 0; i < slots.size(); ++i) {
       refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), misses[g][i]});
-      dsts.push_back(res.Block(g, slots[i]));
+      dsts.push_back(DstAt(st.slots, res.BlockIndex(g, slots[i])));
     }
   }
-  if (!refs.empty()) {
-    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kUrgent);
-    if (!tid.ok()) {
-      res.Clear();
-      return tid.status();
-    }
-    r.urgent = *tid;
-    fetched_chunks_ += static_cast<int64_t>(refs.size());
+  if (absl::Status started = StartLanding(s, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.urgent);
+      !started.ok()) {
+    res.Clear();
+    return started;
   }
   r.wait_prefetch = reads_inflight;
   if (count) {  // counted once the fetch has landed (FinishResidentFetch)
@@ -96,9 +83,8 @@ absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRea
   ResidentSet& res = st.resident;
   absl::Status status = r.wait_prefetch ? WaitPrefetch(st) : absl::OkStatus();
   r.wait_prefetch = false;
-  if (r.urgent != 0) {
-    absl::Status st_urgent = store_->Wait(r.urgent);
-    r.urgent = 0;
+  if (r.urgent.pending) {
+    absl::Status st_urgent = FinishLanding(r.urgent, backend::Queue::kUrgent);
     if (!st_urgent.ok()) res.Clear();
     status.Update(st_urgent);
   }
@@ -109,7 +95,7 @@ absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRea
     for (int64_t c : r.sel[g]) {
       const int32_t slot = res.Find(static_cast<int64_t>(g), c);
       res.Touch(static_cast<int64_t>(g), slot, stamp);
-      r.blocks.push_back(res.Block(static_cast<int64_t>(g), slot));
+      r.blocks.push_back(BlockAt(st.slots, res.BlockIndex(static_cast<int64_t>(g), slot)));
     }
   }
   LayerStats& stats = stats_[layer];
@@ -122,13 +108,13 @@ absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRea
 
 absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selection predicted, bool seeded) {
   LayerState& st = s.layers[layer];
-  EnsureResident(st);
+  RETURN_IF_ERROR(EnsureSlots(st));
   RETURN_IF_ERROR(WaitPrefetch(st));  // an earlier prediction no real row read
   ResidentSet& res = st.resident;
   const int64_t heads = static_cast<int64_t>(predicted.size());
   Selection incoming(heads);
   std::vector<kvpool::ChunkRef> refs;
-  std::vector<float*> dsts;
+  std::vector<BlockDst> dsts;
   int64_t evicted = 0;
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : predicted[g]) {
@@ -141,22 +127,18 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
     (void)res.Assign(g, incoming[g], predicted[g], /*allow_inflight=*/false, /*inflight=*/true, &slots, &evicted);
     for (size_t i = 0; i < slots.size(); ++i) {
       refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), incoming[g][i]});
-      dsts.push_back(res.Block(g, slots[i]));
+      dsts.push_back(DstAt(st.slots, res.BlockIndex(g, slots[i])));
     }
   }
   // One background job: the store serves it in pieces and lets urgent misses go between them
   // (TransferQueue), so an urgent miss waits for at most one piece.
-  if (!refs.empty()) {
-    auto tid = store_->GatherTo(s.store_id, refs, dsts, kvpool::Priority::kBackground);
-    if (!tid.ok()) {
-      res.Clear();
-      return tid.status();
-    }
-    st.prefetch_tids.push_back(*tid);
-    st.prefetch_pending = true;
+  const bool none = refs.empty();
+  if (absl::Status started = StartLanding(s, refs, std::move(dsts), kvpool::Priority::kBackground, &st.prefetch);
+      !started.ok()) {
+    res.Clear();
+    return started;
   }
-  fetched_chunks_ += static_cast<int64_t>(refs.size());
-  if (refs.empty()) res.Landed();
+  if (none) res.Landed();
   LayerStats& stats = stats_[layer];
   stats.prefetched += static_cast<int64_t>(refs.size());
   s.prefetched += static_cast<int64_t>(refs.size());

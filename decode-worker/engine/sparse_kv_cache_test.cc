@@ -248,6 +248,28 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
               static_cast<long long>(ring_chunks), static_cast<long long>(resident_chunks));
 }
 
+// The sparse modes on the simulated device (the hash test compares every mode's logits with
+// the cpu device's): attention must wait for the blocks copied to the device; leaving that
+// wait out aborts, naming the hazard, on every run (the checker follows the program order).
+TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto run = [&] {
+    EngineOptions o{.mode = DecodeMode::kSparse, .device = "sim"};
+    o.sparse.budget_tokens = 32;
+    Engine e(*this->model_, o);
+    EXPECT_TRUE(e.status().ok()) << e.status();
+    return this->Run(e, 2, 200, 150);
+  };
+  EXPECT_FALSE(run().empty());  // with the wait
+  EXPECT_DEATH(
+      {
+        SparseKvCache::SkipWaitForTesting(SparseKvCache::SkipWait::kComputeWaitsForLanding);
+        run();
+      },
+      "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(copy to "
+      "workspace\\) writes, without waiting for it");
+}
+
 TYPED_TEST(SparseModeTest, InvalidConfigurationsAreClearErrors) {
   EngineOptions o;
   o.mode = DecodeMode::kSparse;

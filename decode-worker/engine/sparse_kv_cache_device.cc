@@ -1,0 +1,347 @@
+// SparseKvCache's device memory: the buffers of each (sequence, sparse layer) — sinks, window
+// rows, landmarks, resident slots — and of each sequence — prefetch buffers, urgent blocks —
+// sized at admission (Reserve), and the landings of store blocks in them. See the class
+// comment in sparse_kv_cache.h and docs/decisions/0035-compute-backend-seam.md.
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "decode-worker/engine/sparse_kv_cache.h"
+
+namespace dd::engine {
+
+using backend::DeviceBuffer;
+using backend::MemoryTag;
+using backend::Queue;
+
+namespace {
+std::atomic<SparseKvCache::SkipWait> skip_wait{SparseKvCache::SkipWait::kNone};
+}  // namespace
+
+void SparseKvCache::SkipWaitForTesting(SkipWait skip) { skip_wait = skip; }
+
+int64_t SparseKvCache::RingRows(int64_t total) const {
+  // A decode row at n positions reads [dense_from, n) with dense_from >= n - window - chunk + 1
+  // (WindowFor), and a chunk is offloaded from its last C positions: window + chunk rows past
+  // the sinks hold both.
+  const int64_t rows = options_.window_tokens + options_.chunk_tokens;
+  if (total <= 0) return rows;
+  return std::clamp<int64_t>(total - options_.sink_tokens, 0, rows);
+}
+
+absl::StatusOr<DeviceBuffer> SparseKvCache::Allocate(MemoryTag tag, int64_t bytes) {
+  if (bytes <= 0) return DeviceBuffer{};
+  return device_.Allocate(tag, bytes);
+}
+
+void SparseKvCache::FreeSeq(Seq& s) {
+  for (LayerState& st : s.layers) {
+    for (DeviceBuffer* b : {&st.sink_k, &st.sink_v, &st.k, &st.v, &st.landmarks, &st.slots}) Free(*b);
+    st.sink_cap = st.cap = st.ring = st.landmark_cap = 0;
+  }
+  for (Buffer& b : s.buffers) Free(b.data);
+  Free(s.urgent_blocks);
+}
+
+int SparseKvCache::RunsOf(const LayerState& st, int64_t p0, int64_t p1, RowRun out[3]) const {
+  const int64_t S = options_.sink_tokens;
+  int n = 0;
+  for (int64_t a = p0; a < p1;) {
+    RowRun& r = out[n++];
+    r.pos = a;
+    if (a < S) {
+      r.sink = true;
+      r.row = a;
+      r.len = std::min(p1, S) - a;
+    } else {
+      r.sink = false;
+      r.row = RowOf(st, a);
+      r.len = p1 - a;
+      if (st.ring > 0) r.len = std::min(r.len, st.ring - r.row);
+    }
+    a += r.len;
+  }
+  return n;
+}
+
+const float* SparseKvCache::DevK(const LayerState& st, int64_t pos) const {
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  return pos < options_.sink_tokens ? static_cast<const float*>(st.sink_k.data) + pos * kv_dim
+                                    : static_cast<const float*>(st.k.data) + RowOf(st, pos) * kv_dim;
+}
+const float* SparseKvCache::DevV(const LayerState& st, int64_t pos) const {
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  return pos < options_.sink_tokens ? static_cast<const float*>(st.sink_v.data) + pos * kv_dim
+                                    : static_cast<const float*>(st.v.data) + RowOf(st, pos) * kv_dim;
+}
+
+absl::Status SparseKvCache::ResizeRows(LayerState& st, int64_t cap, bool ring) {
+  const int64_t row = RowBytes(), S = options_.sink_tokens;
+  LayerState n;  // the new k/v only
+  n.cap = cap;
+  n.ring = ring ? cap : 0;
+  ASSIGN_OR_RETURN(n.k, Allocate(MemoryTag::kKv, cap * row));
+  auto v = Allocate(MemoryTag::kKv, cap * row);
+  if (!v.ok()) {
+    Free(n.k);
+    return v.status();
+  }
+  n.v = *v;
+  // The positions past the sinks that both hold.
+  int64_t from = S;
+  if (st.ring > 0) from = std::max(from, st.length - st.ring);
+  if (n.ring > 0) from = std::max(from, st.length - n.ring);
+  absl::Status status;
+  for (int64_t a = from; a < st.length && st.cap > 0 && status.ok();) {
+    int64_t len = st.length - a;
+    if (st.ring > 0) len = std::min(len, st.ring - RowOf(st, a));
+    const int64_t to = n.ring > 0 ? (a - S) % n.ring : a - S;
+    if (n.ring > 0) len = std::min(len, n.ring - to);
+    status.Update(device_.Copy(Queue::kCompute, st.k, RowOf(st, a) * row, n.k, to * row, len * row));
+    status.Update(device_.Copy(Queue::kCompute, st.v, RowOf(st, a) * row, n.v, to * row, len * row));
+    a += len;
+  }
+  if (status.ok() && st.cap > 0) status = device_.Synchronize(device_.Record(Queue::kCompute));
+  if (!status.ok()) {
+    (void)device_.Synchronize(device_.Record(Queue::kCompute));
+    Free(n.k);
+    Free(n.v);
+    return status;
+  }
+  Free(st.k);
+  Free(st.v);
+  st.k = n.k;
+  st.v = n.v;
+  st.cap = n.cap;
+  st.ring = n.ring;
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::EnsureRows(LayerState& st, int64_t end) {
+  const int64_t S = options_.sink_tokens, row = RowBytes();
+  if (st.sink_cap < std::min(end, S)) {  // an unreserved slot: every sink row at once
+    ASSIGN_OR_RETURN(DeviceBuffer k, Allocate(MemoryTag::kKv, S * row));
+    auto v = Allocate(MemoryTag::kKv, S * row);
+    if (!v.ok()) {
+      Free(k);
+      return v.status();
+    }
+    absl::Status status;
+    if (st.sink_cap > 0) {
+      status.Update(device_.Copy(Queue::kCompute, st.sink_k, 0, k, 0, st.sink_cap * row));
+      status.Update(device_.Copy(Queue::kCompute, st.sink_v, 0, *v, 0, st.sink_cap * row));
+      status.Update(device_.Synchronize(device_.Record(Queue::kCompute)));
+    }
+    Free(st.sink_k);
+    Free(st.sink_v);
+    st.sink_k = k;
+    st.sink_v = *v;
+    st.sink_cap = S;
+    RETURN_IF_ERROR(status);
+  }
+  if (st.ring > 0 || end <= S + st.cap) return absl::OkStatus();
+  return ResizeRows(st, std::max({end - S, 2 * st.cap, int64_t{64}}), /*ring=*/false);
+}
+
+absl::Status SparseKvCache::EnsureLandmarks(LayerState& st, int64_t chunks) {
+  if (chunks <= st.landmark_cap) return absl::OkStatus();
+  const int64_t per_chunk = config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
+  const int64_t cap = std::max({chunks, 2 * st.landmark_cap, int64_t{16}});
+  ASSIGN_OR_RETURN(DeviceBuffer n, Allocate(MemoryTag::kLandmarks, cap * per_chunk));
+  if (st.landmark_cap > 0) {
+    absl::Status status = device_.Copy(Queue::kCompute, st.landmarks, 0, n, 0, st.landmark_cap * per_chunk);
+    status.Update(device_.Synchronize(device_.Record(Queue::kCompute)));
+    if (!status.ok()) {
+      Free(n);
+      return status;
+    }
+  }
+  Free(st.landmarks);
+  st.landmarks = n;
+  st.landmark_cap = cap;
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::EnsureSlots(LayerState& st) {
+  if (st.resident.initialized()) return absl::OkStatus();
+  const int64_t slots = (options_.budget_tokens + options_.resident_margin_tokens) / options_.chunk_tokens;
+  ASSIGN_OR_RETURN(st.slots, Allocate(MemoryTag::kResidentSlots, config_.n_head_kv * slots * block_bytes()));
+  st.resident.Init(config_.n_head_kv, slots);
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::EnsureSeqBuffers(Seq& s) {
+  if (!options_.step_cache && !s.urgent_blocks) {
+    ASSIGN_OR_RETURN(s.urgent_blocks, Allocate(MemoryTag::kWorkspace, BudgetBlocks() * block_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::StoreRows(LayerState& st, int64_t p0, int64_t p1, const DeviceBuffer& src_buf,
+                                      const float* k, const float* v) {
+  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+  RowRun runs[3];
+  const int n = RunsOf(st, p0, p1, runs);
+  for (int i = 0; i < n; ++i) {
+    const RowRun& r = runs[i];
+    const DeviceBuffer& dk = r.sink ? st.sink_k : st.k;
+    const DeviceBuffer& dv = r.sink ? st.sink_v : st.v;
+    const int64_t j = (r.pos - p0) * kv_dim;
+    if (src_buf) {
+      const auto offset = [&](const float* p) {
+        return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(src_buf.data));
+      };
+      RETURN_IF_ERROR(device_.Copy(Queue::kCompute, src_buf, offset(k + j), dk, r.row * row, r.len * row));
+      RETURN_IF_ERROR(device_.Copy(Queue::kCompute, src_buf, offset(v + j), dv, r.row * row, r.len * row));
+    } else {
+      RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, k + j, dk, r.row * row, r.len * row));
+      RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, v + j, dv, r.row * row, r.len * row));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::RowsToHost(const LayerState& st, int64_t p0, int64_t p1, float* k, float* v) {
+  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+  RowRun runs[3];
+  const int n = RunsOf(st, p0, p1, runs);
+  for (int i = 0; i < n; ++i) {
+    const RowRun& r = runs[i];
+    const int64_t j = (r.pos - p0) * kv_dim;
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, r.sink ? st.sink_k : st.k, r.row * row, k + j, r.len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, r.sink ? st.sink_v : st.v, r.row * row, v + j, r.len * row));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::DuplicateLayer(const LayerState& from, LayerState& to) {
+  const std::pair<const DeviceBuffer*, DeviceBuffer*> pairs[] = {
+      {&from.sink_k, &to.sink_k}, {&from.sink_v, &to.sink_v}, {&from.k, &to.k},
+      {&from.v, &to.v},           {&from.landmarks, &to.landmarks}, {&from.slots, &to.slots}};
+  for (const auto& [src, dst] : pairs) {
+    *dst = DeviceBuffer{};
+    if (!*src) continue;
+    ASSIGN_OR_RETURN(*dst, Allocate(src->tag, src->bytes));
+    RETURN_IF_ERROR(device_.Copy(Queue::kCompute, *src, 0, *dst, 0, src->bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::StartLanding(Seq& s, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
+                                         kvpool::Priority priority, Landing* l) {
+  l->tid = 0;
+  l->pending = false;
+  if (refs.empty()) return absl::OkStatus();
+  if (host_visible_) {
+    std::vector<float*> ptrs(dsts.size());
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
+    }
+    ASSIGN_OR_RETURN(l->tid, store_->GatherTo(s.store_id, refs, ptrs, priority));
+  } else {
+    RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
+    l->copied = {};
+    l->staging.resize(refs.size() * BlockFloats());
+    ASSIGN_OR_RETURN(l->tid, store_->Gather(s.store_id, refs, l->staging.data(), priority));
+    l->dsts = std::move(dsts);
+  }
+  l->pending = true;
+  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::FinishLanding(Landing& l, Queue q) {
+  if (!l.pending) return absl::OkStatus();
+  l.pending = false;
+  const kvpool::TransferId tid = l.tid;
+  l.tid = 0;
+  RETURN_IF_ERROR(tid == 0 ? absl::OkStatus() : store_->Wait(tid));
+  if (host_visible_ || l.dsts.empty()) return absl::OkStatus();
+  // The blocks overwrite slots earlier attention calls read: after them. (Today the host has
+  // synchronized with the compute queue since, to read the landmark scores; this wait keeps
+  // the order when selection no longer makes it.)
+  device_.Wait(q, device_.Record(Queue::kCompute));
+  for (size_t i = 0; i < l.dsts.size(); ++i) {
+    RETURN_IF_ERROR(device_.CopyToDevice(q, &l.staging[i * BlockFloats()], l.dsts[i].buf, l.dsts[i].offset,
+                                         block_bytes()));
+  }
+  l.dsts.clear();
+  l.copied = device_.Record(q);
+  if (skip_wait != SkipWait::kComputeWaitsForLanding) device_.Wait(Queue::kCompute, l.copied);
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
+  if (seq < 0 || prompt_tokens <= 0 || total_tokens < prompt_tokens || pass_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse KV reservation: slot ", seq, ", ", prompt_tokens,
+                                                   " prompt tokens, ", total_tokens, " in all, passes of ", pass_rows));
+  }
+  if (Length(seq) != 0 || (seq < static_cast<int32_t>(seqs_.size()) && seqs_[seq].reserved)) {
+    return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is in use"));
+  }
+  std::vector<bool> dense_layers(config_.n_layer);
+  for (int64_t l = 0; l < config_.n_layer; ++l) dense_layers[l] = sparse_index_[l] < 0;
+  RETURN_IF_ERROR(dense_.Reserve(seq, prompt_tokens, total_tokens, pass_rows, &dense_layers));
+  auto s = GetSeq(seq);
+  if (!s.ok()) {
+    dense_.Reset(seq);
+    return s.status();
+  }
+  (*s)->reserved = true;
+  (*s)->total = total_tokens;
+  const auto reserve = [&](Seq& q) -> absl::Status {
+    const int64_t S = options_.sink_tokens, row = RowBytes(), C = options_.chunk_tokens;
+    for (int64_t l : sparse_layers_) {
+      LayerState& st = q.layers[l];
+      st.sink_cap = std::min(total_tokens, S);
+      ASSIGN_OR_RETURN(st.sink_k, Allocate(MemoryTag::kKv, st.sink_cap * row));
+      ASSIGN_OR_RETURN(st.sink_v, Allocate(MemoryTag::kKv, st.sink_cap * row));
+      // The prompt's rows while it is prefilled; the ring's once it is in.
+      st.cap = std::max(prompt_tokens - S, RingRows(total_tokens));
+      ASSIGN_OR_RETURN(st.k, Allocate(MemoryTag::kKv, st.cap * row));
+      ASSIGN_OR_RETURN(st.v, Allocate(MemoryTag::kKv, st.cap * row));
+      st.landmark_cap = total_tokens / C;
+      ASSIGN_OR_RETURN(st.landmarks, Allocate(MemoryTag::kLandmarks,
+                                              st.landmark_cap * config_.n_head_kv * config_.head_dim *
+                                                  static_cast<int64_t>(sizeof(float))));
+      if (options_.step_cache) RETURN_IF_ERROR(EnsureSlots(st));
+    }
+    RETURN_IF_ERROR(EnsureSeqBuffers(q));
+    if (options_.dual_token && !options_.step_cache) {
+      for (Buffer& b : q.buffers) {
+        ASSIGN_OR_RETURN(b.data, Allocate(MemoryTag::kPrefetchRing, BudgetBlocks() * block_bytes()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = reserve(**s); !st.ok()) {
+    Reset(seq);
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::StartDecoding(const Seq& s, LayerState& st) {
+  if (st.decoded) return absl::OkStatus();
+  st.decoded = true;
+  const int64_t rows = RingRows(s.reserved ? s.total : 0);
+  if (st.ring > 0 || rows == 0) return absl::OkStatus();
+  if (st.cap == rows) {  // already the ring's size: rows (pos - sinks) are ring rows
+    st.ring = rows;
+    return absl::OkStatus();
+  }
+  return ResizeRows(st, rows, /*ring=*/true);
+}
+
+absl::Status SparseKvCache::FinishPrefill(int32_t seq) {
+  RETURN_IF_ERROR(dense_.FinishPrefill(seq));
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || !seqs_[seq].open) return absl::OkStatus();
+  Seq& s = seqs_[seq];
+  for (int64_t l : sparse_layers_) {
+    if (s.layers[l].length > 0) RETURN_IF_ERROR(StartDecoding(s, s.layers[l]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dd::engine
