@@ -252,15 +252,13 @@ def test_device_is_reported_and_unavailable_devices_say_why(tiny):
     # backend, with one it is the missing device code. Either way: a message, not a crash.
     r = ddctl("generate", "--model", str(tiny), "--device", "cuda", "--prompt", "hi")
     assert r.returncode != 0 and "--device cuda: " in r.stderr, r.stderr
-    # The simulated device runs full mode with the cpu's bits (greedy: the same tokens) and
-    # refuses the sparse modes, naming why.
-    outs = {}
-    for device in ("cpu", "sim"):
-        r = subprocess.run([str(BIN / "ddctl"), "generate", "--model", str(tiny), "--device", device, "--prompt",
-                            "hello world", "--max_new_tokens", "6", "--temperature", "0"],
-                           capture_output=True, timeout=120)
-        assert r.returncode == 0 and f"device {device}".encode() in r.stderr, r.stderr
-        outs[device] = r.stdout
-    assert outs["sim"] == outs["cpu"] and outs["cpu"], outs
-    r = ddctl("generate", "--model", str(tiny), "--device", "sim", "--mode", "sparse", "--prompt", "hi")
-    assert r.returncode != 0 and "--device sim runs the full decode mode only so far" in r.stderr, r.stderr
+    # The simulated device runs every mode with the cpu's bits (greedy: the same tokens).
+    for mode in ("full", "sparse", "sparse-cached", "dualdecoder"):
+        outs = {}
+        for device in ("cpu", "sim"):
+            r = subprocess.run([str(BIN / "ddctl"), "generate", "--model", str(tiny), "--device", device, "--mode", mode,
+                                "--budget", "16", "--prompt", "hello world " * 80, "--max_new_tokens", "6",
+                                "--temperature", "0"], capture_output=True, timeout=120)
+            assert r.returncode == 0 and f"device {device}".encode() in r.stderr, (mode, r.stderr)
+            outs[device] = r.stdout
+        assert outs["sim"] == outs["cpu"] and outs["cpu"], (mode, outs)
