@@ -34,11 +34,9 @@ int64_t WeightBytes(const model::LoadedModel& m) {
 MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
                        int64_t prefill_chunk)
     : config_(model.config), mode_(mode), sparse_(sparse), prefill_chunk_(prefill_chunk), weight_bytes_(WeightBytes(model)) {
-  if (mode_ != DecodeMode::kFull) {
-    // The landmark scores of one selection. (The urgent gathers are per request: every
-    // sequence's blocks of a layer are read by one attention call; Request counts them.)
-    shared_workspace_ = SparseKvCache::ScoresBytes(config_, sparse_);
-  }
+  // (Sparse modes: a request's urgent blocks and landmark scores are its own, in Request: every
+  // sequence's blocks of a layer are read by one attention call, and every sequence's scores
+  // come to the host together.)
 }
 
 KvBytes MemoryPlan::DecodeKv(int64_t length) const {
@@ -74,6 +72,7 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   r.workspace = rows * (3 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 3 * c.n_ff +
                         c.n_vocab) * static_cast<int64_t>(sizeof(float));
   const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
+  if (mode_ != DecodeMode::kFull) r.workspace += SparseKvCache::ScoresBytes(c, sparse_, total_tokens);
   if (mode_ != DecodeMode::kFull && !sparse_.step_cache) {
     // Without resident slots a layer's selected (or, with the ring, missed) blocks land in a
     // buffer of the request's own until the batch's attention call has read them.

@@ -5,9 +5,10 @@
 // the device's per-tag totals in every mode):
 //   weights    every matrix and vector of the model, as stored;
 //   workspace  activations and logits per batch row (a dualdecoder request has two rows), and
-//              without the step cache one layer's gathered blocks per request (the batch's
-//              attention reads every request's at once); shared by all requests: the
-//              landmark-score buffer and the context head's row cache (spec_head.h);
+//              in sparse modes a request's landmark scores (every chunk, the batch's scores
+//              come to the host together) and without the step cache one layer's gathered
+//              blocks (the batch's attention reads every request's at once); shared by all
+//              requests: the context head's rows, hidden state and scores (spec_head.h);
 //   kv         (kKv) full: every position of every global layer. sparse modes: sinks and the
 //              local window's ring (window + chunk rows) on sparse layers; global layers kept
 //              dense (--sparse_layers) hold every position. Sliding-window layers keep a ring

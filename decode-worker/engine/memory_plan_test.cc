@@ -63,11 +63,13 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     const RequestBytes r = plan.Request(1300, 1310);
     // Everything is allocated at admission: exactly the plan, the prompt's rows included.
     expect_tags(plan.DecodeKv(1310), r.prefill_extra);
-    // The request's own workspace: its urgent blocks (sparse modes without the step cache).
+    // The request's own workspace (sparse modes): its landmark scores and, without the step
+    // cache, its urgent blocks.
     const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
-    const bool urgent_blocks = mode != DecodeMode::kFull && !step_cache;
+    const bool sparse = mode != DecodeMode::kFull;
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace) - idle_workspace,
-              urgent_blocks ? o.sparse.budget_tokens * row : 0);
+              (sparse ? SparseKvCache::ScoresBytes(model_->config, o.sparse, 1310) : 0) +
+                  (sparse && !step_cache ? o.sparse.budget_tokens * row : 0));
     auto logits = (*e)->Prefill(0, prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
     expect_tags(plan.DecodeKv(1310), r.prefill_extra);  // prefill allocated nothing

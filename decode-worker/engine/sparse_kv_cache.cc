@@ -79,14 +79,7 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                      absl::StrJoin(global, ","), ")"));
     }
   }
-  std::unique_ptr<SparseKvCache> cache(new SparseKvCache(config, options, store, device));
-  ASSIGN_OR_RETURN(cache->scores_, device.Allocate(backend::MemoryTag::kWorkspace, ScoresBytes(config, options)));
-  return cache;
-}
-
-int64_t SparseKvCache::ScoresBytes(const model::ModelConfig& config, const SparseOptions& options) {
-  return config.n_head / config.n_head_kv * config.n_head_kv * (config.n_ctx_train / options.chunk_tokens + 1) *
-         static_cast<int64_t>(sizeof(float));
+  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, device));
 }
 
 SparseKvCache::LayerStats SparseKvCache::total_stats() const {
@@ -113,7 +106,6 @@ SparseKvCache::~SparseKvCache() {
   // Nothing queued may still use the buffers (or landmark_host_) when they go.
   (void)device_.Synchronize(device_.Record(backend::Queue::kCompute));
   for (Seq& s : seqs_) FreeSeq(s);
-  device_.Free(scores_);
 }
 
 absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
@@ -182,7 +174,7 @@ int64_t SparseKvCache::device_bytes() const {
       total += st.sink_k.bytes + st.sink_v.bytes + st.k.bytes + st.v.bytes + st.landmarks.bytes + st.slots.bytes;
     }
     for (const Buffer& b : s.buffers) total += b.data.bytes;
-    total += s.urgent_blocks.bytes;
+    total += s.urgent_blocks.bytes + s.scores.bytes;
   }
   return total;
 }
@@ -206,7 +198,7 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
     b.data = backend::DeviceBuffer{};
     b.landing = Landing();
   }
-  copy.urgent_blocks = backend::DeviceBuffer{};
+  copy.urgent_blocks = copy.scores = backend::DeviceBuffer{};
   copy.store_id = to_id;
   *to = std::move(copy);
   absl::Status dup;
@@ -221,9 +213,10 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
       dup = b.status();
     }
   }
-  if (dup.ok() && from->urgent_blocks) {
-    auto b = device_.Allocate(backend::MemoryTag::kWorkspace, from->urgent_blocks.bytes);
-    if (b.ok()) to->urgent_blocks = *b;
+  for (auto [src, dst] : {std::pair{&from->urgent_blocks, &to->urgent_blocks}, std::pair{&from->scores, &to->scores}}) {
+    if (!dup.ok() || !*src) continue;  // scratch: the size, not the contents
+    auto b = device_.Allocate(backend::MemoryTag::kWorkspace, src->bytes);
+    if (b.ok()) *dst = *b;
     dup = b.status();
   }
   if (!dup.ok()) {
@@ -449,14 +442,15 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
       DecodeRead& read = AddRead(call.rows[r0].seq);
       read.real_row = decode_row ? r0 : -1;
       read.spec_row = spec_last ? r1 - 1 : -1;
-      if (decode_row) RETURN_IF_ERROR(StartRealRead(*s, call, read));
-      // The prediction right after the real row's selection (it reads its shortlist).
-      if (spec_last) PredictNext(*s, call, read);
-      if (!decode_row) RETURN_IF_ERROR(StartPreDecodeRead(*s, call, read));
+      // The rows' own selection, scored now, chosen once every sequence's scores are in: the
+      // real row's, or a lone speculative row's (pre-decoding, over the committed keys).
+      const int64_t row = decode_row ? r0 : r1 - 1;
+      read.w = WindowFor(decode_row ? call.rows[r0].pos + 1 : call.rows[row].pos);
+      ScoreChunks(*s, st, call.q + row * config_.n_head * config_.head_dim, read.w, nullptr, &read.cands);
     }
     r0 = r1;
   }
-  return absl::OkStatus();
+  return SelectAndStart(call);
 }
 
 void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1) {
@@ -479,113 +473,6 @@ SparseKvCache::Window SparseKvCache::WindowFor(int64_t n) const {
   w.sel_begin = options_.sink_tokens / C;
   w.sel_end = std::max(w.sel_begin, first_window_chunk);
   return w;
-}
-
-SparseKvCache::Selection SparseKvCache::Select(const LayerState& st, const float* q, const Window& w,
-                                               Selection* ranked, Selection* shortlist,
-                                               const Selection* candidates) {
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
-  const int64_t k_short = options_.spec_candidates * k_sel;
-  // Score order: higher first, ties by lower chunk index (a strict total order, so the top k
-  // of the top k_short are the top k), as one integer key per chunk, smaller = better: the
-  // score's bits mapped to an unsigned order (−0 counted as +0, so they tie as floats do),
-  // inverted, above the chunk index. nth_element on these is several times faster than on
-  // (score, chunk) pairs with a comparator.
-  const auto key_of = [](float score, int64_t chunk) {
-    uint32_t u;
-    const float canonical = score + 0.0f;  // −0 → +0
-    std::memcpy(&u, &canonical, sizeof(u));
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
-    return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(chunk);
-  };
-  const auto chunk_of = [](uint64_t key) { return static_cast<int64_t>(key & 0xffffffffu); };
-  // A chunk index is below the position count (a chunk holds at least one token), so it fits
-  // the key's low 32 bits.
-  static_assert(model::ModelConfig::kMaxContext <= (int64_t{1} << 32), "chunk index outgrows the key's low 32 bits");
-  Selection sel(n_kv);
-  if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
-  std::vector<uint64_t> cand;
-  // Landmark scores of each group's gs query heads in one blocked call (Dot's bits per pair),
-  // every head's into scores_ (head g from g × gs × max_chunks on), then read on the host: in
-  // place where it may, else after one copy and one sync for all heads.
-  thread_local std::vector<const float*> landmarks;
-  thread_local std::vector<std::vector<int64_t>> head_chunks;
-  head_chunks.resize(n_kv);
-  const int64_t stride = gs * (config_.n_ctx_train / options_.chunk_tokens + 1);
-  float* dev_scores = static_cast<float*>(scores_.data);
-  for (int64_t g = 0; g < n_kv; ++g) {
-    std::vector<int64_t>& chunks = head_chunks[g];
-    chunks.clear();
-    if (candidates != nullptr) {
-      chunks = (*candidates)[g];
-    } else {
-      for (int64_t c = w.sel_begin; c < w.sel_end; ++c) chunks.push_back(c);
-    }
-    const int64_t n_cand = static_cast<int64_t>(chunks.size());
-    landmarks.resize(n_cand);
-    for (int64_t i = 0; i < n_cand; ++i) landmarks[i] = LandmarkAt(st, chunks[i], g);
-    ops_.KeyScores(q + g * gs * hd, gs, hd, landmarks.data(), n_cand, dev_scores + g * stride, n_cand);
-  }
-  const float* all_scores = dev_scores;
-  if (!host_visible_) {
-    const int64_t used = (n_kv - 1) * stride + gs * static_cast<int64_t>(head_chunks[n_kv - 1].size());
-    scores_host_.resize(used);
-    absl::Status st_copy = device_.CopyToHost(backend::Queue::kCompute, scores_, 0, scores_host_.data(),
-                                              used * static_cast<int64_t>(sizeof(float)));
-    if (st_copy.ok()) st_copy = device_.Synchronize(device_.Record(backend::Queue::kCompute));
-    CHECK(st_copy.ok()) << "landmark scores to the host: " << st_copy;  // sizes are the cache's own
-    all_scores = scores_host_.data();
-  }
-  for (int64_t g = 0; g < n_kv; ++g) {
-    const std::vector<int64_t>& chunks = head_chunks[g];
-    const int64_t n_cand = static_cast<int64_t>(chunks.size());
-    const float* scores = all_scores + g * stride;
-    cand.resize(n_cand);
-    for (int64_t i = 0; i < n_cand; ++i) {
-      float best = -INFINITY;
-      for (int64_t h = 0; h < gs; ++h) best = std::max(best, scores[h * n_cand + i]);
-      cand[i] = key_of(best, chunks[i]);
-    }
-    if (shortlist != nullptr) {
-      (*shortlist)[g].clear();
-      if (static_cast<int64_t>(cand.size()) > k_short) std::nth_element(cand.begin(), cand.begin() + k_short, cand.end());
-      const int64_t n_short = std::min<int64_t>(k_short, static_cast<int64_t>(cand.size()));
-      for (int64_t i = 0; i < n_short; ++i) (*shortlist)[g].push_back(chunk_of(cand[i]));
-      cand.resize(n_short);
-    }
-    if (static_cast<int64_t>(cand.size()) > k_sel) {
-      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end());
-      cand.resize(k_sel);
-    }
-    for (uint64_t key : cand) sel[g].push_back(chunk_of(key));
-    std::sort(sel[g].begin(), sel[g].end());
-    if (ranked != nullptr) {
-      ranked->resize(n_kv);
-      std::sort(cand.begin(), cand.end());
-      (*ranked)[g].clear();
-      for (uint64_t key : cand) (*ranked)[g].push_back(chunk_of(key));
-    }
-  }
-  return sel;
-}
-
-SparseKvCache::Selection SparseKvCache::UnionOf(const Selection& a, const Selection& b, const Window& w) const {
-  const size_t k = static_cast<size_t>(options_.budget_tokens / options_.chunk_tokens);
-  Selection out(a.size());
-  for (size_t g = 0; g < a.size(); ++g) {
-    std::vector<int64_t>& o = out[g];
-    auto take = [&](int64_t c) {
-      if (c >= w.sel_begin && c < w.sel_end && o.size() < k && std::find(o.begin(), o.end(), c) == o.end()) o.push_back(c);
-    };
-    const std::vector<int64_t>& bg = g < b.size() ? b[g] : a[g];
-    for (size_t i = 0; i < std::max(a[g].size(), bg.size()) && o.size() < k; ++i) {
-      if (i < a[g].size()) take(a[g][i]);
-      if (i < bg.size()) take(bg[i]);
-    }
-    std::sort(o.begin(), o.end());
-  }
-  return out;
 }
 
 absl::StatusOr<Predictor> ParsePredictor(absl::string_view name) {
@@ -676,16 +563,6 @@ absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& 
     return absl::InternalError(absl::StrCat("a gather of ", refs.size(), " blocks exceeds the budget's ", BudgetBlocks()));
   }
   return StartLanding(s, refs, std::move(dsts), priority, l);
-}
-
-SparseKvCache::Selection SparseKvCache::PrepareDecodeRow(LayerState& st, const model::AttentionCall& call,
-                                                         int64_t row, bool spec_follows, Window* window) {
-  const int64_t q_dim = config_.n_head * config_.head_dim;
-  const Window w = WindowFor(call.rows[row].pos + 1);
-  *window = w;
-  const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
-  const bool shortlist = spec_follows && options_.spec_candidates > 0;
-  return Select(st, call.q + row * q_dim, w, rank ? &last_ranked_ : nullptr, shortlist ? &last_shortlist_ : nullptr);
 }
 
 }  // namespace dd::engine

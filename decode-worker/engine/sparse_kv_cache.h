@@ -139,8 +139,9 @@ class SparseKvCache : public KvCache {
   };
   static void SkipWaitForTesting(SkipWait skip);
 
-  // Device bytes of the landmark-score buffer one cache keeps (MemoryPlan's shared workspace).
-  static int64_t ScoresBytes(const model::ModelConfig& config, const SparseOptions& options);
+  // Device bytes of a sequence's landmark-score buffer, for a request that may reach
+  // `total_tokens` (part of the request's workspace in MemoryPlan).
+  static int64_t ScoresBytes(const model::ModelConfig& config, const SparseOptions& options, int64_t total_tokens);
 
   ~SparseKvCache() override;  // waits for transfers still writing into its buffers
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
@@ -276,6 +277,9 @@ class SparseKvCache : public KvCache {
     // Without the step cache: the blocks a read fetches on the urgent path (budget per KV
     // head), read by the layer's attention call.
     backend::DeviceBuffer urgent_blocks;
+    // Landmark scores of one selection: KV head g's from g × score_stride floats on.
+    backend::DeviceBuffer scores;
+    int64_t score_stride = 0;
     int64_t reads = 0;
     int64_t reading = -1;  // the buffer the current real row reads until its step finishes
     // This request's prediction outcomes after its first decode step (the seeded step is
@@ -347,12 +351,22 @@ class SparseKvCache : public KvCache {
     int64_t sinks, dense_from, sel_begin, sel_end;
   };
   Window WindowFor(int64_t n) const;
-  // Top budget/chunk per KV head, ascending; `ranked` (optional) gets them by score;
-  // `shortlist` (optional) the best spec_candidates × budget/chunk per head (unordered).
-  // `candidates` (optional): score only these chunks per head (each in the window's
-  // selectable range) instead of the whole range.
-  Selection Select(const LayerState& st, const float* q, const Window& w, Selection* ranked = nullptr,
-                   Selection* shortlist = nullptr, const Selection* candidates = nullptr);
+  // ---- selection (sparse_kv_cache_select.cc) ----
+  // Enqueues the landmark scores of query `q` (n_head × head_dim) into s.scores: per KV head,
+  // the max over its query heads is taken later; the chunks scored go to *cands — `candidates`
+  // (each in the window's selectable range) or else the whole range.
+  void ScoreChunks(const Seq& s, const LayerState& st, const float* q, const Window& w, const Selection* candidates,
+                   Selection* cands);
+  // One copy and one sync for every read's scores where the host cannot read them in place.
+  absl::Status ScoresToHost(bool predictions);
+  // Top budget/chunk per KV head of scored `cands`, ascending; `ranked` (optional) gets them
+  // by score; `shortlist` (optional) the best spec_candidates × budget/chunk per head.
+  Selection TopChunks(const float* scores, int64_t stride, const Selection& cands, Selection* ranked,
+                      Selection* shortlist) const;
+  // Every read's selection (the scores of StartReads), its transfers started, then the
+  // speculative rows' predictions: two syncs per layer for the whole batch, not two per
+  // sequence.
+  absl::Status SelectAndStart(const model::AttentionCall& call);
   // The union predictor: alternately from both rankings, within the next window, k per head.
   Selection UnionOf(const Selection& a, const Selection& b, const Window& w) const;
   // Starts a gather of `sel` into consecutive blocks of `buf` without waiting.
@@ -371,9 +385,6 @@ class SparseKvCache : public KvCache {
   int64_t NextRead(const Seq& s, int64_t sparse_index) const;
   // The first decode row of a layer: the prompt's linear rows become the window's ring.
   absl::Status StartDecoding(const Seq& s, LayerState& st);
-  // A decode row's window and selection S.
-  Selection PrepareDecodeRow(LayerState& st, const model::AttentionCall& call, int64_t row, bool spec_follows,
-                             Window* w);
 
   // One sequence's decode rows of a sparse layer within an Attend call: an entry of the
   // layer's attention plan (sparse_kv_cache_decode.cc). Kept across calls for their buffers.
@@ -383,6 +394,13 @@ class SparseKvCache : public KvCache {
     int64_t spec_row = -1;   // the speculative row after it, or -1
     Window w{};              // the window the rows attend over
     Selection sel;           // the chunks they attend, per KV head, ascending
+    Selection cands;         // the chunks scored for sel
+    Selection ranked;        // sel by score (previous and union predictors)
+    Selection shortlist;     // the real row's best chunks, the speculative row's candidates
+    Window next{};           // the next step's window (the prediction's)
+    Selection spec_cands;    // the chunks scored for the prediction
+    bool predict_pending = false;  // the prediction is scored, not chosen yet
+    std::vector<float> scores_host;  // the scores, where the host cannot read them in place
     Selection predicted;     // the speculative row's P' for the next step
     Selection misses;        // the ring: S \ P', fetched urgently into Seq::urgent_blocks
     int64_t buffer = -1;     // the ring: the prefetch buffer the real row reads
@@ -395,12 +413,14 @@ class SparseKvCache : public KvCache {
   // reads started (selections, urgent transfers issued, none waited).
   absl::Status StartReads(const model::AttentionCall& call);
   DecodeRead& AddRead(int32_t seq);
-  // The real row's window and S, its hit statistics, its transfers started.
+  // The real row's S chosen: its hit statistics, its transfers started.
   absl::Status StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   // The speculative row's prediction P' for the next step (after the real row's selection,
-  // whose shortlist and ranking it reads).
-  void PredictNext(Seq& s, const model::AttentionCall& call, DecodeRead& r);
-  // Pre-decoding: a speculative row alone, over its own selection.
+  // whose shortlist and ranking it reads): scored (or, for `previous`, taken at once), then
+  // chosen by FinishPrediction once the scores are in.
+  void ScorePrediction(Seq& s, const model::AttentionCall& call, DecodeRead& r);
+  void FinishPrediction(const Seq& s, DecodeRead& r);
+  // Pre-decoding: a speculative row alone, its selection chosen: its transfers started.
   absl::Status StartPreDecodeRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   // Waits for the read's transfers and points r.blocks at its blocks.
   absl::Status FinishFetch(Seq& s, int64_t layer, DecodeRead& r);
@@ -409,6 +429,8 @@ class SparseKvCache : public KvCache {
   void AttendPlanned(const model::AttentionCall& call);
   // After attention: the ring's buffer handed back, the prediction issued.
   absl::Status AfterAttention(Seq& s, int64_t layer, DecodeRead& r);
+  // Where read r's scores are on the host: in place, or its copy.
+  const float* ScoresOf(const Seq& s, const DecodeRead& r) const;
   // On an error: waits for the reads' urgent transfers still in flight and drops the reads.
   void AbandonReads();
 
@@ -450,11 +472,7 @@ class SparseKvCache : public KvCache {
   std::vector<double> landmark_sum_;   // AppendRows: landmark accumulator
   std::vector<float> landmark_host_;   // AppendRows: the completed chunks' landmarks
   backend::Event landmark_upload_;     // landmark_host_'s copy to the device
-  backend::DeviceBuffer scores_;       // Select: landmark scores, every KV head's
-  std::vector<float> scores_host_;     // ... copied to the host where it cannot read them
   std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
-  Selection last_ranked_;     // the last real row's S by score (previous / union predictors)
-  Selection last_shortlist_;  // the real row's best candidates for its speculative row (spec_candidates)
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)
   std::vector<int64_t> sparse_layers_; // the sparse layers' model indices, in order

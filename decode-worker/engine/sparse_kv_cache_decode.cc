@@ -46,8 +46,6 @@ int64_t CountCommon(const std::vector<int64_t>& a, const std::vector<int64_t>& b
 
 absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
   LayerState& st = s.layers[call.layer];
-  const bool spec_follows = r.spec_row >= 0;
-  r.sel = PrepareDecodeRow(st, call, r.real_row, spec_follows, &r.w);
   const Selection& sel = r.sel;
   LayerStats& stats = stats_[call.layer];
   if (options_.step_cache) {
@@ -110,43 +108,10 @@ absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& ca
   return absl::OkStatus();
 }
 
-void SparseKvCache::PredictNext(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
-  LayerState& st = s.layers[call.layer];
-  const int64_t q_dim = config_.n_head * config_.head_dim;
-  const bool after_real = r.real_row >= 0;
-  const int64_t pos = call.rows[r.spec_row].pos;
-  const float* q = call.q + r.spec_row * q_dim;
-  // Predicted selection for the next step, whose real row sits at `pos`.
-  const Window next = WindowFor(pos + 1);
-  Selection ranked;
-  if (after_real && options_.predictor == Predictor::kPrevious) {
-    r.predicted = UnionOf(last_ranked_, last_ranked_, next);  // the real row's S, within the next window
-  } else {
-    // After a real row (whose PrepareDecodeRow kept its shortlist: spec_follows): its best
-    // chunks plus those selectable only from the next step on (at most one chunk more).
-    const Selection* candidates = nullptr;
-    if (after_real && options_.spec_candidates > 0) {
-      const int64_t real_end = WindowFor(pos).sel_end;
-      for (auto& list : last_shortlist_) {
-        for (int64_t c = real_end; c < next.sel_end; ++c) list.push_back(c);
-      }
-      candidates = &last_shortlist_;
-    }
-    r.predicted =
-        Select(st, q, next, options_.predictor == Predictor::kUnion ? &ranked : nullptr, nullptr, candidates);
-    if (after_real && options_.predictor == Predictor::kUnion) r.predicted = UnionOf(ranked, last_ranked_, next);
-  }
-  st.seeded = !after_real;
-}
-
 absl::Status SparseKvCache::StartPreDecodeRead(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
   // Pre-decoding (right after prefill): the speculative row attends over the committed keys
   // with its own selection; its prediction is prefetched for the next step, whose real row is
   // this same token at this same position.
-  LayerState& st = s.layers[call.layer];
-  const int64_t q_dim = config_.n_head * config_.head_dim;
-  r.w = WindowFor(call.rows[r.spec_row].pos);
-  r.sel = Select(st, call.q + r.spec_row * q_dim, r.w);
   if (options_.step_cache) return StartResidentFetch(s, call.layer, /*count=*/false, r);
   return StartGather(s, call.layer, r.sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent);
 }
@@ -304,6 +269,7 @@ SparseKvCache::DecodeRead& SparseKvCache::AddRead(int32_t seq) {
   r.wait_prefetch = false;
   r.sel.clear();
   r.predicted.clear();
+  r.predict_pending = false;
   r.misses.clear();
   r.blocks.clear();
   return r;

@@ -42,6 +42,7 @@ void SparseKvCache::FreeSeq(Seq& s) {
   }
   for (Buffer& b : s.buffers) Free(b.data);
   Free(s.urgent_blocks);
+  Free(s.scores);
 }
 
 int SparseKvCache::RunsOf(const LayerState& st, int64_t p0, int64_t p1, RowRun out[3]) const {
@@ -174,6 +175,11 @@ absl::Status SparseKvCache::EnsureSlots(LayerState& st) {
 absl::Status SparseKvCache::EnsureSeqBuffers(Seq& s) {
   if (!options_.step_cache && !s.urgent_blocks) {
     ASSIGN_OR_RETURN(s.urgent_blocks, Allocate(MemoryTag::kWorkspace, BudgetBlocks() * block_bytes()));
+  }
+  if (!s.scores) {
+    const int64_t total = s.reserved ? s.total : config_.n_ctx_train;
+    s.score_stride = config_.n_head / config_.n_head_kv * (total / options_.chunk_tokens + 1);
+    ASSIGN_OR_RETURN(s.scores, Allocate(MemoryTag::kWorkspace, ScoresBytes(config_, options_, total)));
   }
   return absl::OkStatus();
 }
