@@ -46,8 +46,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       pool_(options.threads),
       device_(CreateEngineDevice(options.device, pool_, &device_status_)),
       kv_(std::make_unique<DenseKvCache>(model.config, *device_)),
-      plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512),
-      shortlist_(model.config.n_vocab) {
+      plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
   if (!device_status_.ok()) {
     init_status_ = device_status_;
     return;
@@ -59,15 +58,17 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     return;
   }
   transformer_ = std::move(*transformer);
-  if (UsesShortlist() && options_.spec_head_common > 0 && model.tokenizer != nullptr) {
-    shortlist_.SetBase(CommonTokens(*model.tokenizer, options_.spec_head_common));
-  }
-  if (UsesShortlist()) {
-    if (absl::Status st = shortlist_.Attach(*device_, model.config.n_embd); !st.ok()) {
+  if (options_.mode == DecodeMode::kDualDecoder) {
+    dual_ = std::make_unique<DualTokenStep>(model, DualTokenStep::Options{.predictor = options_.sparse.predictor,
+                                                                          .head = options_.spec_head,
+                                                                          .head_common = options_.spec_head_common,
+                                                                          .resync = options_.spec_resync,
+                                                                          .carry = options_.spec_carry});
+    if (absl::Status st = dual_->Attach(*device_); !st.ok()) {
       init_status_ = st;
       return;
     }
-    plan_.AddSharedWorkspace(shortlist_.device_bytes());
+    plan_.AddSharedWorkspace(dual_->device_bytes());
   }
   if (options_.device_memory_bytes < 0) {
     init_status_ = absl::InvalidArgumentError(
@@ -188,46 +189,17 @@ absl::Status Engine::EnsureAdmitted(int32_t seq, int64_t prompt_tokens) {
 }
 
 void Engine::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> tokens) {
-  if (seq < 0) return;
-  if (seq >= static_cast<int32_t>(oracle_.size())) oracle_.resize(seq + 1);
-  oracle_[seq] = {first_pos, std::move(tokens)};
-}
-
-int32_t Engine::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden,
-                                 int32_t fallback) {
-  const int64_t V = model_.config.n_vocab;
-  switch (options_.sparse.predictor) {
-    case Predictor::kRandomToken:
-      rng_state_ = rng_state_ * 6364136223846793005ULL + 1442695040888963407ULL;  // LCG, fixed seed
-      return static_cast<int32_t>((rng_state_ >> 17) % static_cast<uint64_t>(V));
-    case Predictor::kOracleToken:
-      if (seq < static_cast<int32_t>(oracle_.size())) {
-        const Oracle& o = oracle_[seq];
-        const int64_t i = pos - o.first_pos;
-        if (i >= 0 && i < static_cast<int64_t>(o.tokens.size())) return o.tokens[i];
-      }
-      break;  // past the replay: fall back to the prediction
-    default:
-      break;
-  }
-  if (hidden != nullptr) {
-    const absl::StatusOr<int32_t> t = shortlist_.Argmax(seq, transformer_->weights().output, hidden);
-    LOG_IF(ERROR, !t.ok()) << "context head: " << t.status();  // a prediction only: fall back
-    return t.ok() && *t >= 0 ? *t : fallback;
-  }
-  return Argmax(logits, V);
+  if (dual_ != nullptr) dual_->SetOracle(seq, first_pos, std::move(tokens));
 }
 
 void Engine::Release(int32_t seq) {
-  if (seq >= 0 && seq < static_cast<int32_t>(oracle_.size())) oracle_[seq] = Oracle();
   kv_->Reset(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(dense_store_.size()) && dense_store_[seq] != 0) {
     // Its committed prefix, if any, stays with the store (a cache, or a pool's quota).
     if (absl::Status st = store_->Release(dense_store_[seq]); !st.ok()) LOG(WARNING) << "prefix blocks: " << st;
     dense_store_[seq] = 0;
   }
-  ClearSpec(seq);
-  shortlist_.Reset(seq);
+  if (dual_ != nullptr) dual_->Release(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
   if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
 }
@@ -259,14 +231,7 @@ absl::Status Engine::Fork(int32_t src, int32_t dst) {
     Release(dst);
     return st;
   }
-  const int32_t hi = std::max(src, dst);
-  if (hi >= static_cast<int32_t>(spec_.size())) spec_.resize(hi + 1, -1);
-  spec_[dst] = spec_[src];
-  if (hi >= static_cast<int32_t>(spec_in_.size())) spec_in_.resize(hi + 1, -1);
-  spec_in_[dst] = spec_in_[src];
-  if (dst < static_cast<int32_t>(carry_pos_.size())) carry_pos_[dst] = -1;  // a fork starts without a carry
-  if (UsesShortlist()) shortlist_.Copy(src, dst);
-  if (Resyncs()) history_.Copy(src, dst);
+  if (dual_ != nullptr) dual_->Fork(src, dst);
   return absl::OkStatus();
 }
 
@@ -598,89 +563,8 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     if (reservations_[s].prefilling && sparse_ != nullptr) RETURN_IF_ERROR(sparse_->FinishPrefill(s));
     reservations_[s].prefilling = false;
   }
-  if (options_.mode != DecodeMode::kDualDecoder) return transformer_->Forward(rows, *kv_, logits);
-
-  // Dual-token step (DESIGN §5.3). Sequences without a speculative token first get one from
-  // the pre-decoding step: their real token run alone as an uncommitted row.
-  const int64_t V = model_.config.n_vocab;
-  const int64_t d = model_.config.n_embd;
-  for (const BatchRow& r : rows) NoteTokens(r.seq, {&r.token, 1});
-  // With the context head, speculative rows skip the LM head and come back as hidden states.
-  std::vector<float> hidden;
-  std::vector<float>* hidden_out = UsesShortlist() ? &hidden : nullptr;
-  std::vector<BatchRow> pre;
-  for (const BatchRow& r : rows) {
-    if (r.seq >= static_cast<int32_t>(spec_.size())) spec_.resize(r.seq + 1, -1);
-    if (r.seq >= static_cast<int32_t>(spec_in_.size())) spec_in_.resize(r.seq + 1, -1);
-    if (spec_[r.seq] < 0) {
-      pre.push_back({r.seq, r.pos, r.token, true, /*speculative=*/true});
-    } else if (Resyncs() && spec_in_[r.seq] >= 0 && spec_in_[r.seq] != r.token) {
-      // Last step's speculative row was fed a wrong token, so the token it returned for this
-      // step's row is conditioned on it: take the context's continuation where there is one.
-      if (const int32_t t = history_.Continuation(r.seq); t >= 0) {
-        spec_[r.seq] = t;
-        ++spec_resyncs_;
-      }
-    }
-  }
-  std::vector<float> out;
-  if (!pre.empty()) {
-    RETURN_IF_ERROR(transformer_->Forward(pre, *kv_, &out, hidden_out));
-    for (size_t i = 0; i < pre.size(); ++i) {
-      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? nullptr : &out[i * V],
-                                           hidden_out ? &hidden[i * d] : nullptr, pre[i].token);
-    }
-  }
-  std::vector<BatchRow> dual;
-  std::vector<bool> has_spec;
-  const int64_t carry_layers = CarryLayers();
-  if (carry_layers > 0) {
-    if (carry_pos_.size() < spec_in_.size()) carry_pos_.resize(spec_in_.size(), -1);
-    if (carry_x_.size() < spec_in_.size()) carry_x_.resize(spec_in_.size());
-  }
-  for (const BatchRow& r : rows) {
-    dual.push_back(r);
-    // The last speculative row was fed this very token at this position: start from its state.
-    // (Should the cache no longer hold that row's KV, the row simply runs every layer.)
-    if (carry_layers > 0 && carry_pos_[r.seq] == r.pos && spec_in_[r.seq] == r.token &&
-        sparse_->KeepSpeculative(r.seq, carry_layers).ok()) {
-      dual.back().resume = carry_x_[r.seq].data();
-      ++carried_rows_;
-    }
-    if (carry_layers > 0) carry_pos_[r.seq] = -1;  // only a forward that completes arms the next
-    const bool spec = r.pos + 1 < model_.config.n_ctx_train;
-    has_spec.push_back(spec);
-    if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
-    spec_in_[r.seq] = spec ? spec_[r.seq] : -1;
-  }
-  std::vector<float> carried;
-  const model::Transformer::Carry carry{carry_layers, &carried};
-  RETURN_IF_ERROR(transformer_->Forward(dual, *kv_, &out, hidden_out, carry_layers > 0 ? &carry : nullptr));
-  if (carry_layers > 0) {  // the speculative rows' states, for the next step
-    for (size_t i = 0, c = 0; i < rows.size(); ++i) {
-      carry_pos_[rows[i].seq] = has_spec[i] ? rows[i].pos + 1 : -1;
-      if (has_spec[i]) {
-        carry_x_[rows[i].seq].assign(carried.begin() + c * d, carried.begin() + (c + 1) * d);
-        ++c;
-      }
-    }
-  }
-  logits->resize(rows.size() * V);
-  size_t o = 0, h = 0;  // rows of `out` and of `hidden` consumed
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::copy(out.begin() + o * V, out.begin() + (o + 1) * V, logits->begin() + i * V);
-    ++o;
-    if (has_spec[i]) {
-      // The next step's speculative token, for position pos + 2.
-      const int32_t fallback = rows[i].token;  // only if the shortlist were empty
-      if (hidden_out != nullptr) {
-        spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, nullptr, &hidden[h++ * d], fallback);
-      } else {
-        spec_[rows[i].seq] = SpeculativeToken(rows[i].seq, rows[i].pos + 2, &out[o++ * V], nullptr, fallback);
-      }
-    }
-  }
-  return absl::OkStatus();
+  if (dual_ == nullptr) return transformer_->Forward(rows, *kv_, logits);
+  return dual_->Step(rows, *transformer_, *kv_, *sparse_, logits);
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,

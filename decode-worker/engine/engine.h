@@ -24,6 +24,7 @@
 #include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/sampler.h"
+#include "decode-worker/engine/dual_token.h"
 #include "decode-worker/engine/spec_head.h"
 #include "decode-worker/engine/token_history.h"
 #include "decode-worker/engine/text_stream.h"
@@ -131,10 +132,10 @@ class Engine {
   int64_t spec_candidates() const { return options_.sparse.spec_candidates; }
   // dualdecoder: speculative tokens replaced by the context's continuation after a miss
   // (EngineOptions::spec_resync), since construction.
-  int64_t spec_resyncs() const { return spec_resyncs_; }
+  int64_t spec_resyncs() const { return dual_ != nullptr ? dual_->resyncs() : 0; }
   // dualdecoder: real rows that started from their speculative row's carried state
   // (EngineOptions::spec_carry), since construction.
-  int64_t carried_rows() const { return carried_rows_; }
+  int64_t carried_rows() const { return dual_ != nullptr ? dual_->carried_rows() : 0; }
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
   const SparseKvCache* sparse_cache() const { return sparse_; }
@@ -239,31 +240,11 @@ class Engine {
   DenseKvCache* dense_ = nullptr;    // kv_ when mode == kFull
   std::unique_ptr<KvCache> kv_;
   absl::Status init_status_;
-  std::vector<int32_t> spec_;  // dualdecoder: next speculative token per slot (-1: none yet)
-  // dualdecoder: the token the last step fed each slot's speculative row (-1: none), and
-  // every slot's tokens, for the resync after a miss (EngineOptions::spec_resync).
-  std::vector<int32_t> spec_in_;
-  TokenHistory history_;
-  int64_t spec_resyncs_ = 0;
-  // dualdecoder carry: per slot, the last speculative row's residual after the carried
-  // layers and its position (-1: none).
-  std::vector<std::vector<float>> carry_x_;
-  std::vector<int64_t> carry_pos_;
-  int64_t carried_rows_ = 0;
-  int64_t CarryLayers() const {
-    return options_.mode == DecodeMode::kDualDecoder && options_.spec_carry && sparse_ ? sparse_->carry_layers() : 0;
-  }
-  bool Resyncs() const {
-    return options_.mode == DecodeMode::kDualDecoder && options_.spec_resync &&
-           (options_.sparse.predictor == Predictor::kSpeculative || options_.sparse.predictor == Predictor::kUnion);
-  }
-  // Forgets slot `seq`'s speculative chain (its next token, the last one fed and the tokens
-  // the resync looks in): the slot starts a new sequence.
+  // dualdecoder: the dual-token protocol (chain, resync, carry, demux); null in other modes.
+  std::unique_ptr<DualTokenStep> dual_;
+  // Forgets slot `seq`'s speculative chain: the slot starts a new sequence.
   void ClearSpec(int32_t seq) {
-    if (seq >= 0 && seq < static_cast<int32_t>(spec_.size())) spec_[seq] = -1;
-    if (seq >= 0 && seq < static_cast<int32_t>(spec_in_.size())) spec_in_[seq] = -1;
-    if (seq >= 0 && seq < static_cast<int32_t>(carry_pos_.size())) carry_pos_[seq] = -1;
-    history_.Reset(seq);
+    if (dual_ != nullptr) dual_->Clear(seq);
   }
   struct Reservation {
     bool active = false;
@@ -293,25 +274,10 @@ class Engine {
   // `commit_prefix`.
   absl::Status ForwardPieces(absl::Span<const PrefillPiece> pieces, bool commit_prefix,
                              std::vector<std::vector<float>>* last_logits);
-  // The token fed to the speculative row at position `pos` (predictor: the speculative head's
-  // best — argmax of `logits`, or of the context shortlist given the row's final `hidden`
-  // state — a random token or the oracle's). `fallback` when the shortlist is empty.
-  int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden, int32_t fallback);
-  bool UsesShortlist() const {
-    return options_.mode == DecodeMode::kDualDecoder && options_.spec_head == SpecHead::kContext;
-  }
-  // Adds tokens the slot has consumed to its shortlist (kContext only).
+  // Adds tokens the slot has consumed to what the speculative heads look in (dualdecoder).
   void NoteTokens(int32_t seq, absl::Span<const int32_t> tokens) {
-    if (UsesShortlist()) shortlist_.Note(seq, tokens);
-    if (Resyncs()) history_.Note(seq, tokens);
+    if (dual_ != nullptr) dual_->Note(seq, tokens);
   }
-  ContextShortlist shortlist_;
-  struct Oracle {
-    int64_t first_pos = 0;
-    std::vector<int32_t> tokens;
-  };
-  std::vector<Oracle> oracle_;  // per slot
-  uint64_t rng_state_ = 0x9E3779B97F4A7C15ULL;
   kvpool::PrefixNamespace prefix_ns_;
   std::vector<uint64_t> prefix_salt_;  // per slot (StartPrefill), 0 = none
   kvpool::PrefixNamespace PrefixNamespaceOf(int32_t seq) const {
