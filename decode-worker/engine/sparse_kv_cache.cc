@@ -446,7 +446,7 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
       // real row's, or a lone speculative row's (pre-decoding, over the committed keys).
       const int64_t row = decode_row ? r0 : r1 - 1;
       read.w = WindowFor(decode_row ? call.rows[r0].pos + 1 : call.rows[row].pos);
-      ScoreChunks(*s, st, call.q + row * config_.n_head * config_.head_dim, read.w, nullptr, &read.cands);
+      ScoreOwnSelection(*s, st, call.q + row * config_.n_head * config_.head_dim, read);
     }
     r0 = r1;
   }

@@ -277,9 +277,10 @@ class SparseKvCache : public KvCache {
     // Without the step cache: the blocks a read fetches on the urgent path (budget per KV
     // head), read by the layer's attention call.
     backend::DeviceBuffer urgent_blocks;
-    // Landmark scores of one selection: KV head g's from g × score_stride floats on.
+    // One selection's landmark scores (KV head g's from g × score_stride floats on) and,
+    // from ids_offset bytes on, its chosen chunk ids (head g's from g × id_stride on).
     backend::DeviceBuffer scores;
-    int64_t score_stride = 0;
+    int64_t score_stride = 0, id_stride = 0, ids_offset = 0;
     int64_t reads = 0;
     int64_t reading = -1;  // the buffer the current real row reads until its step finishes
     // This request's prediction outcomes after its first decode step (the seeded step is
@@ -357,12 +358,19 @@ class SparseKvCache : public KvCache {
   // (each in the window's selectable range) or else the whole range.
   void ScoreChunks(const Seq& s, const LayerState& st, const float* q, const Window& w, const Selection* candidates,
                    Selection* cands);
-  // One copy and one sync for every read's scores where the host cannot read them in place.
-  absl::Status ScoresToHost(bool predictions);
-  // Top budget/chunk per KV head of scored `cands`, ascending; `ranked` (optional) gets them
-  // by score; `shortlist` (optional) the best spec_candidates × budget/chunk per head.
-  Selection TopChunks(const float* scores, int64_t stride, const Selection& cands, Selection* ranked,
-                      Selection* shortlist) const;
+  int64_t k_sel() const { return options_.budget_tokens / options_.chunk_tokens; }
+  // The previous and union predictors read the real row's selection in score order.
+  bool Ranks() const { return options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion; }
+  static int64_t IdsOffset(const model::ModelConfig& config, int64_t chunks);
+  // Enqueues the top chunks of the scores ScoreChunks left (Ops::TopChunks, one list per KV
+  // head): the best `take` per head, the best k first, in score order when `sorted`.
+  void RankChunks(const Seq& s, const Selection& cands, int64_t take, bool sorted);
+  // One copy and one sync for every read's chosen ids where the host cannot read them in place.
+  absl::Status IdsToHost(bool predictions);
+  // The selection from RankChunks' ids: top budget/chunk per KV head, ascending; `ranked`
+  // (optional, sorted ids) the same by score; `shortlist` (optional) all `take` ids.
+  Selection Chosen(const int64_t* ids, int64_t stride, const Selection& cands, int64_t take, Selection* ranked,
+                   Selection* shortlist) const;
   // Every read's selection (the scores of StartReads), its transfers started, then the
   // speculative rows' predictions: two syncs per layer for the whole batch, not two per
   // sequence.
@@ -400,7 +408,8 @@ class SparseKvCache : public KvCache {
     Window next{};           // the next step's window (the prediction's)
     Selection spec_cands;    // the chunks scored for the prediction
     bool predict_pending = false;  // the prediction is scored, not chosen yet
-    std::vector<float> scores_host;  // the scores, where the host cannot read them in place
+    int64_t take = 0;        // ids ranked per head for sel (with the shortlist: more than k)
+    std::vector<int64_t> ids_host;  // the ids, where the host cannot read them in place
     Selection predicted;     // the speculative row's P' for the next step
     Selection misses;        // the ring: S \ P', fetched urgently into Seq::urgent_blocks
     int64_t buffer = -1;     // the ring: the prefetch buffer the real row reads
@@ -413,6 +422,8 @@ class SparseKvCache : public KvCache {
   // reads started (selections, urgent transfers issued, none waited).
   absl::Status StartReads(const model::AttentionCall& call);
   DecodeRead& AddRead(int32_t seq);
+  // A read's own selection (the real row's, or a pre-decoding row's) scored and ranked.
+  void ScoreOwnSelection(const Seq& s, const LayerState& st, const float* q, DecodeRead& r);
   // The real row's S chosen: its hit statistics, its transfers started.
   absl::Status StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   // The speculative row's prediction P' for the next step (after the real row's selection,
@@ -429,8 +440,8 @@ class SparseKvCache : public KvCache {
   void AttendPlanned(const model::AttentionCall& call);
   // After attention: the ring's buffer handed back, the prediction issued.
   absl::Status AfterAttention(Seq& s, int64_t layer, DecodeRead& r);
-  // Where read r's scores are on the host: in place, or its copy.
-  const float* ScoresOf(const Seq& s, const DecodeRead& r) const;
+  // Where read r's ids are on the host: in place, or its copy.
+  const int64_t* IdsOf(const Seq& s, const DecodeRead& r) const;
   // On an error: waits for the reads' urgent transfers still in flight and drops the reads.
   void AbandonReads();
 

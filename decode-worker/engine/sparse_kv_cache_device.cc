@@ -177,8 +177,10 @@ absl::Status SparseKvCache::EnsureSeqBuffers(Seq& s) {
     ASSIGN_OR_RETURN(s.urgent_blocks, Allocate(MemoryTag::kWorkspace, BudgetBlocks() * block_bytes()));
   }
   if (!s.scores) {
-    const int64_t total = s.reserved ? s.total : config_.n_ctx_train;
-    s.score_stride = config_.n_head / config_.n_head_kv * (total / options_.chunk_tokens + 1);
+    const int64_t total = s.reserved ? s.total : config_.n_ctx_train, chunks = total / options_.chunk_tokens;
+    s.score_stride = config_.n_head / config_.n_head_kv * (chunks + 1);
+    s.id_stride = chunks + 1;
+    s.ids_offset = IdsOffset(config_, chunks);
     ASSIGN_OR_RETURN(s.scores, Allocate(MemoryTag::kWorkspace, ScoresBytes(config_, options_, total)));
   }
   return absl::OkStatus();

@@ -1,9 +1,11 @@
-// SparseKvCache's chunk selection for a layer's decode reads, batch-wide: every read's landmark
-// scores are enqueued (one KeyScores call per KV head into the sequence's score buffer), come
-// to the host together — read in place where the host may, else one copy per read and one sync
-// — and top-k runs on the host; then the speculative rows' predictions, which start from the
-// real rows' shortlists, the same way. Two syncs per layer for the batch, not two per sequence.
-// The scores and the top-k are those of one sequence at a time, so the same bits and choices.
+// SparseKvCache's chunk selection for a layer's decode reads, batch-wide: for every read, its
+// landmark scores (one KeyScores call per KV head) and its top chunks (one TopChunks call, a
+// list per KV head) go to the sequence's selection buffer on the device; the chosen ids come to
+// the host together — read in place where the host may, else one copy per read and one sync —
+// and the transfers start; then the speculative rows' predictions, which start from the real
+// rows' shortlists, the same way. Two syncs per layer for the batch, not two per sequence, and
+// only ids cross. The same scores and the same order as one sequence at a time: the same
+// choices.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,11 +16,22 @@
 
 namespace dd::engine {
 
+namespace {
+// A sequence's selection buffer: the scores of every KV head's query heads × every chunk, then
+// (64-byte aligned) a chunk id per KV head and chunk.
+int64_t ScoresPart(const model::ModelConfig& config, int64_t chunks) {
+  const int64_t bytes = config.n_head * (chunks + 1) * static_cast<int64_t>(sizeof(float));
+  return (bytes + 63) / 64 * 64;
+}
+}  // namespace
+
 int64_t SparseKvCache::ScoresBytes(const model::ModelConfig& config, const SparseOptions& options,
                                    int64_t total_tokens) {
-  // Every KV head's query heads × every selectable chunk of the request.
-  return config.n_head * (total_tokens / options.chunk_tokens + 1) * static_cast<int64_t>(sizeof(float));
+  const int64_t chunks = total_tokens / options.chunk_tokens;
+  return ScoresPart(config, chunks) + config.n_head_kv * (chunks + 1) * static_cast<int64_t>(sizeof(int64_t));
 }
+
+int64_t SparseKvCache::IdsOffset(const model::ModelConfig& config, int64_t chunks) { return ScoresPart(config, chunks); }
 
 void SparseKvCache::ScoreChunks(const Seq& s, const LayerState& st, const float* q, const Window& w,
                                 const Selection* candidates, Selection* cands) {
@@ -42,81 +55,56 @@ void SparseKvCache::ScoreChunks(const Seq& s, const LayerState& st, const float*
   }
 }
 
-absl::Status SparseKvCache::ScoresToHost(bool predictions) {
-  if (host_visible_) return absl::OkStatus();
+void SparseKvCache::RankChunks(const Seq& s, const Selection& cands, int64_t take, bool sorted) {
   const int64_t n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
+  const float* scores = static_cast<const float*>(s.scores.data);
+  int64_t* ids = reinterpret_cast<int64_t*>(static_cast<char*>(s.scores.data) + s.ids_offset);
+  thread_local std::vector<backend::ChunkScores> lists;
+  lists.resize(n_kv);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    lists[g] = {scores + g * s.score_stride, cands[g], ids + g * s.id_stride, take, sorted};
+  }
+  ops_.TopChunks(lists, gs, options_.budget_tokens / options_.chunk_tokens);
+}
+
+absl::Status SparseKvCache::IdsToHost(bool predictions) {
+  if (host_visible_) return absl::OkStatus();
+  const int64_t n_kv = config_.n_head_kv;
   bool any = false;
   for (size_t i = 0; i < n_reads_; ++i) {
     DecodeRead& r = reads_[i];
     if (predictions && !r.predict_pending) continue;
-    const Selection& cands = predictions ? r.spec_cands : r.cands;
     const Seq& s = seqs_[r.seq];
-    const int64_t used = (n_kv - 1) * s.score_stride + gs * static_cast<int64_t>(cands[n_kv - 1].size());
-    r.scores_host.resize(used);
-    RETURN_IF_ERROR(device_.CopyToHost(backend::Queue::kCompute, s.scores, 0, r.scores_host.data(),
-                                       used * static_cast<int64_t>(sizeof(float))));
+    // Every head's ids, up to the last head's.
+    const Selection& cands = predictions ? r.spec_cands : r.cands;
+    const int64_t used = (n_kv - 1) * s.id_stride +
+                         std::min(static_cast<int64_t>(cands[n_kv - 1].size()), predictions ? k_sel() : r.take);
+    r.ids_host.resize(used);
+    RETURN_IF_ERROR(device_.CopyToHost(backend::Queue::kCompute, s.scores, s.ids_offset, r.ids_host.data(),
+                                       used * static_cast<int64_t>(sizeof(int64_t))));
     any = true;
   }
   return any ? device_.Synchronize(device_.Record(backend::Queue::kCompute)) : absl::OkStatus();
 }
 
-const float* SparseKvCache::ScoresOf(const Seq& s, const DecodeRead& r) const {
-  return host_visible_ ? static_cast<const float*>(s.scores.data) : r.scores_host.data();
+const int64_t* SparseKvCache::IdsOf(const Seq& s, const DecodeRead& r) const {
+  return host_visible_ ? reinterpret_cast<const int64_t*>(static_cast<const char*>(s.scores.data) + s.ids_offset)
+                       : r.ids_host.data();
 }
 
-SparseKvCache::Selection SparseKvCache::TopChunks(const float* scores, int64_t stride, const Selection& cands,
-                                                  Selection* ranked, Selection* shortlist) const {
-  const int64_t n_kv = config_.n_head_kv, gs = config_.n_head / n_kv;
-  const int64_t k_sel = options_.budget_tokens / options_.chunk_tokens;
-  const int64_t k_short = options_.spec_candidates * k_sel;
-  // Score order: higher first, ties by lower chunk index (a strict total order, so the top k
-  // of the top k_short are the top k), as one integer key per chunk, smaller = better: the
-  // score's bits mapped to an unsigned order (−0 counted as +0, so they tie as floats do),
-  // inverted, above the chunk index. nth_element on these is several times faster than on
-  // (score, chunk) pairs with a comparator.
-  const auto key_of = [](float score, int64_t chunk) {
-    uint32_t u;
-    const float canonical = score + 0.0f;  // −0 → +0
-    std::memcpy(&u, &canonical, sizeof(u));
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
-    return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(chunk);
-  };
-  const auto chunk_of = [](uint64_t key) { return static_cast<int64_t>(key & 0xffffffffu); };
-  // A chunk index is below the position count (a chunk holds at least one token), so it fits
-  // the key's low 32 bits.
-  static_assert(model::ModelConfig::kMaxContext <= (int64_t{1} << 32), "chunk index outgrows the key's low 32 bits");
+SparseKvCache::Selection SparseKvCache::Chosen(const int64_t* ids, int64_t stride, const Selection& cands,
+                                               int64_t take, Selection* ranked, Selection* shortlist) const {
+  const int64_t n_kv = config_.n_head_kv;
   Selection sel(n_kv);
-  if (shortlist != nullptr) shortlist->resize(n_kv);  // each head's list cleared below (capacity kept)
   if (ranked != nullptr) ranked->resize(n_kv);
-  thread_local std::vector<uint64_t> cand;
+  if (shortlist != nullptr) shortlist->resize(n_kv);
   for (int64_t g = 0; g < n_kv; ++g) {
-    const std::vector<int64_t>& chunks = cands[g];
-    const int64_t n_cand = static_cast<int64_t>(chunks.size());
-    const float* head = scores + g * stride;
-    cand.resize(n_cand);
-    for (int64_t i = 0; i < n_cand; ++i) {
-      float best = -INFINITY;
-      for (int64_t h = 0; h < gs; ++h) best = std::max(best, head[h * n_cand + i]);
-      cand[i] = key_of(best, chunks[i]);
-    }
-    if (shortlist != nullptr) {
-      (*shortlist)[g].clear();
-      if (static_cast<int64_t>(cand.size()) > k_short) std::nth_element(cand.begin(), cand.begin() + k_short, cand.end());
-      const int64_t n_short = std::min<int64_t>(k_short, static_cast<int64_t>(cand.size()));
-      for (int64_t i = 0; i < n_short; ++i) (*shortlist)[g].push_back(chunk_of(cand[i]));
-      cand.resize(n_short);
-    }
-    if (static_cast<int64_t>(cand.size()) > k_sel) {
-      std::nth_element(cand.begin(), cand.begin() + k_sel, cand.end());
-      cand.resize(k_sel);
-    }
-    for (uint64_t key : cand) sel[g].push_back(chunk_of(key));
+    const int64_t* head = ids + g * stride;
+    const int64_t t = std::min(static_cast<int64_t>(cands[g].size()), take), k = std::min(t, k_sel());
+    sel[g].assign(head, head + k);
+    if (ranked != nullptr) (*ranked)[g] = sel[g];  // in score order (RankChunks' `sorted`)
     std::sort(sel[g].begin(), sel[g].end());
-    if (ranked != nullptr) {
-      std::sort(cand.begin(), cand.end());
-      (*ranked)[g].clear();
-      for (uint64_t key : cand) (*ranked)[g].push_back(chunk_of(key));
-    }
+    if (shortlist != nullptr) (*shortlist)[g].assign(head, head + t);
   }
   return sel;
 }
@@ -162,6 +150,7 @@ void SparseKvCache::ScorePrediction(Seq& s, const model::AttentionCall& call, De
     candidates = &r.shortlist;
   }
   ScoreChunks(s, st, q, r.next, candidates, &r.spec_cands);
+  RankChunks(s, r.spec_cands, k_sel(), /*sorted=*/options_.predictor == Predictor::kUnion);
   r.predict_pending = true;
 }
 
@@ -169,21 +158,28 @@ void SparseKvCache::FinishPrediction(const Seq& s, DecodeRead& r) {
   r.predict_pending = false;
   const bool union_of = options_.predictor == Predictor::kUnion;
   Selection ranked;
-  r.predicted = TopChunks(ScoresOf(s, r), s.score_stride, r.spec_cands, union_of ? &ranked : nullptr, nullptr);
+  r.predicted = Chosen(IdsOf(s, r), s.id_stride, r.spec_cands, k_sel(), union_of ? &ranked : nullptr, nullptr);
   if (r.real_row >= 0 && union_of) r.predicted = UnionOf(ranked, r.ranked, r.next);
 }
 
+void SparseKvCache::ScoreOwnSelection(const Seq& s, const LayerState& st, const float* q, DecodeRead& r) {
+  const bool spec_follows = r.real_row >= 0 && r.spec_row >= 0;
+  const bool shortlist = spec_follows && options_.spec_candidates > 0;
+  r.take = shortlist ? options_.spec_candidates * k_sel() : k_sel();
+  ScoreChunks(s, st, q, r.w, nullptr, &r.cands);
+  RankChunks(s, r.cands, r.take, /*sorted=*/spec_follows && Ranks());
+}
+
 absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
-  RETURN_IF_ERROR(ScoresToHost(/*predictions=*/false));
+  RETURN_IF_ERROR(IdsToHost(/*predictions=*/false));
   bool predictions = false;
   for (size_t i = 0; i < n_reads_; ++i) {
     DecodeRead& r = reads_[i];
     Seq& s = seqs_[r.seq];
     const bool spec_follows = r.real_row >= 0 && r.spec_row >= 0;
-    const bool rank = spec_follows && (options_.predictor == Predictor::kPrevious || options_.predictor == Predictor::kUnion);
     const bool shortlist = spec_follows && options_.spec_candidates > 0;
-    r.sel = TopChunks(ScoresOf(s, r), s.score_stride, r.cands, rank ? &r.ranked : nullptr,
-                      shortlist ? &r.shortlist : nullptr);
+    r.sel = Chosen(IdsOf(s, r), s.id_stride, r.cands, r.take, spec_follows && Ranks() ? &r.ranked : nullptr,
+                   shortlist ? &r.shortlist : nullptr);
     if (r.real_row >= 0) {
       RETURN_IF_ERROR(StartRealRead(s, call, r));
     } else {
@@ -194,7 +190,7 @@ absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
     predictions = predictions || r.predict_pending;
   }
   if (!predictions) return absl::OkStatus();
-  RETURN_IF_ERROR(ScoresToHost(/*predictions=*/true));
+  RETURN_IF_ERROR(IdsToHost(/*predictions=*/true));
   for (size_t i = 0; i < n_reads_; ++i) {
     if (reads_[i].predict_pending) FinishPrediction(seqs_[reads_[i].seq], reads_[i]);
   }

@@ -124,6 +124,34 @@ void CpuOps::AttendGroups(absl::Span<const AttentionGroup> groups, const Attenti
   cpu::AttendGroups(groups, shape, scale, pool_, scratch_.get());
 }
 
+void CpuOps::TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) {
+  // One integer key per chunk, smaller = better: the score's bits mapped to an unsigned order
+  // (−0 counted as +0, so they tie as floats do), inverted, above the chunk id (below 2^32).
+  // nth_element on these is several times faster than on (score, chunk) pairs.
+  const auto key_of = [](float score, int64_t chunk) {
+    uint32_t u;
+    const float canonical = score + 0.0f;  // −0 → +0
+    std::memcpy(&u, &canonical, sizeof(u));
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending with the float
+    return (static_cast<uint64_t>(~u) << 32) | static_cast<uint32_t>(chunk);
+  };
+  thread_local std::vector<uint64_t> keys;
+  for (const ChunkScores& l : lists) {
+    const int64_t n = static_cast<int64_t>(l.chunks.size());
+    keys.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      float best = -INFINITY;
+      for (int64_t h = 0; h < rows; ++h) best = std::max(best, l.scores[h * n + i]);
+      keys[i] = key_of(best, l.chunks[i]);
+    }
+    const int64_t take = std::min(n, l.take), best_k = std::min(take, k);
+    if (take < n) std::nth_element(keys.begin(), keys.begin() + take, keys.end());
+    if (best_k < take) std::nth_element(keys.begin(), keys.begin() + best_k, keys.begin() + take);
+    if (l.sorted) std::sort(keys.begin(), keys.begin() + best_k);
+    for (int64_t i = 0; i < take; ++i) l.ids[i] = static_cast<int64_t>(keys[i] & 0xffffffffu);
+  }
+}
+
 void CpuOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                        int64_t ld) {
   kernels::AttentionScores(q, nq, head_dim, keys, nk, s, ld);

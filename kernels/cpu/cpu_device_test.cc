@@ -3,6 +3,7 @@
 // of the reference kernels they wrap, a row's bits independent of its batch.
 #include "dd/backend/cpu_device.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -343,6 +344,55 @@ TEST(CpuOpsTest, GroupsInOneCallEqualEachGroupAlone) {
     ops.AttendGroups(groups, c, 0.125f);
     EXPECT_EQ(0, std::memcmp(alone.data(), together.data(), alone.size() * sizeof(float))) << threads << " threads";
     EXPECT_NE(together[0], 7.0f);  // written
+  }
+}
+
+// Top chunks: the best by the max over the rows, ties to the lower chunk id, −0 tying +0;
+// the best k first (in order when sorted), then the rest of `take`; checked against a full sort
+// on lists with many ties, in several lists per call.
+TEST(CpuOpsTest, TopChunksPicksTheBestByMaxScoreWithTiesToTheLowerChunk) {
+  ThreadPool pool(1);
+  CpuOps ops(pool);
+  std::mt19937 rng(7);
+  constexpr int64_t kRows = 3;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{40}, int64_t{300}}) {
+    for (auto [k, take, sorted] : {std::tuple{4, 4, true}, std::tuple{4, 16, false}, std::tuple{8, 8, false}}) {
+      std::vector<std::vector<float>> scores(2);
+      std::vector<std::vector<int64_t>> chunks(2), ids(2, std::vector<int64_t>(take, -1));
+      std::vector<ChunkScores> lists;
+      for (int l = 0; l < 2; ++l) {
+        for (int64_t i = 0; i < n; ++i) chunks[l].push_back(1000 - 3 * i + l);  // not in order
+        for (int64_t i = 0; i < kRows * n; ++i) {
+          // Few distinct values (many ties), and both zeros.
+          const int v = static_cast<int>(rng() % 7) - 3;
+          scores[l].push_back(v == 0 ? ((rng() & 1) ? -0.0f : 0.0f) : static_cast<float>(v));
+        }
+        lists.push_back({scores[l].data(), chunks[l], ids[l].data(), take, sorted});
+      }
+      ops.TopChunks(lists, kRows, k);
+      for (int l = 0; l < 2; ++l) {
+        // The reference: (score, chunk) pairs sorted, higher score then lower chunk first.
+        std::vector<std::pair<float, int64_t>> ref;
+        for (int64_t i = 0; i < n; ++i) {
+          float best = -INFINITY;
+          for (int64_t h = 0; h < kRows; ++h) best = std::max(best, scores[l][h * n + i]);
+          ref.push_back({best + 0.0f, chunks[l][i]});
+        }
+        std::sort(ref.begin(), ref.end(), [](const auto& a, const auto& b) {
+          return a.first != b.first ? a.first > b.first : a.second < b.second;
+        });
+        const int64_t t = std::min<int64_t>(n, take), kk = std::min<int64_t>(t, k);
+        std::vector<int64_t> want_k, got_k, want_rest, got_rest;
+        for (int64_t i = 0; i < kk; ++i) want_k.push_back(ref[i].second), got_k.push_back(ids[l][i]);
+        for (int64_t i = kk; i < t; ++i) want_rest.push_back(ref[i].second), got_rest.push_back(ids[l][i]);
+        if (!sorted) std::sort(got_k.begin(), got_k.end()), std::sort(want_k.begin(), want_k.end());
+        std::sort(got_rest.begin(), got_rest.end());
+        std::sort(want_rest.begin(), want_rest.end());
+        EXPECT_EQ(got_k, want_k) << "n " << n << " k " << k << " list " << l;
+        EXPECT_EQ(got_rest, want_rest) << "n " << n << " take " << take << " list " << l;
+        for (int64_t i = t; i < take; ++i) EXPECT_EQ(ids[l][i], -1) << "written past min(n, take)";
+      }
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The sim device's ops: each call is compute-queue work that runs the cpu kernels and declares
 // the ranges it reads and writes, weights included (host memory is not checked). Host spans
 // and pointer lists are copied at the call, since the caller may reuse them once it returns.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -176,6 +177,28 @@ void SimOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
   std::vector<const float*> k(keys, keys + nk);
   device_.Submit(Queue::kCompute, "KeyScores", std::move(acc),
                  [this, q, nq, head_dim, k, nk, s, ld] { cpu_.KeyScores(q, nq, head_dim, k.data(), nk, s, ld); });
+}
+
+void SimOps::TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) {
+  // Deep copies: the lists and their chunk ids (host memory, read when the work runs).
+  struct Copy {
+    std::vector<std::vector<int64_t>> chunks;
+    std::vector<ChunkScores> lists;
+  };
+  auto copy = std::make_shared<Copy>();
+  Accesses acc;
+  for (const ChunkScores& l : lists) {
+    const int64_t n = static_cast<int64_t>(l.chunks.size());
+    acc.Read(l.scores, rows * n * kF);
+    acc.Write(l.ids, std::min(n, l.take) * static_cast<int64_t>(sizeof(int64_t)));
+    copy->chunks.emplace_back(l.chunks.begin(), l.chunks.end());
+  }
+  for (size_t i = 0; i < lists.size(); ++i) {
+    ChunkScores l = lists[i];
+    l.chunks = copy->chunks[i];
+    copy->lists.push_back(l);
+  }
+  device_.Submit(Queue::kCompute, "TopChunks", std::move(acc), [this, copy, rows, k] { cpu_.TopChunks(copy->lists, rows, k); });
 }
 
 void SimOps::DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) {

@@ -79,6 +79,17 @@ struct AttentionGroup {
   absl::Span<const KeyValueList> lists;
 };
 
+// One list of a chunk selection: `rows` query heads' scores of n = chunks.size() chunks (row h
+// at scores + h × n, device memory), the chunks' ids (host memory), where the best go (device
+// memory, `take` of them at most) and whether the best k are written in order.
+struct ChunkScores {
+  const float* scores = nullptr;
+  absl::Span<const int64_t> chunks;
+  int64_t* ids = nullptr;
+  int64_t take = 0;
+  bool sorted = false;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -127,6 +138,13 @@ class Ops {
   // several threads at once.
   virtual void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk,
                          float* s, int64_t ld) = 0;
+
+  // ---- chunk selection ----
+  // Top-k per list: a chunk's score is the max over the rows; the order is higher first, ties
+  // to the lower chunk id (−0 ties +0). Writes the best min(n, take) ids: the best min(n, k)
+  // first — best to worst when `sorted`, else in any order — then the rest in any order (the
+  // speculative row's shortlist). Comparisons only: every backend writes the same set.
+  virtual void TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) = 0;
 
   // ---- the speculative row's context head ----
   // out rows (d = w.cols floats each) = the listed rows of w, dequantized.
