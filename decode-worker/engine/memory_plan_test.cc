@@ -81,7 +81,17 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
       // Decoding released the prompt's rows: the steady state of the admitted request.
       expect_tags(plan.DecodeKv(1310), 0);
     }
+    // A fork holds what its source holds (every buffer duplicated, none shared) and decodes on.
+    ASSERT_TRUE((*e)->Fork(0, 1).ok());
+    const KvBytes one = plan.DecodeKv(1310);
+    const KvBytes two{2 * one.kv, 2 * one.landmarks, 2 * one.resident, 2 * one.prefetch};
+    expect_tags(two, 0);
+    const std::vector<int32_t> both = {0, 1}, toks = {tok, tok};
+    ASSERT_TRUE((*e)->DecodeStep(both, toks, &out).ok());
+    expect_tags(two, 0);
     (*e)->Release(0);
+    expect_tags(one, 0);
+    (*e)->Release(1);
     expect_tags(KvBytes{}, 0);
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace), idle_workspace);
   }
