@@ -231,7 +231,7 @@ absl::Status RunInfo(const CliConfig& cfg) {
     if (!d.ok()) {
       devices[name] = std::string(d.status().message());
     } else {
-      devices[name] = (*d)->host_visible() ? "usable" : "usable (full mode only)";
+      devices[name] = "usable";
     }
   }
   j["devices"] = devices;
