@@ -151,6 +151,10 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
           ", weights and workspace ", MiB(fixed), ", budget ", MiB(budget)));
     }
   }
+  // The forward workspace for a decode step of every admitted request (two rows each in
+  // dualdecoder), grown now rather than in the step.
+  const int64_t rows_per_request = options_.mode == DecodeMode::kDualDecoder ? 2 : 1;
+  RETURN_IF_ERROR(transformer_->ReserveRows((admitted() + 1) * rows_per_request));
   if (dense_ != nullptr) {
     RETURN_IF_ERROR(dense_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
   } else if (sparse_ != nullptr) {

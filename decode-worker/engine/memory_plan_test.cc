@@ -98,6 +98,37 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
   }
 }
 
+// A decode step allocates nothing: with passes of 2 rows, a dualdecoder step of 3 requests
+// (6 rows) finds its workspace grown at admission, and the device's bytes do not move.
+TEST_F(MemoryPlanTest, ADecodeStepAllocatesNothing) {
+  for (const char* device_name : {"cpu", "sim"}) {
+    SCOPED_TRACE(device_name);
+    EngineOptions o = Options(DecodeMode::kDualDecoder);
+    o.device = device_name;
+    o.prefill_chunk = 2;
+    auto e = Engine::Create(*model_, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const std::vector<int32_t> seqs = {0, 1, 2};
+    for (int32_t s : seqs) ASSERT_TRUE((*e)->Admit(s, 40, 60).ok());
+    std::vector<int32_t> tokens;
+    for (int32_t s : seqs) {
+      auto logits = (*e)->Prefill(s, Prompt(40));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      tokens.push_back(Argmax(logits->data(), model_->config.n_vocab));
+    }
+    std::vector<float> out;
+    const backend::Device& device = (*e)->device();
+    const int64_t workspace = device.bytes_in_use(backend::MemoryTag::kWorkspace);
+    ASSERT_TRUE((*e)->DecodeStep(seqs, tokens, &out).ok());  // the prompts' rows released here
+    EXPECT_EQ(device.bytes_in_use(backend::MemoryTag::kWorkspace), workspace);
+    for (int step = 0; step < 3; ++step) {
+      const int64_t before = device.bytes_in_use();
+      ASSERT_TRUE((*e)->DecodeStep(seqs, tokens, &out).ok());
+      EXPECT_EQ(device.bytes_in_use(), before) << "step " << step;
+    }
+  }
+}
+
 TEST_F(MemoryPlanTest, SparseModesNeedLessThanFullAtLongContext) {
   const SparseOptions so{.budget_tokens = 2048};
   const MemoryPlan full(*model_, DecodeMode::kFull, so), sparse(*model_, DecodeMode::kSparse, so),

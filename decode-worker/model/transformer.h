@@ -70,6 +70,10 @@ class Transformer {
                        std::vector<float>* logits, std::vector<float>* spec_hidden = nullptr,
                        const Carry* carry = nullptr);
 
+  // Grows the workspace now to hold passes of `rows` rows (the engine, at admission: a decode
+  // step of every admitted request then allocates nothing).
+  absl::Status ReserveRows(int64_t rows) { return EnsureRows(rows); }
+
   const ModelConfig& config() const { return model_.config; }
   const DeviceWeights& weights() const { return *weights_; }
   int64_t workspace_bytes() const { return workspace_.bytes; }
