@@ -88,8 +88,8 @@ int32_t DualTokenStep::SpeculativeToken(int32_t seq, int64_t pos, const float* l
   return Argmax(logits, V);
 }
 
-absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transformer& transformer, KvCache& kv,
-                                 SparseKvCache& sparse, std::vector<float>* logits) {
+absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transformer& transformer, SparseKvCache& kv,
+                                 std::vector<float>* logits) {
   const int64_t V = model_.config.n_vocab, d = model_.config.n_embd;
   for (const BatchRow& r : rows) {
     Grow(r.seq);
@@ -122,13 +122,13 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
   // Each real row, then its speculative row (none at the model's last position).
   std::vector<BatchRow> dual;
   std::vector<bool> has_spec;
-  const int64_t carry_layers = options_.carry ? sparse.carry_layers() : 0;
+  const int64_t carry_layers = options_.carry ? kv.carry_layers() : 0;
   for (const BatchRow& r : rows) {
     dual.push_back(r);
     // The last speculative row was fed this very token at this position: start from its state.
     // (Should the cache no longer hold that row's KV, the row simply runs every layer.)
     if (carry_layers > 0 && carry_pos_[r.seq] == r.pos && spec_in_[r.seq] == r.token &&
-        sparse.KeepSpeculative(r.seq, carry_layers).ok()) {
+        kv.KeepSpeculative(r.seq, carry_layers).ok()) {
       dual.back().resume = carry_x_[r.seq].data();
       ++carried_rows_;
     }

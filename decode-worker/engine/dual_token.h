@@ -59,11 +59,11 @@ class DualTokenStep {
   // Predictor "oracle": the token at position first_pos + i is tokens[i].
   void SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> tokens);
 
-  // One step of real rows `rows` (one per slot, want_logits) through `transformer` on `kv`;
-  // `sparse` (kv's sparse cache) keeps speculative KV for the carry. `logits` gets n_vocab per
+  // One step of real rows `rows` (one per slot, want_logits) through `transformer` on the
+  // sparse cache `kv` (which keeps speculative KV for the carry). `logits` gets n_vocab per
   // real row.
-  absl::Status Step(absl::Span<const model::BatchRow> rows, model::Transformer& transformer, KvCache& kv,
-                    SparseKvCache& sparse, std::vector<float>* logits);
+  absl::Status Step(absl::Span<const model::BatchRow> rows, model::Transformer& transformer, SparseKvCache& kv,
+                    std::vector<float>* logits);
 
   // Since construction: speculative tokens replaced by the resync; real rows that started
   // from a carried state.

@@ -568,7 +568,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     reservations_[s].prefilling = false;
   }
   if (dual_ == nullptr) return transformer_->Forward(rows, *kv_, logits);
-  return dual_->Step(rows, *transformer_, *kv_, *sparse_, logits);
+  return dual_->Step(rows, *transformer_, *sparse_, logits);
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,

@@ -12,6 +12,11 @@ bool Sliding(const model::ModelConfig& c, int64_t l) {
   return c.sliding_window > 0 && l < static_cast<int64_t>(c.layer_is_swa.size()) && c.layer_is_swa[l];
 }
 
+// A global layer the sparse modes make sparse: every one, or the listed ones (--sparse_layers).
+bool SparseLayer(const model::ModelConfig& c, const SparseOptions& o, int64_t l) {
+  return !Sliding(c, l) && (o.sparse_layers.none() || (l < SparseOptions::kMaxLayers && o.sparse_layers.test(l)));
+}
+
 int64_t ViewBytes(const kernels::WeightView& w) { return w.data ? w.rows * w.row_bytes : 0; }
 int64_t VecBytes(const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); }
 
@@ -45,10 +50,9 @@ KvBytes MemoryPlan::DecodeKv(int64_t length) const {
   KvBytes b;
   int64_t sparse_layers = 0;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
-    const bool kept_dense = sparse_.sparse_layers.any() && !(l < SparseOptions::kMaxLayers && sparse_.sparse_layers.test(l));
     if (Sliding(config_, l)) {
       b.kv += (config_.sliding_window + 1) * row;
-    } else if (mode_ == DecodeMode::kFull || kept_dense) {
+    } else if (mode_ == DecodeMode::kFull || !SparseLayer(config_, sparse_, l)) {
       b.kv += length * row;
     } else {
       b.kv += std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C) * row;
@@ -87,13 +91,8 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   if (mode_ != DecodeMode::kFull) {
     // Prefill keeps the whole prompt of every sparse layer on the device.
     const int64_t dense_now = std::min(prompt_tokens, sparse_.sink_tokens + sparse_.window_tokens + sparse_.chunk_tokens);
-    int64_t sparse_layers = c.n_layer - sliding_layers;
-    if (sparse_.sparse_layers.any()) {
-      sparse_layers = 0;
-      for (int64_t l = 0; l < c.n_layer && l < SparseOptions::kMaxLayers; ++l) {
-        sparse_layers += !Sliding(c, l) && sparse_.sparse_layers.test(l) ? 1 : 0;
-      }
-    }
+    int64_t sparse_layers = 0;
+    for (int64_t l = 0; l < c.n_layer; ++l) sparse_layers += SparseLayer(c, sparse_, l) ? 1 : 0;
     r.prefill_extra += sparse_layers * (prompt_tokens - dense_now) * row;
   }
   return r;

@@ -204,21 +204,11 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   absl::Status dup;
   for (int64_t l = 0; l < config_.n_layer && dup.ok(); ++l) dup = DuplicateLayer(from->layers[l], to->layers[l]);
   for (size_t i = 0; i < from->buffers.size() && dup.ok(); ++i) {
-    if (!from->buffers[i].data) continue;
-    auto b = device_.Allocate(backend::MemoryTag::kPrefetchRing, from->buffers[i].data.bytes);
-    if (b.ok()) {
-      to->buffers[i].data = *b;
-      dup = device_.Copy(backend::Queue::kCompute, from->buffers[i].data, 0, *b, 0, b->bytes);
-    } else {
-      dup = b.status();
-    }
+    dup = Duplicate(from->buffers[i].data, /*contents=*/true, &to->buffers[i].data);
   }
-  for (auto [src, dst] : {std::pair{&from->urgent_blocks, &to->urgent_blocks}, std::pair{&from->scores, &to->scores}}) {
-    if (!dup.ok() || !*src) continue;  // scratch: the size, not the contents
-    auto b = device_.Allocate(backend::MemoryTag::kWorkspace, src->bytes);
-    if (b.ok()) *dst = *b;
-    dup = b.status();
-  }
+  // Scratch: the size, not the contents.
+  if (dup.ok()) dup = Duplicate(from->urgent_blocks, /*contents=*/false, &to->urgent_blocks);
+  if (dup.ok()) dup = Duplicate(from->scores, /*contents=*/false, &to->scores);
   if (!dup.ok()) {
     Reset(dst);
     return dup;
@@ -301,10 +291,8 @@ absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::Dev
   // landmark_host_ stays unchanged until the next sync of the compute queue (above, or the
   // cache's Reset and destructor).
   const int64_t per_chunk = kv_dim * static_cast<int64_t>(sizeof(float));
-  RETURN_IF_ERROR(device_.CopyToDevice(backend::Queue::kCompute, landmark_host_.data(), st.landmarks, c0 * per_chunk,
-                                       (c1 - c0) * per_chunk));
-  landmark_upload_ = device_.Record(backend::Queue::kCompute);
-  return absl::OkStatus();
+  return device_.CopyToDevice(backend::Queue::kCompute, landmark_host_.data(), st.landmarks, c0 * per_chunk,
+                              (c1 - c0) * per_chunk);
 }
 
 absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& call) {

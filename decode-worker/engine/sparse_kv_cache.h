@@ -301,6 +301,10 @@ class SparseKvCache : public KvCache {
   // unknown).
   int64_t RingRows(int64_t total) const;
   absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes);
+  // K and V buffers of `rows` rows each (kv); nothing kept on failure.
+  absl::Status AllocateRows(int64_t rows, backend::DeviceBuffer* k, backend::DeviceBuffer* v);
+  // *dst: a buffer like `src` (empty if src is), holding its bytes when `contents`.
+  absl::Status Duplicate(const backend::DeviceBuffer& src, bool contents, backend::DeviceBuffer* dst);
   void Free(backend::DeviceBuffer& buf) { device_.Free(buf); }
   void FreeSeq(Seq& s);  // every device buffer of the slot (after WaitAll and a sync)
   // Makes room for `rows` positions from `sinks` on (linear) / `chunks` landmarks, growing
@@ -482,7 +486,6 @@ class SparseKvCache : public KvCache {
   std::vector<float> host_k_, host_v_; // AppendRows: the completed chunks' rows, on the host
   std::vector<double> landmark_sum_;   // AppendRows: landmark accumulator
   std::vector<float> landmark_host_;   // AppendRows: the completed chunks' landmarks
-  backend::Event landmark_upload_;     // landmark_host_'s copy to the device
   std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)

@@ -35,6 +35,24 @@ absl::StatusOr<DeviceBuffer> SparseKvCache::Allocate(MemoryTag tag, int64_t byte
   return device_.Allocate(tag, bytes);
 }
 
+absl::Status SparseKvCache::AllocateRows(int64_t rows, DeviceBuffer* k, DeviceBuffer* v) {
+  ASSIGN_OR_RETURN(*k, Allocate(MemoryTag::kKv, rows * RowBytes()));
+  auto vb = Allocate(MemoryTag::kKv, rows * RowBytes());
+  if (!vb.ok()) {
+    Free(*k);
+    return vb.status();
+  }
+  *v = *vb;
+  return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::Duplicate(const DeviceBuffer& src, bool contents, DeviceBuffer* dst) {
+  *dst = DeviceBuffer{};
+  if (!src) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*dst, Allocate(src.tag, src.bytes));
+  return contents ? device_.Copy(Queue::kCompute, src, 0, *dst, 0, src.bytes) : absl::OkStatus();
+}
+
 void SparseKvCache::FreeSeq(Seq& s) {
   for (LayerState& st : s.layers) {
     for (DeviceBuffer* b : {&st.sink_k, &st.sink_v, &st.k, &st.v, &st.landmarks, &st.slots}) Free(*b);
@@ -82,13 +100,7 @@ absl::Status SparseKvCache::ResizeRows(LayerState& st, int64_t cap, bool ring) {
   LayerState n;  // the new k/v only
   n.cap = cap;
   n.ring = ring ? cap : 0;
-  ASSIGN_OR_RETURN(n.k, Allocate(MemoryTag::kKv, cap * row));
-  auto v = Allocate(MemoryTag::kKv, cap * row);
-  if (!v.ok()) {
-    Free(n.k);
-    return v.status();
-  }
-  n.v = *v;
+  RETURN_IF_ERROR(AllocateRows(cap, &n.k, &n.v));
   // The positions past the sinks that both hold.
   int64_t from = S;
   if (st.ring > 0) from = std::max(from, st.length - st.ring);
@@ -122,22 +134,18 @@ absl::Status SparseKvCache::ResizeRows(LayerState& st, int64_t cap, bool ring) {
 absl::Status SparseKvCache::EnsureRows(LayerState& st, int64_t end) {
   const int64_t S = options_.sink_tokens, row = RowBytes();
   if (st.sink_cap < std::min(end, S)) {  // an unreserved slot: every sink row at once
-    ASSIGN_OR_RETURN(DeviceBuffer k, Allocate(MemoryTag::kKv, S * row));
-    auto v = Allocate(MemoryTag::kKv, S * row);
-    if (!v.ok()) {
-      Free(k);
-      return v.status();
-    }
+    DeviceBuffer k, v;
+    RETURN_IF_ERROR(AllocateRows(S, &k, &v));
     absl::Status status;
     if (st.sink_cap > 0) {
       status.Update(device_.Copy(Queue::kCompute, st.sink_k, 0, k, 0, st.sink_cap * row));
-      status.Update(device_.Copy(Queue::kCompute, st.sink_v, 0, *v, 0, st.sink_cap * row));
+      status.Update(device_.Copy(Queue::kCompute, st.sink_v, 0, v, 0, st.sink_cap * row));
       status.Update(device_.Synchronize(device_.Record(Queue::kCompute)));
     }
     Free(st.sink_k);
     Free(st.sink_v);
     st.sink_k = k;
-    st.sink_v = *v;
+    st.sink_v = v;
     st.sink_cap = S;
     RETURN_IF_ERROR(status);
   }
@@ -227,12 +235,7 @@ absl::Status SparseKvCache::DuplicateLayer(const LayerState& from, LayerState& t
   const std::pair<const DeviceBuffer*, DeviceBuffer*> pairs[] = {
       {&from.sink_k, &to.sink_k}, {&from.sink_v, &to.sink_v}, {&from.k, &to.k},
       {&from.v, &to.v},           {&from.landmarks, &to.landmarks}, {&from.slots, &to.slots}};
-  for (const auto& [src, dst] : pairs) {
-    *dst = DeviceBuffer{};
-    if (!*src) continue;
-    ASSIGN_OR_RETURN(*dst, Allocate(src->tag, src->bytes));
-    RETURN_IF_ERROR(device_.Copy(Queue::kCompute, *src, 0, *dst, 0, src->bytes));
-  }
+  for (const auto& [src, dst] : pairs) RETURN_IF_ERROR(Duplicate(*src, /*contents=*/true, dst));
   return absl::OkStatus();
 }
 
@@ -299,16 +302,14 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
   (*s)->reserved = true;
   (*s)->total = total_tokens;
   const auto reserve = [&](Seq& q) -> absl::Status {
-    const int64_t S = options_.sink_tokens, row = RowBytes(), C = options_.chunk_tokens;
+    const int64_t S = options_.sink_tokens, C = options_.chunk_tokens;
     for (int64_t l : sparse_layers_) {
       LayerState& st = q.layers[l];
       st.sink_cap = std::min(total_tokens, S);
-      ASSIGN_OR_RETURN(st.sink_k, Allocate(MemoryTag::kKv, st.sink_cap * row));
-      ASSIGN_OR_RETURN(st.sink_v, Allocate(MemoryTag::kKv, st.sink_cap * row));
+      RETURN_IF_ERROR(AllocateRows(st.sink_cap, &st.sink_k, &st.sink_v));
       // The prompt's rows while it is prefilled; the ring's once it is in.
       st.cap = std::max(prompt_tokens - S, RingRows(total_tokens));
-      ASSIGN_OR_RETURN(st.k, Allocate(MemoryTag::kKv, st.cap * row));
-      ASSIGN_OR_RETURN(st.v, Allocate(MemoryTag::kKv, st.cap * row));
+      RETURN_IF_ERROR(AllocateRows(st.cap, &st.k, &st.v));
       st.landmark_cap = total_tokens / C;
       ASSIGN_OR_RETURN(st.landmarks, Allocate(MemoryTag::kLandmarks,
                                               st.landmark_cap * config_.n_head_kv * config_.head_dim *
