@@ -227,7 +227,8 @@ absl::Status RunInfo(const CliConfig& cfg) {
   ThreadPool pool(1);
   nlohmann::json devices = nlohmann::json::object();
   for (const char* name : {"cpu", "sim", "cuda"}) {
-    auto d = backend::CreateDevice(name, {.budget_bytes = 0, .pool = &pool});
+    // A small budget: cuda would otherwise take 90% of the GPU's memory to answer.
+    auto d = backend::CreateDevice(name, {.budget_bytes = 1 << 20, .pool = &pool});
     if (!d.ok()) {
       devices[name] = std::string(d.status().message());
     } else {

@@ -58,12 +58,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
   }
   if (name == "cuda") {
 #if DD_HAVE_CUDA
-    std::string detail;
-    if (!kernels::cuda::ProbeDevice(&detail)) {
-      return absl::UnavailableError(absl::StrCat("--device cuda: no usable CUDA device (", detail, ")"));
-    }
-    return absl::UnimplementedError(
-        absl::StrCat("--device cuda: found ", detail, ", but the engine's CUDA device is not written yet"));
+    return kernels::cuda::CreateCudaDevice(options.budget_bytes);
 #else
     return absl::UnavailableError("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif

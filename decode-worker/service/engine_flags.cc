@@ -13,7 +13,8 @@ ABSL_FLAG(std::string, model, "", "Model: gemma or smollm2 (fetched by scripts/f
           "or a Hugging Face safetensors directory (default: $DD_MODEL, else gemma)");
 ABSL_FLAG(std::string, device, "cpu",
           "Compute device: cpu (every machine), sim (a simulated device that checks every wait, for developers) or "
-          "cuda (not written yet: refused with the reason); docs/architecture.md, the compute-backend seam");
+          "cuda (GPU 0; not yet run on a GPU, docs/decisions/0038-cuda-device.md; refused with the reason where it "
+          "cannot run); docs/architecture.md, the compute-backend seam");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",

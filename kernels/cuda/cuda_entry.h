@@ -3,15 +3,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dd/backend/device.h"
 #include "dd/kernels/dtype.h"
 
 namespace dd::kernels::cuda {
 
 // True when a device answers; `detail` gets its name or the CUDA error.
 bool ProbeDevice(std::string* detail);
+
+// The CUDA device (cuda_device.h) with `budget_bytes` of device memory (0: 90% of what is free).
+absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes);
 
 absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols, float* dst);
 

@@ -5,7 +5,8 @@
 //   cpu   device memory is host memory counted against the budget; every queue runs its work
 //         inline on the calling thread, so an event is complete when it is recorded.
 //   sim   a simulated device that runs queues on threads and checks every wait.
-//   cuda  (planned) one allocation of the budget, streams with priorities, CUDA events.
+//   cuda  one allocation of the budget, streams with priorities, CUDA events
+//         (kernels/cuda/cuda_device.h).
 //
 // Ownership: a DeviceBuffer is owned by whoever allocated it and must be freed (Free) before
 // the Device is destroyed. Host regions stay registered until unregistered; the caller keeps

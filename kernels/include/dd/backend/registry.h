@@ -19,7 +19,7 @@ struct DeviceOptions {
 
 // The named device. INVALID_ARGUMENT for an unknown name (the message lists the known ones);
 // UNAVAILABLE for a backend this build or machine cannot run, saying why (not compiled, no
-// device, driver); UNIMPLEMENTED for a backend whose device is not written yet.
+// device, driver).
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options);
 
 }  // namespace dd::backend

@@ -1,0 +1,175 @@
+// The CUDA device behind the compute-backend seam (docs/architecture.md, "The compute-backend
+// seam"). Internal to kernels/cuda (names CUDA types); the rest of the project gets it through
+// backend::CreateDevice("cuda", ...).
+//
+//   memory   one cudaMalloc of the budget (0: 90% of the free memory at start), sub-allocated
+//            first-fit by tag with neighbours merged on Free; nothing is allocated later.
+//   queues   one non-blocking stream per queue, with the device's priorities: urgent above
+//            compute above prefetch and write-back.
+//   events   CUDA events recorded on a queue's stream, numbered per queue; completed ones are
+//            recycled (a stream completes them in order).
+//   args     host-side lists an op or gather needs on the device (positions, pointer lists,
+//            chunk ids, gather blocks) are packed into a pinned ring and copied on the queue
+//            that uses them (ArgRing); the ring is outside the budget.
+//   errors   ops return nothing, so a failed launch is kept and returned by the next
+//            Synchronize (as a kernel's fault is, by CUDA).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dd/backend/device.h"
+#include "dd/backend/device_checks.h"
+#include "dd/backend/ops.h"
+
+namespace dd::kernels::cuda {
+
+class CudaDevice;
+
+constexpr int kQueues = static_cast<int>(backend::Queue::kCount);
+
+// A pinned host ring and a device ring of the same size, in kParts parts. Stage packs bytes
+// into the current part; Flush copies what was packed since the last Flush on the stream of
+// the queue it was packed for. A part is reused only after the work of every queue that used
+// it has completed (an event per queue, recorded when the ring leaves the part).
+class ArgRing {
+ public:
+  static constexpr int kParts = 4;
+  ~ArgRing();
+  cudaError_t Init(int64_t bytes, const std::array<cudaStream_t, kQueues>& streams);
+  int64_t part_bytes() const { return part_; }
+  // Ring bytes one Stage of `bytes` takes.
+  static int64_t Size(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 15) / 16 * 16; }
+  // Makes room in one part for the Stages of one launch, `bytes` (the sum of their Size) in all,
+  // so that the part they share is left only after that launch is queued. False when it
+  // cannot (more than a part: the caller splits the launch).
+  bool Begin(int q, int64_t bytes);
+  // Device address of `bytes` (16-aligned) holding `src` once flushed; src null: scratch the
+  // device writes (never copied). Null when bytes exceed a part.
+  void* Stage(int q, const void* src, int64_t bytes);
+  cudaError_t Flush();
+
+ private:
+  cudaError_t Advance();
+  char* host_ = nullptr;
+  char* dev_ = nullptr;
+  int64_t part_ = 0;
+  int cur_ = 0;
+  int64_t head_ = 0;     // next free byte in the current part
+  int64_t flushed_ = 0;  // bytes of the current part already copied
+  int pending_q_ = -1;   // the queue of the unflushed bytes
+  std::array<cudaStream_t, kQueues> streams_{};
+  std::array<std::array<cudaEvent_t, kQueues>, kParts> done_{};
+  std::array<std::array<bool, kQueues>, kParts> armed_{};
+  std::array<std::array<bool, kQueues>, kParts> used_{};
+};
+
+class CudaOps final : public backend::Ops {
+ public:
+  explicit CudaOps(CudaDevice& device) : dev_(device) {}
+  void Embed(const WeightView& table, absl::Span<const int32_t> tokens, float scale, float* x) override;
+  void RopeAngles(const float* inv_freq, int64_t half, absl::Span<const int64_t> positions, float* cos,
+                  float* sin) override;
+  void RmsNormRows(const float* x, const float* w, float eps, int64_t n_rows, int64_t d, float* y) override;
+  void RmsNormSelected(const float* x, absl::Span<const int64_t> rows, const float* w, float eps, int64_t d,
+                       float* y) override;
+  void Linear(const WeightView& w, backend::LinearKind kind, const float* x, int64_t n_rows, int64_t x_stride,
+              const float* bias, float* y, int64_t y_stride) override;
+  void HeadNormRope(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                    const float* norm_w, float eps, const float* cos, const float* sin, int64_t half,
+                    bool neox) override;
+  void GatedMul(backend::GatedActivation act, const float* gate, const float* up, float* out, int64_t n_rows,
+                int64_t n) override;
+  void Add(float* x, const float* y, int64_t n) override;
+  void Softcap(float* x, int64_t n, float cap) override;
+  void AttendCausal(const backend::CausalAttention& a) override;
+  void AttendGroups(absl::Span<const backend::AttentionGroup> groups, const backend::AttentionShape& shape,
+                    float scale) override;
+  void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
+                 int64_t ld) override;
+  void TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t k) override;
+  void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;
+  void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
+  void ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) override;
+
+ private:
+  CudaDevice& dev_;
+  std::vector<uint8_t> pack_;  // AttendGroups / TopChunks: the lists packed for one launch
+};
+
+class CudaDevice final : public backend::Device {
+ public:
+  // Device 0 with `budget_bytes` of memory (0: 90% of what is free). UNAVAILABLE when CUDA
+  // fails, RESOURCE_EXHAUSTED when the budget cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int64_t budget_bytes);
+  ~CudaDevice() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  bool host_visible() const override { return false; }
+  absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes) override;
+  void Free(backend::DeviceBuffer& buf) override;
+  int64_t budget() const override { return arena_bytes_; }
+  int64_t bytes_in_use(backend::MemoryTag tag) const override { return in_use_[static_cast<int>(tag)]; }
+  int64_t bytes_in_use() const override { return total_in_use_; }
+  absl::StatusOr<backend::DeviceBuffer> Upload(backend::MemoryTag tag, const void* src, int64_t bytes) override;
+  backend::Event Record(backend::Queue q) override;
+  void Wait(backend::Queue q, const backend::Event& e) override;
+  absl::Status Synchronize(const backend::Event& e) override;
+  absl::Status CopyToDevice(backend::Queue q, const void* src, const backend::DeviceBuffer& dst, int64_t dst_offset,
+                            int64_t bytes) override;
+  absl::Status CopyToHost(backend::Queue q, const backend::DeviceBuffer& src, int64_t src_offset, void* dst,
+                          int64_t bytes) override;
+  absl::Status Copy(backend::Queue q, const backend::DeviceBuffer& src, int64_t src_offset,
+                    const backend::DeviceBuffer& dst, int64_t dst_offset, int64_t bytes) override;
+  absl::StatusOr<backend::HostRegion> RegisterHostRegion(const void* base, int64_t bytes) override;
+  void UnregisterHostRegion(const backend::HostRegion& region) override;
+  absl::Status Gather(backend::Queue q, const backend::HostRegion& region, absl::Span<const backend::GatherBlock> blocks,
+                      int64_t block_bytes, const backend::DeviceBuffer& dst) override;
+  backend::Ops& ops() override { return ops_; }
+
+  // For CudaOps: the compute stream, the argument ring (under its lock), and where a failed
+  // launch is reported.
+  cudaStream_t stream(backend::Queue q) const { return streams_[static_cast<int>(q)]; }
+  ArgRing& args() { return args_; }
+  std::mutex& args_mu() { return args_mu_; }
+  void Report(cudaError_t err, const char* what);
+
+ private:
+  CudaDevice() : ops_(*this) {}
+  absl::Status Init(int64_t budget_bytes);
+  struct Pending {
+    uint64_t seq;
+    cudaEvent_t event;
+  };
+  void Retire(int q, uint64_t upto);  // events of queue q up to `upto` are complete
+
+  char* arena_ = nullptr;
+  int64_t arena_bytes_ = 0;
+  std::map<int64_t, int64_t> free_;          // offset -> bytes
+  std::unordered_map<char*, int64_t> live_;  // address -> bytes taken (rounded)
+  std::array<int64_t, static_cast<int>(backend::MemoryTag::kCount)> in_use_{};
+  int64_t total_in_use_ = 0;
+  std::array<cudaStream_t, kQueues> streams_{};
+  std::array<std::deque<Pending>, kQueues> pending_;
+  std::array<uint64_t, kQueues> recorded_{}, completed_{};
+  std::vector<cudaEvent_t> spare_events_;
+  absl::Status error_;
+  backend::internal::HostRegions regions_;
+  std::map<int64_t, std::pair<char*, bool>> region_dev_;  // id -> device address, registered by us
+  ArgRing args_;
+  std::mutex args_mu_;
+  CudaOps ops_;
+};
+
+}  // namespace dd::kernels::cuda

@@ -1,0 +1,264 @@
+// The CUDA device's ops (cuda_device.h): each stages the host-side lists it needs in the
+// argument ring, then launches its kernels (cuda_kernels.h) on the compute stream. A failed
+// launch is kept by the device and returned by the next Synchronize.
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_device.h"
+#include "cuda/cuda_kernels.h"
+#include "dd/kernels/cpu_ops.h"
+
+namespace dd::kernels::cuda {
+namespace {
+
+constexpr int kCompute = static_cast<int>(backend::Queue::kCompute);
+
+DevWeights Dev(const WeightView& w) { return {w.type, w.data, w.rows, w.cols, w.row_bytes}; }
+
+// One launch's staged arguments, under the ring's lock.
+class Args {
+ public:
+  Args(CudaDevice& dev, const char* what, int64_t bytes)
+      : dev_(dev), lock_(dev.args_mu()), what_(what), ok_(dev.args().Begin(kCompute, bytes)) {
+    if (!ok_) dev_.Report(cudaErrorMemoryAllocation, what_);
+  }
+  bool ok() const { return ok_; }
+  template <typename T>
+  T* Put(const T* src, int64_t count) {
+    return static_cast<T*>(Stage(src, count * static_cast<int64_t>(sizeof(T))));
+  }
+  template <typename T>
+  T* Scratch(int64_t count) {
+    return static_cast<T*>(Stage(nullptr, count * static_cast<int64_t>(sizeof(T))));
+  }
+  // Copies what was staged; false (reported) on failure.
+  bool Flush() {
+    if (!ok_) return false;
+    const cudaError_t err = dev_.args().Flush();
+    dev_.Report(err, what_);
+    return err == cudaSuccess;
+  }
+
+ private:
+  void* Stage(const void* src, int64_t bytes) {
+    if (!ok_) return nullptr;
+    void* p = dev_.args().Stage(kCompute, src, bytes);
+    if (p == nullptr) {
+      ok_ = false;
+      dev_.Report(cudaErrorMemoryAllocation, what_);
+    }
+    return p;
+  }
+  CudaDevice& dev_;
+  std::lock_guard<std::mutex> lock_;
+  const char* what_;
+  bool ok_;
+};
+
+template <typename T>
+int64_t SizeOf(int64_t count) {
+  return ArgRing::Size(count * static_cast<int64_t>(sizeof(T)));
+}
+
+}  // namespace
+
+void CudaOps::Embed(const WeightView& table, absl::Span<const int32_t> tokens, float scale, float* x) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  Args a(dev_, "Embed", SizeOf<int32_t>(n));
+  const int32_t* ids = a.Put(tokens.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::DequantRows(Dev(table), ids, n, scale, x, dev_.stream(backend::Queue::kCompute)), "Embed");
+}
+
+void CudaOps::DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Args a(dev_, "DequantizeRows", SizeOf<int32_t>(n));
+  const int32_t* d_ids = a.Put(ids.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::DequantRows(Dev(w), d_ids, n, 1.0f, out, dev_.stream(backend::Queue::kCompute)),
+              "DequantizeRows");
+}
+
+void CudaOps::RopeAngles(const float* inv_freq, int64_t half, absl::Span<const int64_t> positions, float* cos,
+                         float* sin) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  Args a(dev_, "RopeAngles", SizeOf<float>(half) + SizeOf<int64_t>(n));
+  const float* f = a.Put(inv_freq, half);
+  const int64_t* p = a.Put(positions.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::RopeAngles(f, half, p, n, cos, sin, dev_.stream(backend::Queue::kCompute)), "RopeAngles");
+}
+
+void CudaOps::RmsNormRows(const float* x, const float* w, float eps, int64_t n_rows, int64_t d, float* y) {
+  dev_.Report(cuda::RmsNormRows(x, nullptr, w, eps, n_rows, d, y, dev_.stream(backend::Queue::kCompute)),
+              "RmsNormRows");
+}
+
+void CudaOps::RmsNormSelected(const float* x, absl::Span<const int64_t> rows, const float* w, float eps, int64_t d,
+                              float* y) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Args a(dev_, "RmsNormSelected", SizeOf<int64_t>(n));
+  const int64_t* r = a.Put(rows.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::RmsNormRows(x, r, w, eps, n, d, y, dev_.stream(backend::Queue::kCompute)), "RmsNormSelected");
+}
+
+void CudaOps::Linear(const WeightView& w, backend::LinearKind kind, const float* x, int64_t n_rows, int64_t x_stride,
+                     const float* bias, float* y, int64_t y_stride) {
+  cudaStream_t s = dev_.stream(backend::Queue::kCompute);
+  if (kind != backend::LinearKind::kInt8 || !MatMulInt8Supports(w.type) || w.cols % 32 != 0) {
+    dev_.Report(LinearF32(Dev(w), x, n_rows, x_stride, bias, y, y_stride, s), "Linear (f32)");
+    return;
+  }
+  // Rows are independent, so a call too large for one part of the ring runs in pieces.
+  const int64_t per_row = Int8ActsBytes(1, w.cols);
+  const int64_t piece = std::max<int64_t>(1, dev_.args().part_bytes() / 2 / per_row);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += piece) {
+    const int64_t m = std::min(piece, n_rows - r0);
+    Args a(dev_, "Linear", ArgRing::Size(Int8ActsBytes(m, w.cols)));
+    void* acts = a.Scratch<uint8_t>(Int8ActsBytes(m, w.cols));
+    if (!a.Flush()) return;
+    dev_.Report(LinearInt8(Dev(w), x + r0 * x_stride, m, x_stride, bias, y + r0 * y_stride, y_stride, acts, s),
+                "Linear (int8)");
+  }
+}
+
+void CudaOps::HeadNormRope(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                           const float* norm_w, float eps, const float* cos, const float* sin, int64_t half,
+                           bool neox) {
+  dev_.Report(cuda::HeadNormRope(x, n_rows, row_stride, n_heads, head_dim, norm_w, eps, cos, sin, half, neox,
+                                 dev_.stream(backend::Queue::kCompute)),
+              "HeadNormRope");
+}
+
+void CudaOps::GatedMul(backend::GatedActivation act, const float* gate, const float* up, float* out, int64_t n_rows,
+                       int64_t n) {
+  const int a = act == backend::GatedActivation::kGeluTanh ? 0 : 1;
+  dev_.Report(cuda::GatedMul(a, gate, up, out, n_rows * n, dev_.stream(backend::Queue::kCompute)), "GatedMul");
+}
+
+void CudaOps::Add(float* x, const float* y, int64_t n) {
+  dev_.Report(cuda::Add(x, y, n, dev_.stream(backend::Queue::kCompute)), "Add");
+}
+
+void CudaOps::Softcap(float* x, int64_t n, float cap) {
+  dev_.Report(cuda::Softcap(x, n, cap, dev_.stream(backend::Queue::kCompute)), "Softcap");
+}
+
+void CudaOps::AttendCausal(const backend::CausalAttention& c) {
+  const int64_t n = static_cast<int64_t>(c.positions.size()), n_runs = static_cast<int64_t>(c.runs.size());
+  std::vector<DevRun> runs(c.runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) runs[i] = {c.runs[i].k, c.runs[i].v, c.runs[i].len};
+  Args a(dev_, "AttendCausal", SizeOf<int64_t>(n) + SizeOf<DevRun>(n_runs));
+  const int64_t* p = a.Put(c.positions.data(), n);
+  const DevRun* r = a.Put(runs.data(), n_runs);
+  if (!a.Flush()) return;
+  const DevShape shape{static_cast<int32_t>(c.shape.n_head), static_cast<int32_t>(c.shape.n_head_kv),
+                       static_cast<int32_t>(c.shape.head_dim)};
+  dev_.Report(cuda::AttendCausal(shape, c.scale, c.sliding, c.window, c.q, c.out, p, n, c.lo, r,
+                                 static_cast<int32_t>(n_runs), dev_.stream(backend::Queue::kCompute)),
+              "AttendCausal");
+}
+
+void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, const backend::AttentionShape& shape,
+                           float scale) {
+  const DevShape dshape{static_cast<int32_t>(shape.n_head), static_cast<int32_t>(shape.n_head_kv),
+                        static_cast<int32_t>(shape.head_dim)};
+  std::vector<DevListRow> rows;
+  std::vector<DevList> lists;
+  std::vector<const float*> ptrs;
+  auto bytes = [&] { return SizeOf<DevListRow>(rows.size()) + SizeOf<DevList>(lists.size()) + SizeOf<const float*>(ptrs.size()); };
+  auto launch = [&] {
+    if (rows.empty()) return;
+    Args a(dev_, "AttendGroups", bytes());
+    const DevListRow* r = a.Put(rows.data(), static_cast<int64_t>(rows.size()));
+    const DevList* l = a.Put(lists.data(), static_cast<int64_t>(lists.size()));
+    const float* const* p = a.Put(ptrs.data(), static_cast<int64_t>(ptrs.size()));
+    if (a.Flush()) {
+      dev_.Report(AttendLists(dshape, scale, r, static_cast<int64_t>(rows.size()), l, p,
+                              dev_.stream(backend::Queue::kCompute)),
+                  "AttendGroups");
+    }
+    rows.clear();
+    lists.clear();
+    ptrs.clear();
+  };
+  // Groups are independent: as many per launch as one part of the ring holds.
+  for (const backend::AttentionGroup& g : groups) {
+    int64_t keys = 0;
+    for (const backend::KeyValueList& l : g.lists) keys += 2 * l.n;
+    const int64_t extra = static_cast<int64_t>(g.rows.size() * sizeof(DevListRow) + g.lists.size() * sizeof(DevList)) +
+                          keys * static_cast<int64_t>(sizeof(const float*)) + 48;
+    if (!rows.empty() && bytes() + extra > dev_.args().part_bytes()) launch();
+    const int64_t first = static_cast<int64_t>(lists.size());
+    for (const backend::KeyValueList& l : g.lists) {
+      lists.push_back({static_cast<int64_t>(ptrs.size()), l.n});
+      ptrs.insert(ptrs.end(), l.keys, l.keys + l.n);
+      ptrs.insert(ptrs.end(), l.values, l.values + l.n);
+    }
+    for (const backend::ListQuery& r : g.rows) rows.push_back({r.q, r.out, r.hidden_tail, first});
+  }
+  launch();
+}
+
+void CudaOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
+                        int64_t ld) {
+  Args a(dev_, "KeyScores", SizeOf<const float*>(nk));
+  const float* const* k = a.Put(keys, nk);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::KeyScores(q, nq, head_dim, k, nk, s, ld, dev_.stream(backend::Queue::kCompute)), "KeyScores");
+}
+
+void CudaOps::TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t /*k*/) {
+  // Every list is sorted best to worst, which is what `sorted` asks and a valid order otherwise.
+  std::vector<const backend::ChunkScores*> batch;
+  int64_t batch_bytes = 0;
+  auto launch = [&] {
+    if (batch.empty()) return;
+    Args a(dev_, "TopChunks", batch_bytes + SizeOf<DevChunkList>(static_cast<int64_t>(batch.size())));
+    std::vector<DevChunkList> dl;
+    for (const backend::ChunkScores* l : batch) {
+      const int64_t n = static_cast<int64_t>(l->chunks.size());
+      const int64_t* chunks = a.Put(l->chunks.data(), n);
+      uint64_t* scratch = a.Scratch<uint64_t>(std::min(n, l->take));
+      dl.push_back({l->scores, chunks, n, l->ids, l->take, scratch});
+    }
+    const DevChunkList* d = a.Put(dl.data(), static_cast<int64_t>(dl.size()));
+    if (a.Flush()) {
+      dev_.Report(cuda::TopChunks(d, static_cast<int64_t>(dl.size()), rows, dev_.stream(backend::Queue::kCompute)),
+                  "TopChunks");
+    }
+    batch.clear();
+    batch_bytes = 0;
+  };
+  for (const backend::ChunkScores& l : lists) {
+    const int64_t n = static_cast<int64_t>(l.chunks.size());
+    const int64_t need = SizeOf<int64_t>(n) + SizeOf<uint64_t>(std::min(n, l.take)) + SizeOf<DevChunkList>(1);
+    if (!batch.empty() && batch_bytes + need + SizeOf<DevChunkList>(static_cast<int64_t>(batch.size()) + 1) >
+                              dev_.args().part_bytes()) {
+      launch();
+    }
+    batch.push_back(&l);
+    batch_bytes += SizeOf<int64_t>(n) + SizeOf<uint64_t>(std::min(n, l.take));
+  }
+  launch();
+}
+
+void CudaOps::DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Args a(dev_, "DotRows", SizeOf<const float*>(n));
+  const float* const* r = a.Put(rows.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::DotRows(r, n, x, d, out, dev_.stream(backend::Queue::kCompute)), "DotRows");
+}
+
+void CudaOps::ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Args a(dev_, "ScoreRows", SizeOf<int32_t>(n));
+  const int32_t* d_ids = a.Put(ids.data(), n);
+  if (!a.Flush()) return;
+  dev_.Report(cuda::ScoreRows(Dev(w), d_ids, n, x, out, dev_.stream(backend::Queue::kCompute)), "ScoreRows");
+}
+
+}  // namespace dd::kernels::cuda
