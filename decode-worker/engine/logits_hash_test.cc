@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
+#include "dd/kernels/backend.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine {
@@ -143,10 +144,33 @@ class LogitsHashTest : public ModelFixture {
         out.back().push_back(Fnv1a(&logits[s * V], V * sizeof(float)));
         tokens[s] = Argmax(&logits[s * V], V);
       }
+      greedy_[c.Label()].push_back(tokens);
     }
     return out;
   }
+  // Per case label, per step, the greedy tokens the run chose.
+  std::map<std::string, std::vector<std::vector<int32_t>>> greedy_;
 };
+
+// Between modes, on any device and kernel path (cases by Name()): the sparse modes give the
+// same bits (cached or prefetched chunks are attended exactly as fetched ones), and a row alone
+// gives the bits it gives as row 0 of a batch.
+void ExpectModesAgree(std::map<std::string, StepHashes>& got, const std::string& device) {
+  for (int b : {1, 4}) {
+    const std::string sparse = absl::StrCat("sparse/b", b);
+    EXPECT_EQ(got[sparse], got[absl::StrCat("sparse-cached/b", b)]) << device << ": sparse-cached != sparse at batch " << b;
+    EXPECT_EQ(got[sparse], got[absl::StrCat("dualdecoder/b", b)]) << device << ": dualdecoder != sparse at batch " << b;
+  }
+  EXPECT_EQ(got["sparse/b4"], got["dualdecoder/b4/slow-link"]) << device << ": dualdecoder over a slow link != sparse";
+  for (const char* mode : {"full", "sparse"}) {
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_EQ(got[absl::StrCat(mode, "/b1")][i][0], got[absl::StrCat(mode, "/b4")][i][0])
+          << device << " " << mode << ": row 0 alone != row 0 of a batch of 4 at step " << i;
+    }
+  }
+  // Full attention must differ from a 32-token budget, or the sparse cases test nothing.
+  EXPECT_NE(got["full/b4"], got["sparse/b4"]) << device;
+}
 
 using Models = ::testing::Types<testing_util::GemmaTest, testing_util::SmolLM2Test>;
 class ModelNames {
@@ -183,23 +207,7 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
       EXPECT_EQ(got[c.Label()], got[c.Name()]) << c.Label() << " != the cpu device's bits";
     }
   }
-  // Between modes, on any kernel path: the sparse modes give the same bits (cached or
-  // prefetched chunks are attended exactly as fetched ones), and a row alone gives the bits it
-  // gives as row 0 of a batch.
-  for (int b : {1, 4}) {
-    const std::string sparse = absl::StrCat("sparse/b", b);
-    EXPECT_EQ(got[sparse], got[absl::StrCat("sparse-cached/b", b)]) << "sparse-cached != sparse at batch " << b;
-    EXPECT_EQ(got[sparse], got[absl::StrCat("dualdecoder/b", b)]) << "dualdecoder != sparse at batch " << b;
-  }
-  EXPECT_EQ(got["sparse/b4"], got["dualdecoder/b4/slow-link"]) << "dualdecoder over a slow link != sparse";
-  for (const char* mode : {"full", "sparse"}) {
-    for (int i = 0; i < kSteps; ++i) {
-      EXPECT_EQ(got[absl::StrCat(mode, "/b1")][i][0], got[absl::StrCat(mode, "/b4")][i][0])
-          << mode << ": row 0 alone != row 0 of a batch of 4 at step " << i;
-    }
-  }
-  // Full attention must differ from a 32-token budget, or the sparse cases test nothing.
-  EXPECT_NE(got["full/b4"], got["sparse/b4"]);
+  ExpectModesAgree(got, "cpu");
 
   const std::string isa = KernelIsa();
   if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
@@ -225,6 +233,30 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
                  << " (the checks between modes ran); record them with DD_RECORD_LOGITS_HASHES=1";
   }
   EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some cases of " << isa << "/" << model << " are not recorded";
+}
+
+// On a GPU the bits differ from the cpu's (other reduction orders), so there the checks are
+// the ones between modes and batches, and the greedy tokens of `full` against the cpu's.
+TYPED_TEST(LogitsHashTest, OnTheCudaDeviceTheModesAgreeBitForBit) {
+  if (!kernels::CudaUsable()) GTEST_SKIP() << "no usable CUDA device: the engine's CUDA runs are not done here";
+  std::map<std::string, StepHashes> got;
+  for (DecodeMode m : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
+    for (int b : {1, 4}) {
+      const Case c{m, b, false, "cuda"};
+      got[c.Name()] = this->Run(c);
+      ASSERT_EQ(got[c.Name()].size(), static_cast<size_t>(kSteps)) << c.Label();
+    }
+  }
+  const Case slow{DecodeMode::kDualDecoder, 4, true, "cuda"};
+  got[slow.Name()] = this->Run(slow);
+  ExpectModesAgree(got, "cuda");
+  const Case cpu_full{DecodeMode::kFull, 4, false, "cpu"};
+  this->Run(cpu_full);
+  const auto& gpu_tokens = this->greedy_["full/b4@cuda"];
+  const auto& cpu_tokens = this->greedy_["full/b4"];
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_EQ(gpu_tokens[i], cpu_tokens[i]) << "cuda full: greedy tokens leave the cpu's at step " << i;
+  }
 }
 
 }  // namespace
