@@ -139,18 +139,18 @@ __global__ void AttendListsKernel(DevShape shape, float scale, const DevListRow*
   AttendKeys(row.q + h * hd, row.out + h * hd, hd, scale, list.n - row.hidden_tail, keys);
 }
 
+// One thread per (query, key): the dot as one fma chain over d ascending, the operations
+// AttendKeys uses for a score (ops.h: landmark scores with the bits of attention scores).
 __global__ void KeyScoresKernel(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk,
                                 float* s, int64_t ld) {
-  const int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (w >= nq * nk) return;
-  const int64_t i = w / nk, j = w % nk;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= nq * nk) return;
+  const int64_t i = t / nk, j = t % nk;
   const float* qi = q + i * hd;
   const float* kj = keys[j];
-  float acc = 0.0f;
-  for (int64_t d = lane; d < hd; d += 32) acc = fmaf(qi[d], kj[d], acc);
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) s[i * ld + j] = acc;
+  float dot = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) dot = fmaf(qi[d], kj[d], dot);
+  s[i * ld + j] = dot;
 }
 
 constexpr int kSelectThreads = 256;
@@ -211,10 +211,13 @@ __global__ void TopChunksKernel(const DevChunkList* lists, int64_t rows) {
   __syncthreads();
   for (int64_t i = tid; i < l.n; i += kSelectThreads) {
     const uint64_t key = ChunkKey(l, rows, i);
-    if (key <= threshold) l.scratch[atomicAdd(&count_s, 1u)] = key;
+    if (key <= threshold) {
+      const unsigned int slot = atomicAdd(&count_s, 1u);
+      if (slot < take) l.scratch[slot] = key;  // exactly `take` when chunk ids are unique
+    }
   }
   __syncthreads();
-  const int64_t count = count_s;
+  const int64_t count = count_s < take ? count_s : take;
   for (int64_t a = tid; a < count; a += kSelectThreads) {
     const uint64_t key = l.scratch[a];
     int64_t rank = 0;
@@ -253,7 +256,7 @@ cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* ro
 cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                       int64_t ld, cudaStream_t stream) {
   if (nq <= 0 || nk <= 0) return cudaSuccess;
-  const int64_t threads = 256, blocks = (nq * nk * 32 + threads - 1) / threads;
+  const int64_t threads = 256, blocks = (nq * nk + threads - 1) / threads;
   KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, keys, nk, s, ld);
   return cudaGetLastError();
 }

@@ -23,7 +23,10 @@ constexpr int64_t kArgRingBytes = int64_t{128} << 20;
 
 int64_t RoundUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+// The error as a Status, cleared from the runtime's last error so that the next launch's
+// check does not pick it up again.
 absl::Status Error(cudaError_t err, absl::string_view what) {
+  (void)cudaGetLastError();
   return absl::InternalError(absl::StrCat("cuda: ", what, ": ", cudaGetErrorString(err)));
 }
 
@@ -95,11 +98,13 @@ cudaError_t ArgRing::Flush() {
 
 cudaError_t ArgRing::Advance() {
   cudaError_t err = Flush();
-  for (int q = 0; q < kQueues && err == cudaSuccess; ++q) {
+  for (int q = 0; q < kQueues; ++q) {
     if (!used_[cur_][q]) continue;
-    err = cudaEventRecord(done_[cur_][q], streams_[q]);
-    armed_[cur_][q] = err == cudaSuccess;
     used_[cur_][q] = false;
+    if (err == cudaSuccess) err = cudaEventRecord(done_[cur_][q], streams_[q]);
+    armed_[cur_][q] = err == cudaSuccess;
+    // Without its event, the part is left only after the queue's work is done.
+    if (!armed_[cur_][q]) (void)cudaStreamSynchronize(streams_[q]);
   }
   cur_ = (cur_ + 1) % kParts;
   for (int q = 0; q < kQueues && err == cudaSuccess; ++q) {
@@ -142,13 +147,16 @@ absl::Status CudaDevice::Init(int64_t budget_bytes) {
     if (cudaError_t err = cudaMemGetInfo(&free_bytes, &total); err != cudaSuccess) return Error(err, "cudaMemGetInfo");
     budget_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * 0.9) / (2 << 20) * (2 << 20);
   }
-  arena_bytes_ = RoundUp(budget_bytes, kAlign);
+  // The budget counts requested bytes; the arena also holds each buffer's rounding to kAlign
+  // (1/64 of the budget, at least 1 MiB, covers it for buffers of 16 KiB and up).
+  budget_ = budget_bytes;
+  arena_bytes_ = RoundUp(budget_bytes + std::max<int64_t>(int64_t{1} << 20, budget_bytes / 64), kAlign);
   if (cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&arena_), static_cast<size_t>(arena_bytes_));
       err != cudaSuccess) {
     (void)cudaGetLastError();
     arena_ = nullptr;
     return absl::ResourceExhaustedError(absl::StrCat("--device cuda: cannot allocate the device memory budget of ",
-                                                     arena_bytes_, " bytes: ", cudaGetErrorString(err)));
+                                                     budget_bytes, " bytes: ", cudaGetErrorString(err)));
   }
   free_[0] = arena_bytes_;
   if (cudaError_t err = args_.Init(kArgRingBytes, streams_); err != cudaSuccess) return Error(err, "argument ring");
@@ -169,13 +177,15 @@ CudaDevice::~CudaDevice() {
 }
 
 void CudaDevice::Report(cudaError_t err, const char* what) {
-  if (err == cudaSuccess || !error_.ok()) return;
+  if (err == cudaSuccess) return;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_.ok()) return;
   error_ = Error(err, what);
   LOG(ERROR) << error_;
 }
 
 absl::StatusOr<DeviceBuffer> CudaDevice::Allocate(MemoryTag tag, int64_t bytes) {
-  if (absl::Status s = backend::internal::CheckAllocation(tag, bytes, total_in_use_, arena_bytes_); !s.ok()) return s;
+  if (absl::Status s = backend::internal::CheckAllocation(tag, bytes, total_in_use_, budget_); !s.ok()) return s;
   const int64_t size = RoundUp(std::max<int64_t>(bytes, 1), kAlign);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < size) continue;
@@ -190,7 +200,7 @@ absl::StatusOr<DeviceBuffer> CudaDevice::Allocate(MemoryTag tag, int64_t bytes) 
   }
   return absl::ResourceExhaustedError(absl::StrCat("device memory: ", bytes, " bytes of ", backend::MemoryTagName(tag),
                                                    " fit the budget but no free range holds them (fragmented: ",
-                                                   total_in_use_, " of ", arena_bytes_, " bytes in use)"));
+                                                   total_in_use_, " of ", budget_, " bytes in use)"));
 }
 
 void CudaDevice::Free(DeviceBuffer& buf) {
@@ -255,7 +265,11 @@ Event CudaDevice::Record(Queue q) {
   }
   pending_[qi].push_back({++recorded_[qi], ev});
   // Recycle what has completed (in order on a stream), so the list stays short.
-  while (pending_[qi].size() > 64 && cudaEventQuery(pending_[qi].front().event) == cudaSuccess) {
+  while (pending_[qi].size() > 64) {
+    if (cudaEventQuery(pending_[qi].front().event) != cudaSuccess) {
+      (void)cudaGetLastError();  // "not ready" is kept as the last error: not a failure
+      break;
+    }
     Retire(qi, pending_[qi].front().seq);
   }
   return Event{q, recorded_[qi]};
@@ -285,6 +299,7 @@ absl::Status CudaDevice::Synchronize(const Event& e) {
       Retire(eq, e.seq);
     }
   }
+  std::lock_guard<std::mutex> lock(error_mu_);
   return error_;
 }
 

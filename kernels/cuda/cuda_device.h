@@ -2,8 +2,9 @@
 // seam"). Internal to kernels/cuda (names CUDA types); the rest of the project gets it through
 // backend::CreateDevice("cuda", ...).
 //
-//   memory   one cudaMalloc of the budget (0: 90% of the free memory at start), sub-allocated
-//            first-fit by tag with neighbours merged on Free; nothing is allocated later.
+//   memory   one cudaMalloc of the budget (0: 90% of the free memory at start) plus room for
+//            rounding, sub-allocated first-fit by tag with neighbours merged on Free; nothing is
+//            allocated later.
 //   queues   one non-blocking stream per queue, with the device's priorities: urgent above
 //            compute above prefetch and write-back.
 //   events   CUDA events recorded on a queue's stream, numbered per queue; completed ones are
@@ -119,7 +120,7 @@ class CudaDevice final : public backend::Device {
   bool host_visible() const override { return false; }
   absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes) override;
   void Free(backend::DeviceBuffer& buf) override;
-  int64_t budget() const override { return arena_bytes_; }
+  int64_t budget() const override { return budget_; }
   int64_t bytes_in_use(backend::MemoryTag tag) const override { return in_use_[static_cast<int>(tag)]; }
   int64_t bytes_in_use() const override { return total_in_use_; }
   absl::StatusOr<backend::DeviceBuffer> Upload(backend::MemoryTag tag, const void* src, int64_t bytes) override;
@@ -155,7 +156,7 @@ class CudaDevice final : public backend::Device {
   void Retire(int q, uint64_t upto);  // events of queue q up to `upto` are complete
 
   char* arena_ = nullptr;
-  int64_t arena_bytes_ = 0;
+  int64_t budget_ = 0, arena_bytes_ = 0;
   std::map<int64_t, int64_t> free_;          // offset -> bytes
   std::unordered_map<char*, int64_t> live_;  // address -> bytes taken (rounded)
   std::array<int64_t, static_cast<int>(backend::MemoryTag::kCount)> in_use_{};
@@ -164,7 +165,8 @@ class CudaDevice final : public backend::Device {
   std::array<std::deque<Pending>, kQueues> pending_;
   std::array<uint64_t, kQueues> recorded_{}, completed_{};
   std::vector<cudaEvent_t> spare_events_;
-  absl::Status error_;
+  absl::Status error_;  // the first failure (KeyScores may report from several threads)
+  std::mutex error_mu_;
   backend::internal::HostRegions regions_;
   std::map<int64_t, std::pair<char*, bool>> region_dev_;  // id -> device address, registered by us
   ArgRing args_;

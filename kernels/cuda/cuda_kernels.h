@@ -112,7 +112,7 @@ struct DevChunkList {
   uint64_t* scratch;
 };
 // Writes each list's best min(n, take) ids best to worst (the CPU's order for the sorted best
-// k; a valid order for the rest).
+// k; a valid order for the rest). A list's chunk ids are unique (below 2^32).
 cudaError_t TopChunks(const DevChunkList* lists, int64_t n_lists, int64_t rows, cudaStream_t s);
 
 }  // namespace dd::kernels::cuda
