@@ -144,7 +144,16 @@ SimDevice::Buffer* SimDevice::Find(const Range& r, uintptr_t* base) {
 void SimDevice::Check(int q, const Range& r, bool write, const std::string& what) {
   uintptr_t base = 0;
   Buffer* b = Find(r, &base);
-  if (b == nullptr) return;
+  if (b == nullptr) {
+    // Work declares device ranges only (ops' float pointers and weights, copies' device
+    // side): anything else is host memory passed where the device's is due, which a CUDA
+    // device would fault on.
+    LOG_IF(FATAL, r.end > r.begin) << "sim: " << QueueName(static_cast<Queue>(q)) << " #"
+                                   << queues_[q].submitted + 1 << " (" << what << ") "
+                                   << (write ? "writes " : "reads ") << (r.end - r.begin)
+                                   << " bytes of host memory: ops take device memory only";
+    return;
+  }
   const Access* conflict = nullptr;  // the latest unordered one names the hazard best
   for (const Access& a : b->accesses) {
     if (a.r.end <= r.begin || r.end <= a.r.begin) continue;

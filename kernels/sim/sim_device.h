@@ -32,7 +32,8 @@ inline Range RangeOf(const void* p, int64_t bytes) {
   return {b, b + static_cast<uintptr_t>(bytes > 0 ? bytes : 0)};
 }
 
-// Ranges a piece of work reads and writes (device or host; host ranges are not checked).
+// Device ranges a piece of work reads and writes; a range outside every buffer (host memory)
+// aborts the process, naming the work.
 struct Accesses {
   std::vector<Range> reads, writes;
   void Read(const void* p, int64_t bytes) { reads.push_back(RangeOf(p, bytes)); }

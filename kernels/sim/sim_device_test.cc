@@ -1,6 +1,7 @@
 // The sim device: work on several queues ordered by events gives the right bits however the
 // jitter falls; a missing wait (read after write, write after read), a free before the host
-// synchronized, and a host touch of device memory each abort on every run, naming what did it.
+// synchronized, a host touch of device memory and an op given host memory each abort on every
+// run, naming what did it.
 #include "dd/backend/sim_device.h"
 
 #include <cstring>
@@ -178,6 +179,18 @@ TEST_F(SimDeviceTest, TheHostCannotTouchDeviceMemory) {
         static_cast<volatile float*>(kv->data)[3] = 1.0f;
       },
       "");
+}
+
+// The converse, which a GPU faults on: an op handed host memory as a device pointer.
+TEST_F(SimDeviceTest, AnOpGivenHostMemoryAbortsNamingIt) {
+  EXPECT_DEATH(
+      {
+        auto dev = Make();
+        auto work = dev->Allocate(MemoryTag::kWorkspace, kN * 4);
+        std::vector<float> host(kN, 1.0f);
+        dev->ops().Add(static_cast<float*>(work->data), host.data(), kN);
+      },
+      "compute #1 \\(Add\\) reads 4096 bytes of host memory: ops take device memory only");
 }
 
 TEST_F(SimDeviceTest, BudgetAndRangesAreCheckedLikeTheCpuDevice) {
