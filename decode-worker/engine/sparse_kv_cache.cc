@@ -8,8 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/attention_ops.h"
-#include "decode-worker/engine/kv_block.h"
-#include "decode-worker/engine/prefix_reuse.h"
 #include "glog/logging.h"
 
 namespace dd::engine {
@@ -51,8 +49,8 @@ absl::Status SparseOptions::Validate(int64_t model_context) const {
 
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                              backend::Device& device)
-    : config_(config), options_(options), store_(store), device_(device), ops_(device.ops()),
-      host_visible_(device.host_visible()), dense_(config, device),
+    : config_(config), options_(options), device_(device), ops_(device.ops()),
+      host_visible_(device.host_visible()), chunks_(config, options.chunk_tokens, store, device), dense_(config, device),
       stats_(config.n_layer), sparse_index_(config.n_layer, -1) {
   options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   for (int64_t l = 0; l < config.n_layer; ++l) {
@@ -113,8 +111,7 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
   if (seq >= static_cast<int32_t>(seqs_.size())) seqs_.resize(seq + 1);
   Seq& s = seqs_[seq];
   if (!s.open) {
-    kvpool::KvLayout layout{config_.n_layer, config_.n_head_kv, config_.head_dim, options_.chunk_tokens};
-    ASSIGN_OR_RETURN(s.store_id, store_->Open(layout));
+    ASSIGN_OR_RETURN(s.store_id, chunks_.Open());
     s.open = true;
     s.layers.assign(config_.n_layer, LayerState());
     s.buffers.assign(std::min<int64_t>(options_.prefetch_buffers, std::max<size_t>(1, sparse_layers_.size())), Buffer());
@@ -129,7 +126,7 @@ void SparseKvCache::Reset(int32_t seq) {
     WaitAll(seqs_[seq]);  // no transfer may still write into buffers about to be freed
     (void)device_.Synchronize(device_.Record(backend::Queue::kCompute));  // nor queued work read them
     FreeSeq(seqs_[seq]);
-    (void)store_->Release(seqs_[seq].store_id);
+    chunks_.Release(seqs_[seq].store_id);
   }
   seqs_[seq] = Seq();
 }
@@ -213,32 +210,10 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
     Reset(dst);
     return dup;
   }
-  // Duplicate the offloaded blocks under the new store sequence, gathering up to kBatch blocks
-  // per transfer (one gather per block made a 32K-token fork cost seconds over a pool).
-  constexpr size_t kBatch = 256;
-  const int64_t C = options_.chunk_tokens;
-  const size_t block_floats = 2 * C * config_.head_dim;
-  std::vector<kvpool::ChunkRef> refs;
-  std::vector<float> blocks;
-  auto flush = [&]() -> absl::Status {
-    if (refs.empty()) return absl::OkStatus();
-    blocks.resize(refs.size() * block_floats);
-    ASSIGN_OR_RETURN(kvpool::TransferId t,
-                     store_->Gather(from->store_id, refs, blocks.data(), kvpool::Priority::kBackground));
-    RETURN_IF_ERROR(store_->Wait(t));
-    for (size_t i = 0; i < refs.size(); ++i) RETURN_IF_ERROR(store_->Write(to_id, refs[i], &blocks[i * block_floats]));
-    refs.clear();
-    return absl::OkStatus();
-  };
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    for (int64_t c = 0; c < from->layers[l].length / C; ++c) {
-      for (int32_t g = 0; g < config_.n_head_kv; ++g) {
-        refs.push_back({static_cast<int32_t>(l), g, c});
-        if (refs.size() == kBatch) RETURN_IF_ERROR(flush());
-      }
-    }
-  }
-  return flush();
+  // The offloaded blocks, duplicated under the new store sequence.
+  std::vector<int64_t> chunks(config_.n_layer);
+  for (int64_t l = 0; l < config_.n_layer; ++l) chunks[l] = from->layers[l].length / options_.chunk_tokens;
+  return chunks_.CopyBlocks(from->store_id, to_id, chunks);
 }
 
 absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::DeviceBuffer& src_buf, const float* k,
@@ -267,27 +242,8 @@ absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::Dev
   RETURN_IF_ERROR(RowsToHost(st, c0 * C, c1 * C, host_k_.data(), host_v_.data()));
   // Also the last upload from landmark_host_ (same queue) is done after this.
   RETURN_IF_ERROR(device_.Synchronize(device_.Record(backend::Queue::kCompute)));
-  std::vector<double>& mean = landmark_sum_;
   landmark_host_.resize((c1 - c0) * kv_dim);
-  std::vector<float>& block = offload_block_;
-  block.resize(2 * C * hd);
-  for (int64_t c = c0; c < c1; ++c) {
-    const float* kr = &host_k_[(c - c0) * C * kv_dim];
-    const float* vr = &host_v_[(c - c0) * C * kv_dim];
-    for (int32_t g = 0; g < n_kv; ++g) {
-      mean.assign(hd, 0.0);
-      for (int64_t t = 0; t < C; ++t) {
-        for (int64_t i = 0; i < hd; ++i) mean[i] += kr[t * kv_dim + g * hd + i];
-      }
-      float* mark = &landmark_host_[((c - c0) * n_kv + g) * hd];
-      for (int64_t i = 0; i < hd; ++i) mark[i] = static_cast<float>(mean[i] / C);
-    }
-    for (int32_t g = 0; g < n_kv; ++g) {
-      PackKvBlock(C, hd, g, [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; },
-                  block.data());
-      RETURN_IF_ERROR(store_->Write(s.store_id, {static_cast<int32_t>(layer), g, c}, block.data()));
-    }
-  }
+  RETURN_IF_ERROR(chunks_.WriteChunks(s.store_id, layer, c0, c1, host_k_.data(), host_v_.data(), landmark_host_.data()));
   // landmark_host_ stays unchanged until the next sync of the compute queue (above, or the
   // cache's Reset and destructor).
   const int64_t per_chunk = kv_dim * static_cast<int64_t>(sizeof(float));
@@ -296,9 +252,7 @@ absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::Dev
 }
 
 absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& call) {
-  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
-  std::vector<float>& block = offload_block_;
-  block.resize(2 * C * hd);
+  const int64_t C = options_.chunk_tokens, kv_dim = config_.n_head_kv * config_.head_dim;
   host_k_.resize(C * kv_dim);
   host_v_.resize(C * kv_dim);
   for (const model::BatchRow& row : call.rows) {
@@ -310,24 +264,20 @@ absl::Status SparseKvCache::OffloadSlidingChunks(const model::AttentionCall& cal
         !st.ok()) {
       return absl::InternalError(absl::StrCat("sliding chunk left the ring before its offload: ", st.message()));
     }
-    for (int32_t g = 0; g < n_kv; ++g) {
-      PackKvBlock(C, hd, g, [&](int64_t t) { return &host_k_[t * kv_dim]; },
-                  [&](int64_t t) { return &host_v_[t * kv_dim]; }, block.data());
-      RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(call.layer), g, c}, block.data()));
-    }
+    RETURN_IF_ERROR(chunks_.WriteChunks(s->store_id, call.layer, c, c + 1, host_k_.data(), host_v_.data(), nullptr));
   }
   return absl::OkStatus();
 }
 
 absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
-  const int64_t C = options_.chunk_tokens, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
+  const int64_t C = options_.chunk_tokens, kv_dim = config_.n_head_kv * config_.head_dim;
   if (tokens <= 0 || tokens % C != 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
   }
   if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
   const int64_t chunks = tokens / C, batch = 64;  // chunks per gather
-  std::vector<float> blocks, krows, vrows;
+  std::vector<float> k, v, krows, vrows;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const bool sliding = config_.layer_is_swa[l];
     // Sliding layers keep the last window + 1 positions on the device.
@@ -338,28 +288,15 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
     }
     for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
       const int64_t c1 = std::min(chunks, c0 + batch);
-      RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
-      std::vector<float> k((c1 - c0) * C * kv_dim), v((c1 - c0) * C * kv_dim);
-      for (int64_t c = c0; c < c1; ++c) {
-        const float* chunk = &blocks[(c - c0) * n_kv * 2 * C * hd];
-        for (int64_t t = 0; t < C; ++t) {
-          const int64_t pos = c * C + t;
-          for (int32_t g = 0; g < n_kv; ++g) {
-            std::memcpy(&k[(pos - c0 * C) * kv_dim + g * hd], chunk + g * 2 * C * hd + t * hd, hd * sizeof(float));
-            std::memcpy(&v[(pos - c0 * C) * kv_dim + g * hd], chunk + g * 2 * C * hd + (C + t) * hd, hd * sizeof(float));
-          }
-          if (sliding && pos >= keep_from) {
-            std::memcpy(&krows[(pos - keep_from) * kv_dim], &k[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
-            std::memcpy(&vrows[(pos - keep_from) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
-          }
+      RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
+      if (sliding) {
+        // The slot's own store sequence gets the blocks; the device the rows it keeps.
+        RETURN_IF_ERROR(chunks_.WriteChunks(s->store_id, l, c0, c1, k.data(), v.data(), nullptr));
+        for (int64_t pos = std::max(keep_from, c0 * C); pos < c1 * C; ++pos) {
+          std::memcpy(&krows[(pos - keep_from) * kv_dim], &k[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
+          std::memcpy(&vrows[(pos - keep_from) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
         }
-        if (sliding) {
-          for (int32_t g = 0; g < n_kv; ++g) {
-            RETURN_IF_ERROR(store_->Write(s->store_id, {static_cast<int32_t>(l), g, c}, chunk + g * 2 * C * hd));
-          }
-        }
-      }
-      if (!sliding) {  // landmarks and offload as in prefill
+      } else {  // landmarks and offload as in prefill
         RETURN_IF_ERROR(AppendRows(*s, l, backend::DeviceBuffer{}, k.data(), v.data(), c0 * C, (c1 - c0) * C));
       }
     }
@@ -370,7 +307,7 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
 
 absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys) {
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
-  return store_->CommitPrefix(s->store_id, keys);
+  return chunks_.CommitPrefix(s->store_id, keys);
 }
 
 absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
@@ -483,7 +420,7 @@ absl::string_view PredictorName(Predictor p) {
   return "unknown";
 }
 
-absl::Status SparseKvCache::WaitBuffer(Buffer& b) { return FinishLanding(b.landing, backend::Queue::kPrefetch); }
+absl::Status SparseKvCache::WaitBuffer(Buffer& b) { return chunks_.FinishLanding(b.landing, backend::Queue::kPrefetch); }
 
 int64_t SparseKvCache::NextRead(const Seq& s, int64_t sparse_index) const {
   // Reads go through the sparse layers in order, one per layer per step; the next read of
@@ -550,7 +487,7 @@ absl::Status SparseKvCache::StartGather(Seq& s, int64_t layer, const Selection& 
   if (static_cast<int64_t>(refs.size()) > BudgetBlocks()) {
     return absl::InternalError(absl::StrCat("a gather of ", refs.size(), " blocks exceeds the budget's ", BudgetBlocks()));
   }
-  return StartLanding(s, refs, std::move(dsts), priority, l);
+  return chunks_.StartLanding(s.store_id, refs, std::move(dsts), priority, l);
 }
 
 }  // namespace dd::engine

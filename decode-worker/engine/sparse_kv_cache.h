@@ -17,7 +17,9 @@
 // Everything the cache keeps on the device is in device buffers from the engine's Device,
 // sized at admission (Reserve): sinks, window rows, landmarks, resident slots, prefetch
 // buffers and the urgent blocks; the host reads device memory only through copies (landmark
-// scores and offloaded rows), so the cache runs on devices the host cannot touch (sim).
+// scores and offloaded rows), so the cache runs on devices the host cannot touch (sim, cuda).
+// The store's side — sequences, offloaded blocks and landmarks, landings, fork copies — is
+// ChunkStore's (chunk_store.h).
 //
 // Decode rows are batch-wide per layer (sparse_kv_cache_decode.cc): every sequence's
 // selection and transfers first, then one wait per sequence, one attention call for the
@@ -54,6 +56,7 @@
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
 #include "dd/backend/ops.h"
+#include "decode-worker/engine/chunk_store.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/resident_set.h"
@@ -167,9 +170,7 @@ class SparseKvCache : public KvCache {
   absl::Status RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
   // Commits the slot's first keys.size() prefix blocks under their keys.
   absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys);
-  kvpool::KvLayout store_layout() const {
-    return {config_.n_layer, config_.n_head_kv, config_.head_dim, options_.chunk_tokens};
-  }
+  kvpool::KvLayout store_layout() const { return chunks_.layout(); }
 
   // Per sparse layer, in chunks (one chunk = one KV head's block), since construction.
   struct LayerStats {
@@ -202,8 +203,8 @@ class SparseKvCache : public KvCache {
     int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SeqKvBytes SeqTransfers(int32_t seq) const;
-  int64_t block_bytes() const { return BlockFloats() * static_cast<int64_t>(sizeof(float)); }
-  int64_t fetched_chunks() const { return fetched_chunks_; }
+  int64_t block_bytes() const { return chunks_.block_bytes(); }
+  int64_t fetched_chunks() const { return chunks_.fetched_chunks(); }
 
   // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
   // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and
@@ -216,21 +217,8 @@ class SparseKvCache : public KvCache {
   absl::Status FinishPrefill(int32_t seq);
 
  private:
-  // Blocks from the store landing in device memory (sparse_kv_cache_device.cc): on a device
-  // whose memory the host may write (cpu) the store writes the device addresses directly;
-  // otherwise it writes `staging` and the landing copies each block to the device on the
-  // queue of its priority, the compute queue waiting for that copy.
-  struct BlockDst {
-    backend::DeviceBuffer buf;
-    int64_t offset = 0;  // bytes
-  };
-  struct Landing {
-    kvpool::TransferId tid = 0;
-    bool pending = false;         // started, not landed yet
-    std::vector<float> staging;   // host-invisible devices: where the store writes
-    std::vector<BlockDst> dsts;
-    backend::Event copied;        // staging's copies (staging is reused only after it)
-  };
+  using BlockDst = ChunkStore::BlockDst;
+  using Landing = ChunkStore::Landing;
   struct LayerState {
     int64_t length = 0;          // positions written
     // Device rows (n_kv × hd floats each): positions [0, sinks) in sink_k/v at row = position;
@@ -329,11 +317,6 @@ class SparseKvCache : public KvCache {
   // Enqueues copies of positions [p0, p1) into host rows k and v (complete after a sync).
   absl::Status RowsToHost(const LayerState& st, int64_t p0, int64_t p1, float* k, float* v);
   absl::Status DuplicateLayer(const LayerState& from, LayerState& to);
-  absl::Status StartLanding(Seq& s, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
-                            kvpool::Priority priority, Landing* l);
-  // Waits for the store's transfer; on a host-invisible device copies the blocks over on `q`
-  // and has the compute queue wait for them.
-  absl::Status FinishLanding(Landing& l, backend::Queue q);
   const float* BlockAt(const backend::DeviceBuffer& buf, int64_t block) const {
     return static_cast<const float*>(buf.data) + block * BlockFloats();
   }
@@ -468,10 +451,10 @@ class SparseKvCache : public KvCache {
 
   const model::ModelConfig& config_;
   SparseOptions options_;
-  kvpool::KvStore* store_;
   backend::Device& device_;
   backend::Ops& ops_;
   const bool host_visible_;  // the host may read and the store write device memory (cpu)
+  ChunkStore chunks_;   // the store's side: offloads, landmarks, landings, fork copies
   DenseKvCache dense_;  // the dense (sliding-window) layers
   std::vector<Seq> seqs_;
   std::vector<DecodeRead> reads_;  // this layer's decode reads: [0, n_reads_) in use
@@ -482,15 +465,12 @@ class SparseKvCache : public KvCache {
   std::vector<backend::KeyValueList> attend_lists_;
   std::vector<backend::ListQuery> attend_rows_;
   std::vector<backend::AttentionGroup> attend_groups_;
-  std::vector<float> offload_block_;   // AppendRows: one [K | V] block being offloaded
   std::vector<float> host_k_, host_v_; // AppendRows: the completed chunks' rows, on the host
-  std::vector<double> landmark_sum_;   // AppendRows: landmark accumulator
   std::vector<float> landmark_host_;   // AppendRows: the completed chunks' landmarks
   std::vector<int64_t> prefill_positions_;  // AttendPrefillRows' rows' positions
   std::vector<LayerStats> stats_;
   std::vector<int64_t> sparse_index_;  // per model layer: its index among the sparse layers (-1: dense)
   std::vector<int64_t> sparse_layers_; // the sparse layers' model indices, in order
-  int64_t fetched_chunks_ = 0;
 };
 
 }  // namespace dd::engine

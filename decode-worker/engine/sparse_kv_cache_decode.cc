@@ -119,7 +119,7 @@ absl::Status SparseKvCache::StartPreDecodeRead(Seq& s, const model::AttentionCal
 absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
   if (options_.step_cache) return FinishResidentFetch(s, layer, r);
   if (r.buffer < 0) {
-    RETURN_IF_ERROR(FinishLanding(r.urgent, backend::Queue::kUrgent));
+    RETURN_IF_ERROR(chunks_.FinishLanding(r.urgent, backend::Queue::kUrgent));
     r.blocks.clear();
     for (int64_t i = 0, n = Total(r.sel); i < n; ++i) r.blocks.push_back(BlockAt(s.urgent_blocks, i));
     if (r.real_row >= 0) {
@@ -132,7 +132,7 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
   }
   Buffer& buf = s.buffers[r.buffer];
   absl::Status status = WaitBuffer(buf);
-  status.Update(FinishLanding(r.urgent, backend::Queue::kUrgent));
+  status.Update(chunks_.FinishLanding(r.urgent, backend::Queue::kUrgent));
   RETURN_IF_ERROR(status);
   // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
   const Selection& predicted = buf.sel;
@@ -159,7 +159,7 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
 void SparseKvCache::AbandonReads() {
   for (size_t i = 0; i < n_reads_; ++i) {
     // Nothing may still write into its blocks (nor its staging).
-    (void)FinishLanding(reads_[i].urgent, backend::Queue::kUrgent);
+    (void)chunks_.FinishLanding(reads_[i].urgent, backend::Queue::kUrgent);
   }
   n_reads_ = 0;
 }

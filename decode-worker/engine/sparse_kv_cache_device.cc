@@ -1,9 +1,8 @@
 // SparseKvCache's device memory: the buffers of each (sequence, sparse layer) — sinks, window
 // rows, landmarks, resident slots — and of each sequence — prefetch buffers, urgent blocks —
-// sized at admission (Reserve), and the landings of store blocks in them. See the class
+// sized at admission (Reserve). Store blocks land in them through ChunkStore. See the class
 // comment in sparse_kv_cache.h and docs/decisions/0035-compute-backend-seam.md.
 #include <algorithm>
-#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -15,11 +14,9 @@ using backend::DeviceBuffer;
 using backend::MemoryTag;
 using backend::Queue;
 
-namespace {
-std::atomic<SparseKvCache::SkipWait> skip_wait{SparseKvCache::SkipWait::kNone};
-}  // namespace
-
-void SparseKvCache::SkipWaitForTesting(SkipWait skip) { skip_wait = skip; }
+void SparseKvCache::SkipWaitForTesting(SkipWait skip) {
+  ChunkStore::SkipComputeWaitForTesting(skip == SkipWait::kComputeWaitsForLanding);
+}
 
 int64_t SparseKvCache::RingRows(int64_t total) const {
   // A decode row at n positions reads [dense_from, n) with dense_from >= n - window - chunk + 1
@@ -236,50 +233,6 @@ absl::Status SparseKvCache::DuplicateLayer(const LayerState& from, LayerState& t
       {&from.sink_k, &to.sink_k}, {&from.sink_v, &to.sink_v}, {&from.k, &to.k},
       {&from.v, &to.v},           {&from.landmarks, &to.landmarks}, {&from.slots, &to.slots}};
   for (const auto& [src, dst] : pairs) RETURN_IF_ERROR(Duplicate(*src, /*contents=*/true, dst));
-  return absl::OkStatus();
-}
-
-absl::Status SparseKvCache::StartLanding(Seq& s, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
-                                         kvpool::Priority priority, Landing* l) {
-  l->tid = 0;
-  l->pending = false;
-  if (refs.empty()) return absl::OkStatus();
-  if (host_visible_) {
-    std::vector<float*> ptrs(dsts.size());
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
-    }
-    ASSIGN_OR_RETURN(l->tid, store_->GatherTo(s.store_id, refs, ptrs, priority));
-  } else {
-    RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
-    l->copied = {};
-    l->staging.resize(refs.size() * BlockFloats());
-    ASSIGN_OR_RETURN(l->tid, store_->Gather(s.store_id, refs, l->staging.data(), priority));
-    l->dsts = std::move(dsts);
-  }
-  l->pending = true;
-  fetched_chunks_ += static_cast<int64_t>(refs.size());
-  return absl::OkStatus();
-}
-
-absl::Status SparseKvCache::FinishLanding(Landing& l, Queue q) {
-  if (!l.pending) return absl::OkStatus();
-  l.pending = false;
-  const kvpool::TransferId tid = l.tid;
-  l.tid = 0;
-  RETURN_IF_ERROR(tid == 0 ? absl::OkStatus() : store_->Wait(tid));
-  if (host_visible_ || l.dsts.empty()) return absl::OkStatus();
-  // The blocks overwrite slots earlier attention calls read: after them. (Today the host has
-  // synchronized with the compute queue since, to read the landmark scores; this wait keeps
-  // the order when selection no longer makes it.)
-  device_.Wait(q, device_.Record(Queue::kCompute));
-  for (size_t i = 0; i < l.dsts.size(); ++i) {
-    RETURN_IF_ERROR(device_.CopyToDevice(q, &l.staging[i * BlockFloats()], l.dsts[i].buf, l.dsts[i].offset,
-                                         block_bytes()));
-  }
-  l.dsts.clear();
-  l.copied = device_.Record(q);
-  if (skip_wait != SkipWait::kComputeWaitsForLanding) device_.Wait(Queue::kCompute, l.copied);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,7 @@ namespace dd::engine {
 
 absl::Status SparseKvCache::WaitPrefetch(LayerState& st) {
   if (!st.prefetch.pending) return absl::OkStatus();
-  const absl::Status status = FinishLanding(st.prefetch, backend::Queue::kPrefetch);
+  const absl::Status status = chunks_.FinishLanding(st.prefetch, backend::Queue::kPrefetch);
   st.resident.Landed();
   if (!status.ok()) st.resident.Clear();  // the slots it was writing hold nothing usable
   return status;
@@ -62,7 +62,7 @@ absl::Status SparseKvCache::StartResidentFetch(Seq& s, int64_t layer, bool count
       dsts.push_back(DstAt(st.slots, res.BlockIndex(g, slots[i])));
     }
   }
-  if (absl::Status started = StartLanding(s, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.urgent);
+  if (absl::Status started = chunks_.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.urgent);
       !started.ok()) {
     res.Clear();
     return started;
@@ -84,7 +84,7 @@ absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRea
   absl::Status status = r.wait_prefetch ? WaitPrefetch(st) : absl::OkStatus();
   r.wait_prefetch = false;
   if (r.urgent.pending) {
-    absl::Status st_urgent = FinishLanding(r.urgent, backend::Queue::kUrgent);
+    absl::Status st_urgent = chunks_.FinishLanding(r.urgent, backend::Queue::kUrgent);
     if (!st_urgent.ok()) res.Clear();
     status.Update(st_urgent);
   }
@@ -133,7 +133,7 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
   // One background job: the store serves it in pieces and lets urgent misses go between them
   // (TransferQueue), so an urgent miss waits for at most one piece.
   const bool none = refs.empty();
-  if (absl::Status started = StartLanding(s, refs, std::move(dsts), kvpool::Priority::kBackground, &st.prefetch);
+  if (absl::Status started = chunks_.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kBackground, &st.prefetch);
       !started.ok()) {
     res.Clear();
     return started;

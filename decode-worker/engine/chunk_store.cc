@@ -1,0 +1,144 @@
+#include "decode-worker/engine/chunk_store.h"
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "decode-worker/engine/kv_block.h"
+#include "decode-worker/engine/prefix_reuse.h"
+
+namespace dd::engine {
+
+using backend::Queue;
+
+namespace {
+std::atomic<bool> skip_compute_wait{false};
+}  // namespace
+
+void ChunkStore::SkipComputeWaitForTesting(bool skip) { skip_compute_wait = skip; }
+
+ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
+                       backend::Device& device)
+    : config_(config), chunk_(chunk_tokens), store_(store), device_(device), host_visible_(device.host_visible()) {}
+
+absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
+                                     const float* v, float* landmarks) {
+  const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
+  block_.resize(block_floats());
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* kr = k + (c - c0) * C * kv_dim;
+    const float* vr = v + (c - c0) * C * kv_dim;
+    if (landmarks != nullptr) {
+      for (int64_t g = 0; g < n_kv; ++g) {
+        mean_.assign(hd, 0.0);
+        for (int64_t t = 0; t < C; ++t) {
+          for (int64_t i = 0; i < hd; ++i) mean_[i] += kr[t * kv_dim + g * hd + i];
+        }
+        float* mark = landmarks + ((c - c0) * n_kv + g) * hd;
+        for (int64_t i = 0; i < hd; ++i) mark[i] = static_cast<float>(mean_[i] / C);
+      }
+    }
+    for (int32_t g = 0; g < n_kv; ++g) {
+      PackKvBlock(C, hd, g, [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; },
+                  block_.data());
+      RETURN_IF_ERROR(store_->Write(id, {static_cast<int32_t>(layer), g, c}, block_.data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId to,
+                                    absl::Span<const int64_t> chunks_per_layer) {
+  // Up to kBatch blocks per transfer (one gather per block made a 32K-token fork cost seconds
+  // over a pool).
+  constexpr size_t kBatch = 256;
+  const size_t floats = static_cast<size_t>(block_floats());
+  std::vector<kvpool::ChunkRef> refs;
+  std::vector<float> blocks;
+  auto flush = [&]() -> absl::Status {
+    if (refs.empty()) return absl::OkStatus();
+    blocks.resize(refs.size() * floats);
+    ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(from, refs, blocks.data(), kvpool::Priority::kBackground));
+    RETURN_IF_ERROR(store_->Wait(t));
+    for (size_t i = 0; i < refs.size(); ++i) RETURN_IF_ERROR(store_->Write(to, refs[i], &blocks[i * floats]));
+    refs.clear();
+    return absl::OkStatus();
+  };
+  for (size_t l = 0; l < chunks_per_layer.size(); ++l) {
+    for (int64_t c = 0; c < chunks_per_layer[l]; ++c) {
+      for (int32_t g = 0; g < config_.n_head_kv; ++g) {
+        refs.push_back({static_cast<int32_t>(l), g, c});
+        if (refs.size() == kBatch) RETURN_IF_ERROR(flush());
+      }
+    }
+  }
+  return flush();
+}
+
+absl::Status ChunkStore::ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1,
+                                  std::vector<float>* k, std::vector<float>* v) {
+  const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
+  std::vector<float> blocks;
+  RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(layer), c0, c1, static_cast<int32_t>(n_kv),
+                                    C, hd, &blocks));
+  k->resize((c1 - c0) * C * kv_dim);
+  v->resize((c1 - c0) * C * kv_dim);
+  for (int64_t c = c0; c < c1; ++c) {
+    float* kr = k->data() + (c - c0) * C * kv_dim;
+    float* vr = v->data() + (c - c0) * C * kv_dim;
+    for (int64_t g = 0; g < n_kv; ++g) {
+      UnpackKvBlock(C, hd, g, &blocks[((c - c0) * n_kv + g) * block_floats()],
+                    [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; });
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
+                                      std::vector<BlockDst> dsts, kvpool::Priority priority, Landing* l) {
+  l->tid = 0;
+  l->pending = false;
+  if (refs.empty()) return absl::OkStatus();
+  if (refs.size() != dsts.size()) {
+    return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
+  }
+  if (host_visible_) {
+    std::vector<float*> ptrs(dsts.size());
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
+    }
+    ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
+  } else {
+    RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
+    l->copied = {};
+    l->staging.resize(refs.size() * block_floats());
+    ASSIGN_OR_RETURN(l->tid, store_->Gather(id, refs, l->staging.data(), priority));
+    l->dsts = std::move(dsts);
+  }
+  l->pending = true;
+  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
+  if (!l.pending) return absl::OkStatus();
+  l.pending = false;
+  const kvpool::TransferId tid = l.tid;
+  l.tid = 0;
+  RETURN_IF_ERROR(tid == 0 ? absl::OkStatus() : store_->Wait(tid));
+  if (host_visible_ || l.dsts.empty()) return absl::OkStatus();
+  // The blocks overwrite slots earlier attention calls read: after them. (Today the host has
+  // synchronized with the compute queue since, to read the landmark scores; this wait keeps
+  // the order when selection no longer makes it.)
+  device_.Wait(q, device_.Record(Queue::kCompute));
+  for (size_t i = 0; i < l.dsts.size(); ++i) {
+    RETURN_IF_ERROR(device_.CopyToDevice(q, &l.staging[i * block_floats()], l.dsts[i].buf, l.dsts[i].offset,
+                                         block_bytes()));
+  }
+  l.dsts.clear();
+  l.copied = device_.Record(q);
+  if (!skip_compute_wait) device_.Wait(Queue::kCompute, l.copied);
+  return absl::OkStatus();
+}
+
+}  // namespace dd::engine

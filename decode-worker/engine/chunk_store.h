@@ -1,0 +1,93 @@
+// The host side of a sparse cache's offloaded KV (docs/architecture.md, "The compute-backend
+// seam"): the KV store's sequences, full chunks written as one [K | V] block per KV head with
+// their landmarks computed on the host, blocks landing in device memory, and a fork's copy of
+// the blocks. It calls no kernel and names no backend: every device gets the same host-side
+// logic, and SparseKvCache keeps only what lives in device memory and the attention plan.
+//
+// Landing: blocks gathered from the store into device slots. Where the host may write device
+// memory (cpu) the store's transfer thread writes the slots directly; elsewhere it writes host
+// staging, and FinishLanding copies the blocks over on the given queue, after the compute
+// queue's earlier readers of those slots, and makes the compute queue wait for the copies.
+//
+// Not thread-safe (the engine's thread); the store's transfer thread writes only into what a
+// landing handed it until FinishLanding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "dd/backend/device.h"
+#include "decode-worker/model/model_config.h"
+#include "kv-pool/client/kv_store.h"
+
+namespace dd::engine {
+
+class ChunkStore {
+ public:
+  // `store` and `device` outlive this.
+  ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store, backend::Device& device);
+
+  kvpool::KvLayout layout() const { return {config_.n_layer, config_.n_head_kv, config_.head_dim, chunk_}; }
+  absl::StatusOr<kvpool::SequenceId> Open() { return store_->Open(layout()); }
+  void Release(kvpool::SequenceId id) { (void)store_->Release(id); }
+  absl::Status CommitPrefix(kvpool::SequenceId id, absl::Span<const uint64_t> keys) {
+    return store_->CommitPrefix(id, keys);
+  }
+
+  // Floats and bytes of one block (one KV head of one chunk).
+  int64_t block_floats() const { return 2 * chunk_ * config_.head_dim; }
+  int64_t block_bytes() const { return block_floats() * static_cast<int64_t>(sizeof(float)); }
+  // Blocks gathered so far (every landing's).
+  int64_t fetched_chunks() const { return fetched_chunks_; }
+
+  // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
+  // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
+  // `landmarks` is not null, each chunk's landmark per KV head (the mean of its keys, summed in
+  // double) into (c1 − c0) × n_head_kv × head_dim floats.
+  absl::Status WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
+                           const float* v, float* landmarks);
+  // Every block of `from` below chunks_per_layer[l] chunks of layer l, written to `to` (a fork),
+  // read in gathers of up to 256 blocks.
+  absl::Status CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId to, absl::Span<const int64_t> chunks_per_layer);
+  // Chunks [c0, c1) of `layer` of `handle` (e.g. a committed prefix), every KV head, as rows k
+  // and v (n_head_kv × head_dim floats per position from c0 × chunk on), read urgently.
+  absl::Status ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1, std::vector<float>* k,
+                        std::vector<float>* v);
+
+  // Where a block lands: a device buffer and a byte offset in it.
+  struct BlockDst {
+    backend::DeviceBuffer buf;
+    int64_t offset = 0;
+  };
+  struct Landing {
+    kvpool::TransferId tid = 0;
+    bool pending = false;        // started, not finished
+    std::vector<float> staging;  // host-invisible devices: where the store writes
+    std::vector<BlockDst> dsts;
+    backend::Event copied;       // staging's copies (the staging is reused only after them)
+  };
+  // Starts gathering `refs` of sequence `id` into `dsts` (one each) at `priority`.
+  absl::Status StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
+                            kvpool::Priority priority, Landing* l);
+  // Waits for the store's transfer; on a host-invisible device copies the blocks over on `q`
+  // and has the compute queue wait for them. Nothing to do when not pending.
+  absl::Status FinishLanding(Landing& l, backend::Queue q);
+  // Fault injection for the tests that show a missing wait is caught (on the sim device):
+  // every landing of the process leaves out the compute queue's wait for its copies.
+  static void SkipComputeWaitForTesting(bool skip);
+
+ private:
+  const model::ModelConfig& config_;
+  const int64_t chunk_;
+  kvpool::KvStore* store_;
+  backend::Device& device_;
+  const bool host_visible_;
+  int64_t fetched_chunks_ = 0;
+  std::vector<float> block_;        // one [K | V] block being written
+  std::vector<double> mean_;        // a landmark being summed
+};
+
+}  // namespace dd::engine
