@@ -131,6 +131,32 @@ void SparseKvCache::Reset(int32_t seq) {
   seqs_[seq] = Seq();
 }
 
+void SparseKvCache::CountPrediction(Seq& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused,
+                                    bool seeded) {
+  LayerStats& t = stats_[layer];
+  t.hits += hits;
+  t.predicted_for += selected;
+  if (seeded) {  // the request's own rate leaves the seeded step out
+    t.seeded_hits += hits;
+    t.seeded_for += selected;
+  } else {
+    s.hits += hits;
+    s.predicted_for += selected;
+  }
+  t.wasted += unused;
+  s.wasted += unused;
+}
+
+void SparseKvCache::CountPrefetched(Seq& s, int64_t layer, int64_t blocks) {
+  stats_[layer].prefetched += blocks;
+  s.prefetched += blocks;
+}
+
+void SparseKvCache::CountUrgent(Seq& s, int64_t layer, int64_t blocks) {
+  stats_[layer].urgent += blocks;
+  s.urgent += blocks;
+}
+
 double SparseKvCache::SeqHitRate(int32_t seq) const {
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return 0.0;
   const Seq& s = seqs_[seq];
@@ -444,10 +470,7 @@ absl::Status SparseKvCache::TryIssue(Seq& s, int64_t layer) {
   RETURN_IF_ERROR(StartGather(s, layer, st.predicted, kvpool::Priority::kBackground, b.data, &b.landing));
   b.layer = layer;
   b.seeded = st.seeded;
-  for (const auto& v : st.predicted) {
-    stats_[layer].prefetched += static_cast<int64_t>(v.size());
-    s.prefetched += static_cast<int64_t>(v.size());
-  }
+  for (const auto& v : st.predicted) CountPrefetched(s, layer, static_cast<int64_t>(v.size()));
   b.sel = std::move(st.predicted);
   st.predicted.clear();
   st.has_prediction = false;

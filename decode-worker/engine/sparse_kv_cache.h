@@ -281,6 +281,13 @@ class SparseKvCache : public KvCache {
                 backend::Device& device);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
+  // ---- statistics: each event counted for its layer (stats_) and its request (Seq) ----
+  // A prediction met by a real row's selection, per KV head: `hits` of its `selected` chunks
+  // were predicted, `unused` predicted blocks were moved for nothing; a seeded prediction (the
+  // pre-decoded first step) counts for the layer but not in the request's own rate.
+  void CountPrediction(Seq& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused, bool seeded);
+  void CountPrefetched(Seq& s, int64_t layer, int64_t blocks);
+  void CountUrgent(Seq& s, int64_t layer, int64_t blocks);
   // ---- device memory (sparse_kv_cache_device.cc) ----
   int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
   int64_t BlockFloats() const { return 2 * options_.chunk_tokens * config_.head_dim; }

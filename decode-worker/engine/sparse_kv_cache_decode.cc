@@ -47,25 +47,13 @@ int64_t CountCommon(const std::vector<int64_t>& a, const std::vector<int64_t>& b
 absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
   LayerState& st = s.layers[call.layer];
   const Selection& sel = r.sel;
-  LayerStats& stats = stats_[call.layer];
   if (options_.step_cache) {
     if (st.issued) {  // how good the prediction was, and what of its transfer went unused
       for (size_t g = 0; g < sel.size(); ++g) {
-        const int64_t hits = CountCommon(sel[g], st.issued_sel[g]);
-        const int64_t n = static_cast<int64_t>(sel[g].size());
-        stats.hits += hits;
-        stats.predicted_for += n;
-        if (st.issued_seeded) {
-          stats.seeded_hits += hits;
-          stats.seeded_for += n;
-        } else {
-          s.hits += hits;
-          s.predicted_for += n;
-        }
         const int64_t unused =
             static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
-        stats.wasted += unused;
-        s.wasted += unused;
+        CountPrediction(s, call.layer, CountCommon(sel[g], st.issued_sel[g]), static_cast<int64_t>(sel[g].size()),
+                        unused, st.issued_seeded);
       }
     }
     const absl::Status started = StartResidentFetch(s, call.layer, /*count=*/true, r);
@@ -87,24 +75,15 @@ absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& ca
         std::set_difference(sel[g].begin(), sel[g].end(), predicted[g].begin(), predicted[g].end(),
                             std::back_inserter(r.misses[g]));
         const int64_t hits = static_cast<int64_t>(sel[g].size() - r.misses[g].size());
-        stats.hits += hits;
-        stats.predicted_for += static_cast<int64_t>(sel[g].size());
-        if (buf.seeded) {
-          stats.seeded_hits += hits;
-          stats.seeded_for += static_cast<int64_t>(sel[g].size());
-        } else {
-          s.hits += hits;
-          s.predicted_for += static_cast<int64_t>(sel[g].size());
-        }
-        stats.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
-        s.wasted += static_cast<int64_t>(predicted[g].size()) - hits;
+        CountPrediction(s, call.layer, hits, static_cast<int64_t>(sel[g].size()),
+                        static_cast<int64_t>(predicted[g].size()) - hits, buf.seeded);
       }
       RETURN_IF_ERROR(StartGather(s, call.layer, r.misses, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
     } else {
       RETURN_IF_ERROR(StartGather(s, call.layer, sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
     }
   }
-  stats.selected += Total(sel);
+  stats_[call.layer].selected += Total(sel);
   return absl::OkStatus();
 }
 
@@ -124,8 +103,7 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
     for (int64_t i = 0, n = Total(r.sel); i < n; ++i) r.blocks.push_back(BlockAt(s.urgent_blocks, i));
     if (r.real_row >= 0) {
       for (const auto& v : r.sel) {
-        stats_[layer].urgent += static_cast<int64_t>(v.size());
-        s.urgent += static_cast<int64_t>(v.size());
+        CountUrgent(s, layer, static_cast<int64_t>(v.size()));
       }
     }
     return absl::OkStatus();
@@ -150,8 +128,7 @@ absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
     }
     pi += static_cast<int64_t>(predicted[g].size());
     ui += static_cast<int64_t>(r.misses[g].size());
-    stats_[layer].urgent += static_cast<int64_t>(r.misses[g].size());
-    s.urgent += static_cast<int64_t>(r.misses[g].size());
+    CountUrgent(s, layer, static_cast<int64_t>(r.misses[g].size()));
   }
   return absl::OkStatus();
 }

@@ -98,9 +98,8 @@ absl::Status SparseKvCache::FinishResidentFetch(Seq& s, int64_t layer, DecodeRea
       r.blocks.push_back(BlockAt(st.slots, res.BlockIndex(static_cast<int64_t>(g), slot)));
     }
   }
+  CountUrgent(s, layer, r.count_urgent);
   LayerStats& stats = stats_[layer];
-  stats.urgent += r.count_urgent;
-  s.urgent += r.count_urgent;
   stats.reused += r.count_reused;
   stats.evictions += r.count_evicted;
   return absl::OkStatus();
@@ -139,10 +138,8 @@ absl::Status SparseKvCache::IssueResidentPrefetch(Seq& s, int64_t layer, Selecti
     return started;
   }
   if (none) res.Landed();
-  LayerStats& stats = stats_[layer];
-  stats.prefetched += static_cast<int64_t>(refs.size());
-  s.prefetched += static_cast<int64_t>(refs.size());
-  stats.evictions += evicted;
+  CountPrefetched(s, layer, static_cast<int64_t>(refs.size()));
+  stats_[layer].evictions += evicted;
   st.issued = true;
   st.issued_seeded = seeded;
   st.issued_sel = std::move(predicted);
