@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cuda/cuda_kernels.h"
 #include "dd/backend/device.h"
 #include "dd/backend/device_checks.h"
 #include "dd/backend/ops.h"
@@ -106,7 +107,14 @@ class CudaOps final : public backend::Ops {
 
  private:
   CudaDevice& dev_;
-  std::vector<uint8_t> pack_;  // AttendGroups / TopChunks: the lists packed for one launch
+  // The host-side tables of one launch, kept across calls so that a step does not allocate
+  // (the engine's thread only; KeyScores, which other threads may call, uses none).
+  std::vector<DevRun> runs_;
+  std::vector<DevListRow> rows_;
+  std::vector<DevList> lists_;
+  std::vector<const float*> ptrs_;
+  std::vector<const backend::ChunkScores*> batch_;
+  std::vector<DevChunkList> chunk_lists_;
 };
 
 class CudaDevice final : public backend::Device {

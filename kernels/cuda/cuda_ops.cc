@@ -148,11 +148,11 @@ void CudaOps::Softcap(float* x, int64_t n, float cap) {
 
 void CudaOps::AttendCausal(const backend::CausalAttention& c) {
   const int64_t n = static_cast<int64_t>(c.positions.size()), n_runs = static_cast<int64_t>(c.runs.size());
-  std::vector<DevRun> runs(c.runs.size());
-  for (size_t i = 0; i < runs.size(); ++i) runs[i] = {c.runs[i].k, c.runs[i].v, c.runs[i].len};
+  runs_.clear();
+  for (const backend::KvRun& run : c.runs) runs_.push_back({run.k, run.v, run.len});
   Args a(dev_, "AttendCausal", SizeOf<int64_t>(n) + SizeOf<DevRun>(n_runs));
   const int64_t* p = a.Put(c.positions.data(), n);
-  const DevRun* r = a.Put(runs.data(), n_runs);
+  const DevRun* r = a.Put(runs_.data(), n_runs);
   if (!a.Flush()) return;
   const DevShape shape{static_cast<int32_t>(c.shape.n_head), static_cast<int32_t>(c.shape.n_head_kv),
                        static_cast<int32_t>(c.shape.head_dim)};
@@ -165,39 +165,44 @@ void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, con
                            float scale) {
   const DevShape dshape{static_cast<int32_t>(shape.n_head), static_cast<int32_t>(shape.n_head_kv),
                         static_cast<int32_t>(shape.head_dim)};
-  std::vector<DevListRow> rows;
-  std::vector<DevList> lists;
-  std::vector<const float*> ptrs;
-  auto bytes = [&] { return SizeOf<DevListRow>(rows.size()) + SizeOf<DevList>(lists.size()) + SizeOf<const float*>(ptrs.size()); };
+  auto bytes = [&] {
+    return SizeOf<DevListRow>(static_cast<int64_t>(rows_.size())) + SizeOf<DevList>(static_cast<int64_t>(lists_.size())) +
+           SizeOf<const float*>(static_cast<int64_t>(ptrs_.size()));
+  };
   auto launch = [&] {
-    if (rows.empty()) return;
+    if (rows_.empty()) return;
     Args a(dev_, "AttendGroups", bytes());
-    const DevListRow* r = a.Put(rows.data(), static_cast<int64_t>(rows.size()));
-    const DevList* l = a.Put(lists.data(), static_cast<int64_t>(lists.size()));
-    const float* const* p = a.Put(ptrs.data(), static_cast<int64_t>(ptrs.size()));
+    const DevListRow* r = a.Put(rows_.data(), static_cast<int64_t>(rows_.size()));
+    const DevList* l = a.Put(lists_.data(), static_cast<int64_t>(lists_.size()));
+    const float* const* p = a.Put(ptrs_.data(), static_cast<int64_t>(ptrs_.size()));
     if (a.Flush()) {
-      dev_.Report(AttendLists(dshape, scale, r, static_cast<int64_t>(rows.size()), l, p,
+      dev_.Report(AttendLists(dshape, scale, r, static_cast<int64_t>(rows_.size()), l, p,
                               dev_.stream(backend::Queue::kCompute)),
                   "AttendGroups");
     }
-    rows.clear();
-    lists.clear();
-    ptrs.clear();
   };
+  rows_.clear();
+  lists_.clear();
+  ptrs_.clear();
   // Groups are independent: as many per launch as one part of the ring holds.
   for (const backend::AttentionGroup& g : groups) {
     int64_t keys = 0;
     for (const backend::KeyValueList& l : g.lists) keys += 2 * l.n;
     const int64_t extra = static_cast<int64_t>(g.rows.size() * sizeof(DevListRow) + g.lists.size() * sizeof(DevList)) +
                           keys * static_cast<int64_t>(sizeof(const float*)) + 48;
-    if (!rows.empty() && bytes() + extra > dev_.args().part_bytes()) launch();
-    const int64_t first = static_cast<int64_t>(lists.size());
-    for (const backend::KeyValueList& l : g.lists) {
-      lists.push_back({static_cast<int64_t>(ptrs.size()), l.n});
-      ptrs.insert(ptrs.end(), l.keys, l.keys + l.n);
-      ptrs.insert(ptrs.end(), l.values, l.values + l.n);
+    if (!rows_.empty() && bytes() + extra > dev_.args().part_bytes()) {
+      launch();
+      rows_.clear();
+      lists_.clear();
+      ptrs_.clear();
     }
-    for (const backend::ListQuery& r : g.rows) rows.push_back({r.q, r.out, r.hidden_tail, first});
+    const int64_t first = static_cast<int64_t>(lists_.size());
+    for (const backend::KeyValueList& l : g.lists) {
+      lists_.push_back({static_cast<int64_t>(ptrs_.size()), l.n});
+      ptrs_.insert(ptrs_.end(), l.keys, l.keys + l.n);
+      ptrs_.insert(ptrs_.end(), l.values, l.values + l.n);
+    }
+    for (const backend::ListQuery& r : g.rows) rows_.push_back({r.q, r.out, r.hidden_tail, first});
   }
   launch();
 }
@@ -212,35 +217,40 @@ void CudaOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const floa
 
 void CudaOps::TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t /*k*/) {
   // Every list is sorted best to worst, which is what `sorted` asks and a valid order otherwise.
-  std::vector<const backend::ChunkScores*> batch;
-  int64_t batch_bytes = 0;
+  int64_t batch_bytes = 0, batch_scratch = 0;
   auto launch = [&] {
-    if (batch.empty()) return;
-    Args a(dev_, "TopChunks", batch_bytes + SizeOf<DevChunkList>(static_cast<int64_t>(batch.size())));
-    std::vector<DevChunkList> dl;
-    for (const backend::ChunkScores* l : batch) {
+    if (batch_.empty()) return;
+    Args a(dev_, "TopChunks",
+           batch_bytes + SizeOf<uint64_t>(batch_scratch) + SizeOf<DevChunkList>(static_cast<int64_t>(batch_.size())));
+    // The scratch first: staged after the ids it would split their copy in two.
+    uint64_t* scratch = a.Scratch<uint64_t>(batch_scratch);
+    chunk_lists_.clear();
+    for (const backend::ChunkScores* l : batch_) {
       const int64_t n = static_cast<int64_t>(l->chunks.size());
       const int64_t* chunks = a.Put(l->chunks.data(), n);
-      uint64_t* scratch = a.Scratch<uint64_t>(std::min(n, l->take));
-      dl.push_back({l->scores, chunks, n, l->ids, l->take, scratch});
+      chunk_lists_.push_back({l->scores, chunks, n, l->ids, l->take, scratch});
+      if (scratch != nullptr) scratch += std::min(n, l->take);
     }
-    const DevChunkList* d = a.Put(dl.data(), static_cast<int64_t>(dl.size()));
+    const DevChunkList* d = a.Put(chunk_lists_.data(), static_cast<int64_t>(chunk_lists_.size()));
     if (a.Flush()) {
-      dev_.Report(cuda::TopChunks(d, static_cast<int64_t>(dl.size()), rows, dev_.stream(backend::Queue::kCompute)),
+      dev_.Report(cuda::TopChunks(d, static_cast<int64_t>(chunk_lists_.size()), rows,
+                                  dev_.stream(backend::Queue::kCompute)),
                   "TopChunks");
     }
-    batch.clear();
-    batch_bytes = 0;
   };
+  batch_.clear();
   for (const backend::ChunkScores& l : lists) {
-    const int64_t n = static_cast<int64_t>(l.chunks.size());
-    const int64_t need = SizeOf<int64_t>(n) + SizeOf<uint64_t>(std::min(n, l.take)) + SizeOf<DevChunkList>(1);
-    if (!batch.empty() && batch_bytes + need + SizeOf<DevChunkList>(static_cast<int64_t>(batch.size()) + 1) >
-                              dev_.args().part_bytes()) {
+    const int64_t n = static_cast<int64_t>(l.chunks.size()), scratch = std::min(n, l.take);
+    const int64_t need = batch_bytes + SizeOf<int64_t>(n) + SizeOf<uint64_t>(batch_scratch + scratch) +
+                         SizeOf<DevChunkList>(static_cast<int64_t>(batch_.size()) + 1);
+    if (!batch_.empty() && need > dev_.args().part_bytes()) {
       launch();
+      batch_.clear();
+      batch_bytes = batch_scratch = 0;
     }
-    batch.push_back(&l);
-    batch_bytes += SizeOf<int64_t>(n) + SizeOf<uint64_t>(std::min(n, l.take));
+    batch_.push_back(&l);
+    batch_bytes += SizeOf<int64_t>(n);
+    batch_scratch += scratch;
   }
   launch();
 }
