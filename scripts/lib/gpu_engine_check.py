@@ -48,10 +48,21 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     words = "the river flows past the mill and the keeper counts each ship that passes the light".split()
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(" ".join(f"{words[i % len(words)]} {i}" for i in range(150)))
-        prompt = f.name
     summary: dict = {"models": {}, "failures": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt = f"{tmp}/prompt.txt"
+        with open(prompt, "w") as f:
+            f.write(" ".join(f"{words[i % len(words)]} {i}" for i in range(150)))
+        check_models(args, prompt, summary)
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    for line in summary["failures"]:
+        print(f"gpu_engine_check: {line}", file=sys.stderr)
+    print(json.dumps(summary["models"], indent=1, sort_keys=True), file=sys.stderr)
+    return 1 if summary["failures"] else 0
+
+
+def check_models(args: argparse.Namespace, prompt: str, summary: dict) -> None:
     for name in ["tiny-llama", "tiny-qwen2"]:
         model = f"{args.models}/{name}.gguf"
         runs = {}
@@ -79,12 +90,6 @@ def main() -> int:
             "hit_rate": runs["dualdecoder@cuda"].get("hit_rate", 0.0),
             "fetched_chunks": {k: v.get("fetched_chunks", 0) for k, v in runs.items()},
         }
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-    for line in summary["failures"]:
-        print(f"gpu_engine_check: {line}", file=sys.stderr)
-    print(json.dumps(summary["models"], indent=1, sort_keys=True), file=sys.stderr)
-    return 1 if summary["failures"] else 0
 
 
 if __name__ == "__main__":
