@@ -46,6 +46,8 @@ struct CliConfig {
 // Shared by the commands: the model named by the flags (--model, $DD_MODEL or the default;
 // a missing default model names scripts/fetch-model), and the prompt from --prompt or --prompt_file.
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg);
+// " (auto: ...)" when the flags chose the device, for the start-up line; "" when it was named.
+std::string DeviceWhy(const engine::EngineOptions& o);
 absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg);
 
 absl::Status RunGenerate(const CliConfig& cfg);

@@ -23,6 +23,10 @@ namespace dd::ddctl {
 
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig&) { return worker::LoadModelFromFlags(); }
 
+std::string DeviceWhy(const engine::EngineOptions& o) {
+  return o.device_why.empty() || o.device_why == "requested" ? "" : absl::StrCat(" (", o.device_why, ")");
+}
+
 absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg) {
   if (!cfg.prompt.empty() && !cfg.prompt_file.empty()) {
     return absl::InvalidArgumentError("give either --prompt or --prompt_file, not both");
@@ -77,10 +81,10 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     ids = tok.Encode(prompt, tok.add_bos() && !cfg.raw_prompt, /*parse_special=*/true);
   }
   if (!cfg.json) {
-    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, device %s\n",
+    std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, device %s%s\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),
                  static_cast<long long>(model->config.n_layer), ids.size(), mode_name.c_str(),
-                 std::string(engine.device_name()).c_str());
+                 std::string(engine.device_name()).c_str(), DeviceWhy(cfg.engine).c_str());
   }
   // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
   engine::GenerateOptions options = cfg.generate;
@@ -236,6 +240,10 @@ absl::Status RunInfo(const CliConfig& cfg) {
     }
   }
   j["devices"] = devices;
+  // What the default --device (auto) takes here, and why.
+  std::string why;
+  const std::string chosen = backend::ResolveDeviceName("auto", &why);
+  j["device_auto"] = absl::StrCat(chosen, " (", why, ")");
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }

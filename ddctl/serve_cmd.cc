@@ -276,9 +276,9 @@ absl::Status RunServe(const CliConfig& cfg) {
   // Ready once the worker has registered with the in-process router.
   for (int i = 0; i < 500 && router.registry().workers_up() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (router.registry().workers_up() == 0) return absl::InternalError("the embedded worker did not register");
-  std::fprintf(stderr, "[ddctl] serving %s (%s mode, device %s) with the embedded router, worker and in-process pool\n",
+  std::fprintf(stderr, "[ddctl] serving %s (%s mode, device %s%s) with the embedded router, worker and in-process pool\n",
                model->config.name.c_str(), std::string(engine::DecodeModeName(cfg.engine.mode)).c_str(),
-               cfg.engine.device.c_str());
+               cfg.engine.device.c_str(), DeviceWhy(cfg.engine).c_str());
   std::printf("ddctl serve: listening on %s metrics %s internal %s%s\n", self.c_str(), metrics_at.c_str(),
               inside.c_str(), http_at.c_str());
   std::fflush(stdout);

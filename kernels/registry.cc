@@ -66,7 +66,21 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
   if (name == "sim") {
     return CreateSimDevice({.budget_bytes = options.budget_bytes, .pool = options.pool});
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: cpu, sim, cuda)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: auto, cpu, sim, cuda)"));
+}
+
+std::string ResolveDeviceName(absl::string_view name, std::string* why) {
+  if (name != "auto") {
+    if (why != nullptr) *why = "requested";
+    return std::string(name);
+  }
+  for (const kernels::BackendInfo& b : kernels::ListBackends()) {
+    if (b.name != "cuda") continue;
+    if (why != nullptr) *why = absl::StrCat("auto: ", b.usable ? "CUDA device " : "cuda not usable, ", b.detail);
+    return b.usable ? "cuda" : "cpu";
+  }
+  if (why != nullptr) *why = "auto: no cuda backend";
+  return "cpu";
 }
 
 }  // namespace dd::backend

@@ -42,8 +42,9 @@ absl::string_view DecodeModeName(DecodeMode mode);
 struct EngineOptions {
   DecodeMode mode = DecodeMode::kFull;
   // The compute device (dd/backend/registry.h): "cpu" and "sim" run everywhere (every mode);
-  // "cuda" is refused with the reason until its device exists.
+  // "cuda" runs on GPU 0 and is refused with the reason where it cannot. Flags resolve "auto".
   std::string device = "cpu";
+  std::string device_why;     // how `device` was chosen, for the start-up line (flags: auto or requested)
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"

@@ -7,14 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
+#include "dd/backend/registry.h"
 #include "decode-worker/model/model_paths.h"
 
 ABSL_FLAG(std::string, model, "", "Model: gemma or smollm2 (fetched by scripts/fetch-model), a .gguf file "
           "or a Hugging Face safetensors directory (default: $DD_MODEL, else gemma)");
-ABSL_FLAG(std::string, device, "cpu",
-          "Compute device: cpu (every machine), sim (a simulated device that checks every wait, for developers) or "
-          "cuda (GPU 0; not yet run on a GPU, docs/decisions/0038-cuda-device.md; refused with the reason where it "
-          "cannot run); docs/architecture.md, the compute-backend seam");
+ABSL_FLAG(std::string, device, "auto",
+          "Compute device: auto (cuda where a CUDA device is usable, else cpu; the choice is printed at start), cpu "
+          "(every machine), sim (a simulated device that checks every wait, for developers) or cuda (GPU 0; refused "
+          "with the reason where it cannot run); docs/architecture.md, the compute-backend seam");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
@@ -100,7 +101,7 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   engine::EngineOptions o;
-  o.device = absl::GetFlag(FLAGS_device);
+  o.device = backend::ResolveDeviceName(absl::GetFlag(FLAGS_device), &o.device_why);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   const std::string matmul = absl::GetFlag(FLAGS_matmul);

@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   if (!sched.ok()) return fail(sched.status());
   auto node = dd::worker::WorkerNode::Create(**model, *engine_options, *sched, id);
   if (!node.ok()) return fail(node.status());
-  std::fprintf(stderr, "dd-decode-worker: compute device %s\n", engine_options->device.c_str());
+  std::fprintf(stderr, "dd-decode-worker: compute device %s (%s)\n", engine_options->device.c_str(),
+               engine_options->device_why.c_str());
   (*node)->service().set_cluster_secret(*secret);
 
   dd::EnableStandardServices();

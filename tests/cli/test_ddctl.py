@@ -50,6 +50,21 @@ def test_info_lists_the_devices_and_whether_each_is_usable(tiny):
     assert devices["cpu"] == "usable" and devices["sim"] == "usable", devices
     # cuda: usable where a GPU answers, else the reason.
     assert devices["cuda"] == "usable" or devices["cuda"].startswith("--device cuda: "), devices
+    # auto (the default) takes cuda exactly where it is usable, and says why.
+    auto = json.loads(r.stdout)["device_auto"]
+    if devices["cuda"] == "usable":
+        assert auto.startswith("cuda (auto: CUDA device "), auto
+    else:
+        assert auto.startswith("cpu (auto: cuda not usable, "), auto
+
+
+def test_the_default_device_is_chosen_and_printed_at_start(tiny):
+    import json
+    info = json.loads(ddctl("info", "--model", str(tiny)).stdout)
+    r = subprocess.run([str(BIN / "ddctl"), "generate", "--model", str(tiny), "--prompt", "hi", "--max_new_tokens", "2"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"device {info['device_auto']}".encode() in r.stderr, (info["device_auto"], r.stderr)
 
 
 def test_missing_default_model_names_fetch_command(tmp_path):
@@ -248,7 +263,7 @@ def test_device_is_reported_and_unavailable_devices_say_why(tiny):
                         "--max_new_tokens", "2"], capture_output=True, timeout=120)
     assert r.returncode == 0 and b"device cpu" in r.stderr, r.stderr
     r = ddctl("generate", "--model", str(tiny), "--device", "tpu", "--prompt", "hi")
-    assert r.returncode == 2 and "unknown device 'tpu' (known: cpu, sim, cuda)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown device 'tpu' (known: auto, cpu, sim, cuda)" in r.stderr, r.stderr
     # Without a GPU, --device cuda is refused with the reason (the missing device, driver or
     # backend): a message, not a crash. With one it runs (scripts/gpu-check).
     info = json.loads(ddctl("info", "--model", str(tiny)).stdout)

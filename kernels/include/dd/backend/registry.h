@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -21,5 +22,10 @@ struct DeviceOptions {
 // UNAVAILABLE for a backend this build or machine cannot run, saying why (not compiled, no
 // device, driver).
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options);
+
+// The device "auto" stands for: "cuda" where a CUDA device is usable, else "cpu". Any other
+// name is returned as it is. *why (optional) says how the name was chosen, for the start-up
+// line: "requested", or "auto: <the CUDA probe's answer>".
+std::string ResolveDeviceName(absl::string_view name, std::string* why = nullptr);
 
 }  // namespace dd::backend
