@@ -41,6 +41,7 @@ struct CliConfig {
   int64_t deadline_ms = 0;      // client deadline (0 = none for generate, 10 s for the others)
   std::string request_id;       // generate --server: the request's id (empty: the router makes one)
   bool events = false;          // generate --server: one JSON line per streamed message
+  std::string shape;            // synth-model: the shape's name
 };
 
 // Shared by the commands: the model named by the flags (--model, $DD_MODEL or the default;
@@ -54,6 +55,8 @@ absl::Status RunGenerate(const CliConfig& cfg);
 absl::Status RunLogits(const CliConfig& cfg);
 absl::Status RunTokenize(const CliConfig& cfg);
 absl::Status RunInfo(const CliConfig& cfg);
+// synth-model: writes a random-weight model of --shape to --out (model/synthetic_model.h).
+absl::Status RunSynthModel(const CliConfig& cfg);
 // Teacher-forced fidelity of a sparse mode against full on the same text (issue 4): per
 // position KL(full || mode) of the next-token distributions and both NLLs of the true token.
 absl::Status RunFidelity(const CliConfig& cfg);

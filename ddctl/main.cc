@@ -19,7 +19,8 @@ ABSL_FLAG(int64_t, max_new_tokens, 64, "Maximum tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling (0 = off)");
 ABSL_FLAG(double, top_p, 1.0, "Top-p (nucleus) sampling, in (0, 1]");
-ABSL_FLAG(uint64_t, seed, 0, "Sampling seed");
+ABSL_FLAG(uint64_t, seed, 0, "Sampling seed; synth-model: the weights' seed (0 is taken as 1)");
+ABSL_FLAG(std::string, shape, "", "synth-model: the shape (llama-3.1-8b, gemma3-270m, smollm2-135m)");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings (comma-separated)");
 ABSL_FLAG(std::string, stop_ids, "", "Token ids that end the output (comma-separated), like EOS");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past end-of-generation tokens");
@@ -39,7 +40,7 @@ ABSL_FLAG(bool, chat, false, "generate: send the prompt as a user message in the
 ABSL_FLAG(std::string, system, "", "generate --chat: a system message before it");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
 ABSL_FLAG(std::string, positions, "", "logits: comma-separated positions (default all)");
-ABSL_FLAG(std::string, out, "", "logits: output .npy path");
+ABSL_FLAG(std::string, out, "", "logits: output .npy path; synth-model: the .gguf file to write");
 ABSL_FLAG(std::string, text, "", "tokenize: text to tokenize");
 ABSL_FLAG(std::string, server, "", "generate/health/stats/workers: a router or `ddctl serve` at HOST:PORT");
 ABSL_FLAG(std::string, worker, "", "stats: a decode worker at HOST:PORT");
@@ -66,6 +67,8 @@ constexpr char kUsage[] =
     "  logits     write logits of --tokens at --positions to --out (.npy)\n"
     "  tokenize   print the token ids of --text\n"
     "  info       print the model's configuration\n"
+    "  synth-model   write a random-weight model of a real model's shape (--shape) to --out,\n"
+    "             for benchmarks only (it generates noise)\n"
     "  answer     many questions (--questions_file, JSON lines) over one context (--prompt_file),\n"
     "             the context prefilled once; one JSON line per answer\n"
     "  fidelity   teacher-force --prompt_file through full and --mode, print per-position KL (JSON)\n"
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
   cfg.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   cfg.request_id = absl::GetFlag(FLAGS_request_id);
   cfg.events = absl::GetFlag(FLAGS_events);
+  cfg.shape = absl::GetFlag(FLAGS_shape);
   if (auto tls = dd::TlsFilesFromFlags(); tls.ok()) {
     cfg.tls = *std::move(tls);
   } else {
@@ -179,6 +183,7 @@ int main(int argc, char** argv) {
   else if (cmd == "logits") st = dd::ddctl::RunLogits(cfg);
   else if (cmd == "tokenize") st = dd::ddctl::RunTokenize(cfg);
   else if (cmd == "info") st = dd::ddctl::RunInfo(cfg);
+  else if (cmd == "synth-model") st = dd::ddctl::RunSynthModel(cfg);
   else if (cmd == "fidelity") st = dd::ddctl::RunFidelity(cfg);
   else if (cmd == "answer") st = dd::ddctl::RunAnswer(cfg);
   else {

@@ -44,7 +44,7 @@ struct EngineOptions {
   // The compute device (dd/backend/registry.h): "cpu" and "sim" run everywhere (every mode);
   // "cuda" runs on GPU 0 and is refused with the reason where it cannot. Flags resolve "auto".
   std::string device = "cpu";
-  std::string device_why;     // how `device` was chosen, for the start-up line (flags: auto or requested)
+  std::string device_why{};   // how `device` was chosen, for the start-up line (flags: auto or requested)
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"
