@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "bench/bench_util.h"
 #include "common/status_macros.h"
+#include "dd/backend/registry.h"
 #include "decode-worker/engine/engine.h"
 #include "kv-pool/client/transfer_queue.h"
 #include "kv-pool/server/pool_process.h"
@@ -48,6 +49,7 @@ ABSL_FLAG(int32_t, decode_threads, -1,
           "GPU's copy engines do not take its compute; docs/decisions/0032-benchmark-methodology.md)");
 ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)");
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
+ABSL_FLAG(std::string, device, "cpu", "Compute device of every engine: cpu, sim, cuda or auto (--device of ddctl)");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
@@ -180,6 +182,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int64_t V = model.config.n_vocab, budget = absl::GetFlag(FLAGS_budget);
+  std::string device_why;
+  const std::string device = dd::backend::ResolveDeviceName(absl::GetFlag(FLAGS_device), &device_why);
+  std::fprintf(stderr, "modes_bench: device %s (%s)\n", device.c_str(), device_why.c_str());
+  // The weights on the device (MemoryPlan's) and those a decode step reads (all but an untied
+  // embedding table, of which it reads a row per token), for roofline figures.
+  int64_t weight_bytes = 0, step_weight_bytes = 0;
+  const dd::kernels::WeightView& embd = model.weights.token_embd;
+  const int64_t embd_bytes = model.config.tied_embeddings ? 0 : embd.row_bytes * embd.rows;
   const int steps = absl::GetFlag(FLAGS_steps), rounds = absl::GetFlag(FLAGS_rounds);
   nlohmann::json runs = nlohmann::json::array(), max_batches = nlohmann::json::array();
   double pcie_gbps = 0;
@@ -348,6 +358,7 @@ int main(int argc, char** argv) {
         const std::string& label = variant.label;
         dd::engine::EngineOptions o;
         o.mode = mode;
+        o.device = device;
         o.spec_head = variant.head;
         o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
         o.sparse.spec_candidates = variant.spec_candidates;
@@ -381,6 +392,8 @@ int main(int argc, char** argv) {
         entry.engine = std::move(*engine);
         Engine& e = *entry.engine;
         entry.max_batch = e.memory_plan().MaxBatch(*device_memory, ctx, total);
+        weight_bytes = e.memory_plan().weight_bytes();
+        step_weight_bytes = weight_bytes - embd_bytes;
         max_batches.push_back({{"mode", label}, {"context", ctx},
                                {"max_batch", entry.max_batch},
                                {"kv_bytes_per_request", e.memory_plan().Request(ctx, total).kv}});
@@ -492,7 +505,9 @@ int main(int argc, char** argv) {
                         {"rounds", rounds}, {"spec_resync", absl::GetFlag(FLAGS_spec_resync)},
                         {"spec_candidates", candidate_counts.front()},
                         {"threads", threads}, {"decode_threads", decode_threads},
-                        {"device_memory_bytes", *device_memory}, {"max_batch", max_batches}};
+                        {"device_memory_bytes", *device_memory}, {"max_batch", max_batches},
+                        {"device", device}, {"weight_bytes", weight_bytes},
+                        {"step_weight_bytes", step_weight_bytes}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";
   else std::ofstream(out) << doc.dump(2) << "\n";
