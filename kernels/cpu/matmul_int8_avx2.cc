@@ -198,9 +198,14 @@ __attribute__((noinline)) void RowDotBytes8Of(const uint8_t* src, int64_t row_by
 // 2 ran 1.4-1.7× slower.
 constexpr int kBytes8Rows = 8;
 constexpr int RowsPerCall(DType t) { return t == DType::kQ8_0 ? 4 : kBytes8Rows; }
-// Octets of weight rows the byte path prefetches ahead: 2 beat 1 and 4 on this AMD EPYC
-// (dd-bench-matmul cold rows, alternating runs).
-constexpr int64_t kBytePathAhead = 2;
+// How far ahead the byte path prefetches weight rows: whole octets of rows, the fewest that
+// reach kBytePathAheadBytes. Fixed octet counts favoured different matrices: 2 beat 1 and 4 on
+// dd-bench-matmul's cold rows, while Gemma's decode (its Q8_0 LM head's octets are 5.4 KB) ran
+// 4.5% faster at 1 (71.5 vs 68.4 tok/s, AVX2 build, AMD EPYC, 3 alternating runs) and SmolLM2's
+// (Q4_1 octets of 2.9 KB) the same at 1 and 2. A longer distance issues its prefetches too early
+// for the line-fill buffers: 4 octets ran Gemma at 59 tok/s.
+constexpr int64_t kBytePathAheadBytes = 3 << 10;
+constexpr int64_t BytePathAhead(int64_t row_bytes) { return (kBytePathAheadBytes + 8 * row_bytes - 1) / (8 * row_bytes); }
 
 // f.template operator()<M>() with M = min(rows, kMax) as a constant (rows >= 1).
 template <int kMax, typename F>
@@ -495,10 +500,11 @@ TileRunner Avx2Tiles(const Call& c) {
     int64_t n = t0 * kTile;
     if (bytes || kbytes) {  // 8 weight rows at a time, each activation row against them
       const int64_t per_call = RowsPerCall(type);
+      const int64_t ahead = BytePathAhead(w.row_bytes);
       for (; n + 8 <= n_end; n += 8) {
         // Decode streams every weight from DRAM once per step (a model's layers exceed the
-        // LLC): ask for the eight rows kBytePathAhead octets ahead while these compute.
-        if (const int64_t next = n + 8 * kBytePathAhead; next + 8 <= w.rows) {
+        // LLC): ask for the eight rows `ahead` octets ahead while these compute.
+        if (const int64_t next = n + 8 * ahead; next + 8 <= w.rows) {
           const uint8_t* p = w.data + next * w.row_bytes;
           for (int64_t off = 0; off < 8 * w.row_bytes; off += 64) {
             _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
