@@ -21,6 +21,73 @@ ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, k
                        backend::Device& device)
     : config_(config), chunk_(chunk_tokens), store_(store), device_(device), host_visible_(device.host_visible()) {}
 
+ChunkStore::~ChunkStore() { DropRanges(); }
+
+void ChunkStore::DropRanges() {
+  if (regions_.empty()) return;
+  for (Queue q : {Queue::kUrgent, Queue::kPrefetch}) (void)device_.Synchronize(device_.Record(q));
+  for (const backend::HostRegion& r : regions_) device_.UnregisterHostRegion(r);
+  regions_.clear();
+  mapped_.clear();
+}
+
+absl::StatusOr<bool> ChunkStore::DeviceGathers() {
+  if (host_visible_) return false;  // the transfer thread writes device memory itself
+  std::vector<kvpool::KvStore::MappedRange> now = store_->MappedRanges();
+  if (now != mapped_) {
+    DropRanges();
+    for (const auto& r : now) {
+      auto region = device_.RegisterHostRegion(r.base, r.bytes);
+      if (!region.ok()) {
+        DropRanges();
+        return Annotate(region.status(), "registering the KV store's mapped memory with the device");
+      }
+      regions_.push_back(*region);
+    }
+    mapped_ = std::move(now);
+  }
+  return !regions_.empty();
+}
+
+absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
+                                           const std::vector<BlockDst>& dsts, kvpool::Priority priority,
+                                           Landing* l) {
+  RETURN_IF_ERROR(store_->BlockAddresses(id, refs, &addrs_));
+  if (addrs_.size() != refs.size()) {
+    return absl::InternalError(absl::StrCat("the KV store gave ", addrs_.size(), " addresses for ", refs.size(), " blocks"));
+  }
+  const Queue q = priority == kvpool::Priority::kUrgent ? Queue::kUrgent : Queue::kPrefetch;
+  // The blocks overwrite slots that attention calls enqueued so far may read: after them.
+  device_.Wait(q, device_.Record(Queue::kCompute));
+  // One gather per run of blocks from one range into one buffer.
+  auto range_of = [&](const void* a) -> int {
+    const auto* p = static_cast<const char*>(a);
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      const auto* base = static_cast<const char*>(regions_[i].base);
+      if (p >= base && p + block_bytes() <= base + regions_[i].bytes) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  for (size_t i = 0; i < refs.size();) {
+    const int r = range_of(addrs_[i]);
+    if (r < 0) return absl::InternalError("a block's address lies outside the KV store's mapped memory");
+    const char* base = static_cast<const char*>(regions_[r].base);
+    gather_.clear();
+    size_t j = i;
+    for (; j < refs.size() && dsts[j].buf.data == dsts[i].buf.data && range_of(addrs_[j]) == r; ++j) {
+      gather_.push_back({static_cast<const char*>(addrs_[j]) - base, dsts[j].offset});
+    }
+    RETURN_IF_ERROR(device_.Gather(q, regions_[r], gather_, block_bytes(), dsts[i].buf));
+    i = j;
+  }
+  l->copied = device_.Record(q);
+  l->on_device = true;
+  l->pending = true;
+  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  device_gathered_ += static_cast<int64_t>(refs.size());
+  return absl::OkStatus();
+}
+
 absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
                                      const float* v, float* landmarks) {
   const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
@@ -98,10 +165,13 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
                                       std::vector<BlockDst> dsts, kvpool::Priority priority, Landing* l) {
   l->tid = 0;
   l->pending = false;
+  l->on_device = false;
   if (refs.empty()) return absl::OkStatus();
   if (refs.size() != dsts.size()) {
     return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
   }
+  ASSIGN_OR_RETURN(const bool device_gathers, DeviceGathers());
+  if (device_gathers) return StartDeviceGather(id, refs, dsts, priority, l);
   if (host_visible_) {
     std::vector<float*> ptrs(dsts.size());
     for (size_t i = 0; i < dsts.size(); ++i) {
@@ -123,6 +193,11 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
 absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   if (!l.pending) return absl::OkStatus();
   l.pending = false;
+  if (l.on_device) {  // enqueued at the start: the compute queue waits for it
+    l.on_device = false;
+    if (!skip_compute_wait) device_.Wait(Queue::kCompute, l.copied);
+    return absl::OkStatus();
+  }
   const kvpool::TransferId tid = l.tid;
   l.tid = 0;
   RETURN_IF_ERROR(tid == 0 ? absl::OkStatus() : store_->Wait(tid));

@@ -4,10 +4,18 @@
 // the blocks. It calls no kernel and names no backend: every device gets the same host-side
 // logic, and SparseKvCache keeps only what lives in device memory and the attention plan.
 //
-// Landing: blocks gathered from the store into device slots. Where the host may write device
-// memory (cpu) the store's transfer thread writes the slots directly; elsewhere it writes host
-// staging, and FinishLanding copies the blocks over on the given queue, after the compute
-// queue's earlier readers of those slots, and makes the compute queue wait for the copies.
+// Landing: blocks gathered from the store into device slots, three ways.
+//  - Where the host may write device memory (cpu), the store's transfer thread writes the
+//    slots directly.
+//  - Elsewhere, from a store whose blocks lie in host memory mapped into this process (a
+//    shm:// pool, KvStore::MappedRanges), the device gathers them itself: the ranges are
+//    registered with it once, and StartLanding enqueues Device::Gather on the urgent queue
+//    (urgent priority) or the prefetch queue (background), after the compute queue's earlier
+//    readers of those slots. No host copy, no transfer thread; FinishLanding has the compute
+//    queue wait for the gather.
+//  - Otherwise the store writes host staging, and FinishLanding copies the blocks over on the
+//    given queue, after the compute queue's earlier readers of those slots, and makes the
+//    compute queue wait for the copies.
 //
 // Not thread-safe (the engine's thread); the store's transfer thread writes only into what a
 // landing handed it until FinishLanding.
@@ -29,6 +37,9 @@ class ChunkStore {
  public:
   // `store` and `device` outlive this.
   ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store, backend::Device& device);
+  ~ChunkStore();  // waits for the device's gathers, then unregisters the mapped ranges
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
 
   kvpool::KvLayout layout() const { return {config_.n_layer, config_.n_head_kv, config_.head_dim, chunk_}; }
   absl::StatusOr<kvpool::SequenceId> Open() { return store_->Open(layout()); }
@@ -40,8 +51,10 @@ class ChunkStore {
   // Floats and bytes of one block (one KV head of one chunk).
   int64_t block_floats() const { return 2 * chunk_ * config_.head_dim; }
   int64_t block_bytes() const { return block_floats() * static_cast<int64_t>(sizeof(float)); }
-  // Blocks gathered so far (every landing's).
+  // Blocks gathered so far (every landing's), and those of them the device gathered itself
+  // from mapped host memory.
   int64_t fetched_chunks() const { return fetched_chunks_; }
+  int64_t device_gathered_chunks() const { return device_gathered_; }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
   // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
@@ -67,13 +80,15 @@ class ChunkStore {
     bool pending = false;        // started, not finished
     std::vector<float> staging;  // host-invisible devices: where the store writes
     std::vector<BlockDst> dsts;
-    backend::Event copied;       // staging's copies (the staging is reused only after them)
+    backend::Event copied;       // staging's copies (the staging is reused only after them), or the gather's
+    bool on_device = false;      // the device gathers it from mapped host memory
   };
   // Starts gathering `refs` of sequence `id` into `dsts` (one each) at `priority`.
   absl::Status StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
                             kvpool::Priority priority, Landing* l);
   // Waits for the store's transfer; on a host-invisible device copies the blocks over on `q`
-  // and has the compute queue wait for them. Nothing to do when not pending.
+  // (or, gathered by the device, has nothing to copy) and has the compute queue wait for them.
+  // Nothing to do when not pending.
   absl::Status FinishLanding(Landing& l, backend::Queue q);
   // Fault injection for the tests that show a missing wait is caught (on the sim device):
   // every landing of the process leaves out the compute queue's wait for its copies.
@@ -84,8 +99,20 @@ class ChunkStore {
   const int64_t chunk_;
   kvpool::KvStore* store_;
   backend::Device& device_;
+  // Whether landings are device gathers: the store's current mapped ranges, registered with the
+  // device (again after a Recover changed them).
+  absl::StatusOr<bool> DeviceGathers();
+  absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
+                                 const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
+  // Waits for the queues that gather, then unregisters every range.
+  void DropRanges();
+
   const bool host_visible_;
-  int64_t fetched_chunks_ = 0;
+  int64_t fetched_chunks_ = 0, device_gathered_ = 0;
+  std::vector<kvpool::KvStore::MappedRange> mapped_;  // what regions_ registered
+  std::vector<backend::HostRegion> regions_;
+  std::vector<const void*> addrs_;                  // a gather's block addresses
+  std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks
   std::vector<float> block_;        // one [K | V] block being written
   std::vector<double> mean_;        // a landmark being summed
 };

@@ -119,6 +119,8 @@ class Engine {
   absl::Status status() const { return init_status_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
+  // Of those, the chunks the device gathered itself from the store's mapped memory.
+  int64_t device_gathered_chunks() const { return sparse_ ? sparse_->device_gathered_chunks() : 0; }
   // Changes the simulated link for transfers issued from now on (sparse modes).
   void SetLink(const kvpool::LinkModel& link) {
     if (store_) store_->SetLink(link);

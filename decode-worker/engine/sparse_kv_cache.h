@@ -205,6 +205,9 @@ class SparseKvCache : public KvCache {
   SeqKvBytes SeqTransfers(int32_t seq) const;
   int64_t block_bytes() const { return chunks_.block_bytes(); }
   int64_t fetched_chunks() const { return chunks_.fetched_chunks(); }
+  // Of those, the ones the device gathered itself from the store's mapped memory (a shm://
+  // pool on a device the host cannot write: ChunkStore).
+  int64_t device_gathered_chunks() const { return chunks_.device_gathered_chunks(); }
 
   // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
   // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and

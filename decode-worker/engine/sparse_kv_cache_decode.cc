@@ -242,6 +242,7 @@ SparseKvCache::DecodeRead& SparseKvCache::AddRead(int32_t seq) {
   r.real_row = r.spec_row = -1;
   r.buffer = -1;
   r.urgent.pending = false;
+  r.urgent.on_device = false;
   r.urgent.tid = 0;
   r.wait_prefetch = false;
   r.sel.clear();

@@ -14,6 +14,7 @@
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
+#include "kv-pool/server/pool_process.h"
 
 namespace dd::engine {
 namespace {
@@ -267,6 +268,49 @@ TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
         run();
       },
       "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(copy to "
+      "workspace\\) writes, without waiting for it");
+}
+
+// KV in a shm:// pool, on the simulated device (which the host cannot write): the device
+// gathers every block itself from the pool's region, mapped here and registered with it (no
+// host copy); the logits are the cpu's with the in-process store, bit for bit; and leaving out
+// the compute queue's wait for a gather aborts, naming the hazard (every sparse mode).
+TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  kvpool::testing_util::PoolProcess pool(30000, "1GiB");
+  ASSERT_FALSE(pool.address().empty());
+  const auto options = [&](DecodeMode mode, bool on_sim) {
+    EngineOptions o{.mode = mode};
+    o.sparse.budget_tokens = 64;
+    if (on_sim) {
+      o.device = "sim";
+      o.kv_store = "shm://" + pool.address();
+      o.kv_store_token = kvpool::testing_util::kAlice;
+    }
+    return o;
+  };
+  // sparse-cached gathers urgent misses into resident slots, dualdecoder also prefetches on the
+  // prefetch queue; sparse (urgent gathers into the workspace) runs in the death test below.
+  for (DecodeMode mode : {DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
+    SCOPED_TRACE(std::string(DecodeModeName(mode)));
+    Engine cpu(*this->model_, options(mode, false)), sim(*this->model_, options(mode, true));
+    ASSERT_TRUE(cpu.status().ok()) << cpu.status();
+    ASSERT_TRUE(sim.status().ok()) << sim.status();
+    const std::vector<float> want = this->Run(cpu, 4, 200, 150), got = this->Run(sim, 4, 200, 150);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+    const SparseKvCache* c = sim.sparse_cache();
+    EXPECT_GT(c->fetched_chunks(), 0);
+    EXPECT_EQ(c->device_gathered_chunks(), c->fetched_chunks());
+    EXPECT_EQ(cpu.sparse_cache()->device_gathered_chunks(), 0);
+  }
+  EXPECT_DEATH(
+      {
+        ChunkStore::SkipComputeWaitForTesting(true);
+        Engine e(*this->model_, options(DecodeMode::kSparse, true));
+        this->Run(e, 4, 200, 150);
+      },
+      "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");
 }
 

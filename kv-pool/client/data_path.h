@@ -25,6 +25,8 @@ class DataPath {
   virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) = 0;
   // For the shared-memory path: the mapped address of `offset` (gathers then copy directly).
   virtual const uint8_t* Mapped(int64_t offset) const { return nullptr; }
+  // The mapped region's size in bytes (0: nothing mapped).
+  virtual int64_t mapped_bytes() const { return 0; }
   // Raised by the store when it learns the pool is gone: waits in progress give up at once.
   void set_abort(const std::atomic<bool>* flag) { abort_ = flag; }
 

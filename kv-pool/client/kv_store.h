@@ -94,6 +94,25 @@ class KvStore {
   // flight from the caller.
   virtual absl::Status Recover() { return absl::OkStatus(); }
 
+  // Host memory mapped into this process that holds the store's blocks (a shm:// pool's
+  // region): a device may register it and gather blocks from it itself, at the addresses
+  // BlockAddresses gives, with no copy by the host. Empty for stores whose blocks are elsewhere
+  // (a UCX pool) or in memory of their own (the in-process store). The ranges change only in
+  // Recover.
+  struct MappedRange {
+    const void* base = nullptr;
+    int64_t bytes = 0;
+    bool operator==(const MappedRange& o) const { return base == o.base && bytes == o.bytes; }
+  };
+  virtual std::vector<MappedRange> MappedRanges() const { return {}; }
+  // The address of each of `refs`' blocks in those ranges, into *out (cleared first): each
+  // holds the block's bytes until the sequence is released. Errors as GatherTo's for refs it
+  // could not gather; UNIMPLEMENTED where MappedRanges() is empty.
+  virtual absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs,
+                                      std::vector<const void*>* out) {
+    return absl::UnimplementedError("this KV store maps no blocks into the process");
+  }
+
   // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
   // sequence's first keys.size() blocks, whose chunks are all written: they become findable
   // and outlive the sequence's lease until evicted. Stores without reuse ignore it.

@@ -196,6 +196,29 @@ class PoolKvStore : public KvStore {
     return queue_.Submit(std::move(job), priority);
   }
 
+  std::vector<MappedRange> MappedRanges() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (data_ == nullptr || data_->Mapped(0) == nullptr) return {};
+    return {{data_->Mapped(0), data_->mapped_bytes()}};
+  }
+
+  absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs, std::vector<const void*>* out) override {
+    out->clear();
+    RETURN_IF_ERROR(Broken());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (data_ == nullptr || data_->Mapped(0) == nullptr) return KvStore::BlockAddresses(seq, refs, out);
+    ASSIGN_OR_RETURN(Seq * s, Find(seq));
+    for (const ChunkRef& r : refs) {
+      RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
+      const int64_t bit = BlockIndex(s->layout, r);
+      if (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit]) {
+        return NeverWritten(r);
+      }
+      out->push_back(data_->Mapped(Offset(*s, r)));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Wait(TransferId id) override { return queue_.Wait(id); }
 
   absl::Status Release(SequenceId seq) override {

@@ -85,6 +85,33 @@ class ShardedKvStore : public KvStore {
     return result;
   }
 
+  // Every shard's ranges; a block's address from its shard. All or nothing: a shard that maps
+  // nothing (a UCX pool among shm ones) makes the store map nothing.
+  std::vector<MappedRange> MappedRanges() const override {
+    std::vector<MappedRange> out;
+    for (const auto& s : shards_) {
+      std::vector<MappedRange> r = s->MappedRanges();
+      if (r.empty()) return {};
+      out.insert(out.end(), r.begin(), r.end());
+    }
+    return out;
+  }
+
+  absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs, std::vector<const void*>* out) override {
+    out->clear();
+    ASSIGN_OR_RETURN(const Seq s, Find(seq));
+    std::vector<const void*> part;
+    for (size_t i = 0; i < refs.size();) {
+      const size_t k = refs[i].layer % shards_.size();
+      size_t j = i + 1;
+      while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
+      RETURN_IF_ERROR(shards_[k]->BlockAddresses(s.ids[k], refs.subspan(i, j - i), &part));
+      out->insert(out->end(), part.begin(), part.end());
+      i = j;
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Release(SequenceId seq) override {
     Seq s;
     {

@@ -27,6 +27,7 @@ class ShmDataPath : public DataPath {
     return absl::OkStatus();
   }
   const uint8_t* Mapped(int64_t offset) const override { return base_ + offset; }
+  int64_t mapped_bytes() const override { return bytes_; }
 
  private:
   uint8_t* base_;

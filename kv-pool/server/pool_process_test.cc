@@ -294,6 +294,50 @@ TEST(PoolProcessTest, LayersStripedOverTwoPools) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// shm:// maps the tenant's region into the client, so it can say where each block lies there
+// (a device gathers from it directly): the addresses hold the written bytes and lie in the
+// ranges; a striped store spans both pools' ranges; ucx:// and the in-process store map none.
+TEST(PoolProcessTest, ShmStoresSayWhereEachBlockLiesInTheirMapping) {
+  PoolProcess a, b;
+  auto store = OpenKvStore("shm://" + a.address() + ",shm://" + b.address(), kAlice, {});
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::vector<KvStore::MappedRange> ranges = (*store)->MappedRanges();
+  ASSERT_EQ(ranges.size(), 2u);
+  auto seq = (*store)->Open(kLayout);
+  ASSERT_TRUE(seq.ok());
+  std::vector<ChunkRef> refs;
+  for (int64_t c = 0; c < 4; ++c) {
+    for (int32_t l = 0; l < 3; ++l) {
+      refs.push_back({l, static_cast<int32_t>(c % 2), c});
+      ASSERT_TRUE((*store)->Write(*seq, refs.back(), BlockFor(5, refs.back()).data()).ok());
+    }
+  }
+  std::vector<const void*> addrs;
+  ASSERT_TRUE((*store)->BlockAddresses(*seq, refs, &addrs).ok());
+  ASSERT_EQ(addrs.size(), refs.size());
+  const int64_t bytes = kLayout.block_floats() * static_cast<int64_t>(sizeof(float));
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const auto* p = static_cast<const char*>(addrs[i]);
+    // Layer l lives in shard l % 2: its block in that shard's range.
+    const KvStore::MappedRange& r = ranges[refs[i].layer % 2];
+    EXPECT_TRUE(p >= static_cast<const char*>(r.base) && p + bytes <= static_cast<const char*>(r.base) + r.bytes) << i;
+    EXPECT_EQ(std::memcmp(p, BlockFor(5, refs[i]).data(), bytes), 0) << i;
+  }
+  // A block never written is refused as a gather of it would be, and leaves nothing behind.
+  const std::vector<ChunkRef> unwritten = {{0, 0, 7}};
+  EXPECT_EQ((*store)->BlockAddresses(*seq, unwritten, &addrs).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(addrs.empty());
+  auto ucx = OpenKvStore("ucx://" + a.address(), kAlice, {});
+  ASSERT_TRUE(ucx.ok()) << ucx.status();
+  EXPECT_TRUE((*ucx)->MappedRanges().empty());
+  auto local = OpenKvStore("inproc://", kAlice, {});
+  ASSERT_TRUE(local.ok());
+  EXPECT_TRUE((*local)->MappedRanges().empty());
+  auto lseq = (*local)->Open(kLayout);
+  ASSERT_TRUE(lseq.ok());
+  EXPECT_EQ((*local)->BlockAddresses(*lseq, {}, &addrs).code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(PoolProcessTest, ExpiredLeaseFreesMemory) {
   PoolProcess pool(/*lease_ttl_ms=*/300);
   auto stub = pool.Stub();
