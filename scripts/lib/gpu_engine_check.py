@@ -7,28 +7,34 @@ For each model, greedy `ddctl generate` over a prompt long enough that chunk sel
   - sparse, sparse-cached and dualdecoder give the same tokens (real rows are bit-identical
     across them; the slow-link case is logits_hash_test's, which needs the real models);
   - full on cuda gives the cpu's tokens, or the first step where they part is reported (random
-    weights make near-ties likelier than a trained model does).
+    weights make near-ties likelier than a trained model does);
+  - with --pool (a dd-kv-pool binary): sparse-cached and dualdecoder with the KV in a shm://
+    pool, which the device gathers from the registered region itself
+    (docs/decisions/0039-device-gathers-from-pool.md), give sparse@cuda's tokens.
 Writes a JSON summary (tokens/s per mode, the checks) to --out; exit status 1 when a check fails.
 
-    gpu_engine_check.py --ddctl BIN --models DIR --out FILE.json
+    gpu_engine_check.py --ddctl BIN --models DIR --out FILE.json [--pool DD_KV_POOL]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 
 MODES = ["full", "sparse", "sparse-cached", "dualdecoder"]
+POOL_MODES = ["sparse-cached", "dualdecoder"]
+TOKEN = "gpu-check-token-0123456789"
 
 
 def generate(ddctl: str, model: str, prompt_file: str, device: str, mode: str, extra: list[str]) -> dict:
     cmd = [ddctl, "generate", "--model", model, "--prompt_file", prompt_file, "--raw_prompt", "--device", device,
            "--mode", mode, "--budget", "16", "--max_new_tokens", "48", "--temperature", "0", "--ignore_eos",
            "--json"] + extra
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN))
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
     return json.loads(run.stdout)
@@ -46,6 +52,8 @@ def main() -> int:
     ap.add_argument("--ddctl", required=True)
     ap.add_argument("--models", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", help="the device checked against cpu (sim checks this script here)")
+    ap.add_argument("--pool", help="a dd-kv-pool binary: also run the sparse modes with KV in a shm:// pool")
     args = ap.parse_args()
     words = "the river flows past the mill and the keeper counts each ship that passes the light".split()
     summary: dict = {"models": {}, "failures": []}
@@ -53,7 +61,13 @@ def main() -> int:
         prompt = f"{tmp}/prompt.txt"
         with open(prompt, "w") as f:
             f.write(" ".join(f"{words[i % len(words)]} {i}" for i in range(150)))
-        check_models(args, prompt, summary)
+        pool = start_pool(args.pool, tmp, summary) if args.pool else None
+        try:
+            check_models(args, prompt, summary, pool[1] if pool else None)
+        finally:
+            if pool:
+                pool[0].terminate()
+                pool[0].wait(timeout=30)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     for line in summary["failures"]:
@@ -62,24 +76,49 @@ def main() -> int:
     return 1 if summary["failures"] else 0
 
 
-def check_models(args: argparse.Namespace, prompt: str, summary: dict) -> None:
+def start_pool(exe: str, tmp: str, summary: dict):
+    """(process, address) of a dd-kv-pool with one tenant, or None (a failure noted)."""
+    cfg = f"{tmp}/tenants.json"
+    with open(cfg, "w") as f:
+        json.dump([{"name": "gpu-check", "token": TOKEN, "quota": "256MiB"}], f)
+    os.chmod(cfg, 0o600)  # it holds the token: the pool refuses it readable by others
+    proc = subprocess.Popen([exe, f"--tenants={cfg}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT", or EOF
+    if "listening on" not in line:
+        proc.kill()
+        summary["failures"].append(f"dd-kv-pool did not start: {line!r} {proc.stderr.read()[-1000:]}")
+        return None
+    return proc, line.split()[3]
+
+
+def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str | None) -> None:
     for name in ["tiny-llama", "tiny-qwen2"]:
         model = f"{args.models}/{name}.gguf"
         runs = {}
         try:
             for mode in MODES:
-                runs[f"{mode}@cuda"] = generate(args.ddctl, model, prompt, "cuda", mode, [])
+                runs[f"{mode}@cuda"] = generate(args.ddctl, model, prompt, args.device, mode, [])
             runs["full@cpu"] = generate(args.ddctl, model, prompt, "cpu", "full", [])
+            for mode in POOL_MODES if pool else []:
+                runs[f"{mode}@cuda+shm"] = generate(args.ddctl, model, prompt, args.device, mode,
+                                                    ["--kv_store", f"shm://{pool}"])
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
             summary["failures"].append(f"{name}: {e}")
             continue
         tokens = {k: v["tokens"] for k, v in runs.items()}
         checks = {}
-        for other in ["sparse-cached@cuda", "dualdecoder@cuda"]:
+        for other in ["sparse-cached@cuda", "dualdecoder@cuda"] + [f"{m}@cuda+shm" for m in POOL_MODES if pool]:
             d = first_difference(tokens["sparse@cuda"], tokens[other])
             checks[f"{other} == sparse@cuda"] = d == -1
             if d != -1:
                 summary["failures"].append(f"{name}: {other} leaves sparse@cuda at token {d}")
+        for mode in POOL_MODES if pool else []:  # the device gathered every block from the pool itself
+            r = runs[f"{mode}@cuda+shm"]
+            ok = r.get("fetched_chunks", 0) > 0 and r.get("device_gathered_chunks") == r["fetched_chunks"]
+            checks[f"{mode}@cuda+shm gathered by the device"] = ok
+            if not ok:
+                summary["failures"].append(f"{name}: {mode}@cuda+shm: {r.get('device_gathered_chunks')} of "
+                                           f"{r.get('fetched_chunks')} chunks gathered by the device")
         d = first_difference(tokens["full@cuda"], tokens["full@cpu"])
         checks["full@cuda == full@cpu"] = d == -1
         if d != -1:
