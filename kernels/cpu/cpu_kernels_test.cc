@@ -24,6 +24,37 @@ TEST(DTypeTest, F16RoundTripAndSpecials) {
   EXPECT_EQ(BF16ToF32(0x3f80), 1.0f);
 }
 
+// The portable conversion (builds without F16C) gives F16C's bits, subnormal halves and ties
+// included: a synthetic model's tiny block scales must not flush to zero on some builds only.
+TEST(DTypeTest, PortableF16ConversionIsF16CsBitForBit) {
+  std::mt19937 rng(7);
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e30f, -1e-30f, 6.08e-5f, 1.14e-5f,
+                               std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(3.0f, -26),
+                               std::ldexp(1.0f, -14) - std::ldexp(1.0f, -26), std::nanf(""), INFINITY};
+  for (int i = 0; i < 200000; ++i) {
+    const float mag = std::ldexp(std::uniform_real_distribution<float>(1.0f, 2.0f)(rng),
+                                 std::uniform_int_distribution<int>(-30, 17)(rng));
+    values.push_back(i % 2 ? -mag : mag);
+  }
+  for (uint32_t h = 0; h < 0x7c00u; h += 1) {  // every finite half, and the midpoints above each
+    const float f = F16ToF32(static_cast<uint16_t>(h)), next = F16ToF32(static_cast<uint16_t>(h + 1));
+    values.push_back(f);
+    values.push_back((f + next) / 2);
+  }
+  int checked = 0;
+  for (float f : values) {
+#ifdef __F16C__
+    ASSERT_EQ(F32ToF16Portable(f), F32ToF16(f)) << f;
+    ++checked;
+#else
+    if (std::isfinite(f) && F16ToF32(F32ToF16Portable(f)) == f) ++checked;  // exact halves round-trip
+#endif
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(F32ToF16Portable(std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal, not zero
+  EXPECT_EQ(F32ToF16Portable(6.08e-5f), 0x03fc);               // a subnormal scale
+}
+
 TEST(DTypeTest, RowBytesValidatesBlockMultiple) {
   EXPECT_EQ(*RowBytes(DType::kQ8_0, 64), 68);
   EXPECT_EQ(*RowBytes(DType::kQ4_K, 512), 288);

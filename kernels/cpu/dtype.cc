@@ -72,23 +72,38 @@ float F16ToF32(uint16_t h) {
   return f;
 }
 
-uint16_t F32ToF16(float f) {
-#ifdef __F16C__
-  return static_cast<uint16_t>(_cvtss_sh(f, 0));
-#else
-  // Round-to-nearest-even conversion for normal values; tiny values flush to signed zero.
+uint16_t F32ToF16Portable(float f) {
+  // Round to nearest even, subnormal results included (what F16C's conversion does).
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffffu;
+  const uint32_t mant = x & 0x7fffffu;
   if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
   if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (exp <= 0) return static_cast<uint16_t>(sign);
+  if (exp <= 0) {
+    // A subnormal half: the significand (implicit bit included) in units of 2^-24. Below half
+    // of the smallest one (shift > 24) it rounds to zero; a carry out of the subnormals gives
+    // the smallest normal, correctly.
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    const uint32_t m = mant | 0x800000u;
+    const int shift = 14 - exp;  // 14..24
+    uint32_t h = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
   uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
   const uint32_t rest = mant & 0x1fffu;
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
   return static_cast<uint16_t>(h);
+}
+
+uint16_t F32ToF16(float f) {
+#ifdef __F16C__
+  return static_cast<uint16_t>(_cvtss_sh(f, 0));
+#else
+  return F32ToF16Portable(f);
 #endif
 }
 

@@ -53,6 +53,9 @@ absl::StatusOr<int64_t> RowBytes(DType t, int64_t n);
 
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
+// The conversion of builds without F16C (round to nearest even, subnormals included); exposed
+// so that tests compare it with F16C's on machines that have both.
+uint16_t F32ToF16Portable(float f);
 inline float BF16ToF32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
