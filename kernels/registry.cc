@@ -49,6 +49,7 @@ absl::Status CudaDequantizeRows(DType t, const void* src, int64_t rows, int64_t 
 namespace dd::backend {
 
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options) {
+  if (name == "auto") return CreateDevice(ResolveDeviceName(name), options);
   if (name == "cpu") {
     if (options.pool == nullptr) return absl::InvalidArgumentError("the cpu device needs a thread pool");
     if (options.budget_bytes < 0) {

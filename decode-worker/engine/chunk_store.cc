@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/kv_block.h"
 #include "decode-worker/engine/prefix_reuse.h"
@@ -21,31 +22,41 @@ ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, k
                        backend::Device& device)
     : config_(config), chunk_(chunk_tokens), store_(store), device_(device), host_visible_(device.host_visible()) {}
 
-ChunkStore::~ChunkStore() { DropRanges(); }
+ChunkStore::~ChunkStore() { ForgetMappings(); }
 
-void ChunkStore::DropRanges() {
-  if (regions_.empty()) return;
-  for (Queue q : {Queue::kUrgent, Queue::kPrefetch}) (void)device_.Synchronize(device_.Record(q));
-  for (const backend::HostRegion& r : regions_) device_.UnregisterHostRegion(r);
-  regions_.clear();
-  mapped_.clear();
+absl::StatusOr<kvpool::SequenceId> ChunkStore::Open() {
+  (void)DeviceGathers();
+  return store_->Open(layout());
 }
 
-absl::StatusOr<bool> ChunkStore::DeviceGathers() {
+void ChunkStore::ForgetMappings() {
+  if (!regions_.empty()) {
+    for (Queue q : {Queue::kUrgent, Queue::kPrefetch}) (void)device_.Synchronize(device_.Record(q));
+    for (const backend::HostRegion& r : regions_) device_.UnregisterHostRegion(r);
+  }
+  regions_.clear();
+  mapped_.clear();
+  refused_.clear();
+}
+
+bool ChunkStore::DeviceGathers() {
   if (host_visible_) return false;  // the transfer thread writes device memory itself
   std::vector<kvpool::KvStore::MappedRange> now = store_->MappedRanges();
-  if (now != mapped_) {
-    DropRanges();
-    for (const auto& r : now) {
-      auto region = device_.RegisterHostRegion(r.base, r.bytes);
-      if (!region.ok()) {
-        DropRanges();
-        return Annotate(region.status(), "registering the KV store's mapped memory with the device");
-      }
-      regions_.push_back(*region);
+  if (now == mapped_) return !regions_.empty();
+  if (!now.empty() && now == refused_) return false;
+  ForgetMappings();
+  for (const auto& r : now) {
+    auto region = device_.RegisterHostRegion(r.base, r.bytes);
+    if (!region.ok()) {
+      LOG(WARNING) << "the device cannot register the KV store's mapped memory (" << r.bytes
+                   << " bytes): its blocks land through host staging instead: " << region.status();
+      ForgetMappings();
+      refused_ = std::move(now);
+      return false;
     }
-    mapped_ = std::move(now);
+    regions_.push_back(*region);
   }
+  mapped_ = std::move(now);
   return !regions_.empty();
 }
 
@@ -70,14 +81,21 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   };
   for (size_t i = 0; i < refs.size();) {
     const int r = range_of(addrs_[i]);
-    if (r < 0) return absl::InternalError("a block's address lies outside the KV store's mapped memory");
+    if (r < 0) {
+      (void)device_.Synchronize(device_.Record(q));  // the runs enqueued before it
+      return absl::InternalError("a block's address lies outside the KV store's mapped memory");
+    }
     const char* base = static_cast<const char*>(regions_[r].base);
     gather_.clear();
     size_t j = i;
     for (; j < refs.size() && dsts[j].buf.data == dsts[i].buf.data && range_of(addrs_[j]) == r; ++j) {
       gather_.push_back({static_cast<const char*>(addrs_[j]) - base, dsts[j].offset});
     }
-    RETURN_IF_ERROR(device_.Gather(q, regions_[r], gather_, block_bytes(), dsts[i].buf));
+    if (absl::Status st = device_.Gather(q, regions_[r], gather_, block_bytes(), dsts[i].buf); !st.ok()) {
+      // Runs enqueued before this one may still write their slots: done before the error.
+      (void)device_.Synchronize(device_.Record(q));
+      return st;
+    }
     i = j;
   }
   l->copied = device_.Record(q);
@@ -170,8 +188,7 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
   if (refs.size() != dsts.size()) {
     return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
   }
-  ASSIGN_OR_RETURN(const bool device_gathers, DeviceGathers());
-  if (device_gathers) return StartDeviceGather(id, refs, dsts, priority, l);
+  if (DeviceGathers()) return StartDeviceGather(id, refs, dsts, priority, l);
   if (host_visible_) {
     std::vector<float*> ptrs(dsts.size());
     for (size_t i = 0; i < dsts.size(); ++i) {

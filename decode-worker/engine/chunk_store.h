@@ -42,7 +42,9 @@ class ChunkStore {
   ChunkStore& operator=(const ChunkStore&) = delete;
 
   kvpool::KvLayout layout() const { return {config_.n_layer, config_.n_head_kv, config_.head_dim, chunk_}; }
-  absl::StatusOr<kvpool::SequenceId> Open() { return store_->Open(layout()); }
+  // A sequence of the store. Also registers the store's mapped memory with the device here, at
+  // admission, rather than at the first landing of a decode step (registering pins it: slow).
+  absl::StatusOr<kvpool::SequenceId> Open();
   void Release(kvpool::SequenceId id) { (void)store_->Release(id); }
   absl::Status CommitPrefix(kvpool::SequenceId id, absl::Span<const uint64_t> keys) {
     return store_->CommitPrefix(id, keys);
@@ -90,6 +92,9 @@ class ChunkStore {
   // (or, gathered by the device, has nothing to copy) and has the compute queue wait for them.
   // Nothing to do when not pending.
   absl::Status FinishLanding(Landing& l, backend::Queue q);
+  // Waits for the device's gathers, then unregisters the store's mapped memory: before the
+  // store's Recover unmaps it (the next landing registers the new mapping).
+  void ForgetMappings();
   // Fault injection for the tests that show a missing wait is caught (on the sim device):
   // every landing of the process leaves out the compute queue's wait for its copies.
   static void SkipComputeWaitForTesting(bool skip);
@@ -100,16 +105,16 @@ class ChunkStore {
   kvpool::KvStore* store_;
   backend::Device& device_;
   // Whether landings are device gathers: the store's current mapped ranges, registered with the
-  // device (again after a Recover changed them).
-  absl::StatusOr<bool> DeviceGathers();
+  // device (again after ForgetMappings). A mapping the device refuses to register is logged
+  // once and not tried again: its landings go through host staging.
+  bool DeviceGathers();
   absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
-  // Waits for the queues that gather, then unregisters every range.
-  void DropRanges();
 
   const bool host_visible_;
   int64_t fetched_chunks_ = 0, device_gathered_ = 0;
   std::vector<kvpool::KvStore::MappedRange> mapped_;  // what regions_ registered
+  std::vector<kvpool::KvStore::MappedRange> refused_; // a mapping the device would not register
   std::vector<backend::HostRegion> regions_;
   std::vector<const void*> addrs_;                  // a gather's block addresses
   std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks

@@ -190,7 +190,13 @@ class Engine {
   void Release(int32_t seq);
   // After a step failed with UNAVAILABLE because the KV pool was lost: reconnects the store
   // (KvStore::Recover). Release every sequence first; they are rebuilt by prefilling again.
-  absl::Status RecoverKvStore() { return store_ != nullptr ? store_->Recover() : absl::OkStatus(); }
+  // The device forgets the store's mapped memory first: Recover unmaps it, and a new mapping
+  // may come back at the same address.
+  absl::Status RecoverKvStore() {
+    if (store_ == nullptr) return absl::OkStatus();
+    if (sparse_ != nullptr) sparse_->ForgetStoreMappings();
+    return store_->Recover();
+  }
   const MemoryPlan& memory_plan() const { return plan_; }
   // The store bytes a request may be charged (MemoryPlan::StoreChunks with this engine's prefix
   // reuse, as the store reserves them), and the store's bound for this worker (its pool

@@ -208,6 +208,9 @@ class SparseKvCache : public KvCache {
   // Of those, the ones the device gathered itself from the store's mapped memory (a shm://
   // pool on a device the host cannot write: ChunkStore).
   int64_t device_gathered_chunks() const { return chunks_.device_gathered_chunks(); }
+  // Before the store's Recover: the device unregisters the store's mapped memory (after the
+  // gathers from it), to register the new mapping at the next landing.
+  void ForgetStoreMappings() { chunks_.ForgetMappings(); }
 
   // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
   // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and

@@ -196,6 +196,8 @@ class PoolKvStore : public KvStore {
     return queue_.Submit(std::move(job), priority);
   }
 
+  // data_ changes only in Recover, which callers run with nothing else of theirs in flight
+  // (the engine's thread calls both); the lock orders it against the transfer threads.
   std::vector<MappedRange> MappedRanges() const override {
     std::lock_guard<std::mutex> lock(mu_);
     if (data_ == nullptr || data_->Mapped(0) == nullptr) return {};
@@ -209,10 +211,14 @@ class PoolKvStore : public KvStore {
     if (data_ == nullptr || data_->Mapped(0) == nullptr) return KvStore::BlockAddresses(seq, refs, out);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
     for (const ChunkRef& r : refs) {
-      RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
-      const int64_t bit = BlockIndex(s->layout, r);
-      if (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit]) {
-        return NeverWritten(r);
+      absl::Status st = CheckChunkRef(s->layout, r);
+      const int64_t bit = st.ok() ? BlockIndex(s->layout, r) : 0;
+      if (st.ok() && (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit])) {
+        st = NeverWritten(r);
+      }
+      if (!st.ok()) {
+        out->clear();  // nothing half-answered
+        return st;
       }
       out->push_back(data_->Mapped(Offset(*s, r)));
     }

@@ -100,12 +100,16 @@ class ShardedKvStore : public KvStore {
   absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs, std::vector<const void*>* out) override {
     out->clear();
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
+    for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
     std::vector<const void*> part;
     for (size_t i = 0; i < refs.size();) {
       const size_t k = refs[i].layer % shards_.size();
       size_t j = i + 1;
       while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
-      RETURN_IF_ERROR(shards_[k]->BlockAddresses(s.ids[k], refs.subspan(i, j - i), &part));
+      if (absl::Status st = shards_[k]->BlockAddresses(s.ids[k], refs.subspan(i, j - i), &part); !st.ok()) {
+        out->clear();  // nothing half-answered
+        return st;
+      }
       out->insert(out->end(), part.begin(), part.end());
       i = j;
     }

@@ -324,7 +324,7 @@ TEST(PoolProcessTest, ShmStoresSayWhereEachBlockLiesInTheirMapping) {
     EXPECT_EQ(std::memcmp(p, BlockFor(5, refs[i]).data(), bytes), 0) << i;
   }
   // A block never written is refused as a gather of it would be, and leaves nothing behind.
-  const std::vector<ChunkRef> unwritten = {{0, 0, 7}};
+  const std::vector<ChunkRef> unwritten = {refs[0], refs[1], {0, 0, 7}};
   EXPECT_EQ((*store)->BlockAddresses(*seq, unwritten, &addrs).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(addrs.empty());
   auto ucx = OpenKvStore("ucx://" + a.address(), kAlice, {});

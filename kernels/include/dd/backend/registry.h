@@ -18,7 +18,7 @@ struct DeviceOptions {
   ThreadPool* pool = nullptr;   // cpu: the threads the ops run on (required; outlives the device)
 };
 
-// The named device. INVALID_ARGUMENT for an unknown name (the message lists the known ones);
+// The named device ("auto": ResolveDeviceName's choice). INVALID_ARGUMENT for an unknown name (the message lists the known ones);
 // UNAVAILABLE for a backend this build or machine cannot run, saying why (not compiled, no
 // device, driver).
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options);
