@@ -68,7 +68,10 @@ def run(cmd: list[str], timeout: float, log) -> subprocess.CompletedProcess:
 def bench_shape(a, tmp: str, shape: str, extra: list[str], log) -> dict:
     """Writes the shape's model, runs dd-bench-modes on it; the raw results, or the error."""
     model = os.path.join(tmp, shape + ".gguf")
-    r = run([os.path.join(a.bin, "ddctl"), "synth-model", "--shape", shape, "--out", model], 300, log)
+    try:
+        r = run([os.path.join(a.bin, "ddctl"), "synth-model", "--shape", shape, "--out", model], 300, log)
+    except subprocess.TimeoutExpired:
+        return {"error": "synth-model ran past 300 s"}
     if r.returncode != 0:
         return {"error": f"synth-model failed: {r.stderr.strip()[-500:]}"}
     raw = os.path.join(tmp, shape + ".json")

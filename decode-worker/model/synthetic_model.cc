@@ -1,5 +1,7 @@
 #include "decode-worker/model/synthetic_model.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -339,16 +341,18 @@ absl::Status WriteSyntheticGguf(const SyntheticShape& shape, const SyntheticOpti
   ASSIGN_OR_RETURN(const std::vector<Tensor> tensors, TensorsOf(shape));
   const std::string header = HeaderOf(shape, tensors);
   const int64_t total = static_cast<int64_t>(header.size() + tensors.back().offset) + tensors.back().bytes;
-  const std::string tmp = path + ".tmp";
+  // A name of this writer's own beside the file: concurrent writers do not clobber each other.
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
   if (!f) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  auto fail = [&](absl::string_view what) {
-    const std::string why = std::strerror(errno);
+  auto fail = [&](absl::string_view what, int err) {
     f.reset();
-    std::filesystem::remove(tmp);
-    return absl::InternalError(absl::StrCat("writing ", tmp, ": ", what, ": ", why));
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    return absl::InternalError(absl::StrCat("writing ", tmp, ": ", what, err != 0 ? ": " : "",
+                                            err != 0 ? std::strerror(err) : ""));
   };
-  if (std::fwrite(header.data(), 1, header.size(), f.get()) != header.size()) return fail("header");
+  if (std::fwrite(header.data(), 1, header.size(), f.get()) != header.size()) return fail("header", errno);
   std::vector<uint8_t> buf(8 << 20);
   int64_t written = static_cast<int64_t>(header.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -356,23 +360,26 @@ absl::Status WriteSyntheticGguf(const SyntheticShape& shape, const SyntheticOpti
     const int64_t at = static_cast<int64_t>(header.size() + t.offset);
     if (written < at) {
       static const char kZeros[kAlignment] = {};
-      if (std::fwrite(kZeros, 1, at - written, f.get()) != static_cast<size_t>(at - written)) return fail("padding");
+      if (std::fwrite(kZeros, 1, at - written, f.get()) != static_cast<size_t>(at - written)) {
+        return fail("padding", errno);
+      }
     }
     if (!t.values.empty()) {
       const size_t bytes = t.values.size() * sizeof(float);
-      if (std::fwrite(t.values.data(), 1, bytes, f.get()) != bytes) return fail(t.name);
-    } else if (!WriteBlocks(t, options.seed * 0x100000001B3ull + i, f.get(), buf).ok()) {
-      return fail(t.name);
+      if (std::fwrite(t.values.data(), 1, bytes, f.get()) != bytes) return fail(t.name, errno);
+    } else if (absl::Status st = WriteBlocks(t, options.seed * 0x100000001B3ull + i, f.get(), buf); !st.ok()) {
+      return fail(absl::StrCat(t.name, ": ", st.message()), errno);
     }
     written = at + t.bytes;
     if (options.progress) options.progress(written, total);
   }
-  if (std::fflush(f.get()) != 0) return fail("flush");
-  f.reset();
+  if (std::fflush(f.get()) != 0) return fail("flush", errno);
+  if (std::fclose(f.release()) != 0) return fail("close", errno);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    std::filesystem::remove(tmp);
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
     return absl::InternalError(absl::StrCat("renaming ", tmp, " to ", path, ": ", ec.message()));
   }
   return absl::OkStatus();

@@ -58,8 +58,8 @@ struct SyntheticOptions {
 // The file's size in bytes (header and padding included).
 absl::StatusOr<int64_t> SyntheticGgufBytes(const SyntheticShape& shape, const SyntheticOptions& options);
 
-// Writes the model to `path` through `path`.tmp, renamed when complete: a file under `path` is
-// always whole. The same shape, options and seed give the same bytes. InvalidArgument for a
+// Writes the model to `path` through a temporary file beside it (`path`.tmp.<pid>),
+// and renamed when complete: a file under `path` is always whole. The same shape, options and seed give the same bytes. InvalidArgument for a
 // shape that fails ModelConfig's checks or an unsupported type; the I/O error otherwise.
 absl::Status WriteSyntheticGguf(const SyntheticShape& shape, const SyntheticOptions& options, const std::string& path);
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -66,8 +67,7 @@ def main() -> int:
             check_models(args, prompt, summary, pool[1] if pool else None)
         finally:
             if pool:
-                pool[0].terminate()
-                pool[0].wait(timeout=30)
+                stop_pool(pool[0])
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     for line in summary["failures"]:
@@ -77,18 +77,34 @@ def main() -> int:
 
 
 def start_pool(exe: str, tmp: str, summary: dict):
-    """(process, address) of a dd-kv-pool with one tenant, or None (a failure noted)."""
+    """(process, address) of a dd-kv-pool with one tenant, or None (a failure noted). Only its
+    shm:// path is needed (--ucx=false: a bare machine may lack UCX's transport modules); its
+    log goes to a file, and its first line must come within 30 s."""
     cfg = f"{tmp}/tenants.json"
     with open(cfg, "w") as f:
         json.dump([{"name": "gpu-check", "token": TOKEN, "quota": "256MiB"}], f)
     os.chmod(cfg, 0o600)  # it holds the token: the pool refuses it readable by others
-    proc = subprocess.Popen([exe, f"--tenants={cfg}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()  # "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT", or EOF
+    log = open(f"{tmp}/pool.log", "w")
+    proc = subprocess.Popen([exe, f"--tenants={cfg}", "--ucx=false"], stdout=subprocess.PIPE, stderr=log, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    line = proc.stdout.readline() if ready else ""  # "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT"
     if "listening on" not in line:
         proc.kill()
-        summary["failures"].append(f"dd-kv-pool did not start: {line!r} {proc.stderr.read()[-1000:]}")
+        proc.wait()
+        log.close()
+        with open(f"{tmp}/pool.log") as f:
+            summary["failures"].append(f"dd-kv-pool did not start (no listening line within 30 s): {line!r} {f.read()[-1000:]}")
         return None
     return proc, line.split()[3]
+
+
+def stop_pool(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str | None) -> None:
