@@ -35,28 +35,25 @@ void ChunkStore::ForgetMappings() {
     for (const backend::HostRegion& r : regions_) device_.UnregisterHostRegion(r);
   }
   regions_.clear();
-  mapped_.clear();
-  refused_.clear();
+  ranges_checked_ = false;
 }
 
 bool ChunkStore::DeviceGathers() {
   if (host_visible_) return false;  // the transfer thread writes device memory itself
-  std::vector<kvpool::KvStore::MappedRange> now = store_->MappedRanges();
-  if (now == mapped_) return !regions_.empty();
-  if (!now.empty() && now == refused_) return false;
-  ForgetMappings();
-  for (const auto& r : now) {
+  if (ranges_checked_) return !regions_.empty();
+  // Once per mapping (the ranges change only in the store's Recover, after ForgetMappings).
+  ranges_checked_ = true;
+  for (const kvpool::KvStore::MappedRange& r : store_->MappedRanges()) {
     auto region = device_.RegisterHostRegion(r.base, r.bytes);
     if (!region.ok()) {
       LOG(WARNING) << "the device cannot register the KV store's mapped memory (" << r.bytes
                    << " bytes): its blocks land through host staging instead: " << region.status();
       ForgetMappings();
-      refused_ = std::move(now);
+      ranges_checked_ = true;  // not tried again before the next mapping
       return false;
     }
     regions_.push_back(*region);
   }
-  mapped_ = std::move(now);
   return !regions_.empty();
 }
 

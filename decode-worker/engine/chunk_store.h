@@ -104,18 +104,18 @@ class ChunkStore {
   const int64_t chunk_;
   kvpool::KvStore* store_;
   backend::Device& device_;
-  // Whether landings are device gathers: the store's current mapped ranges, registered with the
-  // device (again after ForgetMappings). A mapping the device refuses to register is logged
-  // once and not tried again: its landings go through host staging.
+  // Whether landings are device gathers: the store's mapped ranges, registered with the device
+  // at the first call after construction or ForgetMappings, not looked at again until the next
+  // ForgetMappings (no store call per landing). A mapping the device refuses to register is
+  // logged once and not tried again: its landings go through host staging.
   bool DeviceGathers();
   absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const bool host_visible_;
   int64_t fetched_chunks_ = 0, device_gathered_ = 0;
-  std::vector<kvpool::KvStore::MappedRange> mapped_;  // what regions_ registered
-  std::vector<kvpool::KvStore::MappedRange> refused_; // a mapping the device would not register
-  std::vector<backend::HostRegion> regions_;
+  bool ranges_checked_ = false;                     // the store's current mapping was registered (or refused)
+  std::vector<backend::HostRegion> regions_;        // its ranges, registered
   std::vector<const void*> addrs_;                  // a gather's block addresses
   std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks
   std::vector<float> block_;        // one [K | V] block being written

@@ -98,11 +98,10 @@ class KvStore {
   // region): a device may register it and gather blocks from it itself, at the addresses
   // BlockAddresses gives, with no copy by the host. Empty for stores whose blocks are elsewhere
   // (a UCX pool) or in memory of their own (the in-process store). The ranges change only in
-  // Recover.
+  // Recover (a user that registered them forgets them before calling it).
   struct MappedRange {
     const void* base = nullptr;
     int64_t bytes = 0;
-    bool operator==(const MappedRange& o) const { return base == o.base && bytes == o.bytes; }
   };
   virtual std::vector<MappedRange> MappedRanges() const { return {}; }
   // The address of each of `refs`' blocks in those ranges, into *out (cleared first): each
