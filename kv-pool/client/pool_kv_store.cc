@@ -175,12 +175,8 @@ class PoolKvStore : public KvStore {
     TransferQueue::Job job{{dsts.begin(), dsts.end()}, s->layout.block_floats(), {}, nullptr};
     std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
-      RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
-      const int64_t bit = BlockIndex(s->layout, r);
-      if (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit]) {
-        return NeverWritten(r);
-      }
-      offsets.push_back(Offset(*s, r));
+      ASSIGN_OR_RETURN(const int64_t off, WrittenOffset(*s, r));
+      offsets.push_back(off);
     }
     if (data_->Mapped(0) != nullptr) {  // shared memory: the copy engine reads the mapping
       for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
@@ -211,16 +207,12 @@ class PoolKvStore : public KvStore {
     if (data_ == nullptr || data_->Mapped(0) == nullptr) return KvStore::BlockAddresses(seq, refs, out);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
     for (const ChunkRef& r : refs) {
-      absl::Status st = CheckChunkRef(s->layout, r);
-      const int64_t bit = st.ok() ? BlockIndex(s->layout, r) : 0;
-      if (st.ok() && (r.chunk >= s->capacity || bit >= static_cast<int64_t>(s->written.size()) || !s->written[bit])) {
-        st = NeverWritten(r);
-      }
-      if (!st.ok()) {
+      const absl::StatusOr<int64_t> off = WrittenOffset(*s, r);
+      if (!off.ok()) {
         out->clear();  // nothing half-answered
-        return st;
+        return off.status();
       }
-      out->push_back(data_->Mapped(Offset(*s, r)));
+      out->push_back(data_->Mapped(*off));
     }
     return absl::OkStatus();
   }
@@ -339,6 +331,16 @@ class PoolKvStore : public KvStore {
   void AddExtent(Seq& s, const v1::Extent& e) {
     s.extents.push_back(e);
     s.capacity = e.first_chunk() + e.chunks();
+  }
+  // The offset of a block the sequence holds: the ref checked against its layout, the block
+  // written (NOT_FOUND otherwise: as for any gather of it).
+  static absl::StatusOr<int64_t> WrittenOffset(const Seq& s, const ChunkRef& r) {
+    RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
+    const int64_t bit = BlockIndex(s.layout, r);
+    if (r.chunk >= s.capacity || bit >= static_cast<int64_t>(s.written.size()) || !s.written[bit]) {
+      return NeverWritten(r);
+    }
+    return Offset(s, r);
   }
   // Byte offset of a block in the tenant's region (callers check capacity first).
   static int64_t Offset(const Seq& s, const ChunkRef& r) {

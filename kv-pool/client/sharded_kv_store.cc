@@ -50,17 +50,15 @@ class ShardedKvStore : public KvStore {
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
     std::vector<std::pair<size_t, TransferId>> parts;
-    for (size_t i = 0; i < refs.size();) {
-      const size_t k = refs[i].layer % shards_.size();
-      size_t j = i + 1;
-      while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
-      auto id = shards_[k]->GatherTo(s.ids[k], refs.subspan(i, j - i), dsts.subspan(i, j - i), priority);
-      if (!id.ok()) {
-        for (auto [shard, tid] : parts) (void)shards_[shard]->Wait(tid);  // nothing left writing dst
-        return id.status();
-      }
-      parts.emplace_back(k, *id);
-      i = j;
+    const absl::Status st = ForEachShardRun(refs, [&](size_t k, size_t i, size_t j) -> absl::Status {
+      ASSIGN_OR_RETURN(TransferId id, shards_[k]->GatherTo(s.ids[k], refs.subspan(i, j - i), dsts.subspan(i, j - i),
+                                                           priority));
+      parts.emplace_back(k, id);
+      return absl::OkStatus();
+    });
+    if (!st.ok()) {
+      for (auto [shard, tid] : parts) (void)shards_[shard]->Wait(tid);  // nothing left writing dst
+      return st;
     }
     std::lock_guard<std::mutex> lock(mu_);
     const TransferId id = ++next_transfer_;
@@ -102,18 +100,13 @@ class ShardedKvStore : public KvStore {
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
     std::vector<const void*> part;
-    for (size_t i = 0; i < refs.size();) {
-      const size_t k = refs[i].layer % shards_.size();
-      size_t j = i + 1;
-      while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
-      if (absl::Status st = shards_[k]->BlockAddresses(s.ids[k], refs.subspan(i, j - i), &part); !st.ok()) {
-        out->clear();  // nothing half-answered
-        return st;
-      }
+    const absl::Status st = ForEachShardRun(refs, [&](size_t k, size_t i, size_t j) -> absl::Status {
+      RETURN_IF_ERROR(shards_[k]->BlockAddresses(s.ids[k], refs.subspan(i, j - i), &part));
       out->insert(out->end(), part.begin(), part.end());
-      i = j;
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
+    if (!st.ok()) out->clear();  // nothing half-answered
+    return st;
   }
 
   absl::Status Release(SequenceId seq) override {
@@ -166,6 +159,20 @@ class ShardedKvStore : public KvStore {
   }
 
  private:
+  // Calls fn(shard, i, j) for each run refs[i, j) of consecutive refs on one shard, in order;
+  // stops at the first error.
+  template <typename Fn>
+  absl::Status ForEachShardRun(absl::Span<const ChunkRef> refs, Fn fn) const {
+    for (size_t i = 0; i < refs.size();) {
+      const size_t k = refs[i].layer % shards_.size();
+      size_t j = i + 1;
+      while (j < refs.size() && refs[j].layer % shards_.size() == k) ++j;
+      RETURN_IF_ERROR(fn(k, i, j));
+      i = j;
+    }
+    return absl::OkStatus();
+  }
+
   struct Seq {
     KvLayout layout;
     std::vector<SequenceId> ids;  // per shard

@@ -51,6 +51,17 @@ std::vector<float> BlockFor(uint64_t seed, const ChunkRef& r) {
   return b;
 }
 
+// Writes chunks [0, chunks) of layers 0-2 (KV head chunk % 2), each BlockFor(seed, ref), in
+// order chunk by chunk, appending their refs to *refs.
+void WriteLayers(KvStore& store, SequenceId seq, int64_t chunks, uint64_t seed, std::vector<ChunkRef>* refs) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int32_t l = 0; l < 3; ++l) {
+      refs->push_back({l, static_cast<int32_t>(c % 2), c});
+      ASSERT_TRUE(store.Write(seq, refs->back(), BlockFor(seed, refs->back()).data()).ok());
+    }
+  }
+}
+
 // Both data paths: shared memory (mapped region) and UCX (one-sided puts and gets; UCX picks
 // the transport: shared memory or tcp on this host).
 class PoolTransportTest : public ::testing::TestWithParam<PoolTransport> {};
@@ -269,12 +280,7 @@ TEST(PoolProcessTest, LayersStripedOverTwoPools) {
   auto seq = (*store)->Open(kLayout);
   ASSERT_TRUE(seq.ok());
   std::vector<ChunkRef> refs;
-  for (int64_t c = 0; c < 6; ++c) {
-    for (int32_t l = 0; l < 3; ++l) {
-      refs.push_back({l, static_cast<int32_t>(c % 2), c});
-      ASSERT_TRUE((*store)->Write(*seq, refs.back(), BlockFor(3, refs.back()).data()).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteLayers(**store, *seq, 6, 3, &refs));
   // Scattered destinations (block i to slot n-1-i), split between the two pools' gathers.
   const size_t n = refs.size();
   std::vector<float> dst(n * kLayout.block_floats());
@@ -306,12 +312,7 @@ TEST(PoolProcessTest, ShmStoresSayWhereEachBlockLiesInTheirMapping) {
   auto seq = (*store)->Open(kLayout);
   ASSERT_TRUE(seq.ok());
   std::vector<ChunkRef> refs;
-  for (int64_t c = 0; c < 4; ++c) {
-    for (int32_t l = 0; l < 3; ++l) {
-      refs.push_back({l, static_cast<int32_t>(c % 2), c});
-      ASSERT_TRUE((*store)->Write(*seq, refs.back(), BlockFor(5, refs.back()).data()).ok());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteLayers(**store, *seq, 4, 5, &refs));
   std::vector<const void*> addrs;
   ASSERT_TRUE((*store)->BlockAddresses(*seq, refs, &addrs).ok());
   ASSERT_EQ(addrs.size(), refs.size());
