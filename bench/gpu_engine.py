@@ -23,12 +23,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import wrap_results  # bench/wrap_results.py (standard library at import): machine()
 
 # Nominal HBM bandwidth by GPU name (NVIDIA's data sheets), for the roofline fraction.
 HBM_GBPS = {"H200": 4800.0, "H100 80GB HBM3": 3350.0, "H100 PCIe": 2000.0, "H100 NVL": 3900.0, "H100": 3350.0}
@@ -182,7 +183,7 @@ def main() -> int:
     doc = {"benchmark": "gpu-engine", "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "git_sha": a.git_sha,
            "device": a.device, "gpu": gpu, "hbm_gbps": hbm_gbps(gpu), "device_memory": a.device_memory, "context": a.context, "budget": a.budget,
-           "machine": {"platform": platform.platform(), "cores": os.cpu_count()}, "results": {}}
+           "machine": wrap_results.machine(), "results": {}}
     tmp = tempfile.mkdtemp(prefix="dd-gpu-engine-", dir=a.tmp)
     failed = False
     try:

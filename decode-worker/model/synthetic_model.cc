@@ -14,6 +14,7 @@
 #include "decode-worker/model/gguf.h"
 #include "decode-worker/model/model_config.h"
 #include "decode-worker/model/tokenizer.h"
+#include "decode-worker/model/unicode_data.h"
 
 namespace dd::model {
 namespace {
@@ -108,21 +109,6 @@ class Header {
   std::string out_;
   uint64_t keys_ = 0;
 };
-
-std::string Utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 // ModelConfig's checks on the shape, before anything is sized from it.
 absl::Status CheckShape(const SyntheticShape& s) {
@@ -229,7 +215,7 @@ std::string HeaderOf(const SyntheticShape& s, const std::vector<Tensor>& tensors
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   for (int b = 0; b < 256; ++b) {
-    tokens.push_back(Utf8(internal::ByteToUnicode(static_cast<uint8_t>(b))));
+    unicode::AppendUtf8(internal::ByteToUnicode(static_cast<uint8_t>(b)), &tokens.emplace_back());
     types.push_back(static_cast<int32_t>(TokenType::kNormal));
   }
   tokens.push_back("<|endoftext|>");
@@ -299,6 +285,21 @@ absl::Status WriteBlocks(const Tensor& t, uint64_t seed, std::FILE* f, std::vect
   return absl::OkStatus();
 }
 
+// The whole file but the tensors' bytes: the shape checked, the tensors placed, the header.
+struct FileLayout {
+  std::vector<Tensor> tensors;
+  std::string header;
+  int64_t total = 0;  // the file's size
+};
+absl::StatusOr<FileLayout> LayoutOf(const SyntheticShape& shape) {
+  RETURN_IF_ERROR(CheckShape(shape));
+  FileLayout f;
+  ASSIGN_OR_RETURN(f.tensors, TensorsOf(shape));
+  f.header = HeaderOf(shape, f.tensors);
+  f.total = static_cast<int64_t>(f.header.size() + f.tensors.back().offset) + f.tensors.back().bytes;
+  return f;
+}
+
 }  // namespace
 
 std::vector<std::string> SyntheticShapeNames() { return {"llama-3.1-8b", "gemma3-270m", "smollm2-135m"}; }
@@ -330,17 +331,15 @@ absl::StatusOr<SyntheticShape> SyntheticShapeNamed(absl::string_view name) {
 }
 
 absl::StatusOr<int64_t> SyntheticGgufBytes(const SyntheticShape& shape, const SyntheticOptions&) {
-  RETURN_IF_ERROR(CheckShape(shape));
-  ASSIGN_OR_RETURN(const std::vector<Tensor> tensors, TensorsOf(shape));
-  const Tensor& last = tensors.back();
-  return static_cast<int64_t>(HeaderOf(shape, tensors).size() + last.offset) + last.bytes;
+  ASSIGN_OR_RETURN(const FileLayout file, LayoutOf(shape));
+  return file.total;
 }
 
 absl::Status WriteSyntheticGguf(const SyntheticShape& shape, const SyntheticOptions& options, const std::string& path) {
-  RETURN_IF_ERROR(CheckShape(shape));
-  ASSIGN_OR_RETURN(const std::vector<Tensor> tensors, TensorsOf(shape));
-  const std::string header = HeaderOf(shape, tensors);
-  const int64_t total = static_cast<int64_t>(header.size() + tensors.back().offset) + tensors.back().bytes;
+  ASSIGN_OR_RETURN(const FileLayout file, LayoutOf(shape));
+  const std::vector<Tensor>& tensors = file.tensors;
+  const std::string& header = file.header;
+  const int64_t total = file.total;
   // A name of this writer's own beside the file: concurrent writers do not clobber each other.
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
