@@ -230,6 +230,24 @@ absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, 
   return device_.Synchronize(device_.Record(Queue::kCompute));  // the host rows may change after
 }
 
+absl::Status DenseKvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t seed) {
+  if (tokens <= 0) return absl::InvalidArgumentError(absl::StrCat("random KV of ", tokens, " tokens"));
+  if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  const RandomKv rows(seed, config_.n_head_kv * config_.head_dim);
+  for (int64_t l = 0; l < config_.n_layer; ++l) RETURN_IF_ERROR(FillRandomLayer(seq, l, tokens, rows));
+  return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::FillRandomLayer(int32_t seq, int64_t layer, int64_t tokens, const RandomKv& rows) {
+  // A sliding layer keeps the last window + 1 positions; a global one every position.
+  const int64_t n = config_.layer_is_swa[layer] ? std::min(tokens, config_.sliding_window + 1) : tokens;
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  std::vector<float> k(n * kv_dim), v(n * kv_dim);
+  rows.Rows(layer, /*values=*/false, tokens - n, tokens, k.data());
+  rows.Rows(layer, /*values=*/true, tokens - n, tokens, v.data());
+  return LoadRows(seq, layer, tokens, k.data(), v.data(), n);
+}
+
 absl::Status DenseKvCache::ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v) {
   if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || layer < 0 || layer >= config_.n_layer ||
       slots_[seq].layers.empty() || p0 > p1 || KRow(seq, layer, p0) == nullptr ||

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "dd/backend/device.h"
 #include "decode-worker/engine/kv_cache.h"
+#include "decode-worker/engine/random_kv.h"
 #include "decode-worker/model/model_config.h"
 
 namespace dd::engine {
@@ -61,6 +62,9 @@ class DenseKvCache : public KvCache {
   // Copies the K and V rows of positions [p0, p1) of `layer` to host memory (k and v: (p1 - p0)
   // × n_head_kv × head_dim floats); complete when it returns. OUT_OF_RANGE unless all are held.
   absl::Status ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v);
+  absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) override;
+  // One layer of FillRandom (SparseKvCache fills its dense layers with it).
+  absl::Status FillRandomLayer(int32_t seq, int64_t layer, int64_t tokens, const RandomKv& rows);
 
  private:
   struct Layer {

@@ -498,6 +498,28 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   return 0;
 }
 
+absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> prompt, int64_t upto, uint64_t seed) {
+  RETURN_IF_ERROR(ValidatePrompt(prompt));
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (upto <= 0 || upto >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic prefill of ", upto, " positions of a ", n,
+                                                   "-token prompt: want 1 to ", n - 1, " (the last is prefilled)"));
+  }
+  if (PrefixReuse()) {
+    return absl::FailedPreconditionError("synthetic prefill: random KV is no prompt's, so not with prefix reuse");
+  }
+  if (seq < 0 || seq >= static_cast<int32_t>(reservations_.size()) || !reservations_[seq].active) {
+    return absl::FailedPreconditionError(absl::StrCat("synthetic prefill: slot ", seq, " is not admitted"));
+  }
+  if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  RETURN_IF_ERROR(EnsureAdmitted(seq, n));
+  ClearSpec(seq);
+  if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
+  RETURN_IF_ERROR(kv_->FillRandom(seq, upto, seed));
+  NoteTokens(seq, prompt.first(upto));
+  return absl::OkStatus();
+}
+
 absl::Status Engine::PrefillParts(absl::Span<const PrefillPiece> pieces,
                                   std::vector<std::vector<float>>* last_logits) {
   RETURN_IF_ERROR(init_status_);

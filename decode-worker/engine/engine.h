@@ -125,6 +125,12 @@ class Engine {
   void SetLink(const kvpool::LinkModel& link) {
     if (store_) store_->SetLink(link);
   }
+  // Benchmarks on synthetic weights: the chunks of the sparse modes' steps follow `m` from the
+  // next step on (SparseOptions::selection_model); nothing in full mode.
+  void SetSelectionModel(const SelectionModel& m) {
+    options_.sparse.selection_model = m;
+    if (sparse_ != nullptr) sparse_->SetSelectionModel(m);
+  }
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
   void SetComputeThreads(int n) { pool_.SetActive(n); }
@@ -178,6 +184,13 @@ class Engine {
     int64_t begin = 0, end = 0;  // prompt positions [begin, end)
   };
   absl::Status PrefillParts(absl::Span<const PrefillPiece> pieces, std::vector<std::vector<float>>* last_logits);
+  // Benchmarks at long contexts on synthetic weights, in StartPrefill's place: admitted, empty
+  // slot `seq` gets random KV for prompt positions [0, upto) (RandomKv: unit RMS, every layer,
+  // landmarks and store blocks as a prefill leaves them) instead of computing it — a 128K-token
+  // prefill of the 8B shape outlasts a benchmark — and a PrefillParts piece [upto, n) then
+  // finishes the prompt. Only timings mean anything after it: the KV is no prompt's. Not with
+  // prefix reuse (nothing to commit).
+  absl::Status PrefillSynthetic(int32_t seq, absl::Span<const int32_t> prompt, int64_t upto, uint64_t seed);
   // One batched decode step: token[i] is appended to seqs[i]; logits gets n_vocab per seq.
   absl::Status DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                           std::vector<float>* logits);

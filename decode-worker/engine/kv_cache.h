@@ -21,6 +21,9 @@ class KvCache : public model::AttentionBackend {
   // Bytes in use on the (CPU-emulated) device: what an allocator sized from MemoryPlan holds.
   // Vector growth slack is not counted.
   virtual int64_t device_bytes() const = 0;
+  // Benchmarks (Engine::PrefillSynthetic): empty slot `seq` holds positions [0, tokens) of
+  // random KV (RandomKv with `seed`) as a prefill of that many tokens would have left them.
+  virtual absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) = 0;
 };
 
 }  // namespace dd::engine

@@ -331,6 +331,33 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
   return absl::OkStatus();
 }
 
+absl::Status SparseKvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t seed) {
+  if (tokens <= 0) return absl::InvalidArgumentError(absl::StrCat("random KV of ", tokens, " tokens"));
+  if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim, C = options_.chunk_tokens;
+  const RandomKv rows(seed, kv_dim);
+  // Pieces of about 4 MiB of keys, whole chunks: each goes through AppendRows as a prefill's
+  // rows do (device rows, landmarks, blocks to the store).
+  const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 20) / kv_dim / C) * C;
+  std::vector<float> k, v;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (sparse_index_[l] < 0) {  // sliding, or a global layer kept dense (not offloaded)
+      RETURN_IF_ERROR(dense_.FillRandomLayer(seq, l, tokens, rows));
+      continue;
+    }
+    for (int64_t p0 = 0; p0 < tokens; p0 += piece) {
+      const int64_t p1 = std::min(tokens, p0 + piece);
+      k.resize((p1 - p0) * kv_dim);
+      v.resize(k.size());
+      rows.Rows(l, /*values=*/false, p0, p1, k.data());
+      rows.Rows(l, /*values=*/true, p0, p1, v.data());
+      RETURN_IF_ERROR(AppendRows(*s, l, backend::DeviceBuffer{}, k.data(), v.data(), p0, p1 - p0));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys) {
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
   return chunks_.CommitPrefix(s->store_id, keys);

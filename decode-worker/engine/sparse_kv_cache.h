@@ -60,6 +60,7 @@
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/resident_set.h"
+#include "decode-worker/engine/selection_model.h"
 #include "kv-pool/client/kv_store.h"
 
 namespace dd::engine {
@@ -122,6 +123,10 @@ struct SparseOptions {
   // one sparse layer causes). Not with prefix reuse (dense layers are not offloaded).
   static constexpr int64_t kMaxLayers = 256;
   std::bitset<kMaxLayers> sparse_layers{};
+  // Benchmarks on synthetic weights: the chunks attended and predicted follow this stated model
+  // instead of the landmark scores (which are still computed): selection_model.h. Off by
+  // default; the predictor then plays no part.
+  SelectionModel selection_model;
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;
@@ -170,6 +175,9 @@ class SparseKvCache : public KvCache {
   absl::Status RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
   // Commits the slot's first keys.size() prefix blocks under their keys.
   absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys);
+  // Sliding layers' blocks are not written to the store (offload_sliding is for prefix reuse,
+  // which random KV cannot serve).
+  absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) override;
   kvpool::KvLayout store_layout() const { return chunks_.layout(); }
 
   // Per sparse layer, in chunks (one chunk = one KV head's block), since construction.
@@ -211,6 +219,8 @@ class SparseKvCache : public KvCache {
   // Before the store's Recover: the device unregisters the store's mapped memory (after the
   // gathers from it), to register the new mapping at the next landing.
   void ForgetStoreMappings() { chunks_.ForgetMappings(); }
+  // Benchmarks: the selection model from the next step on (SparseOptions::selection_model).
+  void SetSelectionModel(const SelectionModel& m) { options_.selection_model = m; }
 
   // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
   // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and
@@ -249,6 +259,9 @@ class SparseKvCache : public KvCache {
     Landing prefetch;
     bool issued = false, issued_seeded = false;
     std::vector<std::vector<int64_t>> issued_sel, prefetch_chunks;
+    // The selection model: the S it drew for the real row at position model_pos (-1: none).
+    int64_t model_pos = -1;
+    std::vector<std::vector<int64_t>> model_sel;
   };
   // A prefetch buffer: P' blocks of one sparse layer, heads in order, in flight until waited.
   struct Buffer {
@@ -411,6 +424,7 @@ class SparseKvCache : public KvCache {
     int64_t take = 0;        // ids ranked per head for sel (with the shortlist: more than k)
     std::vector<int64_t> ids_host;  // the ids, where the host cannot read them in place
     Selection predicted;     // the speculative row's P' for the next step
+    Selection model_predicted;  // the selection model's P' (replaces `predicted`)
     Selection misses;        // the ring: S \ P', fetched urgently into Seq::urgent_blocks
     int64_t buffer = -1;     // the ring: the prefetch buffer the real row reads
     std::vector<const float*> blocks;  // one per selected chunk, heads in order, where it lies
@@ -431,6 +445,9 @@ class SparseKvCache : public KvCache {
   // chosen by FinishPrediction once the scores are in.
   void ScorePrediction(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   void FinishPrediction(const Seq& s, DecodeRead& r);
+  // The selection model (options_.selection_model): the read's S replaced by the model's,
+  // the next step's S drawn and, where a speculative row follows, its prediction.
+  void ModelSelection(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   // Pre-decoding: a speculative row alone, its selection chosen: its transfers started.
   absl::Status StartPreDecodeRead(Seq& s, const model::AttentionCall& call, DecodeRead& r);
   // Waits for the read's transfers and points r.blocks at its blocks.

@@ -180,6 +180,7 @@ absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
     const bool shortlist = spec_follows && options_.spec_candidates > 0;
     r.sel = Chosen(IdsOf(s, r), s.id_stride, r.cands, r.take, spec_follows && Ranks() ? &r.ranked : nullptr,
                    shortlist ? &r.shortlist : nullptr);
+    if (options_.selection_model.enabled) ModelSelection(s, call, r);
     if (r.real_row >= 0) {
       RETURN_IF_ERROR(StartRealRead(s, call, r));
     } else {
@@ -189,12 +190,59 @@ absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
     if (r.spec_row >= 0) ScorePrediction(s, call, r);
     predictions = predictions || r.predict_pending;
   }
-  if (!predictions) return absl::OkStatus();
-  RETURN_IF_ERROR(IdsToHost(/*predictions=*/true));
-  for (size_t i = 0; i < n_reads_; ++i) {
-    if (reads_[i].predict_pending) FinishPrediction(seqs_[reads_[i].seq], reads_[i]);
+  if (predictions) {
+    RETURN_IF_ERROR(IdsToHost(/*predictions=*/true));
+    for (size_t i = 0; i < n_reads_; ++i) {
+      if (reads_[i].predict_pending) FinishPrediction(seqs_[reads_[i].seq], reads_[i]);
+    }
+  }
+  if (options_.selection_model.enabled) {
+    for (size_t i = 0; i < n_reads_; ++i) {
+      if (reads_[i].spec_row >= 0) reads_[i].predicted = std::move(reads_[i].model_predicted);
+    }
   }
   return absl::OkStatus();
+}
+
+void SparseKvCache::ModelSelection(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
+  // Positions as the engine's windows use them: a real row at p attends WindowFor(p + 1); a
+  // speculative row alone at p (pre-decoding the token the real row at p will read) attends
+  // WindowFor(p). A first selection is drawn within WindowFor(p), which lies in both, so the
+  // real row at p attends the same chunks whether pre-decoding came first (dualdecoder) or not.
+  const SelectionModel& m = options_.selection_model;
+  LayerState& st = s.layers[call.layer];
+  const bool real = r.real_row >= 0;
+  const int64_t pos = call.rows[real ? r.real_row : r.spec_row].pos;
+  const int64_t n_kv = config_.n_head_kv, k = k_sel();
+  SelectionModel::Key key{r.seq, call.layer, 0, pos};
+  if (st.model_pos != pos) {
+    const Window first = WindowFor(pos);
+    st.model_sel.assign(n_kv, {});
+    for (int64_t g = 0; g < n_kv; ++g) {
+      key.head = g;
+      st.model_sel[g] = m.First(key, first.sel_begin, first.sel_end, k);
+    }
+  }
+  r.sel = std::move(st.model_sel);
+  st.model_pos = pos;
+  if (!real) {  // pre-decoding: the prediction is the real row's S at this same position
+    st.model_sel = r.sel;
+    r.model_predicted = r.sel;
+    return;
+  }
+  // The real row at pos + 1 attends WindowFor(pos + 2).
+  const Window next = WindowFor(pos + 2);
+  st.model_sel.assign(n_kv, {});
+  if (r.spec_row >= 0) r.model_predicted.assign(n_kv, {});
+  key.pos = pos + 1;
+  for (int64_t g = 0; g < n_kv; ++g) {
+    key.head = g;
+    st.model_sel[g] = m.Next(key, r.sel[g], next.sel_begin, next.sel_end, k);
+    if (r.spec_row >= 0) {
+      r.model_predicted[g] = m.Predict(key, r.sel[g], st.model_sel[g], next.sel_begin, next.sel_end);
+    }
+  }
+  st.model_pos = pos + 1;
 }
 
 }  // namespace dd::engine

@@ -1,6 +1,7 @@
 // The synthetic models (decode-worker/model/synthetic_model.h): written files load as models of
 // the asked shape, their matrices have the stated scale for every block type, the bytes are
-// reproducible, and the engine runs them in every mode.
+// reproducible, and the engine runs them in every mode, also from random KV in place of a
+// prefill (Engine::PrefillSynthetic).
 #include "decode-worker/model/synthetic_model.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "dd/kernels/cpu_ops.h"
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/sampler.h"
 #include "decode-worker/model/weights.h"
 #include "gtest/gtest.h"
 
@@ -194,6 +196,64 @@ TEST_F(SyntheticModelTest, TheEngineRunsItInEveryMode) {
     auto logits = full.PromptLogits(0, prompt, {199});
     ASSERT_TRUE(logits.ok());
     for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// Random KV stands in for a prefill (the long-context benchmarks): every cache holds the same
+// rows, so a sparse budget covering the context gives full's logits bit for bit; the sparse
+// modes stay bit-identical under the selection model; the seed decides the rows; bad calls
+// are refused, naming the problem.
+TEST_F(SyntheticModelTest, RandomKvStandsInForAPrefill) {
+  for (const std::string arch : {"llama", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    auto m = LoadGguf(Write(Small(arch)));
+    ASSERT_TRUE(m.ok()) << m.status();
+    const int64_t n = 1500, V = (*m)->config.n_vocab;
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < n; ++i) prompt.push_back(static_cast<int32_t>((i * 37) % 256));
+    auto run = [&](engine::DecodeMode mode, int64_t budget, const char* selection, uint64_t seed) {
+      engine::EngineOptions o{.mode = mode, .threads = 1};
+      o.sparse.budget_tokens = budget;
+      o.sparse.selection_model = *engine::SelectionModel::Parse(selection);
+      auto e = engine::Engine::Create(**m, o);
+      EXPECT_TRUE(e.ok()) << e.status();
+      EXPECT_TRUE((*e)->Admit(0, n, n + 8).ok());
+      const absl::Status st = (*e)->PrefillSynthetic(0, prompt, n - 1, seed);
+      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_EQ((*e)->Length(0), n - 1);
+      std::vector<std::vector<float>> last;
+      const engine::Engine::PrefillPiece piece{0, prompt, n - 1, n};
+      EXPECT_TRUE((*e)->PrefillParts({&piece, 1}, &last).ok());
+      std::vector<float> all = last[0], logits;
+      int32_t seq = 0, t = engine::Argmax(all.data(), V);
+      for (int step = 0; step < 5; ++step) {
+        EXPECT_TRUE((*e)->DecodeStep({&seq, 1}, {&t, 1}, &logits).ok());
+        all.insert(all.end(), logits.begin(), logits.end());
+        t = engine::Argmax(logits.data(), V);
+      }
+      return all;
+    };
+    using engine::DecodeMode;
+    const auto full = run(DecodeMode::kFull, 256, "off", 5);
+    const auto covering = run(DecodeMode::kSparse, 2048, "off", 5);
+    ASSERT_EQ(full.size(), covering.size());
+    EXPECT_EQ(0, std::memcmp(full.data(), covering.data(), full.size() * sizeof(float)));
+    EXPECT_NE(full, run(DecodeMode::kFull, 256, "off", 6)) << "the seed changed nothing";
+    const auto cached = run(DecodeMode::kSparseCached, 256, "0.8:0.9", 5);
+    const auto dual = run(DecodeMode::kDualDecoder, 256, "0.8:0.9", 5);
+    EXPECT_EQ(0, std::memcmp(cached.data(), dual.data(), cached.size() * sizeof(float)));
+    EXPECT_NE(cached, full);  // 256 of 1500 tokens do not give full's logits
+
+    engine::Engine e(**m, {.threads = 1});
+    EXPECT_EQ(e.PrefillSynthetic(0, prompt, 10, 1).code(), absl::StatusCode::kFailedPrecondition);  // not admitted
+    ASSERT_TRUE(e.Admit(0, n, n).ok());
+    for (int64_t upto : {int64_t{0}, n}) {
+      const absl::Status st = e.PrefillSynthetic(0, prompt, upto, 1);
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(st.message().find("want 1 to 1499"), absl::string_view::npos) << st;
+    }
+    ASSERT_TRUE(e.PrefillSynthetic(0, prompt, 100, 1).ok());
+    EXPECT_EQ(e.PrefillSynthetic(0, prompt, 100, 1).code(), absl::StatusCode::kFailedPrecondition);  // not empty
   }
 }
 
