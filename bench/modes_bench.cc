@@ -77,6 +77,17 @@ ABSL_FLAG(std::vector<std::string>, spec_candidates, std::vector<std::string>({"
 ABSL_FLAG(bool, carry_ab, false,
           "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
           "labelled as it with -nocarry (models whose first layer is sparse have nothing to carry: not run)");
+ABSL_FLAG(std::vector<std::string>, selection_models, {},
+          "Synthetic weights: the sparse modes' chunks follow each stated model in turn, OVERLAP:HIT[:SEED] "
+          "(decode-worker/engine/selection_model.h; e.g. 0.9:0.95,0.9:0.7); every run records its model. "
+          "Default: the landmark scores' own selection");
+ABSL_FLAG(bool, synthetic_kv, false,
+          "Slot 0's context is random KV (Engine::PrefillSynthetic) instead of a computed prefill: for long "
+          "contexts of synthetic models; only the last prompt token is prefilled");
+ABSL_FLAG(bool, pcie5_link, true,
+          "Also run the sparse modes of the in-process store on the pcie5 link model (calibrated in the run). "
+          "false: inmem only (on a GPU the in-process store's transfers are real PCIe copies already)");
+ABSL_FLAG(std::string, pool_memory, "16GiB", "Memory of the dd-kv-pool the pool stores start");
 ABSL_FLAG(bool, spec_resync, true,
           "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
           "of the last one (EngineOptions::spec_resync)");
@@ -96,6 +107,7 @@ struct RunSpec {
   std::string link;
   double link_gbps;
   bool at_max = false;  // the batch is the mode's largest ('max', within --max_batch_cap)
+  std::string selection = "off";  // the selection model (SelectionModel::ToString)
 };
 
 // One (mode, link, batch) measurement. Begin forks and warms up; Round runs some timed steps
@@ -161,7 +173,7 @@ struct Measurement {
         // Real rows that started from their speculative row's carried state, per decoded token.
         {"carried_fraction", double(e->carried_rows() - carried0) / (r.batch * steps)},
         {"device_bytes_per_request", dev_per_req},
-        {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}};
+        {"max_batch_in_budget", r.max_batch}, {"at_max_batch", r.at_max}, {"selection_model", r.selection}};
   }
 };
 
@@ -243,11 +255,19 @@ int main(int argc, char** argv) {
     batch_req.push_back(n);
   }
   const bool asks_max = std::find(batch_req.begin(), batch_req.end(), 0) != batch_req.end();
+  std::vector<dd::engine::SelectionModel> selections;
+  for (const std::string& spec : absl::GetFlag(FLAGS_selection_models)) {
+    auto m = dd::engine::SelectionModel::Parse(spec);
+    if (!m.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--selection_models: ", m.status().message())));
+    selections.push_back(*m);
+  }
+  if (selections.empty()) selections.push_back({});  // off: the landmark scores select
+  const bool synthetic_kv = absl::GetFlag(FLAGS_synthetic_kv);
   const std::vector<std::string> stores = absl::GetFlag(FLAGS_stores);
   const std::vector<int64_t> contexts = dd::bench::Ints(absl::GetFlag(FLAGS_contexts), "--contexts", 1);
   // Checked before any run: sparse-cached with a budget covering the context misses only the
   // newest chunk, so the calibrated link came out ~0 GB/s (a step of sparse on it took 33 s).
-  const bool models_link = std::find(stores.begin(), stores.end(), "inproc") != stores.end();
+  const bool models_link = absl::GetFlag(FLAGS_pcie5_link) && std::find(stores.begin(), stores.end(), "inproc") != stores.end();
   for (int64_t ctx : contexts) {
     if (models_link && budget >= ctx) {
       return fail(absl::InvalidArgumentError(
@@ -330,9 +350,10 @@ int main(int argc, char** argv) {
       }
       std::erase_if(variants, [&](const Variant& v) { return std::find(only.begin(), only.end(), v.label) == only.end(); });
     }
-    const bool calibrates = std::any_of(variants.begin(), variants.end(), [](const Variant& v) {
-      return v.mode == DecodeMode::kSparseCached && v.store == "inproc";
-    });
+    const bool calibrates = absl::GetFlag(FLAGS_pcie5_link) &&
+                            std::any_of(variants.begin(), variants.end(), [](const Variant& v) {
+                              return v.mode == DecodeMode::kSparseCached && v.store == "inproc";
+                            });
     // With turns (--rounds > 1) a store's modes (and a pool store's lane count) form a group:
     // every engine of the group is built and prefilled first, then each (link, batch) is
     // measured for all of them in turns, so a slow spell of this shared machine falls on every
@@ -373,7 +394,8 @@ int main(int argc, char** argv) {
             if (const int64_t spin = absl::GetFlag(FLAGS_pool_spin_us); spin >= 0) {
               flags.push_back(absl::StrCat("--ucx_spin_us=", spin));
             }
-            pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, "16GiB", std::move(flags));
+            pool = std::make_unique<dd::kvpool::testing_util::PoolProcess>(60000, absl::GetFlag(FLAGS_pool_memory),
+                                                                           std::move(flags));
           }
           if (pool->address().empty()) return fail(absl::UnavailableError("dd-kv-pool did not start"));
           // UCX reads UCX_TLS when the engine's pool client creates its context.
@@ -403,7 +425,17 @@ int main(int argc, char** argv) {
                      dd::engine::MiB(e.memory_plan().Request(ctx, total).steady()).c_str());
         // Slot 0 is the prompt's source; it counts against the budget like one request.
         if (absl::Status st = e.Admit(0, ctx, total); !st.ok()) return fail(st);
-        auto first = e.Prefill(0, prompt);
+        absl::StatusOr<std::vector<float>> first;
+        if (synthetic_kv) {  // random KV for all but the last prompt token, which is prefilled
+          std::vector<std::vector<float>> last;
+          const Engine::PrefillPiece piece{0, prompt, ctx - 1, ctx};
+          absl::Status st = e.PrefillSynthetic(0, prompt, ctx - 1, /*seed=*/ctx);
+          if (st.ok()) st = e.PrefillParts(absl::MakeConstSpan(&piece, 1), &last);
+          if (st.ok()) first = std::move(last[0]);
+          else first = st;
+        } else {
+          first = e.Prefill(0, prompt);
+        }
         if (!first.ok()) return fail(first.status());
         int32_t seq0 = 0, t0 = dd::engine::Argmax(first->data(), V);
         std::vector<float> step_logits;
@@ -435,66 +467,73 @@ int main(int argc, char** argv) {
           if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
           en.engine->SetLink(lm);
         }
-        std::vector<std::vector<int64_t>> done(group.size());  // batches run per entry (no repeats)
-        for (int64_t req : batch_req) {
-          std::vector<Measurement> ms;
-          for (size_t k = 0; k < group.size(); ++k) {
-            Entry& en = group[k];
-            if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
-            // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
-            const int64_t largest = std::min(en.max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
-            const int64_t n = req == 0 ? largest : req;
-            if (n < 1 || std::find(done[k].begin(), done[k].end(), n) != done[k].end()) continue;
-            done[k].push_back(n);
-            Measurement m;
-            m.spec = RunSpec{en.v->label, en.v->mode, ctx, n, budget, en.max_batch, link,
-                             link == "pcie5" ? pcie_gbps : 0.0, asks_max && n == largest};
-            m.e = en.engine.get();
-            ms.push_back(std::move(m));
-            if (absl::Status st = ms.back().Begin(en.t0); !st.ok()) {
-              skipped(ms.back().spec, st);
-              ms.pop_back();
+        for (size_t si = 0; si < selections.size(); ++si) {
+          const dd::engine::SelectionModel& selection = selections[si];
+          for (Entry& en : group) en.engine->SetSelectionModel(selection);
+          std::vector<std::vector<int64_t>> done(group.size());  // batches run per entry (no repeats)
+          for (int64_t req : batch_req) {
+            std::vector<Measurement> ms;
+            for (size_t k = 0; k < group.size(); ++k) {
+              Entry& en = group[k];
+              if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
+              // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
+              const int64_t largest = std::min(en.max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
+              const int64_t n = req == 0 ? largest : req;
+              if (n < 1 || std::find(done[k].begin(), done[k].end(), n) != done[k].end()) continue;
+              if (en.v->mode == DecodeMode::kFull && si > 0) continue;  // full selects nothing
+              done[k].push_back(n);
+              Measurement m;
+              m.spec = RunSpec{en.v->label, en.v->mode, ctx, n, budget, en.max_batch, link,
+                               link == "pcie5" ? pcie_gbps : 0.0, asks_max && n == largest};
+              m.spec.selection = en.v->mode == DecodeMode::kFull ? "off" : selection.ToString();
+              m.e = en.engine.get();
+              ms.push_back(std::move(m));
+              if (absl::Status st = ms.back().Begin(en.t0); !st.ok()) {
+                skipped(ms.back().spec, st);
+                ms.pop_back();
+              }
             }
-          }
-          for (int round = 0; round < rounds; ++round) {
-            const int n = steps / rounds + (round < steps % rounds ? 1 : 0);
-            for (auto it = ms.begin(); it != ms.end();) {
-              if (absl::Status st = it->Round(n); !st.ok()) {
-                skipped(it->spec, st);
-                it = ms.erase(it);
-              } else {
-                if (rounds > 1) {  // progress, and a slow spell shows in which turn it fell
-                  std::fprintf(stderr, "  turn %d/%d %-16s batch %2lld link %-5s: %7.2f tok/s\n", round + 1, rounds,
-                               it->spec.label.c_str(), static_cast<long long>(it->spec.batch), link.c_str(),
-                               it->round_tps.back());
+            for (int round = 0; round < rounds; ++round) {
+              const int n = steps / rounds + (round < steps % rounds ? 1 : 0);
+              for (auto it = ms.begin(); it != ms.end();) {
+                if (absl::Status st = it->Round(n); !st.ok()) {
+                  skipped(it->spec, st);
+                  it = ms.erase(it);
+                } else {
+                  if (rounds > 1) {  // progress, and a slow spell shows in which turn it fell
+                    std::fprintf(stderr, "  turn %d/%d %-16s batch %2lld link %-5s: %7.2f tok/s\n", round + 1, rounds,
+                                 it->spec.label.c_str(), static_cast<long long>(it->spec.batch), link.c_str(),
+                                 it->round_tps.back());
+                  }
+                  ++it;
                 }
-                ++it;
               }
             }
-          }
-          for (Measurement& m : ms) {
-            const nlohmann::json r = m.Finish();
-            runs.push_back(r);
-            const RunSpec& spec = m.spec;
-            std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step  carried %.2f\n",
-                         spec.label.c_str(), static_cast<long long>(ctx), static_cast<long long>(spec.batch), link.c_str(),
-                         r["tokens_per_s"].get<double>(), r["step_ms_p50"].get<double>(), r["hit_rate"].get<double>(),
-                         r["wait_ms_per_step"].get<double>(), r["carried_fraction"].get<double>());
-            if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
-              // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
-              // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
-              // fetch behind a layer's compute; docs/decisions/0016-link-model.md). With no
-              // misses at all, the whole budget is the traffic.
-              int64_t sparse_layers = 0;
-              for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
-              const double layer_ms = r["step_ms_p50"].get<double>() / model.config.n_layer;
-              double bytes = r["urgent_bytes_per_step"].get<double>() / std::max<int64_t>(1, sparse_layers);
-              if (bytes <= 0) {
-                bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 * model.config.head_dim * 4;
+            for (Measurement& m : ms) {
+              const nlohmann::json r = m.Finish();
+              runs.push_back(r);
+              const RunSpec& spec = m.spec;
+              std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s sel %-12s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step  carried %.2f\n",
+                           spec.label.c_str(), static_cast<long long>(ctx), static_cast<long long>(spec.batch), link.c_str(),
+                           spec.selection.c_str(),
+                           r["tokens_per_s"].get<double>(), r["step_ms_p50"].get<double>(), r["hit_rate"].get<double>(),
+                           r["wait_ms_per_step"].get<double>(), r["carried_fraction"].get<double>());
+              if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
+                // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
+                // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
+                // fetch behind a layer's compute; docs/decisions/0016-link-model.md). With no
+                // misses at all, the whole budget is the traffic.
+                int64_t sparse_layers = 0;
+                for (bool swa : model.config.layer_is_swa) sparse_layers += swa ? 0 : 1;
+                const double layer_ms = r["step_ms_p50"].get<double>() / model.config.n_layer;
+                double bytes = r["urgent_bytes_per_step"].get<double>() / std::max<int64_t>(1, sparse_layers);
+                if (bytes <= 0) {
+                  bytes = static_cast<double>(budget) / 8 * model.config.n_head_kv * 2 * 8 * model.config.head_dim * 4;
+                }
+                pcie_gbps = bytes / (layer_ms * 1e6);
+                std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB of misses per sparse layer in %.3f ms)\n",
+                             pcie_gbps, bytes / 1024, layer_ms);
               }
-              pcie_gbps = bytes / (layer_ms * 1e6);
-              std::fprintf(stderr, "pcie5-equivalent link: %.3f GB/s (%.0f KB of misses per sparse layer in %.3f ms)\n",
-                           pcie_gbps, bytes / 1024, layer_ms);
             }
           }
         }
@@ -506,7 +545,7 @@ int main(int argc, char** argv) {
                         {"spec_candidates", candidate_counts.front()},
                         {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches},
-                        {"device", device}, {"weight_bytes", weight_bytes},
+                        {"device", device}, {"weight_bytes", weight_bytes}, {"synthetic_kv", synthetic_kv},
                         {"step_weight_bytes", step_weight_bytes}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";
