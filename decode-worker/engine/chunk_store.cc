@@ -1,5 +1,9 @@
 #include "decode-worker/engine/chunk_store.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +21,52 @@ std::atomic<bool> skip_compute_wait{false};
 }  // namespace
 
 void ChunkStore::SkipComputeWaitForTesting(bool skip) { skip_compute_wait = skip; }
+
+ChunkStore::HostStaging& ChunkStore::HostStaging::operator=(HostStaging&& o) noexcept {
+  if (this != &o) {
+    Release();
+    Take(o);
+  }
+  return *this;
+}
+
+void ChunkStore::HostStaging::Take(HostStaging& o) {
+  device_ = o.device_, data_ = o.data_, bytes_ = o.bytes_, region_ = o.region_, registered_ = o.registered_;
+  last_read = o.last_read;
+  o.data_ = nullptr, o.bytes_ = 0, o.registered_ = false, o.last_read = {};
+}
+
+void ChunkStore::HostStaging::Release() {
+  if (data_ == nullptr) return;
+  if (device_ != nullptr) (void)device_->Synchronize(last_read);  // the device's last read is done
+  if (registered_) device_->UnregisterHostRegion(region_);
+  munmap(data_, static_cast<size_t>(bytes_));
+  data_ = nullptr, bytes_ = 0, registered_ = false, last_read = {};
+}
+
+absl::Status ChunkStore::HostStaging::Ensure(backend::Device& device, int64_t bytes) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  Release();
+  // Geometric growth in whole pages: a landing's staging settles at its largest landing.
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  int64_t size = std::max<int64_t>(64 << 10, bytes);
+  size = (size + page - 1) / page * page;
+  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("host staging of ", size, " bytes: mmap failed"));
+  device_ = &device, data_ = p, bytes_ = size;
+  auto region = device.RegisterHostRegion(p, size);
+  if (region.ok()) {
+    region_ = *region;
+    registered_ = true;
+  } else {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      LOG(WARNING) << "the device cannot register host staging (" << size
+                   << " bytes): blocks land by one copy each instead: " << region.status();
+    }
+  }
+  return absl::OkStatus();
+}
 
 ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
                        backend::Device& device)
@@ -195,7 +245,7 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
   } else {
     RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
     l->copied = {};
-    l->staging.resize(refs.size() * block_floats());
+    RETURN_IF_ERROR(l->staging.Ensure(device_, static_cast<int64_t>(refs.size()) * block_bytes()));
     ASSIGN_OR_RETURN(l->tid, store_->Gather(id, refs, l->staging.data(), priority));
     l->dsts = std::move(dsts);
   }
@@ -220,12 +270,32 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   // synchronized with the compute queue since, to read the landmark scores; this wait keeps
   // the order when selection no longer makes it.)
   device_.Wait(q, device_.Record(Queue::kCompute));
-  for (size_t i = 0; i < l.dsts.size(); ++i) {
-    RETURN_IF_ERROR(device_.CopyToDevice(q, &l.staging[i * block_floats()], l.dsts[i].buf, l.dsts[i].offset,
-                                         block_bytes()));
+  const size_t n = l.dsts.size();
+  absl::Status moved;
+  if (l.staging.registered()) {  // one gather per destination buffer
+    for (size_t i = 0; i < n && moved.ok();) {
+      gather_.clear();
+      size_t j = i;
+      for (; j < n && l.dsts[j].buf.data == l.dsts[i].buf.data; ++j) {
+        gather_.push_back({static_cast<int64_t>(j) * block_bytes(), l.dsts[j].offset});
+      }
+      moved = device_.Gather(q, l.staging.region(), gather_, block_bytes(), l.dsts[i].buf);
+      i = j;
+    }
+    if (moved.ok()) staged_gathered_ += static_cast<int64_t>(n);
+  } else {
+    for (size_t i = 0; i < n && moved.ok(); ++i) {
+      moved = device_.CopyToDevice(q, l.staging.data() + i * block_floats(), l.dsts[i].buf, l.dsts[i].offset,
+                                   block_bytes());
+    }
   }
   l.dsts.clear();
   l.copied = device_.Record(q);
+  l.staging.last_read = l.copied;
+  if (!moved.ok()) {
+    (void)device_.Synchronize(l.copied);  // what was enqueued before the error still writes its slots
+    return moved;
+  }
   if (!skip_compute_wait) device_.Wait(Queue::kCompute, l.copied);
   return absl::OkStatus();
 }

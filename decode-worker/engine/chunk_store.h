@@ -13,9 +13,11 @@
 //    (urgent priority) or the prefetch queue (background), after the compute queue's earlier
 //    readers of those slots. No host copy, no transfer thread; FinishLanding has the compute
 //    queue wait for the gather.
-//  - Otherwise the store writes host staging, and FinishLanding copies the blocks over on the
-//    given queue, after the compute queue's earlier readers of those slots, and makes the
-//    compute queue wait for the copies.
+//  - Otherwise (an in-process or ucx:// store) the store writes the landing's host staging,
+//    page-aligned memory registered (pinned) with the device, and FinishLanding moves the
+//    blocks with one Device::Gather per destination buffer on the given queue, after the
+//    compute queue's earlier readers of those slots, and makes the compute queue wait for it.
+//    Where the device refuses to register the staging, a copy per block instead.
 //
 // Not thread-safe (the engine's thread); the store's transfer thread writes only into what a
 // landing handed it until FinishLanding.
@@ -57,6 +59,8 @@ class ChunkStore {
   // from mapped host memory.
   int64_t fetched_chunks() const { return fetched_chunks_; }
   int64_t device_gathered_chunks() const { return device_gathered_; }
+  // Of the others, those moved by one device gather per buffer from registered staging.
+  int64_t staged_gathered_chunks() const { return staged_gathered_; }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
   // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
@@ -72,6 +76,35 @@ class ChunkStore {
   absl::Status ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1, std::vector<float>* k,
                         std::vector<float>* v);
 
+  // A landing's host staging (see above). A copy starts without staging of its own (a
+  // landing's staging is never shared); destroying or replacing it first waits for the
+  // device's last read of it (`last_read`), then unregisters and unmaps it.
+  class HostStaging {
+   public:
+    HostStaging() = default;
+    HostStaging(const HostStaging&) {}
+    HostStaging& operator=(const HostStaging&) { return *this; }  // keeps its own memory
+    HostStaging(HostStaging&& o) noexcept { Take(o); }
+    HostStaging& operator=(HostStaging&& o) noexcept;
+    ~HostStaging() { Release(); }
+    // At least `bytes`, registered with `device` where it takes it. INTERNAL if the memory
+    // cannot be mapped.
+    absl::Status Ensure(backend::Device& device, int64_t bytes);
+    float* data() const { return static_cast<float*>(data_); }
+    bool registered() const { return registered_; }
+    const backend::HostRegion& region() const { return region_; }
+    backend::Event last_read;  // the device's last read of it (a copy or gather)
+
+   private:
+    void Take(HostStaging& o);
+    void Release();
+    backend::Device* device_ = nullptr;
+    void* data_ = nullptr;
+    int64_t bytes_ = 0;
+    backend::HostRegion region_;
+    bool registered_ = false;
+  };
+
   // Where a block lands: a device buffer and a byte offset in it.
   struct BlockDst {
     backend::DeviceBuffer buf;
@@ -80,7 +113,7 @@ class ChunkStore {
   struct Landing {
     kvpool::TransferId tid = 0;
     bool pending = false;        // started, not finished
-    std::vector<float> staging;  // host-invisible devices: where the store writes
+    HostStaging staging;         // host-invisible devices without a mapped store: where the store writes
     std::vector<BlockDst> dsts;
     backend::Event copied;       // staging's copies (the staging is reused only after them), or the gather's
     bool on_device = false;      // the device gathers it from mapped host memory
@@ -113,7 +146,7 @@ class ChunkStore {
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const bool host_visible_;
-  int64_t fetched_chunks_ = 0, device_gathered_ = 0;
+  int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0;
   bool ranges_checked_ = false;                     // the store's current mapping was registered (or refused)
   std::vector<backend::HostRegion> regions_;        // its ranges, registered
   std::vector<const void*> addrs_;                  // a gather's block addresses

@@ -216,6 +216,9 @@ class SparseKvCache : public KvCache {
   // Of those, the ones the device gathered itself from the store's mapped memory (a shm://
   // pool on a device the host cannot write: ChunkStore).
   int64_t device_gathered_chunks() const { return chunks_.device_gathered_chunks(); }
+  // Of the others, on such a device, those moved by one device gather per buffer from the
+  // landing's registered host staging (the in-process store, ucx://).
+  int64_t staged_gathered_chunks() const { return chunks_.staged_gathered_chunks(); }
   // Before the store's Recover: the device unregisters the store's mapped memory (after the
   // gathers from it), to register the new mapping at the next landing.
   void ForgetStoreMappings() { chunks_.ForgetMappings(); }

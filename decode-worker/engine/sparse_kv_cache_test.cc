@@ -261,13 +261,24 @@ TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
     EXPECT_TRUE(e.status().ok()) << e.status();
     return this->Run(e, 2, 200, 150);
   };
-  EXPECT_FALSE(run().empty());  // with the wait
+  {
+    // With the wait. The in-process store writes each landing's host staging, registered with
+    // the device, which moves it with one gather per buffer.
+    EngineOptions o{.mode = DecodeMode::kSparseCached, .device = "sim"};
+    o.sparse.budget_tokens = 32;
+    Engine e(*this->model_, o);
+    EXPECT_FALSE(this->Run(e, 2, 200, 150).empty());
+    EXPECT_GT(e.sparse_cache()->fetched_chunks(), 0);
+    EXPECT_EQ(e.sparse_cache()->staged_gathered_chunks(), e.sparse_cache()->fetched_chunks());
+    EXPECT_EQ(e.sparse_cache()->device_gathered_chunks(), 0);
+  }
+  EXPECT_FALSE(run().empty());
   EXPECT_DEATH(
       {
         SparseKvCache::SkipWaitForTesting(SparseKvCache::SkipWait::kComputeWaitsForLanding);
         run();
       },
-      "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(copy to "
+      "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");
 }
 
