@@ -86,23 +86,34 @@ void ChunkStore::ForgetMappings() {
   }
   regions_.clear();
   ranges_checked_ = false;
+  refused_ = false;
 }
 
 bool ChunkStore::DeviceGathers() {
   if (host_visible_) return false;  // the transfer thread writes device memory itself
-  if (ranges_checked_) return !regions_.empty();
-  // Once per mapping (the ranges change only in the store's Recover, after ForgetMappings).
+  const int64_t generation = store_->MappingGeneration();
+  if (refused_ || (ranges_checked_ && generation == generation_)) return !regions_.empty();
+  // Once per change of the mapping: the ranges not registered yet (ranges are only added,
+  // except in the store's Recover, after ForgetMappings).
   ranges_checked_ = true;
+  generation_ = generation;
   for (const kvpool::KvStore::MappedRange& r : store_->MappedRanges()) {
+    if (std::any_of(regions_.begin(), regions_.end(), [&](const backend::HostRegion& h) { return h.base == r.base; })) {
+      continue;
+    }
     auto region = device_.RegisterHostRegion(r.base, r.bytes);
     if (!region.ok()) {
       LOG(WARNING) << "the device cannot register the KV store's mapped memory (" << r.bytes
                    << " bytes): its blocks land through host staging instead: " << region.status();
       ForgetMappings();
-      ranges_checked_ = true;  // not tried again before the next mapping
+      refused_ = true;  // not tried again before the next mapping
       return false;
     }
-    regions_.push_back(*region);
+    regions_.insert(std::upper_bound(regions_.begin(), regions_.end(), *region,
+                                     [](const backend::HostRegion& a, const backend::HostRegion& b) {
+                                       return static_cast<const char*>(a.base) < static_cast<const char*>(b.base);
+                                     }),
+                    *region);
   }
   return !regions_.empty();
 }
@@ -117,17 +128,22 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   const Queue q = priority == kvpool::Priority::kUrgent ? Queue::kUrgent : Queue::kPrefetch;
   // The blocks overwrite slots that attention calls enqueued so far may read: after them.
   device_.Wait(q, device_.Record(Queue::kCompute));
-  // One gather per run of blocks from one range into one buffer.
+  // One gather per run of blocks from one range into one buffer. regions_ is sorted by base:
+  // a block's range is the last starting at or before it.
   auto range_of = [&](const void* a) -> int {
     const auto* p = static_cast<const char*>(a);
-    for (size_t i = 0; i < regions_.size(); ++i) {
-      const auto* base = static_cast<const char*>(regions_[i].base);
-      if (p >= base && p + block_bytes() <= base + regions_[i].bytes) return static_cast<int>(i);
-    }
-    return -1;
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), p, [](const char* x, const backend::HostRegion& h) {
+      return x < static_cast<const char*>(h.base);
+    });
+    if (it == regions_.begin()) return -1;
+    --it;
+    const auto* base = static_cast<const char*>(it->base);
+    return p + block_bytes() <= base + it->bytes ? static_cast<int>(it - regions_.begin()) : -1;
   };
+  ranges_.resize(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) ranges_[i] = range_of(addrs_[i]);
   for (size_t i = 0; i < refs.size();) {
-    const int r = range_of(addrs_[i]);
+    const int r = ranges_[i];
     if (r < 0) {
       (void)device_.Synchronize(device_.Record(q));  // the runs enqueued before it
       return absl::InternalError("a block's address lies outside the KV store's mapped memory");
@@ -135,7 +151,7 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
     const char* base = static_cast<const char*>(regions_[r].base);
     gather_.clear();
     size_t j = i;
-    for (; j < refs.size() && dsts[j].buf.data == dsts[i].buf.data && range_of(addrs_[j]) == r; ++j) {
+    for (; j < refs.size() && dsts[j].buf.data == dsts[i].buf.data && ranges_[j] == r; ++j) {
       gather_.push_back({static_cast<const char*>(addrs_[j]) - base, dsts[j].offset});
     }
     if (absl::Status st = device_.Gather(q, regions_[r], gather_, block_bytes(), dsts[i].buf); !st.ok()) {
@@ -247,6 +263,7 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     l->copied = {};
     RETURN_IF_ERROR(l->staging.Ensure(device_, static_cast<int64_t>(refs.size()) * block_bytes()));
     ASSIGN_OR_RETURN(l->tid, store_->Gather(id, refs, l->staging.data(), priority));
+    if (l->staging.registered()) staged_gathered_ += static_cast<int64_t>(refs.size());
     l->dsts = std::move(dsts);
   }
   l->pending = true;
@@ -282,7 +299,6 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
       moved = device_.Gather(q, l.staging.region(), gather_, block_bytes(), l.dsts[i].buf);
       i = j;
     }
-    if (moved.ok()) staged_gathered_ += static_cast<int64_t>(n);
   } else {
     for (size_t i = 0; i < n && moved.ok(); ++i) {
       moved = device_.CopyToDevice(q, l.staging.data() + i * block_floats(), l.dsts[i].buf, l.dsts[i].offset,

@@ -8,12 +8,13 @@
 //  - Where the host may write device memory (cpu), the store's transfer thread writes the
 //    slots directly.
 //  - Elsewhere, from a store whose blocks lie in host memory mapped into this process (a
-//    shm:// pool, KvStore::MappedRanges), the device gathers them itself: the ranges are
+//    shm:// pool, the in-process store's arena: KvStore::MappedRanges), the device gathers
+//    them itself: the ranges are
 //    registered with it once, and StartLanding enqueues Device::Gather on the urgent queue
 //    (urgent priority) or the prefetch queue (background), after the compute queue's earlier
 //    readers of those slots. No host copy, no transfer thread; FinishLanding has the compute
 //    queue wait for the gather.
-//  - Otherwise (an in-process or ucx:// store) the store writes the landing's host staging,
+//  - Otherwise (a ucx:// store) the store writes the landing's host staging,
 //    page-aligned memory registered (pinned) with the device, and FinishLanding moves the
 //    blocks with one Device::Gather per destination buffer on the given queue, after the
 //    compute queue's earlier readers of those slots, and makes the compute queue wait for it.
@@ -138,18 +139,22 @@ class ChunkStore {
   kvpool::KvStore* store_;
   backend::Device& device_;
   // Whether landings are device gathers: the store's mapped ranges, registered with the device
-  // at the first call after construction or ForgetMappings, not looked at again until the next
-  // ForgetMappings (no store call per landing). A mapping the device refuses to register is
-  // logged once and not tried again: its landings go through host staging.
+  // at the first call after construction or ForgetMappings and again, the new ones only, when
+  // the store's MappingGeneration changes (one atomic load per landing: no lock, no list). A
+  // mapping the device refuses to register is logged once and not tried again before the next
+  // ForgetMappings: its landings go through host staging.
   bool DeviceGathers();
   absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const bool host_visible_;
   int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0;
-  bool ranges_checked_ = false;                     // the store's current mapping was registered (or refused)
-  std::vector<backend::HostRegion> regions_;        // its ranges, registered
+  bool ranges_checked_ = false;                     // the store's mapping of generation_ was registered
+  int64_t generation_ = 0;                          // KvStore::MappingGeneration when last registered
+  bool refused_ = false;                            // the device refused a range: staging until the next mapping
+  std::vector<backend::HostRegion> regions_;        // its ranges, registered, by base address
   std::vector<const void*> addrs_;                  // a gather's block addresses
+  std::vector<int> ranges_;                         // the index in regions_ of each (-1: none)
   std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks
   std::vector<float> block_;        // one [K | V] block being written
   std::vector<double> mean_;        // a landmark being summed

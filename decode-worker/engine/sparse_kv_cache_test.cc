@@ -262,15 +262,14 @@ TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
     return this->Run(e, 2, 200, 150);
   };
   {
-    // With the wait. The in-process store writes each landing's host staging, registered with
-    // the device, which moves it with one gather per buffer.
+    // With the wait. The device gathers every block itself from the in-process store's arena
+    // (registered with it), as from a shm:// pool.
     EngineOptions o{.mode = DecodeMode::kSparseCached, .device = "sim"};
     o.sparse.budget_tokens = 32;
     Engine e(*this->model_, o);
     EXPECT_FALSE(this->Run(e, 2, 200, 150).empty());
     EXPECT_GT(e.sparse_cache()->fetched_chunks(), 0);
-    EXPECT_EQ(e.sparse_cache()->staged_gathered_chunks(), e.sparse_cache()->fetched_chunks());
-    EXPECT_EQ(e.sparse_cache()->device_gathered_chunks(), 0);
+    EXPECT_EQ(e.sparse_cache()->device_gathered_chunks(), e.sparse_cache()->fetched_chunks());
   }
   EXPECT_FALSE(run().empty());
   EXPECT_DEATH(
@@ -284,8 +283,9 @@ TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
 
 // KV in a shm:// pool, on the simulated device (which the host cannot write): the device
 // gathers every block itself from the pool's region, mapped here and registered with it (no
-// host copy); the logits are the cpu's with the in-process store, bit for bit; and leaving out
-// the compute queue's wait for a gather aborts, naming the hazard (every sparse mode).
+// host copy); over ucx:// through registered staging; the logits are the cpu's with the
+// in-process store, bit for bit; and leaving out the compute queue's wait for a gather aborts,
+// naming the hazard (every sparse mode).
 TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   kvpool::testing_util::PoolProcess pool(30000, "1GiB");
@@ -314,6 +314,18 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
     EXPECT_GT(c->fetched_chunks(), 0);
     EXPECT_EQ(c->device_gathered_chunks(), c->fetched_chunks());
     EXPECT_EQ(cpu.sparse_cache()->device_gathered_chunks(), 0);
+    // ucx://, which maps nothing: each landing goes through its own registered host staging,
+    // moved by one device gather per buffer; the same bits.
+    EngineOptions u = options(mode, true);
+    u.kv_store = "ucx://" + pool.address();
+    Engine over_ucx(*this->model_, u);
+    ASSERT_TRUE(over_ucx.status().ok()) << over_ucx.status();
+    const std::vector<float> via_staging = this->Run(over_ucx, 4, 200, 150);
+    EXPECT_EQ(0, std::memcmp(want.data(), via_staging.data(), want.size() * sizeof(float)));
+    const SparseKvCache* uc = over_ucx.sparse_cache();
+    EXPECT_GT(uc->fetched_chunks(), 0);
+    EXPECT_EQ(uc->staged_gathered_chunks(), uc->fetched_chunks());
+    EXPECT_EQ(uc->device_gathered_chunks(), 0);
   }
   EXPECT_DEATH(
       {

@@ -1,9 +1,12 @@
+#include <atomic>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kv-pool/client/block_arena.h"
 #include "kv-pool/client/kv_store.h"
 #include "kv-pool/client/transfer_queue.h"
 
@@ -66,9 +69,19 @@ class InProcessKvStore : public KvStore {
     if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
     Seq& s = it->second;
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
-    std::vector<float>& b = s.blocks[BlockIndex(s.layout, ref)];
-    if (b.empty()) bytes_ += s.layout.block_floats() * sizeof(float);
-    b.assign(block, block + s.layout.block_floats());
+    const int64_t bytes = s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    auto [b, added] = s.blocks.try_emplace(BlockIndex(s.layout, ref), nullptr);
+    if (added) {
+      auto slot = arena_.Allocate(bytes);
+      if (!slot.ok()) {
+        s.blocks.erase(b);
+        return slot.status();
+      }
+      b->second = *slot;
+      bytes_ += bytes;
+      generation_.store(static_cast<int64_t>(arena_.ranges().size()), std::memory_order_release);
+    }
+    std::memcpy(b->second, block, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }
 
@@ -92,7 +105,7 @@ class InProcessKvStore : public KvStore {
       RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
       auto b = s.blocks.find(BlockIndex(s.layout, r));
       if (b == s.blocks.end()) return NeverWritten(r);
-      job.src.push_back(b->second.data());  // blocks are not freed while a transfer is pending
+      job.src.push_back(b->second);  // blocks are not freed while a transfer is pending
     }
     // Copy outside the lock so concurrent gatherers do not serialize. The blocks stay put: a
     // Write replaces a block's contents in place, and Release drains the queue first.
@@ -101,6 +114,28 @@ class InProcessKvStore : public KvStore {
   }
 
   absl::Status Wait(TransferId id) override { return queue_.Wait(id); }
+
+  // The arena's slabs: a device registers them and gathers blocks from them itself.
+  std::vector<MappedRange> MappedRanges() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<MappedRange> out;
+    for (const BlockArena::Range& r : arena_.ranges()) out.push_back({r.base, r.bytes});
+    return out;
+  }
+  int64_t MappingGeneration() const override { return generation_.load(std::memory_order_acquire); }
+  absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs, std::vector<const void*>* out) override {
+    out->clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq* s = Find(seq);
+    if (s == nullptr) return UnknownSequence(seq);
+    for (const ChunkRef& r : refs) {
+      RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
+      auto b = s->blocks.find(BlockIndex(s->layout, r));
+      if (b == s->blocks.end()) return NeverWritten(r);
+      out->push_back(b->second);
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status Release(SequenceId seq) override {
     queue_.Drain();  // transfers may still read this sequence's blocks
@@ -171,7 +206,7 @@ class InProcessKvStore : public KvStore {
  private:
   struct Seq {
     KvLayout layout;
-    std::unordered_map<int64_t, std::vector<float>> blocks;
+    std::unordered_map<int64_t, float*> blocks;  // slots of arena_
     std::vector<uint64_t> keys;  // prefix keys that name this sequence
     bool released = false;       // only its committed prefix is of use: read through handles
     int pins = 0;                // open handles
@@ -193,6 +228,8 @@ class InProcessKvStore : public KvStore {
   }
   void Erase(std::unordered_map<SequenceId, Seq>::iterator it) {
     for (uint64_t k : it->second.keys) prefix_.erase(k);
+    const int64_t block_bytes = it->second.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    for (const auto& [index, slot] : it->second.blocks) arena_.Free(slot, block_bytes);
     bytes_ -= Bytes(it->second);
     if (it->second.released) cached_bytes_ -= Bytes(it->second);
     seqs_.erase(it);
@@ -221,6 +258,8 @@ class InProcessKvStore : public KvStore {
   uint64_t clock_ = 0;
   int64_t bytes_ = 0;
   int64_t cached_bytes_ = 0;  // of released sequences
+  BlockArena arena_;
+  std::atomic<int64_t> generation_{0};  // slabs mapped: MappingGeneration
   TransferQueue queue_;  // last: destroyed first
 };
 

@@ -95,15 +95,18 @@ class KvStore {
   virtual absl::Status Recover() { return absl::OkStatus(); }
 
   // Host memory mapped into this process that holds the store's blocks (a shm:// pool's
-  // region): a device may register it and gather blocks from it itself, at the addresses
-  // BlockAddresses gives, with no copy by the host. Empty for stores whose blocks are elsewhere
-  // (a UCX pool) or in memory of their own (the in-process store). The ranges change only in
-  // Recover (a user that registered them forgets them before calling it).
+  // region, the in-process store's arena): a device may register it and gather blocks from it
+  // itself, at the addresses BlockAddresses gives, with no copy by the host. Empty for stores
+  // whose blocks are elsewhere (a UCX pool). Ranges are only ever added (the in-process store's
+  // arena grows), each time MappingGeneration changes, except in Recover, which may replace
+  // them (a user that registered them forgets them before calling it).
   struct MappedRange {
     const void* base = nullptr;
     int64_t bytes = 0;
   };
   virtual std::vector<MappedRange> MappedRanges() const { return {}; }
+  // Changes whenever MappedRanges gains a range (cheap: one atomic load, no lock).
+  virtual int64_t MappingGeneration() const { return 0; }
   // The address of each of `refs`' blocks in those ranges, into *out (cleared first): each
   // holds the block's bytes until the sequence is released. Errors as GatherTo's for refs it
   // could not gather; UNIMPLEMENTED where MappedRanges() is empty.

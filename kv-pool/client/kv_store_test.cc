@@ -1,5 +1,6 @@
 #include "kv-pool/client/kv_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -7,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv-pool/client/block_arena.h"
 #include "kv-pool/client/transfer_queue.h"
 
 #include "gtest/gtest.h"
@@ -125,6 +127,81 @@ TEST(InProcessKvStoreTest, WithoutACacheNothingIsKept) {
   ASSERT_TRUE(store->Release(a).ok());
   EXPECT_EQ(store->LookupPrefix({7}, KvLayout{1, 1, 4, 8}, 1)->blocks, 0);
   EXPECT_EQ(store->bytes_stored(), 0);
+}
+
+// The in-process store keeps its blocks in an arena of slabs it maps (a device registers them
+// and gathers from them itself): the ranges only grow, each growth changes the generation, the
+// addresses hold the written bytes inside the ranges, and a released sequence's slots are
+// reused rather than new memory mapped.
+TEST(InProcessKvStoreTest, BlocksLieInTheArenaItMaps) {
+  auto store = NewInProcessKvStore({}, 0);
+  EXPECT_TRUE(store->MappedRanges().empty());
+  const int64_t g0 = store->MappingGeneration();
+  const KvLayout layout{2, 2, 64, 8};
+  const int64_t floats = layout.block_floats();
+  auto seq = store->Open(layout);
+  ASSERT_TRUE(seq.ok());
+  std::vector<ChunkRef> refs;
+  std::vector<float> block(floats);
+  for (int32_t l = 0; l < 2; ++l) {
+    for (int32_t g = 0; g < 2; ++g) {
+      for (int64_t c = 0; c < 3; ++c) {
+        for (int64_t i = 0; i < floats; ++i) block[i] = static_cast<float>(l * 1000 + g * 100 + c) + i * 1e-3f;
+        ASSERT_TRUE(store->Write(*seq, {l, g, c}, block.data()).ok());
+        refs.push_back({l, g, c});
+      }
+    }
+  }
+  const std::vector<KvStore::MappedRange> ranges = store->MappedRanges();
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_NE(store->MappingGeneration(), g0);
+  std::vector<const void*> addrs;
+  ASSERT_TRUE(store->BlockAddresses(*seq, refs, &addrs).ok());
+  ASSERT_EQ(addrs.size(), refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const auto* p = static_cast<const float*>(addrs[i]);
+    const auto* base = static_cast<const char*>(ranges[0].base);
+    EXPECT_TRUE(reinterpret_cast<const char*>(p) >= base &&
+                reinterpret_cast<const char*>(p + floats) <= base + ranges[0].bytes);
+    EXPECT_EQ(p[0], static_cast<float>(refs[i].layer * 1000 + refs[i].kv_head * 100 + refs[i].chunk));
+  }
+  EXPECT_EQ(store->BlockAddresses(*seq, {{0, 0, 9}}, &addrs).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(addrs.empty());
+  EXPECT_EQ(store->BlockAddresses(*seq + 100, refs, &addrs).code(), absl::StatusCode::kNotFound);
+  // Released, its slots serve the next sequence: no new range.
+  const int64_t g1 = store->MappingGeneration();
+  ASSERT_TRUE(store->Release(*seq).ok());
+  auto next = store->Open(layout);
+  ASSERT_TRUE(next.ok());
+  for (const ChunkRef& r : refs) ASSERT_TRUE(store->Write(*next, r, block.data()).ok());
+  EXPECT_EQ(store->MappingGeneration(), g1);
+  EXPECT_EQ(store->MappedRanges().size(), 1u);
+}
+
+TEST(BlockArenaTest, SlotsAreAlignedDistinctAndReusedBySize) {
+  BlockArena arena(/*slab_bytes=*/1 << 16);
+  std::vector<float*> a;
+  for (int i = 0; i < 40; ++i) {  // 40 × 4 KiB: three slabs of 64 KiB
+    auto p = arena.Allocate(4096);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 64, 0u);
+    a.push_back(*p);
+  }
+  EXPECT_EQ(arena.ranges().size(), 3u);
+  std::sort(a.begin(), a.end());
+  EXPECT_EQ(std::adjacent_find(a.begin(), a.end()), a.end());
+  arena.Free(a[5], 4096);
+  auto again = arena.Allocate(4050);  // the same 4096-byte stride (64-byte multiples)
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, a[5]);
+  auto other = arena.Allocate(100);  // another size: its own slots
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(std::find(a.begin(), a.end(), *other), a.end());
+  EXPECT_FALSE(arena.Allocate(0).ok());
+  // A slot larger than a slab gets a slab of its own.
+  auto big = arena.Allocate(1 << 20);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(arena.ranges().back().bytes, 1 << 20);
 }
 
 TEST(TransferQueueTest, LanesRunBackgroundJobsOffTheCallerAndInParallel) {

@@ -95,6 +95,12 @@ class ShardedKvStore : public KvStore {
     return out;
   }
 
+  int64_t MappingGeneration() const override {
+    int64_t g = 0;
+    for (const auto& s : shards_) g += s->MappingGeneration();
+    return g;
+  }
+
   absl::Status BlockAddresses(SequenceId seq, absl::Span<const ChunkRef> refs, std::vector<const void*>* out) override {
     out->clear();
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
