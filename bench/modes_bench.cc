@@ -78,9 +78,10 @@ ABSL_FLAG(bool, carry_ab, false,
           "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
           "labelled as it with -nocarry (models whose first layer is sparse have nothing to carry: not run)");
 ABSL_FLAG(std::vector<std::string>, selection_models, {},
-          "Synthetic weights: the sparse modes' chunks follow each stated model in turn, OVERLAP:HIT[:SEED] "
-          "(decode-worker/engine/selection_model.h; e.g. 0.9:0.95,0.9:0.7); every run records its model. "
-          "Default: the landmark scores' own selection");
+          "Synthetic weights: the sparse modes' chunks follow each stated model in turn, "
+          "OVERLAP:HIT[:RESIDENT_WASTE[:SEED]] (decode-worker/engine/selection_model.h; e.g. 0.7:0.95:0.4,0.7:0.7:0.4; "
+          "1:1 moves nothing after the first step: the infinite link); every run records its model. Default: the "
+          "landmark scores' own selection");
 ABSL_FLAG(bool, synthetic_kv, false,
           "Slot 0's context is random KV (Engine::PrefillSynthetic) instead of a computed prefill: for long "
           "contexts of synthetic models; only the last prompt token is prefilled");
@@ -121,10 +122,21 @@ struct Measurement {
   int64_t wait0 = 0, base_bytes = 0, carried0 = 0;
   std::vector<double> round_tps;
 
+  size_t first_step = 0;  // this report's first step in run->step_ms()
+
   absl::Status Begin(int32_t t0) {
     base_bytes = e->kv_bytes();
     run = std::make_unique<dd::bench::DecodeRun>(*e, spec.batch, t0);
     RETURN_IF_ERROR(run->Start());
+    return Restart(/*warm_step=*/false);
+  }
+
+  // The next report's counters and steps start here; after a change of selection model, one
+  // untimed step under it first.
+  absl::Status Restart(bool warm_step) {
+    if (warm_step) RETURN_IF_ERROR(run->Steps(1));
+    first_step = run->step_ms().size();
+    round_tps.clear();
     before = Sum(*e);
     wait0 = e->transfer_wait_ns();
     carried0 = e->carried_rows();
@@ -140,11 +152,11 @@ struct Measurement {
     return absl::OkStatus();
   }
 
-  nlohmann::json Finish() {
+  // The steps since Begin or Restart; the forks stay (Release drops them).
+  nlohmann::json Report() {
     const Totals after = Sum(*e);
     const double dev_per_req = static_cast<double>(e->kv_bytes() - base_bytes) / spec.batch;
-    std::vector<double> step_ms = run->step_ms();
-    run.reset();  // releases the forks
+    std::vector<double> step_ms(run->step_ms().begin() + static_cast<std::ptrdiff_t>(first_step), run->step_ms().end());
     const int steps = static_cast<int>(step_ms.size());
     double total_ms = 0;
     for (double x : step_ms) total_ms += x;
@@ -467,50 +479,64 @@ int main(int argc, char** argv) {
           if (link == "pcie5") lm = {.bandwidth_gbps = pcie_gbps, .latency_us = 10};
           en.engine->SetLink(lm);
         }
-        for (size_t si = 0; si < selections.size(); ++si) {
-          const dd::engine::SelectionModel& selection = selections[si];
-          for (Entry& en : group) en.engine->SetSelectionModel(selection);
-          std::vector<std::vector<int64_t>> done(group.size());  // batches run per entry (no repeats)
-          for (int64_t req : batch_req) {
-            std::vector<Measurement> ms;
-            for (size_t k = 0; k < group.size(); ++k) {
-              Entry& en = group[k];
-              if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
-              // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
-              const int64_t largest = std::min(en.max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
-              const int64_t n = req == 0 ? largest : req;
-              if (n < 1 || std::find(done[k].begin(), done[k].end(), n) != done[k].end()) continue;
-              if (en.v->mode == DecodeMode::kFull && si > 0) continue;  // full selects nothing
-              done[k].push_back(n);
-              Measurement m;
-              m.spec = RunSpec{en.v->label, en.v->mode, ctx, n, budget, en.max_batch, link,
-                               link == "pcie5" ? pcie_gbps : 0.0, asks_max && n == largest};
-              m.spec.selection = en.v->mode == DecodeMode::kFull ? "off" : selection.ToString();
-              m.e = en.engine.get();
-              ms.push_back(std::move(m));
-              if (absl::Status st = ms.back().Begin(en.t0); !st.ok()) {
-                skipped(ms.back().spec, st);
-                ms.pop_back();
+        // Per batch: every entry forks once, then runs each selection model in turn (a 128K
+        // fork copies tens of GB: not once per model).
+        std::vector<std::vector<int64_t>> done(group.size());  // batches run per entry (no repeats)
+        for (int64_t req : batch_req) {
+          std::vector<Measurement> ms;
+          for (size_t k = 0; k < group.size(); ++k) {
+            Entry& en = group[k];
+            if (std::find(en.links.begin(), en.links.end(), link) == en.links.end()) continue;
+            // Slot 0 holds one request's worth, so the largest batch of forks is max - 1.
+            const int64_t largest = std::min(en.max_batch - 1, absl::GetFlag(FLAGS_max_batch_cap));
+            const int64_t n = req == 0 ? largest : req;
+            if (n < 1 || std::find(done[k].begin(), done[k].end(), n) != done[k].end()) continue;
+            done[k].push_back(n);
+            en.engine->SetSelectionModel(selections.front());
+            Measurement m;
+            m.spec = RunSpec{en.v->label, en.v->mode, ctx, n, budget, en.max_batch, link,
+                             link == "pcie5" ? pcie_gbps : 0.0, asks_max && n == largest};
+            m.e = en.engine.get();
+            ms.push_back(std::move(m));
+            if (absl::Status st = ms.back().Begin(en.t0); !st.ok()) {
+              skipped(ms.back().spec, st);
+              ms.pop_back();
+            }
+          }
+          for (size_t si = 0; si < selections.size(); ++si) {
+            const dd::engine::SelectionModel& selection = selections[si];
+            std::vector<Measurement*> now;  // full selects nothing: its run once, under the first
+            for (Measurement& m : ms) {
+              if (m.spec.mode == DecodeMode::kFull && si > 0) continue;
+              m.spec.selection = m.spec.mode == DecodeMode::kFull ? "off" : selection.ToString();
+              if (si > 0) {
+                m.e->SetSelectionModel(selection);
+                if (absl::Status st = m.Restart(/*warm_step=*/true); !st.ok()) {
+                  skipped(m.spec, st);
+                  continue;
+                }
               }
+              now.push_back(&m);
             }
             for (int round = 0; round < rounds; ++round) {
               const int n = steps / rounds + (round < steps % rounds ? 1 : 0);
-              for (auto it = ms.begin(); it != ms.end();) {
-                if (absl::Status st = it->Round(n); !st.ok()) {
-                  skipped(it->spec, st);
-                  it = ms.erase(it);
+              for (auto it = now.begin(); it != now.end();) {
+                if (absl::Status st = (*it)->Round(n); !st.ok()) {
+                  skipped((*it)->spec, st);
+                  it = now.erase(it);
                 } else {
                   if (rounds > 1) {  // progress, and a slow spell shows in which turn it fell
                     std::fprintf(stderr, "  turn %d/%d %-16s batch %2lld link %-5s: %7.2f tok/s\n", round + 1, rounds,
-                                 it->spec.label.c_str(), static_cast<long long>(it->spec.batch), link.c_str(),
-                                 it->round_tps.back());
+                                 (*it)->spec.label.c_str(), static_cast<long long>((*it)->spec.batch), link.c_str(),
+                                 (*it)->round_tps.back());
                   }
                   ++it;
                 }
               }
             }
-            for (Measurement& m : ms) {
-              const nlohmann::json r = m.Finish();
+            for (Measurement* mp : now) {
+              Measurement& m = *mp;
+              const nlohmann::json r = m.Report();
               runs.push_back(r);
               const RunSpec& spec = m.spec;
               std::fprintf(stderr, "%-11s ctx %6lld batch %2lld link %-5s sel %-12s: %7.2f tok/s  p50 %6.1f ms  hit %.3f  wait %.2f ms/step  carried %.2f\n",
@@ -518,7 +544,8 @@ int main(int argc, char** argv) {
                            spec.selection.c_str(),
                            r["tokens_per_s"].get<double>(), r["step_ms_p50"].get<double>(), r["hit_rate"].get<double>(),
                            r["wait_ms_per_step"].get<double>(), r["carried_fraction"].get<double>());
-              if (spec.mode == DecodeMode::kSparseCached && link == "inmem" && spec.batch == 1 && pcie_gbps == 0) {
+              if (absl::GetFlag(FLAGS_pcie5_link) && spec.mode == DecodeMode::kSparseCached && link == "inmem" &&
+                  spec.batch == 1 && pcie_gbps == 0) {
                 // Calibrate the pcie5 link: one sparse layer's miss traffic for one request moves in
                 // the time a sparse-cached step spends per layer (so prefetch can just hide a layer's
                 // fetch behind a layer's compute; docs/decisions/0016-link-model.md). With no
@@ -536,7 +563,7 @@ int main(int argc, char** argv) {
               }
             }
           }
-        }
+        }  // the forks are released here, with ms
       }
     }
   }

@@ -120,6 +120,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
       j["fetched_chunks"] = engine.fetched_chunks();
       j["device_gathered_chunks"] = engine.device_gathered_chunks();
+      j["staged_gathered_chunks"] = sc->staged_gathered_chunks();
       nlohmann::json per_layer = nlohmann::json::array();
       for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
         const auto& st = sc->layer_stats()[l];

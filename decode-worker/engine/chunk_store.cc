@@ -46,10 +46,11 @@ void ChunkStore::HostStaging::Release() {
 
 absl::Status ChunkStore::HostStaging::Ensure(backend::Device& device, int64_t bytes) {
   if (bytes <= bytes_) return absl::OkStatus();
+  const int64_t had = bytes_;
   Release();
   // Geometric growth in whole pages: a landing's staging settles at its largest landing.
   const int64_t page = sysconf(_SC_PAGESIZE);
-  int64_t size = std::max<int64_t>(64 << 10, bytes);
+  int64_t size = std::max<int64_t>({64 << 10, bytes, 2 * had});
   size = (size + page - 1) / page * page;
   void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("host staging of ", size, " bytes: mmap failed"));

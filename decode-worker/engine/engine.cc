@@ -514,8 +514,12 @@ absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> pro
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, n));
   ClearSpec(seq);
-  if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
-  RETURN_IF_ERROR(kv_->FillRandom(seq, upto, seed));
+  absl::Status st = sparse_ != nullptr ? sparse_->Open(seq) : absl::OkStatus();
+  if (st.ok()) st = kv_->FillRandom(seq, upto, seed);
+  if (!st.ok()) {
+    Release(seq);  // nothing half-filled stays admitted
+    return st;
+  }
   NoteTokens(seq, prompt.first(upto));
   return absl::OkStatus();
 }

@@ -19,9 +19,10 @@ uint64_t Mix(uint64_t z) {  // splitmix64's finalizer
 }  // namespace
 
 RandomKv::RandomKv(uint64_t seed, int64_t kv_dim)
-    : seed_(seed), kv_dim_(std::max<int64_t>(1, kv_dim)), table_(kTableFloats) {
+    : seed_(seed), kv_dim_(std::max<int64_t>(1, kv_dim)), table_(std::max(kTableFloats, 4 * kv_dim_)) {
   // Segments of at most a quarter of the table, so offsets spread over the rest.
-  seg_rows_ = std::max<int64_t>(1, kTableFloats / 4 / kv_dim_);
+  const int64_t table = static_cast<int64_t>(table_.size());
+  seg_rows_ = std::max<int64_t>(1, table / 4 / kv_dim_);
   // Uniform in [-sqrt(3), sqrt(3)): unit RMS.
   const float scale = std::sqrt(3.0f) / static_cast<float>(int64_t{1} << 23);
   uint64_t state = Mix(seed ^ 0x3c6ef372fe94f82bULL);
@@ -34,7 +35,7 @@ RandomKv::RandomKv(uint64_t seed, int64_t kv_dim)
 const float* RandomKv::Segment(int64_t layer, bool values, int64_t segment) const {
   const uint64_t h = Mix(Mix(Mix(seed_ ^ static_cast<uint64_t>(layer)) ^ (values ? 1u : 2u)) ^
                          static_cast<uint64_t>(segment));
-  const uint64_t room = static_cast<uint64_t>(kTableFloats - seg_rows_ * kv_dim_ + 1);
+  const uint64_t room = static_cast<uint64_t>(static_cast<int64_t>(table_.size()) - seg_rows_ * kv_dim_ + 1);
   return table_.data() + h % room;
 }
 

@@ -126,7 +126,7 @@ struct SparseOptions {
   // Benchmarks on synthetic weights: the chunks attended and predicted follow this stated model
   // instead of the landmark scores (which are still computed): selection_model.h. Off by
   // default; the predictor then plays no part.
-  SelectionModel selection_model;
+  SelectionModel selection_model{};
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk.
   absl::Status Validate(int64_t model_context) const;

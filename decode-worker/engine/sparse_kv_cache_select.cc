@@ -226,6 +226,11 @@ void SparseKvCache::ModelSelection(Seq& s, const model::AttentionCall& call, Dec
   r.sel = std::move(st.model_sel);
   st.model_pos = pos;
   if (!real) {  // pre-decoding: the prediction is the real row's S at this same position
+    // A plan drawn for the real row (within WindowFor(pos + 1)) kept to this row's window: a
+    // chunk past it is in the row's dense part (today pre-decoding follows a prefill, with no
+    // plan, so nothing is dropped).
+    const Window own = WindowFor(pos);
+    for (auto& v : r.sel) std::erase_if(v, [&](int64_t c) { return c < own.sel_begin || c >= own.sel_end; });
     st.model_sel = r.sel;
     r.model_predicted = r.sel;
     return;

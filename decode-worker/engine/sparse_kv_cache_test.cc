@@ -335,6 +335,17 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
       },
       "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");
+  // The same through ucx://'s registered staging.
+  EXPECT_DEATH(
+      {
+        ChunkStore::SkipComputeWaitForTesting(true);
+        EngineOptions u = options(DecodeMode::kSparse, true);
+        u.kv_store = "ucx://" + pool.address();
+        Engine e(*this->model_, u);
+        this->Run(e, 4, 200, 150);
+      },
+      "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
+      "workspace\\) writes, without waiting for it");
 }
 
 TYPED_TEST(SparseModeTest, InvalidConfigurationsAreClearErrors) {

@@ -8,6 +8,8 @@ For each model, greedy `ddctl generate` over a prompt long enough that chunk sel
     across them; the slow-link case is logits_hash_test's, which needs the real models);
   - full on cuda gives the cpu's tokens, or the first step where they part is reported (random
     weights make near-ties likelier than a trained model does);
+  - the sparse modes' blocks, in the in-process store's arena (registered with the device),
+    are all gathered by the device itself;
   - with --pool (a dd-kv-pool binary): sparse-cached and dualdecoder with the KV in a shm://
     pool, which the device gathers from the registered region itself
     (docs/decisions/0039-device-gathers-from-pool.md), give sparse@cuda's tokens.
@@ -128,6 +130,14 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             checks[f"{other} == sparse@cuda"] = d == -1
             if d != -1:
                 summary["failures"].append(f"{name}: {other} leaves sparse@cuda at token {d}")
+        # The in-process store's arena is registered with the device too: it gathers every block.
+        for mode in [m for m in MODES if m != "full"]:
+            r = runs[f"{mode}@cuda"]
+            ok = r.get("fetched_chunks", 0) > 0 and r.get("device_gathered_chunks") == r["fetched_chunks"]
+            checks[f"{mode}@cuda gathered by the device"] = ok
+            if not ok:
+                summary["failures"].append(f"{name}: {mode}@cuda: {r.get('device_gathered_chunks')} of "
+                                           f"{r.get('fetched_chunks')} chunks gathered by the device")
         for mode in POOL_MODES if pool else []:  # the device gathered every block from the pool itself
             r = runs[f"{mode}@cuda+shm"]
             ok = r.get("fetched_chunks", 0) > 0 and r.get("device_gathered_chunks") == r["fetched_chunks"]

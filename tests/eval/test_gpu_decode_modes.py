@@ -38,20 +38,27 @@ def test_cpu_smoke_runs_every_mode_store_and_hit_rate(tmp_path):
             assert x["selection_model"] == "off"
             continue
         hit = float(x["selection_model"].split(":")[1])
-        if x["mode"] == "dualdecoder":
+        if x["mode"] == "dualdecoder" and not gpu_decode_modes.is_reference(x["selection_model"]):
             # The engine's own counter reads the stated rate (k chunks per head: a multiple of 1/k).
             assert x["hit_rate"] == pytest.approx(round(hit * budget_chunks) / budget_chunks, abs=1e-9)
     for mode in ("sparse", "sparse-cached", "dualdecoder"):
         for link in ("inmem", "shm"):
             for batch in (1, 2):
                 assert (mode, link, batch) in seen
-    # Each sparse mode once per hit rate; full once.
+    # Each sparse mode once per hit rate and the infinite-link reference (1:1, nothing moved after
+    # the first step); full once.
     assert sum(1 for x in runs if x["mode"] == "full") == 2
-    assert sum(1 for x in runs if x["mode"] == "dualdecoder") == 2 * 2 * 2
+    assert sum(1 for x in runs if x["mode"] == "dualdecoder") == 3 * 2 * 2
+    for x in runs:
+        if x["mode"] in ("sparse-cached", "dualdecoder") and gpu_decode_modes.is_reference(x["selection_model"]):
+            assert x["urgent_bytes_per_step"] == 0 and x["prefetch_bytes_per_step"] == 0, x
+            if x["mode"] == "dualdecoder":
+                assert x["hit_rate"] == 1.0
     md = (tmp_path / "gpu-decode-modes.md").read_text()
-    assert "| inmem | 0.95 | 1 |" in md and "| shm | 0.7 | 2 |" in md
+    assert "| inmem | 0.95 | 1 |" in md and "| shm | 0.7 | 2 |" in md and "| inmem | ∞ | 1 |" in md
     assert "dualdecoder ≥ 1.5× sparse-cached" in md
     assert doc["targets"]["dual_over_cached"], "no run decided the target"
+    assert doc["targets"]["dual_of_infinite"], "no infinite-link figure"
 
 
 def test_batches_beyond_host_memory_are_reported_not_run():
