@@ -60,14 +60,11 @@ struct RunKeys {
   }
 };
 
-// Keys of a list: one pointer each.
+// Keys of a list: runs of keys at a stride (key_segments.h).
 struct ListKeys {
-  const float* const* keys;
-  const float* const* values;
-  __device__ void At(int64_t i, const float** k, const float** v) const {
-    *k = keys[i];
-    *v = values[i];
-  }
+  const KeySeg* segs;
+  int64_t n_segs;
+  __device__ void At(int64_t i, const float** k, const float** v) const { KeySegAt(segs, n_segs, i, k, v); }
 };
 
 template <typename Keys>
@@ -130,24 +127,25 @@ __global__ void AttendCausalKernel(DevShape shape, float scale, bool sliding, in
 }
 
 __global__ void AttendListsKernel(DevShape shape, float scale, const DevListRow* rows, const DevList* lists,
-                                  const float* const* ptrs) {
+                                  const KeySeg* segs) {
   const DevListRow row = rows[blockIdx.x];
   const int h = static_cast<int>(blockIdx.y);
   const int hd = shape.head_dim, group = shape.n_head / shape.n_head_kv;
   const DevList list = lists[row.first_list + h / group];
-  const ListKeys keys{ptrs + list.offset, ptrs + list.offset + list.n};
+  const ListKeys keys{segs + list.seg_offset, list.n_segs};
   AttendKeys(row.q + h * hd, row.out + h * hd, hd, scale, list.n - row.hidden_tail, keys);
 }
 
 // One thread per (query, key): the dot as one fma chain over d ascending, the operations
 // AttendKeys uses for a score (ops.h: landmark scores with the bits of attention scores).
-__global__ void KeyScoresKernel(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk,
-                                float* s, int64_t ld) {
+__global__ void KeyScoresKernel(const float* q, int64_t nq, int64_t hd, const KeySeg* segs, int64_t n_segs,
+                                int64_t nk, float* s, int64_t ld) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= nq * nk) return;
   const int64_t i = t / nk, j = t % nk;
   const float* qi = q + i * hd;
-  const float* kj = keys[j];
+  const float *kj, *unused;
+  KeySegAt(segs, n_segs, j, &kj, &unused);
   float dot = 0.0f;
   for (int64_t d = 0; d < hd; ++d) dot = fmaf(qi[d], kj[d], dot);
   s[i * ld + j] = dot;
@@ -242,22 +240,23 @@ cudaError_t AttendCausal(const DevShape& shape, float scale, bool sliding, int64
 }
 
 cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* rows, int64_t n_rows, const DevList* lists,
-                        const float* const* ptrs, cudaStream_t s) {
+                        const KeySeg* segs, cudaStream_t s) {
   if (n_rows <= 0) return cudaSuccess;
   if (shape.head_dim > kMaxHeadDim || shape.n_head_kv <= 0 || shape.n_head % shape.n_head_kv != 0 ||
       shape.n_head > 65535) {
     return cudaErrorInvalidValue;
   }
   AttendListsKernel<<<dim3(static_cast<unsigned>(n_rows), static_cast<unsigned>(shape.n_head)), kThreads, 0, s>>>(
-      shape, scale, rows, lists, ptrs);
+      shape, scale, rows, lists, segs);
   return cudaGetLastError();
 }
 
-cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
-                      int64_t ld, cudaStream_t stream) {
+cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs, int64_t nk,
+                      float* s, int64_t ld, cudaStream_t stream) {
   if (nq <= 0 || nk <= 0) return cudaSuccess;
+  if (n_segs <= 0) return cudaErrorInvalidValue;
   const int64_t threads = 256, blocks = (nq * nk + threads - 1) / threads;
-  KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, keys, nk, s, ld);
+  KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, segs, n_segs, nk, s, ld);
   return cudaGetLastError();
 }
 

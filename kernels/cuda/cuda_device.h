@@ -111,8 +111,8 @@ class CudaOps final : public backend::Ops {
   // (the engine's thread only; KeyScores, which other threads may call, uses none).
   std::vector<DevRun> runs_;
   std::vector<DevListRow> rows_;
-  std::vector<DevList> lists_;
-  std::vector<const float*> ptrs_;
+  std::vector<DevList> lists_, group_lists_;
+  std::vector<KeySeg> segs_, group_segs_;
   std::vector<const backend::ChunkScores*> batch_;
   std::vector<DevChunkList> chunk_lists_;
 };

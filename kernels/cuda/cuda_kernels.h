@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "cuda/key_segments.h"
 #include "dd/kernels/dtype.h"
 
 namespace dd::kernels::cuda {
@@ -92,15 +93,16 @@ struct DevListRow {
   int64_t hidden_tail;
   int64_t first_list;
 };
-// A key list: keys[i] = ptrs[offset + i], values[i] = ptrs[offset + n + i].
+// A key list of n keys in n_segs runs: segs[seg_offset, seg_offset + n_segs) (key_segments.h).
 struct DevList {
-  int64_t offset, n;
+  int64_t seg_offset, n_segs, n;
 };
 cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* rows, int64_t n_rows,
-                        const DevList* lists, const float* const* ptrs, cudaStream_t s);
-// s[i × ld + j] = q_i · keys[j] for nq queries and nk keys of head_dim floats.
-cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
-                      int64_t ld, cudaStream_t stream);
+                        const DevList* lists, const KeySeg* segs, cudaStream_t s);
+// s[i × ld + j] = q_i · key j for nq queries and nk keys of head_dim floats, the keys in n_segs
+// runs.
+cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs, int64_t nk,
+                      float* s, int64_t ld, cudaStream_t stream);
 // One list of TopChunks (ops.h ChunkScores) with its chunk ids on the device, and `scratch`
 // for min(n, take) keys.
 struct DevChunkList {

@@ -167,14 +167,14 @@ void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, con
                         static_cast<int32_t>(shape.head_dim)};
   auto bytes = [&] {
     return SizeOf<DevListRow>(static_cast<int64_t>(rows_.size())) + SizeOf<DevList>(static_cast<int64_t>(lists_.size())) +
-           SizeOf<const float*>(static_cast<int64_t>(ptrs_.size()));
+           SizeOf<KeySeg>(static_cast<int64_t>(segs_.size()));
   };
   auto launch = [&] {
     if (rows_.empty()) return;
     Args a(dev_, "AttendGroups", bytes());
     const DevListRow* r = a.Put(rows_.data(), static_cast<int64_t>(rows_.size()));
     const DevList* l = a.Put(lists_.data(), static_cast<int64_t>(lists_.size()));
-    const float* const* p = a.Put(ptrs_.data(), static_cast<int64_t>(ptrs_.size()));
+    const KeySeg* p = a.Put(segs_.data(), static_cast<int64_t>(segs_.size()));
     if (a.Flush()) {
       dev_.Report(AttendLists(dshape, scale, r, static_cast<int64_t>(rows_.size()), l, p,
                               dev_.stream(backend::Queue::kCompute)),
@@ -183,36 +183,48 @@ void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, con
   };
   rows_.clear();
   lists_.clear();
-  ptrs_.clear();
-  // Groups are independent: as many per launch as one part of the ring holds.
+  segs_.clear();
+  // Groups are independent: as many per launch as one part of the ring holds. Each list goes
+  // as runs of keys (key_segments.h): about a quarter of the bytes of a pointer per key.
   for (const backend::AttentionGroup& g : groups) {
-    int64_t keys = 0;
-    for (const backend::KeyValueList& l : g.lists) keys += 2 * l.n;
-    const int64_t extra = static_cast<int64_t>(g.rows.size() * sizeof(DevListRow) + g.lists.size() * sizeof(DevList)) +
-                          keys * static_cast<int64_t>(sizeof(const float*)) + 48;
+    group_segs_.clear();
+    group_lists_.clear();
+    for (const backend::KeyValueList& l : g.lists) {
+      const int64_t first = static_cast<int64_t>(group_segs_.size());
+      const int64_t n_segs = AppendKeySegments(l.keys, l.values, l.n, &group_segs_);
+      group_lists_.push_back({first, n_segs, l.n});
+    }
+    const int64_t extra = static_cast<int64_t>(g.rows.size() * sizeof(DevListRow) + g.lists.size() * sizeof(DevList) +
+                                               group_segs_.size() * sizeof(KeySeg)) + 48;
     if (!rows_.empty() && bytes() + extra > dev_.args().part_bytes()) {
       launch();
       rows_.clear();
       lists_.clear();
-      ptrs_.clear();
+      segs_.clear();
     }
-    const int64_t first = static_cast<int64_t>(lists_.size());
-    for (const backend::KeyValueList& l : g.lists) {
-      lists_.push_back({static_cast<int64_t>(ptrs_.size()), l.n});
-      ptrs_.insert(ptrs_.end(), l.keys, l.keys + l.n);
-      ptrs_.insert(ptrs_.end(), l.values, l.values + l.n);
+    const int64_t first_list = static_cast<int64_t>(lists_.size()), seg_base = static_cast<int64_t>(segs_.size());
+    for (DevList l : group_lists_) {
+      l.seg_offset += seg_base;
+      lists_.push_back(l);
     }
-    for (const backend::ListQuery& r : g.rows) rows_.push_back({r.q, r.out, r.hidden_tail, first});
+    segs_.insert(segs_.end(), group_segs_.begin(), group_segs_.end());
+    for (const backend::ListQuery& r : g.rows) rows_.push_back({r.q, r.out, r.hidden_tail, first_list});
   }
   launch();
 }
 
 void CudaOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                         int64_t ld) {
-  Args a(dev_, "KeyScores", SizeOf<const float*>(nk));
-  const float* const* k = a.Put(keys, nk);
+  // A read's landmarks lie at one stride: usually one run, not nk pointers. (Per thread: callers
+  // may score from several threads at once.)
+  thread_local std::vector<KeySeg> segs;
+  segs.clear();
+  const int64_t n_segs = AppendKeySegments(keys, nullptr, nk, &segs);
+  Args a(dev_, "KeyScores", SizeOf<KeySeg>(n_segs));
+  const KeySeg* k = a.Put(segs.data(), n_segs);
   if (!a.Flush()) return;
-  dev_.Report(cuda::KeyScores(q, nq, head_dim, k, nk, s, ld, dev_.stream(backend::Queue::kCompute)), "KeyScores");
+  dev_.Report(cuda::KeyScores(q, nq, head_dim, k, n_segs, nk, s, ld, dev_.stream(backend::Queue::kCompute)),
+              "KeyScores");
 }
 
 void CudaOps::TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t /*k*/) {
