@@ -42,7 +42,7 @@ import tempfile
 import time
 
 import wrap_results  # bench/wrap_results.py (standard library at import): machine(), git_sha()
-from gpu_engine import gpu_name  # bench/gpu_engine.py
+from gpu_engine import check_inputs, gpu_name, write_outputs  # bench/gpu_engine.py
 
 # (layers, KV heads, head dim): the host KV a request holds (float32 K and V per position).
 SHAPES = {"llama-3.1-8b": (32, 8, 128), "smollm2-135m": (30, 3, 64), "gemma3-270m": (18, 1, 256)}
@@ -332,12 +332,7 @@ def main() -> int:
     for v in [a.overlap, a.resident_waste] + a.hits:
         if not 0 <= v <= 1:
             sys.exit(f"gpu_decode_modes: {v} is not a fraction in [0, 1]")
-    for b in ("ddctl", "dd-bench-modes"):
-        if not os.access(os.path.join(a.bin, b), os.X_OK):
-            sys.exit(f"gpu_decode_modes: {b} not found in {a.bin}")
-    if not os.path.exists(a.text_file):
-        sys.exit(f"gpu_decode_modes: --text-file {a.text_file} not found (the prompts' text)")
-    os.makedirs(a.out_dir, exist_ok=True)
+    check_inputs("gpu_decode_modes", a)
     gpu = gpu_name() if a.device == "cuda" else "none"
     doc = {"benchmark": "gpu-decode-modes", "preset": a.preset,
            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
@@ -364,11 +359,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     doc["gather"] = gather_figures(a.out_dir)
     doc["targets"] = analyse(doc)
-    with open(os.path.join(a.out_dir, "gpu-decode-modes.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-    with open(os.path.join(a.out_dir, "gpu-decode-modes.md"), "w") as f:
-        f.write(summary(doc))
-    print(f"gpu_decode_modes: wrote {a.out_dir}/gpu-decode-modes.json and .md", file=sys.stderr)
+    write_outputs(a.out_dir, "gpu-decode-modes", doc, summary(doc))
     return 1 if failed else 0
 
 

@@ -57,6 +57,25 @@ def hbm_gbps(name: str) -> float | None:
     return None
 
 
+def check_inputs(who: str, a) -> None:
+    """Exits naming what is missing: a.bin's ddctl and dd-bench-modes, a.text_file; makes a.out_dir."""
+    for b in ("ddctl", "dd-bench-modes"):
+        if not os.access(os.path.join(a.bin, b), os.X_OK):
+            sys.exit(f"{who}: {b} not found in {a.bin}")
+    if not os.path.exists(a.text_file):
+        sys.exit(f"{who}: --text-file {a.text_file} not found (the prompts' text)")
+    os.makedirs(a.out_dir, exist_ok=True)
+
+
+def write_outputs(out_dir: str, name: str, doc: dict, md: str) -> None:
+    """NAME.json and NAME.md in out_dir."""
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    with open(os.path.join(out_dir, name + ".md"), "w") as f:
+        f.write(md)
+    print(f"{name}: wrote {out_dir}/{name}.json and .md", file=sys.stderr)
+
+
 def run(cmd: list[str], timeout: float, log) -> subprocess.CompletedProcess:
     print("gpu_engine: " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
@@ -172,12 +191,7 @@ def main() -> int:
     ap.add_argument("--tmp", default=None, help="where the synthetic models are written (default: a temporary "
                                                 "directory; the 8B shape needs 4.7 GB)")
     a = ap.parse_args()
-    for b in ("ddctl", "dd-bench-modes"):
-        if not os.access(os.path.join(a.bin, b), os.X_OK):
-            sys.exit(f"gpu_engine: {b} not found in {a.bin}")
-    if not os.path.exists(a.text_file):
-        sys.exit(f"gpu_engine: --text-file {a.text_file} not found (the prompts' text)")
-    os.makedirs(a.out_dir, exist_ok=True)
+    check_inputs("gpu_engine", a)
     wanted = [s for s in a.shapes.split(",") if s]
     gpu = gpu_name()
     doc = {"benchmark": "gpu-engine", "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
@@ -199,11 +213,7 @@ def main() -> int:
                 failed |= "error" in doc["results"][shape]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    with open(os.path.join(a.out_dir, "gpu-engine.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-    with open(os.path.join(a.out_dir, "gpu-engine.md"), "w") as f:
-        f.write(summary(doc))
-    print(f"gpu_engine: wrote {a.out_dir}/gpu-engine.json and .md", file=sys.stderr)
+    write_outputs(a.out_dir, "gpu-engine", doc, summary(doc))
     return 1 if failed else 0
 
 

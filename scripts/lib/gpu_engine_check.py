@@ -130,20 +130,15 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             checks[f"{other} == sparse@cuda"] = d == -1
             if d != -1:
                 summary["failures"].append(f"{name}: {other} leaves sparse@cuda at token {d}")
-        # The in-process store's arena is registered with the device too: it gathers every block.
-        for mode in [m for m in MODES if m != "full"]:
-            r = runs[f"{mode}@cuda"]
+        # The device gathers every block itself: from the in-process store's arena, registered
+        # with it, and from the pool's region.
+        gathered = [f"{m}@cuda" for m in MODES if m != "full"] + [f"{m}@cuda+shm" for m in POOL_MODES if pool]
+        for run in gathered:
+            r = runs[run]
             ok = r.get("fetched_chunks", 0) > 0 and r.get("device_gathered_chunks") == r["fetched_chunks"]
-            checks[f"{mode}@cuda gathered by the device"] = ok
+            checks[f"{run} gathered by the device"] = ok
             if not ok:
-                summary["failures"].append(f"{name}: {mode}@cuda: {r.get('device_gathered_chunks')} of "
-                                           f"{r.get('fetched_chunks')} chunks gathered by the device")
-        for mode in POOL_MODES if pool else []:  # the device gathered every block from the pool itself
-            r = runs[f"{mode}@cuda+shm"]
-            ok = r.get("fetched_chunks", 0) > 0 and r.get("device_gathered_chunks") == r["fetched_chunks"]
-            checks[f"{mode}@cuda+shm gathered by the device"] = ok
-            if not ok:
-                summary["failures"].append(f"{name}: {mode}@cuda+shm: {r.get('device_gathered_chunks')} of "
+                summary["failures"].append(f"{name}: {run}: {r.get('device_gathered_chunks')} of "
                                            f"{r.get('fetched_chunks')} chunks gathered by the device")
         d = first_difference(tokens["full@cuda"], tokens["full@cpu"])
         checks["full@cuda == full@cpu"] = d == -1
