@@ -263,13 +263,20 @@ absl::Status SparseKvCache::AppendRows(Seq& s, int64_t layer, const backend::Dev
   // KV head, and one [K | V] block per KV head offloaded.
   RETURN_IF_ERROR(EnsureLandmarks(st, c1));
   const int64_t rows = (c1 - c0) * C;
-  host_k_.resize(rows * kv_dim);
-  host_v_.resize(rows * kv_dim);
-  RETURN_IF_ERROR(RowsToHost(st, c0 * C, c1 * C, host_k_.data(), host_v_.data()));
-  // Also the last upload from landmark_host_ (same queue) is done after this.
+  // The chunks' rows on the host: the caller's, when they are host rows starting at a chunk
+  // (a restored prefix, random KV), else copied back from the device.
+  const float *hk = k, *hv = v;
+  if (src_buf || c0 * C != pos) {
+    host_k_.resize(rows * kv_dim);
+    host_v_.resize(rows * kv_dim);
+    RETURN_IF_ERROR(RowsToHost(st, c0 * C, c1 * C, host_k_.data(), host_v_.data()));
+    hk = host_k_.data(), hv = host_v_.data();
+  }
+  // Also the last upload from landmark_host_ (same queue), and the rows' copy from host memory,
+  // are done after this.
   RETURN_IF_ERROR(device_.Synchronize(device_.Record(backend::Queue::kCompute)));
   landmark_host_.resize((c1 - c0) * kv_dim);
-  RETURN_IF_ERROR(chunks_.WriteChunks(s.store_id, layer, c0, c1, host_k_.data(), host_v_.data(), landmark_host_.data()));
+  RETURN_IF_ERROR(chunks_.WriteChunks(s.store_id, layer, c0, c1, hk, hv, landmark_host_.data()));
   // landmark_host_ stays unchanged until the next sync of the compute queue (above, or the
   // cache's Reset and destructor).
   const int64_t per_chunk = kv_dim * static_cast<int64_t>(sizeof(float));
