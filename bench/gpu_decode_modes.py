@@ -47,21 +47,27 @@ from gpu_engine import check_inputs, gpu_name, write_outputs  # bench/gpu_engine
 # (layers, KV heads, head dim): the host KV a request holds (float32 K and V per position).
 SHAPES = {"llama-3.1-8b": (32, 8, 128), "smollm2-135m": (30, 3, 64), "gemma3-270m": (18, 1, 256)}
 MODES = "full,sparse,sparse-cached,dualdecoder"
+SPARSE_MODES = "sparse,sparse-cached,dualdecoder"
 # Each run: one dd-bench-modes invocation (one context; its stores and batches).
 PRESETS = {
     # Inside scripts/gpu-check (minutes): 32K on PCIe and a shm:// pool, 128K on PCIe. 72 GiB:
     # full mode's two 128K requests (slot 0 and one fork, 34 GB of KV each) beside the weights.
     "gpu-check": {"shape": "llama-3.1-8b", "hits": [0.99, 0.95, 0.85, 0.7], "steps": 12, "budget": 2048,
                   "device_memory": "72GiB", "timeout": 300,
-                  "runs": [{"context": 32768, "batches": "1,8,max", "stores": "inproc,shm"},
+                  "runs": [{"context": 32768, "batches": "1,8,max", "stores": "inproc"},
+                           # A pool's region is pinned whole by the device: smaller batches.
+                           {"context": 32768, "batches": "1,4", "stores": "shm", "modes": SPARSE_MODES},
                            {"context": 130000, "batches": "1,max", "stores": "inproc",
                             "modes": "full,sparse-cached,dualdecoder"}]},
     # A session of its own: every store, 32K to 128K, a finer sweep.
     "full": {"shape": "llama-3.1-8b", "hits": [0.99, 0.95, 0.9, 0.85, 0.8, 0.7], "steps": 24, "budget": 2048,
              "device_memory": "72GiB", "timeout": 600,
-             "runs": [{"context": 32768, "batches": "1,8,max", "stores": "inproc,shm,ucx-sm,ucx-tcp"},
-                      {"context": 65536, "batches": "1,8", "stores": "inproc,shm"},
-                      {"context": 130000, "batches": "1,max", "stores": "inproc,shm,ucx-sm"}]},
+             "runs": [{"context": 32768, "batches": "1,8,max", "stores": "inproc"},
+                      {"context": 32768, "batches": "1,4", "stores": "shm,ucx-sm,ucx-tcp", "modes": SPARSE_MODES},
+                      {"context": 65536, "batches": "1,8", "stores": "inproc"},
+                      {"context": 65536, "batches": "1", "stores": "shm", "modes": SPARSE_MODES},
+                      {"context": 130000, "batches": "1,max", "stores": "inproc"},
+                      {"context": 130000, "batches": "1", "stores": "shm,ucx-sm", "modes": SPARSE_MODES}]},
     # The flow on a CPU (tests/cli): a small shape, a short context.
     "cpu-smoke": {"shape": "smollm2-135m", "hits": [0.95, 0.7], "steps": 3, "budget": 512, "device_memory": "2GiB",
                   "timeout": 300, "runs": [{"context": 3000, "batches": "1,2", "stores": "inproc,shm"}]},
@@ -138,8 +144,10 @@ def bench_context(a, p: dict, spec: dict, model: str, tmp: str, log) -> dict:
         out["error"] = (f"host memory ({avail / 2**30:.0f} GiB available) holds no batch of {ctx}-token requests "
                         f"({kv / 2**30:.1f} GiB of KV each)")
         return out
-    raw = os.path.join(tmp, f"modes-{ctx}.json")
-    pool_gib = max(4, int((cap + 2) * kv * 1.1 / 2**30) + 1)
+    raw = os.path.join(tmp, f"modes-{ctx}-{spec['stores']}.json")
+    # A pool holds slot 0 and the largest batch's forks ('max' is capped at the host's bound).
+    largest = max(cap if b == "max" else int(b) for b in batches)
+    pool_gib = max(4, int((largest + 2) * kv * 1.1 / 2**30) + 1)
     cmd = [os.path.join(a.bin, "dd-bench-modes"), "--model", model, "--device", a.device,
            "--device_memory", p["device_memory"], "--text_file", a.text_file, "--contexts", str(ctx),
            "--batches", ",".join(batches), "--stores", spec["stores"], "--modes", spec.get("modes", MODES),
@@ -247,7 +255,7 @@ def summary(doc: dict) -> str:
                   "beside compute).", ""]
     for res in doc["results"]:
         ctx = res["context"]
-        lines += [f"## {ctx} tokens", ""]
+        lines += [f"## {ctx} tokens, {res['stores']}", ""]
         if res.get("not_run_batches"):
             lines += [f"Not run for host memory ({res['host_kv_bytes_per_request'] / 2**30:.1f} GiB of KV per "
                       f"request, at most {res['host_batch_cap']} forks): batch "
