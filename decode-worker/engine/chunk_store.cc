@@ -193,6 +193,10 @@ absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64
       RETURN_IF_ERROR(store_->Write(id, {static_cast<int32_t>(layer), g, c}, block_.data()));
     }
   }
+  // Memory the store mapped for these blocks (the in-process arena's new slab) is registered
+  // now, during the prefill that wrote them, not in a later decode step that every request of
+  // the batch waits for (registering pins it: slow).
+  (void)DeviceGathers();
   return absl::OkStatus();
 }
 
@@ -221,7 +225,9 @@ absl::Status ChunkStore::CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId 
       }
     }
   }
-  return flush();
+  RETURN_IF_ERROR(flush());
+  (void)DeviceGathers();  // a fork's new slabs, registered now (see WriteChunks)
+  return absl::OkStatus();
 }
 
 absl::Status ChunkStore::ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1,
