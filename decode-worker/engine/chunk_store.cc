@@ -107,7 +107,7 @@ bool ChunkStore::DeviceGathers() {
       LOG(WARNING) << "the device cannot register the KV store's mapped memory (" << r.bytes
                    << " bytes): its blocks land through host staging instead: " << region.status();
       ForgetMappings();
-      refused_ = true;  // not tried again before the next mapping
+      refused_ = true;  // not tried again before ForgetMappings
       return false;
     }
     regions_.insert(std::upper_bound(regions_.begin(), regions_.end(), *region,

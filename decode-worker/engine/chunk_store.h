@@ -151,7 +151,7 @@ class ChunkStore {
   int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0;
   bool ranges_checked_ = false;                     // the store's mapping of generation_ was registered
   int64_t generation_ = 0;                          // KvStore::MappingGeneration when last registered
-  bool refused_ = false;                            // the device refused a range: staging until the next mapping
+  bool refused_ = false;                            // the device refused a range: staging until ForgetMappings
   std::vector<backend::HostRegion> regions_;        // its ranges, registered, by base address
   std::vector<const void*> addrs_;                  // a gather's block addresses
   std::vector<int> ranges_;                         // the index in regions_ of each (-1: none)

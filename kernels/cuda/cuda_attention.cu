@@ -138,18 +138,33 @@ __global__ void AttendListsKernel(DevShape shape, float scale, const DevListRow*
 
 // One thread per (query, key): the dot as one fma chain over d ascending, the operations
 // AttendKeys uses for a score (ops.h: landmark scores with the bits of attention scores).
-__global__ void KeyScoresKernel(const float* q, int64_t nq, int64_t hd, const KeySeg* segs, int64_t n_segs,
-                                int64_t nk, float* s, int64_t ld) {
+template <typename KeyOf>
+__global__ void KeyScoresKernel(const float* q, int64_t nq, int64_t hd, KeyOf key_of, int64_t nk, float* s,
+                                int64_t ld) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= nq * nk) return;
   const int64_t i = t / nk, j = t % nk;
   const float* qi = q + i * hd;
-  const float *kj, *unused;
-  KeySegAt(segs, n_segs, j, &kj, &unused);
+  const float* kj = key_of(j);
   float dot = 0.0f;
   for (int64_t d = 0; d < hd; ++d) dot = fmaf(qi[d], kj[d], dot);
   s[i * ld + j] = dot;
 }
+
+// KeyScores' keys: in runs, or one pointer each.
+struct SegKey {
+  const KeySeg* segs;
+  int64_t n_segs;
+  __device__ const float* operator()(int64_t j) const {
+    const float *k, *unused;
+    KeySegAt(segs, n_segs, j, &k, &unused);
+    return k;
+  }
+};
+struct PtrKey {
+  const float* const* keys;
+  __device__ const float* operator()(int64_t j) const { return keys[j]; }
+};
 
 constexpr int kSelectThreads = 256;
 
@@ -251,12 +266,16 @@ cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* ro
   return cudaGetLastError();
 }
 
-cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs, int64_t nk,
-                      float* s, int64_t ld, cudaStream_t stream) {
+cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs,
+                      const float* const* ptrs, int64_t nk, float* s, int64_t ld, cudaStream_t stream) {
   if (nq <= 0 || nk <= 0) return cudaSuccess;
-  if (n_segs <= 0) return cudaErrorInvalidValue;
+  if (segs != nullptr ? n_segs <= 0 : ptrs == nullptr) return cudaErrorInvalidValue;
   const int64_t threads = 256, blocks = (nq * nk + threads - 1) / threads;
-  KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, segs, n_segs, nk, s, ld);
+  if (segs != nullptr) {
+    KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, SegKey{segs, n_segs}, nk, s, ld);
+  } else {
+    KeyScoresKernel<<<blocks, threads, 0, stream>>>(q, nq, head_dim, PtrKey{ptrs}, nk, s, ld);
+  }
   return cudaGetLastError();
 }
 

@@ -99,10 +99,11 @@ struct DevList {
 };
 cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* rows, int64_t n_rows,
                         const DevList* lists, const KeySeg* segs, cudaStream_t s);
-// s[i × ld + j] = q_i · key j for nq queries and nk keys of head_dim floats, the keys in n_segs
-// runs.
-cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs, int64_t nk,
-                      float* s, int64_t ld, cudaStream_t stream);
+static_assert(sizeof(KeySeg) == 32 && sizeof(DevList) == 24, "the host fills these for the device");
+// s[i × ld + j] = q_i · key j for nq queries and nk keys of head_dim floats: the keys in n_segs
+// runs (segs), or, with segs null, one pointer each (ptrs).
+cudaError_t KeyScores(const float* q, int64_t nq, int64_t head_dim, const KeySeg* segs, int64_t n_segs,
+                      const float* const* ptrs, int64_t nk, float* s, int64_t ld, cudaStream_t stream);
 // One list of TopChunks (ops.h ChunkScores) with its chunk ids on the device, and `scratch`
 // for min(n, take) keys.
 struct DevChunkList {

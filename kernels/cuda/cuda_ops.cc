@@ -215,15 +215,18 @@ void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, con
 
 void CudaOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                         int64_t ld) {
-  // A read's landmarks lie at one stride: usually one run, not nk pointers. (Per thread: callers
-  // may score from several threads at once.)
+  // A read's landmarks over its window lie at one stride: one run, not nk pointers. The
+  // speculative row's shortlist comes in rank order, about a run per key: then the pointers,
+  // which are smaller. (Per thread: callers may score from several threads at once.)
   thread_local std::vector<KeySeg> segs;
   segs.clear();
   const int64_t n_segs = AppendKeySegments(keys, nullptr, nk, &segs);
-  Args a(dev_, "KeyScores", SizeOf<KeySeg>(n_segs));
-  const KeySeg* k = a.Put(segs.data(), n_segs);
+  const bool runs = SizeOf<KeySeg>(n_segs) <= SizeOf<const float*>(nk);
+  Args a(dev_, "KeyScores", runs ? SizeOf<KeySeg>(n_segs) : SizeOf<const float*>(nk));
+  const KeySeg* k = runs ? a.Put(segs.data(), n_segs) : nullptr;
+  const float* const* p = runs ? nullptr : a.Put(keys, nk);
   if (!a.Flush()) return;
-  dev_.Report(cuda::KeyScores(q, nq, head_dim, k, n_segs, nk, s, ld, dev_.stream(backend::Queue::kCompute)),
+  dev_.Report(cuda::KeyScores(q, nq, head_dim, k, n_segs, p, nk, s, ld, dev_.stream(backend::Queue::kCompute)),
               "KeyScores");
 }
 
