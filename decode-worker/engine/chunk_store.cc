@@ -86,17 +86,16 @@ void ChunkStore::ForgetMappings() {
     for (const backend::HostRegion& r : regions_) device_.UnregisterHostRegion(r);
   }
   regions_.clear();
-  ranges_checked_ = false;
+  generation_ = kUnchecked;
   refused_ = false;
 }
 
 bool ChunkStore::DeviceGathers() {
   if (host_visible_) return false;  // the transfer thread writes device memory itself
   const int64_t generation = store_->MappingGeneration();
-  if (refused_ || (ranges_checked_ && generation == generation_)) return !regions_.empty();
+  if (refused_ || generation == generation_) return !regions_.empty();
   // Once per change of the mapping: the ranges not registered yet (ranges are only added,
   // except in the store's Recover, after ForgetMappings).
-  ranges_checked_ = true;
   generation_ = generation;
   for (const kvpool::KvStore::MappedRange& r : store_->MappedRanges()) {
     if (std::any_of(regions_.begin(), regions_.end(), [&](const backend::HostRegion& h) { return h.base == r.base; })) {

@@ -149,8 +149,10 @@ class ChunkStore {
 
   const bool host_visible_;
   int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0;
-  bool ranges_checked_ = false;                     // the store's mapping of generation_ was registered
-  int64_t generation_ = 0;                          // KvStore::MappingGeneration when last registered
+  // KvStore::MappingGeneration (>= 0) whose ranges are registered; kUnchecked before the first
+  // look and after ForgetMappings.
+  static constexpr int64_t kUnchecked = -1;
+  int64_t generation_ = kUnchecked;
   bool refused_ = false;                            // the device refused a range: staging until ForgetMappings
   std::vector<backend::HostRegion> regions_;        // its ranges, registered, by base address
   std::vector<const void*> addrs_;                  // a gather's block addresses

@@ -99,14 +99,10 @@ class InProcessKvStore : public KvStore {
     const Seq* found = Find(seq);
     if (found == nullptr) return UnknownSequence(seq);
     const Seq& s = *found;
-    // Validate everything now, so a transfer never fails half-way.
+    // Validate everything now, so a transfer never fails half-way. Blocks are not freed while a
+    // transfer is pending.
     TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_floats(), {}, nullptr};
-    for (const ChunkRef& r : refs) {
-      RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
-      auto b = s.blocks.find(BlockIndex(s.layout, r));
-      if (b == s.blocks.end()) return NeverWritten(r);
-      job.src.push_back(b->second);  // blocks are not freed while a transfer is pending
-    }
+    RETURN_IF_ERROR(BlocksOf(s, refs, &job.src));
     // Copy outside the lock so concurrent gatherers do not serialize. The blocks stay put: a
     // Write replaces a block's contents in place, and Release drains the queue first.
     lock.unlock();
@@ -128,13 +124,9 @@ class InProcessKvStore : public KvStore {
     std::lock_guard<std::mutex> lock(mu_);
     const Seq* s = Find(seq);
     if (s == nullptr) return UnknownSequence(seq);
-    for (const ChunkRef& r : refs) {
-      RETURN_IF_ERROR(CheckChunkRef(s->layout, r));
-      auto b = s->blocks.find(BlockIndex(s->layout, r));
-      if (b == s->blocks.end()) return NeverWritten(r);
-      out->push_back(b->second);
-    }
-    return absl::OkStatus();
+    const absl::Status st = BlocksOf(*s, refs, out);
+    if (!st.ok()) out->clear();  // nothing half-answered
+    return st;
   }
 
   absl::Status Release(SequenceId seq) override {
@@ -214,6 +206,18 @@ class InProcessKvStore : public KvStore {
   };
   static int64_t Bytes(const Seq& s) {
     return static_cast<int64_t>(s.blocks.size()) * s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+  }
+  // Appends where each of `refs`' blocks lies in the arena: INVALID_ARGUMENT for a ref outside
+  // the layout, NOT_FOUND for a block never written (call with mu_ held).
+  template <typename Ptr>
+  static absl::Status BlocksOf(const Seq& s, absl::Span<const ChunkRef> refs, std::vector<Ptr>* out) {
+    for (const ChunkRef& r : refs) {
+      RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
+      auto b = s.blocks.find(BlockIndex(s.layout, r));
+      if (b == s.blocks.end()) return NeverWritten(r);
+      out->push_back(b->second);
+    }
+    return absl::OkStatus();
   }
   // A live sequence, or the one a prefix handle reads (released or not); nullptr otherwise.
   const Seq* Find(SequenceId id) const {
