@@ -39,10 +39,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import wrap_results  # bench/wrap_results.py (standard library at import): machine(), git_sha()
-from gpu_engine import check_inputs, gpu_name, write_outputs  # bench/gpu_engine.py
+from gpu_engine import check_inputs, gpu_name, run, synth_model, write_outputs  # bench/gpu_engine.py
+
+WHO = "gpu_decode_modes"
 
 # (layers, KV heads, head dim): the host KV a request holds (float32 K and V per position).
 SHAPES = {"llama-3.1-8b": (32, 8, 128), "smollm2-135m": (30, 3, 64), "gemma3-270m": (18, 1, 256)}
@@ -91,16 +92,6 @@ def mem_available() -> int:
     except OSError:
         pass
     return 0
-
-
-def run(cmd: list[str], timeout: float, log) -> subprocess.CompletedProcess:
-    print("gpu_decode_modes: " + " ".join(cmd), file=sys.stderr, flush=True)
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    log.write(f"$ {' '.join(cmd)}\n{r.stderr}\n")
-    log.flush()
-    print(f"gpu_decode_modes: rc {r.returncode} in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    return r
 
 
 def fitting_batches(batches: str, cap: int) -> tuple[list[str], list[int]]:
@@ -155,7 +146,7 @@ def bench_context(a, p: dict, spec: dict, model: str, tmp: str, log) -> dict:
            "--pcie5_link=false", "--decode_threads", "0", "--steps", str(p["steps"]), "--budget", str(p["budget"]),
            "--max_batch_cap", str(cap), "--pool_memory", f"{pool_gib}GiB", "--out", raw]
     try:
-        r = run(cmd, p["timeout"], log)
+        r = run(cmd, p["timeout"], log, WHO)
     except subprocess.TimeoutExpired:
         out["error"] = f"dd-bench-modes ran past {p['timeout']} s"
         return out
@@ -340,7 +331,7 @@ def main() -> int:
     for v in [a.overlap, a.resident_waste] + a.hits:
         if not 0 <= v <= 1:
             sys.exit(f"gpu_decode_modes: {v} is not a fraction in [0, 1]")
-    check_inputs("gpu_decode_modes", a)
+    check_inputs(WHO, a)
     gpu = gpu_name() if a.device == "cuda" else "none"
     doc = {"benchmark": "gpu-decode-modes", "preset": a.preset,
            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
@@ -354,11 +345,7 @@ def main() -> int:
     try:
         with open(os.path.join(a.out_dir, "gpu-decode-modes.log"), "w") as log:
             model = os.path.join(tmp, p["shape"] + ".gguf")
-            try:
-                r = run([os.path.join(a.bin, "ddctl"), "synth-model", "--shape", p["shape"], "--out", model], 300, log)
-                err = None if r.returncode == 0 else f"synth-model failed: {r.stderr.strip()[-500:]}"
-            except subprocess.TimeoutExpired:
-                err = "synth-model ran past 300 s"
+            err = synth_model(a, p["shape"], model, log, WHO)
             for spec in p["runs"]:
                 res = {"context": spec["context"], "error": err} if err else bench_context(a, p, spec, model, tmp, log)
                 doc["results"].append(res)

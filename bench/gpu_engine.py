@@ -76,24 +76,32 @@ def write_outputs(out_dir: str, name: str, doc: dict, md: str) -> None:
     print(f"{name}: wrote {out_dir}/{name}.json and .md", file=sys.stderr)
 
 
-def run(cmd: list[str], timeout: float, log) -> subprocess.CompletedProcess:
-    print("gpu_engine: " + " ".join(cmd), file=sys.stderr, flush=True)
+def run(cmd: list[str], timeout: float, log, who: str = "gpu_engine") -> subprocess.CompletedProcess:
+    """Runs cmd, its stderr into log; progress lines on stderr, prefixed with who."""
+    print(f"{who}: " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     log.write(f"$ {' '.join(cmd)}\n{r.stderr}\n")
-    print(f"gpu_engine: rc {r.returncode} in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    log.flush()
+    print(f"{who}: rc {r.returncode} in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return r
+
+
+def synth_model(a, shape: str, path: str, log, who: str = "gpu_engine") -> str | None:
+    """Writes the shape's synthetic model to path with a.bin's ddctl; None, or what went wrong."""
+    try:
+        r = run([os.path.join(a.bin, "ddctl"), "synth-model", "--shape", shape, "--out", path], 300, log, who)
+    except subprocess.TimeoutExpired:
+        return "synth-model ran past 300 s"
+    return None if r.returncode == 0 else f"synth-model failed: {r.stderr.strip()[-500:]}"
 
 
 def bench_shape(a, tmp: str, shape: str, extra: list[str], log) -> dict:
     """Writes the shape's model, runs dd-bench-modes on it; the raw results, or the error."""
     model = os.path.join(tmp, shape + ".gguf")
-    try:
-        r = run([os.path.join(a.bin, "ddctl"), "synth-model", "--shape", shape, "--out", model], 300, log)
-    except subprocess.TimeoutExpired:
-        return {"error": "synth-model ran past 300 s"}
-    if r.returncode != 0:
-        return {"error": f"synth-model failed: {r.stderr.strip()[-500:]}"}
+    err = synth_model(a, shape, model, log)
+    if err:
+        return {"error": err}
     raw = os.path.join(tmp, shape + ".json")
     cmd = [os.path.join(a.bin, "dd-bench-modes"), "--model", model, "--device", a.device, "--device_memory",
            a.device_memory, "--text_file", a.text_file, "--stores", "inproc", "--spec_heads", "auto",
