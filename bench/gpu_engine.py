@@ -14,7 +14,9 @@ Per shape (gemma3-270m, smollm2-135m): full, sparse, sparse-cached and dualdecod
 8 and each mode's largest under --device-memory (capped at 64), 4096-token contexts, the
 in-process store on an infinite link and on the pcie5 link calibrated in the run. Then full at
 batch 1 on the Llama-3.1-8B shape (Q4_K), whose weight bytes per second are compared with the
-GPU's HBM bandwidth (the issue's 60% target). Writes gpu-engine.json and gpu-engine.md.
+GPU's HBM bandwidth (the issue's 60% target). On cuda, the small shape's full and dualdecoder
+at batch 1 and 8 and the 8B shape's full step again with --cuda_graphs, beside the runs without.
+Writes gpu-engine.json and gpu-engine.md.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ SHAPES = ("gemma3-270m", "smollm2-135m")
 # `dualdecoder`, SmolLM2's full head as `dualdecoder-fullhead`.
 MODES = {"gemma3-270m": "full,sparse,sparse-cached,dualdecoder",
          "smollm2-135m": "full,sparse,sparse-cached,dualdecoder-fullhead"}
+
+
+# The same runs again with static segments as CUDA graphs (--cuda_graphs), where launches
+# weigh most: the small shape at batch 1 and 8, the 8B shape's full step.
+GRAPHS = "+graphs"
+GRAPH_RUNS = {"gemma3-270m": ["--batches", "1,8", "--modes", "full,dualdecoder"], "llama-3.1-8b": []}
 
 
 def gpu_name() -> str:
@@ -96,26 +104,33 @@ def synth_model(a, shape: str, path: str, log, who: str = "gpu_engine") -> str |
     return None if r.returncode == 0 else f"synth-model failed: {r.stderr.strip()[-500:]}"
 
 
-def bench_shape(a, tmp: str, shape: str, extra: list[str], log) -> dict:
-    """Writes the shape's model, runs dd-bench-modes on it; the raw results, or the error."""
+def bench_shape(a, tmp: str, shape: str, variants: dict[str, list[str]], log) -> dict[str, dict]:
+    """Writes the shape's model, runs dd-bench-modes on it once per variant (label: its flags);
+    each variant's raw results, or the error."""
     model = os.path.join(tmp, shape + ".gguf")
     err = synth_model(a, shape, model, log)
     if err:
-        return {"error": err}
-    raw = os.path.join(tmp, shape + ".json")
-    cmd = [os.path.join(a.bin, "dd-bench-modes"), "--model", model, "--device", a.device, "--device_memory",
-           a.device_memory, "--text_file", a.text_file, "--stores", "inproc", "--spec_heads", "auto",
-           "--decode_threads", "0", "--out", raw] + extra
+        return {label: {"error": err} for label in variants}
+    out = {}
     try:
-        r = run(cmd, a.timeout, log)
-    except subprocess.TimeoutExpired:
-        return {"error": f"dd-bench-modes ran past {a.timeout} s"}
+        for label, extra in variants.items():
+            raw = os.path.join(tmp, shape + label + ".json")
+            cmd = [os.path.join(a.bin, "dd-bench-modes"), "--model", model, "--device", a.device, "--device_memory",
+                   a.device_memory, "--text_file", a.text_file, "--stores", "inproc", "--spec_heads", "auto",
+                   "--decode_threads", "0", "--out", raw] + extra
+            try:
+                r = run(cmd, a.timeout, log)
+            except subprocess.TimeoutExpired:
+                out[label] = {"error": f"dd-bench-modes ran past {a.timeout} s"}
+                continue
+            if r.returncode != 0:
+                out[label] = {"error": f"dd-bench-modes rc {r.returncode}: {r.stderr.strip()[-800:]}"}
+                continue
+            with open(raw) as f:
+                out[label] = json.load(f)
     finally:
         os.remove(model)
-    if r.returncode != 0:
-        return {"error": f"dd-bench-modes rc {r.returncode}: {r.stderr.strip()[-800:]}"}
-    with open(raw) as f:
-        return json.load(f)
+    return out
 
 
 def step_ms(runs: list[dict], mode: str, batch: int, link: str) -> float | None:
@@ -177,10 +192,32 @@ def summary(doc: dict) -> str:
             lines.append(f"{x['tokens_per_s']:.1f} tok/s, step {x['step_ms_p50']:.2f} ms: the weights "
                          f"({big['step_weight_bytes'] / 1e9:.2f} GB per step) at {gbps:.0f} GB/s, {frac} "
                          "(target ≥ 60%).")
+    lines += graph_lines(r)
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def graph_lines(r: dict) -> list[str]:
+    """The runs with CUDA graphs beside the same runs without."""
+    lines = ["", "## Static segments as CUDA graphs (`--cuda_graphs`)", ""]
+    rows = []
+    for shape in GRAPH_RUNS:
+        with_graphs, without = r.get(shape + GRAPHS), r.get(shape)
+        if with_graphs is None:
+            continue
+        err = with_graphs.get("error") or (without or {"error": "no run without graphs"}).get("error")
+        if err:
+            rows.append(f"| {shape} | – | – | – | – | not measured: {err} |")
+            continue
+        for x in with_graphs["runs"]:
+            base = step_ms(without["runs"], x["mode"], x["batch"], x["link"])
+            if base is None or x["link"] != "inmem":
+                continue
+            rows.append(f"| {shape} | {x['mode']} | {x['batch']} | {base:.2f} | {x['step_ms_p50']:.2f} | "
+                        f"{base / x['step_ms_p50']:.2f}× |")
+    if not rows:
+        return []
+    return lines + ["| shape | mode | batch | step ms without | with graphs | speed-up |", "|---|---|---:|---:|---:|---:|"] + rows
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="directory holding ddctl and dd-bench-modes")
     ap.add_argument("--out-dir", required=True)
@@ -217,8 +254,12 @@ def main() -> int:
                 else:
                     extra = ["--contexts", str(a.context), "--batches", a.batches, "--steps", str(a.steps),
                              "--modes", MODES[shape], "--budget", str(a.budget)]
-                doc["results"][shape] = bench_shape(a, tmp, shape, extra, log)
-                failed |= "error" in doc["results"][shape]
+                variants = {"": extra}
+                if a.device == "cuda" and shape in GRAPH_RUNS:
+                    variants[GRAPHS] = extra + GRAPH_RUNS[shape] + ["--cuda_graphs"]
+                for label, res in bench_shape(a, tmp, shape, variants, log).items():
+                    doc["results"][shape + label] = res
+                    failed |= "error" in res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     write_outputs(a.out_dir, "gpu-engine", doc, summary(doc))

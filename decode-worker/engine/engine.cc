@@ -19,8 +19,8 @@ namespace {
 // (docs/architecture.md, "The compute-backend seam"), so the device is created without a
 // budget. A device that cannot be created leaves its reason in *status and the cpu device in
 // its place, so the engine's members stay valid while every call returns the reason.
-std::unique_ptr<backend::Device> CreateEngineDevice(const std::string& name, ThreadPool& pool, absl::Status* status) {
-  auto device = backend::CreateDevice(name, {.budget_bytes = 0, .pool = &pool});
+std::unique_ptr<backend::Device> CreateEngineDevice(const EngineOptions& o, ThreadPool& pool, absl::Status* status) {
+  auto device = backend::CreateDevice(o.device, {.budget_bytes = 0, .pool = &pool, .cuda_graphs = o.cuda_graphs});
   if (device.ok()) return std::move(*device);
   *status = device.status();
   auto cpu = backend::CreateDevice("cpu", {.budget_bytes = 0, .pool = &pool});
@@ -44,7 +44,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
     : model_(model),
       options_(Normalized(options, model.config)),
       pool_(options.threads),
-      device_(CreateEngineDevice(options.device, pool_, &device_status_)),
+      device_(CreateEngineDevice(options, pool_, &device_status_)),
       kv_(std::make_unique<DenseKvCache>(model.config, *device_)),
       plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
   if (!device_status_.ok()) {

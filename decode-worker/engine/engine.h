@@ -45,6 +45,9 @@ struct EngineOptions {
   // "cuda" runs on GPU 0 and is refused with the reason where it cannot. Flags resolve "auto".
   std::string device = "cpu";
   std::string device_why{};   // how `device` was chosen, for the start-up line (flags: auto or requested)
+  // cuda: each half of a layer around its attention launched as one CUDA graph per batch size
+  // (ops.h, static segments; the same kernels in the same order, so the same bits).
+  bool cuda_graphs = false;
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"

@@ -59,11 +59,14 @@ struct Case {
   int batch;
   bool slow_link;
   std::string device = "cpu";
+  bool graphs = false;  // cuda: static segments as CUDA graphs
   // The recorded line's name (the same for every device).
   std::string Name() const {
     return absl::StrCat(DecodeModeName(mode), "/b", batch, slow_link ? "/slow-link" : "");
   }
-  std::string Label() const { return device == "cpu" ? Name() : absl::StrCat(Name(), "@", device); }
+  std::string Label() const {
+    return device == "cpu" ? Name() : absl::StrCat(Name(), "@", device, graphs ? "+graphs" : "");
+  }
 };
 
 // Per step, one hash per row: hashes[step][row].
@@ -116,6 +119,7 @@ class LogitsHashTest : public ModelFixture {
     o.mode = c.mode;
     o.threads = 2;
     o.device = c.device;
+    o.cuda_graphs = c.graphs;
     o.sparse.budget_tokens = 32;  // 4 of ~30 selectable chunks: selection matters
     if (c.slow_link) o.link = kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50};
     auto e = Engine::Create(*this->model_, o);
@@ -250,6 +254,11 @@ TYPED_TEST(LogitsHashTest, OnTheCudaDeviceTheModesAgreeBitForBit) {
   const Case slow{DecodeMode::kDualDecoder, 4, true, "cuda"};
   got[slow.Name()] = this->Run(slow);
   ExpectModesAgree(got, "cuda");
+  // CUDA graphs launch the same kernels: the same bits, full and dual-token, slow link too.
+  for (Case c : {Case{DecodeMode::kFull, 4, false, "cuda"}, slow}) {
+    c.graphs = true;
+    EXPECT_EQ(this->Run(c), got[c.Name()]) << c.Label() << " != without graphs";
+  }
   const Case cpu_full{DecodeMode::kFull, 4, false, "cpu"};
   this->Run(cpu_full);
   const auto& gpu_tokens = this->greedy_["full/b4@cuda"];

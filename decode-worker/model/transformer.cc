@@ -122,6 +122,9 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
   for (int64_t l = l0; l < l1; ++l) {
     const DeviceLayerWeights& L = weights_->layers[l];
     const bool swa = c.layer_is_swa[l];
+    // Each half of a layer around its attention is a static segment (ops.h): the same launches
+    // every step at a batch size, which a GPU replays as one.
+    ops_.BeginSegment(2 * l);
     RmsNormRows(x_, L.attn_norm, n, xn_);
     Linear(L.wq, xn_, n, d, L.bq, q_, q_dim);
     Linear(L.wk, xn_, n, d, L.bk, k_, kv_dim);
@@ -133,6 +136,7 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
     const float* k_norm = c.qk_norm ? L.k_norm : nullptr;
     ops_.HeadNormRope(q_, n, q_dim, c.n_head, hd, q_norm, c.norm_eps, cs, sn, half, c.rope_neox);
     ops_.HeadNormRope(k_, n, kv_dim, c.n_head_kv, hd, k_norm, c.norm_eps, cs, sn, half, c.rope_neox);
+    ops_.EndSegment();
     AttentionCall call;
     call.layer = l;
     call.sliding = swa;
@@ -145,6 +149,7 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
     call.v = v_;
     call.out = attn_;
     RETURN_IF_ERROR(attention.Attend(call));
+    ops_.BeginSegment(2 * l + 1);
     Linear(L.wo, attn_, n, q_dim, nullptr, o_, d);
     if (c.post_norms) RmsNormRows(o_, L.post_attn_norm, n, o_);
     ops_.Add(x_, o_, n * d);
@@ -157,6 +162,7 @@ absl::Status Transformer::Layers(absl::Span<const BatchRow> rows, AttentionBacke
     Linear(L.w_down, gate_, n, c.n_ff, nullptr, o_, d);
     if (c.post_norms) RmsNormRows(o_, L.post_ffn_norm, n, o_);
     ops_.Add(x_, o_, n * d);
+    ops_.EndSegment();
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,9 @@ ABSL_FLAG(std::string, device, "auto",
           "Compute device: auto (cuda where a CUDA device is usable, else cpu; the choice is printed at start), cpu "
           "(every machine), sim (a simulated device that checks every wait, for developers) or cuda (GPU 0; refused "
           "with the reason where it cannot run); docs/architecture.md, the compute-backend seam");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "--device cuda: launch each half of a layer around its attention as one CUDA graph per batch size (the "
+          "same kernels, the same bits; off until a GPU run measures it, docs/decisions/0041-cuda-graphs.md)");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
@@ -102,6 +105,11 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags() {
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   engine::EngineOptions o;
   o.device = backend::ResolveDeviceName(absl::GetFlag(FLAGS_device), &o.device_why);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  if (o.cuda_graphs && o.device != "cuda" && o.device_why == "requested") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_graphs needs --device cuda (or auto on a GPU machine), not --device ", o.device));
+  }
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   const std::string matmul = absl::GetFlag(FLAGS_matmul);

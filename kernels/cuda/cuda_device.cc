@@ -118,16 +118,16 @@ cudaError_t ArgRing::Advance() {
 
 // ---- device ----
 
-absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int64_t budget_bytes) {
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int64_t budget_bytes, bool graphs) {
   if (budget_bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative device memory budget ", budget_bytes));
   std::string detail;
   if (!ProbeDevice(&detail)) return absl::UnavailableError(absl::StrCat("--device cuda: no usable CUDA device (", detail, ")"));
   std::unique_ptr<CudaDevice> d(new CudaDevice());
-  if (absl::Status s = d->Init(budget_bytes); !s.ok()) return s;
+  if (absl::Status s = d->Init(budget_bytes, graphs); !s.ok()) return s;
   return d;
 }
 
-absl::Status CudaDevice::Init(int64_t budget_bytes) {
+absl::Status CudaDevice::Init(int64_t budget_bytes, bool graphs) {
   if (cudaError_t err = cudaSetDevice(0); err != cudaSuccess) return Error(err, "cudaSetDevice(0)");
   int least = 0, greatest = 0;
   if (cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest); err != cudaSuccess) {
@@ -160,10 +160,16 @@ absl::Status CudaDevice::Init(int64_t budget_bytes) {
   }
   free_[0] = arena_bytes_;
   if (cudaError_t err = args_.Init(kArgRingBytes, streams_); err != cudaSuccess) return Error(err, "argument ring");
+  if (cudaError_t err = cudaMalloc(&linear_scratch_, static_cast<size_t>(kLinearScratchBytes)); err != cudaSuccess) {
+    linear_scratch_ = nullptr;
+    return Error(err, "linear scratch");
+  }
+  if (cudaError_t err = segments_.Init(graphs); err != cudaSuccess) return Error(err, "graph capture stream");
   return absl::OkStatus();
 }
 
 CudaDevice::~CudaDevice() {
+  FlushSegment();
   (void)cudaDeviceSynchronize();
   LOG_IF(ERROR, !live_.empty()) << "cuda device destroyed with " << total_in_use_ << " bytes still allocated";
   for (auto& queue : pending_) {
@@ -171,6 +177,7 @@ CudaDevice::~CudaDevice() {
   }
   for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
   if (arena_ != nullptr) (void)cudaFree(arena_);
+  if (linear_scratch_ != nullptr) (void)cudaFree(linear_scratch_);
   for (cudaStream_t s : streams_) {
     if (s != nullptr) (void)cudaStreamDestroy(s);
   }
@@ -185,6 +192,7 @@ void CudaDevice::Report(cudaError_t err, const char* what) {
 }
 
 absl::StatusOr<DeviceBuffer> CudaDevice::Allocate(MemoryTag tag, int64_t bytes) {
+  FlushSegment();
   if (absl::Status s = backend::internal::CheckAllocation(tag, bytes, total_in_use_, budget_); !s.ok()) return s;
   const int64_t size = RoundUp(std::max<int64_t>(bytes, 1), kAlign);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -204,6 +212,7 @@ absl::StatusOr<DeviceBuffer> CudaDevice::Allocate(MemoryTag tag, int64_t bytes) 
 }
 
 void CudaDevice::Free(DeviceBuffer& buf) {
+  FlushSegment();
   if (buf.data == nullptr) return;
   const auto it = live_.find(static_cast<char*>(buf.data));
   CHECK(it != live_.end()) << "cuda device: Free of a buffer it did not allocate";
@@ -249,6 +258,7 @@ void CudaDevice::Retire(int q, uint64_t upto) {
 }
 
 Event CudaDevice::Record(Queue q) {
+  FlushSegment();
   const int qi = static_cast<int>(q);
   cudaEvent_t ev = nullptr;
   if (!spare_events_.empty()) {
@@ -276,6 +286,7 @@ Event CudaDevice::Record(Queue q) {
 }
 
 void CudaDevice::Wait(Queue q, const Event& e) {
+  FlushSegment();
   const int eq = static_cast<int>(e.queue);
   if (e.seq == 0 || e.seq <= completed_[eq] || e.queue == q) return;  // done, or ordered by the stream
   const auto& list = pending_[eq];
@@ -289,6 +300,7 @@ void CudaDevice::Wait(Queue q, const Event& e) {
 }
 
 absl::Status CudaDevice::Synchronize(const Event& e) {
+  FlushSegment();
   const int eq = static_cast<int>(e.queue);
   if (e.seq > completed_[eq]) {
     const auto& list = pending_[eq];
@@ -305,6 +317,7 @@ absl::Status CudaDevice::Synchronize(const Event& e) {
 
 absl::Status CudaDevice::CopyToDevice(Queue q, const void* src, const DeviceBuffer& dst, int64_t dst_offset,
                                       int64_t bytes) {
+  FlushSegment();
   if (absl::Status s = backend::internal::CheckRange("copy to device", dst_offset, bytes, dst.bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   const cudaError_t err = cudaMemcpyAsync(static_cast<char*>(dst.data) + dst_offset, src, static_cast<size_t>(bytes),
@@ -313,6 +326,7 @@ absl::Status CudaDevice::CopyToDevice(Queue q, const void* src, const DeviceBuff
 }
 
 absl::Status CudaDevice::CopyToHost(Queue q, const DeviceBuffer& src, int64_t src_offset, void* dst, int64_t bytes) {
+  FlushSegment();
   if (absl::Status s = backend::internal::CheckRange("copy to host", src_offset, bytes, src.bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   const cudaError_t err = cudaMemcpyAsync(dst, static_cast<const char*>(src.data) + src_offset,
@@ -323,6 +337,7 @@ absl::Status CudaDevice::CopyToHost(Queue q, const DeviceBuffer& src, int64_t sr
 
 absl::Status CudaDevice::Copy(Queue q, const DeviceBuffer& src, int64_t src_offset, const DeviceBuffer& dst,
                               int64_t dst_offset, int64_t bytes) {
+  FlushSegment();
   if (absl::Status s = backend::internal::CheckCopy(src, src_offset, dst, dst_offset, bytes); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   const cudaError_t err =
@@ -332,6 +347,7 @@ absl::Status CudaDevice::Copy(Queue q, const DeviceBuffer& src, int64_t src_offs
 }
 
 absl::StatusOr<backend::HostRegion> CudaDevice::RegisterHostRegion(const void* base, int64_t bytes) {
+  FlushSegment();
   absl::StatusOr<backend::HostRegion> r = regions_.Register(base, bytes);
   if (!r.ok()) return r.status();
   void* p = const_cast<void*>(base);
@@ -354,6 +370,7 @@ absl::StatusOr<backend::HostRegion> CudaDevice::RegisterHostRegion(const void* b
 }
 
 void CudaDevice::UnregisterHostRegion(const backend::HostRegion& region) {
+  FlushSegment();
   const auto it = region_dev_.find(region.id);
   if (it == region_dev_.end()) return;
   if (it->second.second) (void)cudaHostUnregister(const_cast<void*>(region.base));
@@ -363,6 +380,7 @@ void CudaDevice::UnregisterHostRegion(const backend::HostRegion& region) {
 
 absl::Status CudaDevice::Gather(Queue q, const backend::HostRegion& region, absl::Span<const backend::GatherBlock> blocks,
                                 int64_t block_bytes, const DeviceBuffer& dst) {
+  FlushSegment();
   absl::StatusOr<backend::HostRegion> r = regions_.CheckGather(region, blocks, block_bytes, dst);
   if (!r.ok()) return r.status();
   static_assert(sizeof(backend::GatherBlock) == 2 * sizeof(int64_t), "pairs of int64");
@@ -385,8 +403,8 @@ absl::Status CudaDevice::Gather(Queue q, const backend::HostRegion& region, absl
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes) {
-  absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(budget_bytes);
+absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs) {
+  absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(budget_bytes, graphs);
   if (!d.ok()) return d.status();
   return std::unique_ptr<backend::Device>(std::move(*d));
 }

@@ -14,6 +14,11 @@
 //            that uses them (ArgRing); the ring is outside the budget.
 //   errors   ops return nothing, so a failed launch is kept and returned by the next
 //            Synchronize (as a kernel's fault is, by CUDA).
+//   graphs   with graphs on, a static segment's ops (ops.h) are recorded and launched as a
+//            CUDA graph when the segment ends (cuda_graphs.h); every other call of the thread
+//            that opened it ends it first, so its work is queued in program order.
+//   linear   the int8 activations of Linear go to one scratch buffer outside the budget (the
+//            compute stream orders its uses), so a recorded Linear's arguments repeat.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cuda/cuda_graphs.h"
 #include "cuda/cuda_kernels.h"
 #include "dd/backend/device.h"
 #include "dd/backend/device_checks.h"
@@ -104,8 +110,12 @@ class CudaOps final : public backend::Ops {
   void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
   void ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) override;
+  void BeginSegment(int64_t key) override;
+  void EndSegment() override;
 
  private:
+  // Launches `c` on the compute stream, or records it while the caller's segment is open.
+  void Issue(const StaticCall& c);
   CudaDevice& dev_;
   // The host-side tables of one launch, kept across calls so that a step does not allocate
   // (the engine's thread only; KeyScores, which other threads may call, uses none).
@@ -119,9 +129,10 @@ class CudaOps final : public backend::Ops {
 
 class CudaDevice final : public backend::Device {
  public:
-  // Device 0 with `budget_bytes` of memory (0: 90% of what is free). UNAVAILABLE when CUDA
-  // fails, RESOURCE_EXHAUSTED when the budget cannot be allocated.
-  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int64_t budget_bytes);
+  // Device 0 with `budget_bytes` of memory (0: 90% of what is free), static segments as
+  // graphs when `graphs`. UNAVAILABLE when CUDA fails, RESOURCE_EXHAUSTED when the budget
+  // cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int64_t budget_bytes, bool graphs);
   ~CudaDevice() override;
 
   absl::string_view name() const override { return "cuda"; }
@@ -153,10 +164,18 @@ class CudaDevice final : public backend::Device {
   ArgRing& args() { return args_; }
   std::mutex& args_mu() { return args_mu_; }
   void Report(cudaError_t err, const char* what);
+  SegmentGraphs& segments() { return segments_; }
+  // Ends the calling thread's static segment, if it has one open (its launches queued).
+  void FlushSegment() {
+    if (segments_.OpenHere()) Report(segments_.End(stream(backend::Queue::kCompute)), "static segment");
+  }
+  // Linear's int8 activations (compute stream only), and how many bytes it holds.
+  void* linear_scratch() const { return linear_scratch_; }
+  static constexpr int64_t kLinearScratchBytes = int64_t{16} << 20;
 
  private:
   CudaDevice() : ops_(*this) {}
-  absl::Status Init(int64_t budget_bytes);
+  absl::Status Init(int64_t budget_bytes, bool graphs);
   struct Pending {
     uint64_t seq;
     cudaEvent_t event;
@@ -179,6 +198,8 @@ class CudaDevice final : public backend::Device {
   std::map<int64_t, std::pair<char*, bool>> region_dev_;  // id -> device address, registered by us
   ArgRing args_;
   std::mutex args_mu_;
+  void* linear_scratch_ = nullptr;
+  SegmentGraphs segments_;
   CudaOps ops_;
 };
 

@@ -16,8 +16,9 @@ namespace dd::kernels::cuda {
 // True when a device answers; `detail` gets its name or the CUDA error.
 bool ProbeDevice(std::string* detail);
 
-// The CUDA device (cuda_device.h) with `budget_bytes` of device memory (0: 90% of what is free).
-absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes);
+// The CUDA device (cuda_device.h) with `budget_bytes` of device memory (0: 90% of what is free),
+// static segments launched as CUDA graphs when `graphs`.
+absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs);
 
 absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols, float* dst);
 

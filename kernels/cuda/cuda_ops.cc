@@ -19,8 +19,9 @@ DevWeights Dev(const WeightView& w) { return {w.type, w.data, w.rows, w.cols, w.
 // One launch's staged arguments, under the ring's lock.
 class Args {
  public:
+  // The caller's static segment is ended first: an op with staged lists is never in one.
   Args(CudaDevice& dev, const char* what, int64_t bytes)
-      : dev_(dev), lock_(dev.args_mu()), what_(what), ok_(dev.args().Begin(kCompute, bytes)) {
+      : dev_(Flushed(dev)), lock_(dev.args_mu()), what_(what), ok_(dev.args().Begin(kCompute, bytes)) {
     if (!ok_) dev_.Report(cudaErrorMemoryAllocation, what_);
   }
   bool ok() const { return ok_; }
@@ -49,6 +50,10 @@ class Args {
       dev_.Report(cudaErrorMemoryAllocation, what_);
     }
     return p;
+  }
+  static CudaDevice& Flushed(CudaDevice& dev) {
+    dev.FlushSegment();
+    return dev;
   }
   CudaDevice& dev_;
   std::lock_guard<std::mutex> lock_;
@@ -90,9 +95,29 @@ void CudaOps::RopeAngles(const float* inv_freq, int64_t half, absl::Span<const i
   dev_.Report(cuda::RopeAngles(f, half, p, n, cos, sin, dev_.stream(backend::Queue::kCompute)), "RopeAngles");
 }
 
+void CudaOps::BeginSegment(int64_t key) {
+  if (!dev_.segments().enabled()) return;
+  dev_.FlushSegment();
+  dev_.segments().Begin(key);
+}
+
+void CudaOps::EndSegment() { dev_.FlushSegment(); }
+
+void CudaOps::Issue(const StaticCall& c) {
+  if (dev_.segments().OpenHere()) {
+    dev_.segments().Add(c);
+    return;
+  }
+  dev_.Report(LaunchStatic(c, dev_.stream(backend::Queue::kCompute)), StaticOpName(c.op));
+}
+
+// The static ops (cuda_graphs.cc, LaunchStatic, reads the same fields).
 void CudaOps::RmsNormRows(const float* x, const float* w, float eps, int64_t n_rows, int64_t d, float* y) {
-  dev_.Report(cuda::RmsNormRows(x, nullptr, w, eps, n_rows, d, y, dev_.stream(backend::Queue::kCompute)),
-              "RmsNormRows");
+  StaticCall c = MakeStaticCall(StaticOp::kRmsNorm);
+  c.p[0] = x, c.p[1] = w, c.p[2] = y;
+  c.f[0] = eps;
+  c.n[0] = n_rows, c.n[1] = d;
+  Issue(c);
 }
 
 void CudaOps::RmsNormSelected(const float* x, absl::Span<const int64_t> rows, const float* w, float eps, int64_t d,
@@ -106,44 +131,54 @@ void CudaOps::RmsNormSelected(const float* x, absl::Span<const int64_t> rows, co
 
 void CudaOps::Linear(const WeightView& w, backend::LinearKind kind, const float* x, int64_t n_rows, int64_t x_stride,
                      const float* bias, float* y, int64_t y_stride) {
-  cudaStream_t s = dev_.stream(backend::Queue::kCompute);
-  if (kind != backend::LinearKind::kInt8 || !MatMulInt8Supports(w.type) || w.cols % 32 != 0) {
-    dev_.Report(LinearF32(Dev(w), x, n_rows, x_stride, bias, y, y_stride, s), "Linear (f32)");
-    return;
-  }
-  // Rows are independent, so a call too large for one part of the ring runs in pieces.
-  const int64_t per_row = Int8ActsBytes(1, w.cols);
-  const int64_t piece = std::max<int64_t>(1, dev_.args().part_bytes() / 2 / per_row);
+  const bool f32 = kind != backend::LinearKind::kInt8 || !MatMulInt8Supports(w.type) || w.cols % 32 != 0;
+  StaticCall c = MakeStaticCall(f32 ? StaticOp::kLinearF32 : StaticOp::kLinearInt8);
+  c.n[0] = static_cast<int64_t>(w.type), c.n[1] = w.rows, c.n[2] = w.cols, c.n[3] = w.row_bytes;
+  c.p[0] = w.data, c.p[2] = bias, c.p[4] = f32 ? nullptr : dev_.linear_scratch();
+  c.n[5] = x_stride, c.n[6] = y_stride;
+  // Rows are independent, so a call larger than the scratch runs in pieces (in order on the
+  // compute stream, which orders the scratch's reuse).
+  const int64_t piece =
+      f32 ? std::max<int64_t>(n_rows, 1)
+          : std::max<int64_t>(1, CudaDevice::kLinearScratchBytes / Int8ActsBytes(1, w.cols));
   for (int64_t r0 = 0; r0 < n_rows; r0 += piece) {
-    const int64_t m = std::min(piece, n_rows - r0);
-    Args a(dev_, "Linear", ArgRing::Size(Int8ActsBytes(m, w.cols)));
-    void* acts = a.Scratch<uint8_t>(Int8ActsBytes(m, w.cols));
-    if (!a.Flush()) return;
-    dev_.Report(LinearInt8(Dev(w), x + r0 * x_stride, m, x_stride, bias, y + r0 * y_stride, y_stride, acts, s),
-                "Linear (int8)");
+    c.p[1] = x + r0 * x_stride, c.p[3] = y + r0 * y_stride;
+    c.n[4] = std::min(piece, n_rows - r0);
+    Issue(c);
   }
 }
 
 void CudaOps::HeadNormRope(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                            const float* norm_w, float eps, const float* cos, const float* sin, int64_t half,
                            bool neox) {
-  dev_.Report(cuda::HeadNormRope(x, n_rows, row_stride, n_heads, head_dim, norm_w, eps, cos, sin, half, neox,
-                                 dev_.stream(backend::Queue::kCompute)),
-              "HeadNormRope");
+  StaticCall c = MakeStaticCall(StaticOp::kHeadNormRope);
+  c.p[0] = x, c.p[1] = norm_w, c.p[2] = cos, c.p[3] = sin;
+  c.f[0] = eps;
+  c.n[0] = n_rows, c.n[1] = row_stride, c.n[2] = n_heads, c.n[3] = head_dim, c.n[4] = half, c.n[5] = neox ? 1 : 0;
+  Issue(c);
 }
 
 void CudaOps::GatedMul(backend::GatedActivation act, const float* gate, const float* up, float* out, int64_t n_rows,
                        int64_t n) {
-  const int a = act == backend::GatedActivation::kGeluTanh ? 0 : 1;
-  dev_.Report(cuda::GatedMul(a, gate, up, out, n_rows * n, dev_.stream(backend::Queue::kCompute)), "GatedMul");
+  StaticCall c = MakeStaticCall(StaticOp::kGatedMul);
+  c.n[0] = act == backend::GatedActivation::kGeluTanh ? 0 : 1, c.n[1] = n_rows * n;
+  c.p[0] = gate, c.p[1] = up, c.p[2] = out;
+  Issue(c);
 }
 
 void CudaOps::Add(float* x, const float* y, int64_t n) {
-  dev_.Report(cuda::Add(x, y, n, dev_.stream(backend::Queue::kCompute)), "Add");
+  StaticCall c = MakeStaticCall(StaticOp::kAdd);
+  c.p[0] = x, c.p[1] = y;
+  c.n[0] = n;
+  Issue(c);
 }
 
 void CudaOps::Softcap(float* x, int64_t n, float cap) {
-  dev_.Report(cuda::Softcap(x, n, cap, dev_.stream(backend::Queue::kCompute)), "Softcap");
+  StaticCall c = MakeStaticCall(StaticOp::kSoftcap);
+  c.p[0] = x;
+  c.n[0] = n;
+  c.f[0] = cap;
+  Issue(c);
 }
 
 void CudaOps::AttendCausal(const backend::CausalAttention& c) {

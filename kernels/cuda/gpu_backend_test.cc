@@ -26,7 +26,7 @@ using backend::Queue;
 
 TEST(CudaDeviceRefusalTest, WithoutADeviceCudaIsRefusedWithTheReason) {
   if (HaveCudaDevice()) GTEST_SKIP() << "a CUDA device answers: the refusal is not exercised here";
-  const auto d = CreateCudaDevice(0);
+  const auto d = CreateCudaDevice(0, false);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(d.status().message().find("no usable CUDA device"), std::string::npos) << d.status();
@@ -53,7 +53,7 @@ class GpuBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: the CUDA backend is not run here";
-    auto d = CudaDevice::Create(int64_t{1} << 30);
+    auto d = CudaDevice::Create(int64_t{1} << 30, false);
     ASSERT_TRUE(d.ok()) << d.status();
     dev_ = std::move(*d);
   }
@@ -99,7 +99,7 @@ class GpuBackendTest : public ::testing::Test {
 };
 
 TEST_F(GpuBackendTest, MemoryFollowsTheBudgetByTagAndMergesFreedRanges) {
-  auto d = CudaDevice::Create(64 << 20);
+  auto d = CudaDevice::Create(64 << 20, false);
   ASSERT_TRUE(d.ok()) << d.status();
   auto a = (*d)->Allocate(MemoryTag::kKv, 24 << 20);
   auto b = (*d)->Allocate(MemoryTag::kLandmarks, 24 << 20);

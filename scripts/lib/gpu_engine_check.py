@@ -12,7 +12,9 @@ For each model, greedy `ddctl generate` over a prompt long enough that chunk sel
     are all gathered by the device itself;
   - with --pool (a dd-kv-pool binary): sparse-cached and dualdecoder with the KV in a shm://
     pool, which the device gathers from the registered region itself
-    (docs/decisions/0039-device-gathers-from-pool.md), give sparse@cuda's tokens.
+    (docs/decisions/0039-device-gathers-from-pool.md), give sparse@cuda's tokens;
+  - full and dualdecoder with --cuda_graphs (static segments as CUDA graphs) give the tokens of
+    full and sparse without.
 Writes a JSON summary (tokens/s per mode, the checks) to --out; exit status 1 when a check fails.
 
     gpu_engine_check.py --ddctl BIN --models DIR --out FILE.json [--pool DD_KV_POOL]
@@ -30,6 +32,7 @@ import tempfile
 
 MODES = ["full", "sparse", "sparse-cached", "dualdecoder"]
 POOL_MODES = ["sparse-cached", "dualdecoder"]
+GRAPH_MODES = ["full", "dualdecoder"]
 TOKEN = "gpu-check-token-0123456789"
 
 
@@ -116,6 +119,10 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
         try:
             for mode in MODES:
                 runs[f"{mode}@cuda"] = generate(args.ddctl, model, prompt, args.device, mode, [])
+            # Static segments as CUDA graphs: the same kernels, so the same tokens (sim has none).
+            graphs = ["--cuda_graphs"] if args.device == "cuda" else []
+            for mode in GRAPH_MODES:
+                runs[f"{mode}@cuda+graphs"] = generate(args.ddctl, model, prompt, args.device, mode, graphs)
             runs["full@cpu"] = generate(args.ddctl, model, prompt, "cpu", "full", [])
             for mode in POOL_MODES if pool else []:
                 runs[f"{mode}@cuda+shm"] = generate(args.ddctl, model, prompt, args.device, mode,
@@ -125,7 +132,12 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             continue
         tokens = {k: v["tokens"] for k, v in runs.items()}
         checks = {}
-        for other in ["sparse-cached@cuda", "dualdecoder@cuda"] + [f"{m}@cuda+shm" for m in POOL_MODES if pool]:
+        d = first_difference(tokens["full@cuda"], tokens["full@cuda+graphs"])
+        checks["full@cuda+graphs == full@cuda"] = d == -1
+        if d != -1:
+            summary["failures"].append(f"{name}: full@cuda+graphs leaves full@cuda at token {d}")
+        for other in (["sparse-cached@cuda", "dualdecoder@cuda", "dualdecoder@cuda+graphs"] +
+                      [f"{m}@cuda+shm" for m in POOL_MODES if pool]):
             d = first_difference(tokens["sparse@cuda"], tokens[other])
             checks[f"{other} == sparse@cuda"] = d == -1
             if d != -1:

@@ -155,6 +155,16 @@ class Ops {
   // DequantizeRows then DotRows, without holding the dequantized rows.
   virtual void ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x,
                          float* out) = 0;
+
+  // A static segment: the calls between BeginSegment and EndSegment, made by the thread that
+  // began it, form a run the backend may record and replay as one launch (CUDA graphs) when
+  // every argument equals the last run's under the same key; `key` names the run's place in
+  // the pass (e.g. a layer's half), never its arguments. The calls' effects are in order with
+  // everything else on the compute queue; the backend may defer their launch until the
+  // segment ends or the thread makes any other call on the device. Backends without such a
+  // launch ignore it (the default).
+  virtual void BeginSegment(int64_t /*key*/) {}
+  virtual void EndSegment() {}
 };
 
 }  // namespace dd::backend

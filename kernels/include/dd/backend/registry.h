@@ -16,6 +16,7 @@ namespace dd::backend {
 struct DeviceOptions {
   int64_t budget_bytes = 0;     // device memory budget (0 = unlimited)
   ThreadPool* pool = nullptr;   // cpu: the threads the ops run on (required; outlives the device)
+  bool cuda_graphs = false;     // cuda: static segments (ops.h) launched as CUDA graphs
 };
 
 // The named device ("auto": ResolveDeviceName's choice). INVALID_ARGUMENT for an unknown name (the message lists the known ones);
