@@ -63,9 +63,11 @@ cudaError_t SegmentGraphs::Init(bool enabled) {
 
 void SegmentGraphs::Begin(int64_t key) {
   if (!enabled_) return;
+  // One segment at a time: while another thread has one open, this thread's ops launch at once.
+  std::thread::id none;
+  if (!owner_.compare_exchange_strong(none, std::this_thread::get_id(), std::memory_order_acquire)) return;
   key_ = key;
   calls_.clear();
-  owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
 }
 
 cudaError_t SegmentGraphs::LaunchEach(cudaStream_t s) const {
@@ -75,34 +77,52 @@ cudaError_t SegmentGraphs::LaunchEach(cudaStream_t s) const {
   return cudaSuccess;
 }
 
-bool SegmentGraphs::Capture(cudaGraphExec_t* exec, cudaError_t* err) {
+SegmentGraphs::Made SegmentGraphs::Capture(cudaGraphExec_t* exec, cudaError_t* err) {
   // Thread-local mode: only this thread's calls are checked for what capture forbids; the
   // private stream keeps other threads' launches out of the graph.
   *err = cudaStreamBeginCapture(capture_, cudaStreamCaptureModeThreadLocal);
-  if (*err != cudaSuccess) return false;
-  cudaError_t launch = LaunchEach(capture_);
+  if (*err != cudaSuccess) return Made::kCaptureFailed;
+  const cudaError_t launch = LaunchEach(capture_);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(capture_, &graph);  // ends capture even after a failure
+  if (launch != cudaSuccess && end == cudaSuccess) {  // a launch refused its arguments, not the capture
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    *err = launch;
+    return Made::kLaunchFailed;
+  }
   *err = launch != cudaSuccess ? launch : end;
   if (*err == cudaSuccess) *err = cudaGraphInstantiate(exec, graph, 0);
   if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  return *err == cudaSuccess;
+  return *err == cudaSuccess ? Made::kMade : Made::kCaptureFailed;
 }
 
 cudaError_t SegmentGraphs::End(cudaStream_t compute) {
-  owner_.store(std::thread::id(), std::memory_order_relaxed);
+  owner_.store(std::thread::id(), std::memory_order_release);
   if (calls_.empty()) return cudaSuccess;
   if (!enabled_) return LaunchEach(compute);
   if (const cudaGraphExec_t* exec = cache_.Find(key_, calls_)) return cudaGraphLaunch(*exec, compute);
+  // Records seen for the first time launch one by one (which also loads their kernels, so no
+  // capture is the first launch of one); the second time they are captured.
+  if (seen_.Find(key_, calls_) == nullptr) {
+    seen_.Insert(key_, calls_, 1, &seen_dropped_);
+    seen_dropped_.clear();
+    return LaunchEach(compute);
+  }
   cudaGraphExec_t exec = nullptr;
   cudaError_t err = cudaSuccess;
-  if (!Capture(&exec, &err)) {
-    (void)cudaGetLastError();
-    LOG(WARNING) << "cuda: static segments launch one by one from now on: making a graph of "
-                 << StaticOpName(calls_.front().op) << " and " << calls_.size() - 1
-                 << " more launches failed: " << cudaGetErrorString(err);
-    enabled_ = false;
-    return LaunchEach(compute);
+  switch (Capture(&exec, &err)) {
+    case Made::kMade:
+      break;
+    case Made::kLaunchFailed:  // the same launch fails again one by one, and is reported
+      (void)cudaGetLastError();
+      return LaunchEach(compute);
+    case Made::kCaptureFailed:
+      (void)cudaGetLastError();
+      LOG(WARNING) << "cuda: static segments launch one by one from now on: making a graph of "
+                   << StaticOpName(calls_.front().op) << " and " << calls_.size() - 1
+                   << " more launches failed: " << cudaGetErrorString(err);
+      enabled_ = false;
+      return LaunchEach(compute);
   }
   cache_.Insert(key_, calls_, exec, &dropped_);
   // An executable dropped may still be running: the runtime frees it when it completes.

@@ -3,9 +3,10 @@
 // launched. When the segment ends — or that thread makes any other call on the device — the
 // records go to the compute stream as one graph launch: the graph made from equal records when
 // there is one, else a new graph captured on a private stream (so no other thread's work on the
-// compute stream is captured with it). A failed capture turns graphs off for the device, says
-// so in the log, and launches the records one by one; the results are the same kernels in the
-// same order either way.
+// compute stream is captured with it). Records are captured the second time they are seen (the
+// first launches them one by one, loading their kernels). A failed capture turns graphs off
+// for the device, says so in the log, and launches the records one by one; the results are the
+// same kernels in the same order either way.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,7 +40,8 @@ class SegmentGraphs {
   bool enabled() const { return enabled_; }
   // True when the calling thread has a segment open (other threads never see one).
   bool OpenHere() const { return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
-  // Opens a segment for the calling thread; the caller has ended the one it had.
+  // Opens a segment for the calling thread (the caller has ended the one it had), unless
+  // another thread has one open: then this thread's ops launch at once.
   void Begin(int64_t key);
   void Add(const StaticCall& c) { calls_.push_back(c); }
   // Ends the calling thread's segment and launches its records on `compute`.
@@ -49,10 +51,12 @@ class SegmentGraphs {
   int64_t replays() const { return cache_.hits(); }
 
  private:
+  enum class Made { kMade, kLaunchFailed, kCaptureFailed };
   cudaError_t LaunchEach(cudaStream_t s) const;
-  // A graph of the records, captured on capture_ and instantiated; false (error in *err) when
-  // the runtime refused.
-  bool Capture(cudaGraphExec_t* exec, cudaError_t* err);
+  // A graph of the records, captured on capture_ and instantiated into *exec. kLaunchFailed:
+  // a launch refused its arguments (error in *err; graphs stay on); kCaptureFailed: the
+  // runtime refused the capture or the graph.
+  Made Capture(cudaGraphExec_t* exec, cudaError_t* err);
 
   bool enabled_ = false;
   cudaStream_t capture_ = nullptr;
@@ -60,7 +64,9 @@ class SegmentGraphs {
   int64_t key_ = 0;
   std::vector<StaticCall> calls_;
   SegmentCache<cudaGraphExec_t> cache_;
-  std::vector<cudaGraphExec_t> dropped_;  // by the last Insert (kept to not allocate each time)
+  std::vector<cudaGraphExec_t> dropped_;
+  SegmentCache<char> seen_{kPerKey};  // records launched one by one once, captured if seen again
+  std::vector<char> seen_dropped_;
 };
 
 }  // namespace dd::kernels::cuda

@@ -138,9 +138,12 @@ void CudaOps::Linear(const WeightView& w, backend::LinearKind kind, const float*
   c.n[5] = x_stride, c.n[6] = y_stride;
   // Rows are independent, so a call larger than the scratch runs in pieces (in order on the
   // compute stream, which orders the scratch's reuse).
-  const int64_t piece =
-      f32 ? std::max<int64_t>(n_rows, 1)
-          : std::max<int64_t>(1, CudaDevice::kLinearScratchBytes / Int8ActsBytes(1, w.cols));
+  const int64_t row_bytes = f32 ? 0 : Int8ActsBytes(1, w.cols);
+  if (!f32 && (row_bytes <= 0 || row_bytes > CudaDevice::kLinearScratchBytes)) {
+    dev_.Report(cudaErrorInvalidValue, "Linear (int8): a row of activations does not fit the scratch");
+    return;
+  }
+  const int64_t piece = f32 ? std::max<int64_t>(n_rows, 1) : CudaDevice::kLinearScratchBytes / row_bytes;
   for (int64_t r0 = 0; r0 < n_rows; r0 += piece) {
     c.p[1] = x + r0 * x_stride, c.p[3] = y + r0 * y_stride;
     c.n[4] = std::min(piece, n_rows - r0);

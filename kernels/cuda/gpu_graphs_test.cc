@@ -78,8 +78,8 @@ class GpuGraphsTest : public ::testing::Test {
     const std::vector<uint8_t> a = RandomWeights(DType::kQ4_K, kD, kD, rng), b = RandomWeights(DType::kQ4_K, kD, kD, rng);
     std::vector<float> g(kD);
     for (float& v : g) v = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
-    eager_.Init(false, a, b, g);
-    graphs_.Init(true, a, b, g);
+    ASSERT_NO_FATAL_FAILURE(eager_.Init(false, a, b, g));
+    ASSERT_NO_FATAL_FAILURE(graphs_.Init(true, a, b, g));
   }
   static std::vector<float> Input(int64_t rows, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -98,29 +98,42 @@ TEST_F(GpuGraphsTest, StepsReplayedAsGraphsGiveTheBitsOfOpsLaunchedOneByOne) {
     const std::vector<float> in = Input(rows, seed++);
     EXPECT_EQ(graphs_.Step(in, rows), eager_.Step(in, rows)) << "batch " << rows;
   }
-  // Per key: a graph for each of batches 4, 2 and 8; the second 4, the third 4 and the second
-  // 2 replayed. Inputs differ every step: replays read device memory, never recorded values.
-  EXPECT_EQ(graphs_.dev->segments().graphs_made(), 2 * 3);
-  EXPECT_EQ(graphs_.dev->segments().replays(), 2 * 3);
+  // Per key: records are launched one by one when first seen and captured when seen again, so
+  // graphs for batches 4 (its second step) and 2 (its second), the third 4 replayed, 8 seen
+  // once. Inputs differ every step: replays read device memory, never recorded values.
+  EXPECT_EQ(graphs_.dev->segments().graphs_made(), 2 * 2);
+  EXPECT_EQ(graphs_.dev->segments().replays(), 2 * 1);
   EXPECT_EQ(eager_.dev->segments().graphs_made(), 0);
+  // More batch sizes than a key keeps (SegmentGraphs::kPerKey): graphs dropped, possibly still
+  // running, and made again; the bits never change.
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t rows = 1; rows <= kMaxRows; ++rows) {
+      const std::vector<float> in = Input(rows, seed++);
+      EXPECT_EQ(graphs_.Step(in, rows), eager_.Step(in, rows)) << "round " << round << " batch " << rows;
+    }
+  }
+  EXPECT_GT(graphs_.dev->segments().replays(), 2 * 1);
 }
 
 TEST_F(GpuGraphsTest, AnotherCallInsideASegmentSeesTheSegmentsWorkBeforeIt) {
   const int64_t rows = 3;
-  std::vector<float> want(rows * kD), got(rows * kD);
-  for (Layer* l : {&eager_, &graphs_}) {
-    const std::vector<float> in = Input(rows, 7);
-    ASSERT_TRUE(l->dev->CopyToDevice(Queue::kCompute, in.data(), l->x, 0, rows * kD * 4).ok());
-    l->dev->ops().BeginSegment(5);
-    l->dev->ops().RmsNormRows(l->F(l->x), l->F(l->norm), 1e-6f, rows, kD, l->F(l->xn));
-    std::vector<float>& out = l == &eager_ ? want : got;
-    ASSERT_TRUE(l->dev->CopyToHost(Queue::kCompute, l->xn, 0, out.data(), rows * kD * 4).ok());
-    l->dev->ops().Add(l->F(l->x), l->F(l->xn), rows * kD);  // after the copy: not in what it read
-    l->dev->ops().EndSegment();
-    ASSERT_TRUE(l->dev->Synchronize(l->dev->Record(Queue::kCompute)).ok());
+  for (uint32_t seed : {7, 8, 9}) {  // the third a replay
+    std::vector<float> want(rows * kD), got(rows * kD);
+    for (Layer* l : {&eager_, &graphs_}) {
+      const std::vector<float> in = Input(rows, seed);
+      ASSERT_TRUE(l->dev->CopyToDevice(Queue::kCompute, in.data(), l->x, 0, rows * kD * 4).ok());
+      l->dev->ops().BeginSegment(5);
+      l->dev->ops().RmsNormRows(l->F(l->x), l->F(l->norm), 1e-6f, rows, kD, l->F(l->xn));
+      std::vector<float>& out = l == &eager_ ? want : got;
+      ASSERT_TRUE(l->dev->CopyToHost(Queue::kCompute, l->xn, 0, out.data(), rows * kD * 4).ok());
+      l->dev->ops().Add(l->F(l->x), l->F(l->xn), rows * kD);  // after the copy: not in what it read
+      l->dev->ops().EndSegment();
+      ASSERT_TRUE(l->dev->Synchronize(l->dev->Record(Queue::kCompute)).ok());
+    }
+    EXPECT_EQ(got, want) << "seed " << seed;
   }
-  EXPECT_EQ(got, want);
   EXPECT_EQ(graphs_.dev->segments().graphs_made(), 1) << "the norm alone, ended by the copy";
+  EXPECT_EQ(graphs_.dev->segments().replays(), 1);
 }
 
 }  // namespace
