@@ -121,6 +121,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       j["fetched_chunks"] = engine.fetched_chunks();
       j["device_gathered_chunks"] = engine.device_gathered_chunks();
       j["staged_gathered_chunks"] = sc->staged_gathered_chunks();
+      j["direct_chunks"] = sc->direct_chunks();
       nlohmann::json per_layer = nlohmann::json::array();
       for (size_t l = 0; l < sc->layer_stats().size(); ++l) {
         const auto& st = sc->layer_stats()[l];

@@ -258,12 +258,17 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
   }
   if (DeviceGathers()) return StartDeviceGather(id, refs, dsts, priority, l);
-  if (host_visible_) {
+  const bool direct = !host_visible_ && device_.cuda_memory() && store_->GathersToCudaMemory();
+  if (host_visible_ || direct) {
+    // The store's transport writes the slots itself. Into device memory (GPUDirect) only after
+    // the device's earlier readers of those slots: the host waits for the compute queue.
+    if (direct) RETURN_IF_ERROR(device_.Synchronize(device_.Record(Queue::kCompute)));
     std::vector<float*> ptrs(dsts.size());
     for (size_t i = 0; i < dsts.size(); ++i) {
       ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
     }
     ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
+    if (direct) direct_chunks_ += static_cast<int64_t>(refs.size());
   } else {
     RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
     l->copied = {};

@@ -18,7 +18,11 @@
 //    page-aligned memory registered (pinned) with the device, and FinishLanding moves the
 //    blocks with one Device::Gather per destination buffer on the given queue, after the
 //    compute queue's earlier readers of those slots, and makes the compute queue wait for it.
-//    Where the device refuses to register the staging, a copy per block instead.
+//    Where the device refuses to register the staging, a copy per block instead. But where
+//    the device's memory is CUDA memory and the store's transport writes it itself
+//    (KvStore::GathersToCudaMemory: a ucx:// pool over one-sided gets, UCX with CUDA), the
+//    store gathers straight into the slots, after the host has waited for the compute
+//    queue's earlier readers of them (GPUDirect; no staging, no device gather).
 //
 // Not thread-safe (the engine's thread); the store's transfer thread writes only into what a
 // landing handed it until FinishLanding.
@@ -62,6 +66,8 @@ class ChunkStore {
   int64_t device_gathered_chunks() const { return device_gathered_; }
   // Of the others, those moved by one device gather per buffer from registered staging.
   int64_t staged_gathered_chunks() const { return staged_gathered_; }
+  // Those the store's transport wrote into device memory itself (GPUDirect).
+  int64_t direct_chunks() const { return direct_chunks_; }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
   // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
@@ -148,7 +154,7 @@ class ChunkStore {
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const bool host_visible_;
-  int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0;
+  int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0, direct_chunks_ = 0;
   // KvStore::MappingGeneration (>= 0) whose ranges are registered; kUnchecked before the first
   // look and after ForgetMappings.
   static constexpr int64_t kUnchecked = -1;

@@ -1,8 +1,10 @@
 // ChunkStore, the sparse cache's host side: chunks written as blocks come back as the same
-// rows, each landmark is its chunk's mean key per KV head, a fork's blocks are a copy, and
-// blocks land in device memory on a device the host cannot read (sim) as on the cpu.
+// rows, each landmark is its chunk's mean key per KV head, a fork's blocks are a copy, blocks
+// land in device memory on a device the host cannot read (sim) as on the cpu, and a store that
+// writes CUDA memory itself lands them with no copy, after the slots' readers.
 #include "decode-worker/engine/chunk_store.h"
 
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -113,6 +115,130 @@ TEST(ChunkStoreTest, BlocksLandInDeviceMemoryOnEveryDevice) {
     device->Free(*slots);
     cs.Release(*id);
   }
+}
+
+// A device whose memory the store's transport may write itself (cuda's, with GPUDirect): the
+// cpu device's memory, which the host can write, presented as not host-visible. It counts the
+// host's synchronizations with the compute queue.
+class CudaMemoryDevice final : public backend::Device {
+ public:
+  explicit CudaMemoryDevice(ThreadPool& pool) : cpu_(0, pool) {}
+  absl::string_view name() const override { return "cuda-memory"; }
+  bool host_visible() const override { return false; }
+  bool cuda_memory() const override { return true; }
+  absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag t, int64_t b) override { return cpu_.Allocate(t, b); }
+  void Free(backend::DeviceBuffer& b) override { cpu_.Free(b); }
+  int64_t budget() const override { return cpu_.budget(); }
+  int64_t bytes_in_use(backend::MemoryTag t) const override { return cpu_.bytes_in_use(t); }
+  int64_t bytes_in_use() const override { return cpu_.bytes_in_use(); }
+  absl::StatusOr<backend::DeviceBuffer> Upload(backend::MemoryTag t, const void* src, int64_t b) override {
+    return cpu_.Upload(t, src, b);
+  }
+  backend::Event Record(backend::Queue q) override { return cpu_.Record(q); }
+  void Wait(backend::Queue q, const backend::Event& e) override { cpu_.Wait(q, e); }
+  absl::Status Synchronize(const backend::Event& e) override {
+    if (e.queue == backend::Queue::kCompute) ++compute_syncs;
+    return cpu_.Synchronize(e);
+  }
+  absl::Status CopyToDevice(backend::Queue q, const void* src, const backend::DeviceBuffer& dst, int64_t off,
+                            int64_t b) override {
+    ++copies;
+    return cpu_.CopyToDevice(q, src, dst, off, b);
+  }
+  absl::Status CopyToHost(backend::Queue q, const backend::DeviceBuffer& src, int64_t off, void* dst,
+                          int64_t b) override {
+    return cpu_.CopyToHost(q, src, off, dst, b);
+  }
+  absl::Status Copy(backend::Queue q, const backend::DeviceBuffer& src, int64_t so, const backend::DeviceBuffer& dst,
+                    int64_t d, int64_t b) override {
+    ++copies;
+    return cpu_.Copy(q, src, so, dst, d, b);
+  }
+  absl::StatusOr<backend::HostRegion> RegisterHostRegion(const void* base, int64_t b) override {
+    return cpu_.RegisterHostRegion(base, b);
+  }
+  void UnregisterHostRegion(const backend::HostRegion& r) override { cpu_.UnregisterHostRegion(r); }
+  absl::Status Gather(backend::Queue q, const backend::HostRegion& r, absl::Span<const backend::GatherBlock> blocks,
+                      int64_t block_bytes, const backend::DeviceBuffer& dst) override {
+    ++copies;
+    return cpu_.Gather(q, r, blocks, block_bytes, dst);
+  }
+  backend::Ops& ops() override { return cpu_.ops(); }
+
+  int compute_syncs = 0, copies = 0;
+
+ private:
+  backend::CpuDevice cpu_;
+};
+
+// The in-process store's blocks, reached as a ucx:// pool's over one-sided gets with a UCX that
+// reports CUDA memory: nothing mapped, gathers written into the destinations by the store. It
+// records how many compute synchronizations the device had seen when each gather started.
+class CudaDestinationStore final : public kvpool::KvStore {
+ public:
+  explicit CudaDestinationStore(const CudaMemoryDevice& device) : device_(device) {}
+  absl::StatusOr<kvpool::SequenceId> Open(const kvpool::KvLayout& l) override { return inner_->Open(l); }
+  absl::Status Write(kvpool::SequenceId s, const kvpool::ChunkRef& r, const float* b) override {
+    return inner_->Write(s, r, b);
+  }
+  absl::StatusOr<kvpool::TransferId> GatherTo(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
+                                              absl::Span<float* const> dsts, kvpool::Priority p) override {
+    syncs_at_gather.push_back(device_.compute_syncs);
+    return inner_->GatherTo(s, refs, dsts, p);
+  }
+  absl::StatusOr<kvpool::KvLayout> Layout(kvpool::SequenceId s) const override { return inner_->Layout(s); }
+  absl::Status Wait(kvpool::TransferId id) override { return inner_->Wait(id); }
+  absl::Status Release(kvpool::SequenceId s) override { return inner_->Release(s); }
+  int64_t bytes_stored() const override { return inner_->bytes_stored(); }
+  int64_t wait_ns() const override { return inner_->wait_ns(); }
+  void SetLink(const kvpool::LinkModel& l) override { inner_->SetLink(l); }
+  bool GathersToCudaMemory() const override { return true; }
+
+  std::vector<int> syncs_at_gather;
+
+ private:
+  const CudaMemoryDevice& device_;
+  std::unique_ptr<kvpool::KvStore> inner_ = kvpool::NewInProcessKvStore();
+};
+
+TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterTheirReaders) {
+  const model::ModelConfig c = Config();
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  ThreadPool pool(2);
+  CudaMemoryDevice device(pool);
+  CudaDestinationStore store(device);
+  ChunkStore cs(c, kChunk, &store, device);
+  auto id = cs.Open();
+  ASSERT_TRUE(id.ok());
+  const std::vector<float> k = Rows(2 * kChunk * kv_dim, 7), v = Rows(2 * kChunk * kv_dim, 8);
+  ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, 2, k.data(), v.data(), nullptr).ok());
+  auto slots = device.Allocate(backend::MemoryTag::kResidentSlots, 2 * cs.block_bytes());
+  ASSERT_TRUE(slots.ok());
+  const std::vector<kvpool::ChunkRef> refs = {{1, 0, 1}, {1, 1, 0}};
+  const int copies_before = device.copies;
+  for (kvpool::Priority p : {kvpool::Priority::kUrgent, kvpool::Priority::kBackground}) {
+    ChunkStore::Landing landing;
+    const int syncs = device.compute_syncs;
+    ASSERT_TRUE(cs.StartLanding(*id, refs, {{*slots, 0}, {*slots, cs.block_bytes()}}, p, &landing).ok());
+    ASSERT_EQ(store.syncs_at_gather.size(), p == kvpool::Priority::kUrgent ? 1u : 2u);
+    EXPECT_GT(store.syncs_at_gather.back(), syncs) << "the store wrote the slots before their readers were done";
+    ASSERT_TRUE(cs.FinishLanding(landing, backend::Queue::kUrgent).ok());
+  }
+  EXPECT_EQ(device.copies, copies_before) << "no staging copy or device gather";
+  EXPECT_EQ(cs.direct_chunks(), 4);
+  EXPECT_EQ(cs.fetched_chunks(), 4);
+  EXPECT_EQ(cs.staged_gathered_chunks(), 0);
+  std::vector<float> got(2 * cs.block_floats());
+  ASSERT_TRUE(device.CopyToHost(backend::Queue::kCompute, *slots, 0, got.data(), slots->bytes).ok());
+  const int64_t hd = c.head_dim;
+  for (int64_t t = 0; t < kChunk; ++t) {
+    for (int64_t i = 0; i < hd; ++i) {
+      ASSERT_EQ(got[t * hd + i], k[(kChunk + t) * kv_dim + i]);  // slot 0: K of chunk 1, head 0
+      ASSERT_EQ(got[cs.block_floats() + (kChunk + t) * hd + i], v[t * kv_dim + hd + i]);  // slot 1: V, chunk 0, head 1
+    }
+  }
+  device.Free(*slots);
+  cs.Release(*id);
 }
 
 }  // namespace

@@ -219,6 +219,7 @@ class SparseKvCache : public KvCache {
   // Of the others, on such a device, those moved by one device gather per buffer from the
   // landing's registered host staging (the in-process store, ucx://).
   int64_t staged_gathered_chunks() const { return chunks_.staged_gathered_chunks(); }
+  int64_t direct_chunks() const { return chunks_.direct_chunks(); }
   // Before the store's Recover: the device unregisters the store's mapped memory (after the
   // gathers from it), to register the new mapping at the next landing.
   void ForgetStoreMappings() { chunks_.ForgetMappings(); }

@@ -137,6 +137,7 @@ class CudaDevice final : public backend::Device {
 
   absl::string_view name() const override { return "cuda"; }
   bool host_visible() const override { return false; }
+  bool cuda_memory() const override { return true; }
   absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes) override;
   void Free(backend::DeviceBuffer& buf) override;
   int64_t budget() const override { return budget_; }

@@ -114,6 +114,10 @@ class KvStore {
                                       std::vector<const void*>* out) {
     return absl::UnimplementedError("this KV store maps no blocks into the process");
   }
+  // Whether GatherTo's destinations may be CUDA device memory: the store never touches their
+  // bytes on the host, and its transport writes them itself (a ucx:// pool over one-sided gets
+  // whose UCX reports CUDA memory: GPUDirect RDMA where the NIC can, else UCX's CUDA copy).
+  virtual bool GathersToCudaMemory() const { return false; }
 
   // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
   // sequence's first keys.size() blocks, whose chunks are all written: they become findable

@@ -192,6 +192,11 @@ class PoolKvStore : public KvStore {
     return queue_.Submit(std::move(job), priority);
   }
 
+  bool GathersToCudaMemory() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return data_ != nullptr && data_->cuda_destinations();
+  }
+
   // data_ changes only in Recover, which callers run with nothing else of theirs in flight
   // (the engine's thread calls both); the lock orders it against the transfer threads.
   std::vector<MappedRange> MappedRanges() const override {

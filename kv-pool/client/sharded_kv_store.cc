@@ -95,6 +95,14 @@ class ShardedKvStore : public KvStore {
     return out;
   }
 
+  // All or nothing, as the mapped ranges.
+  bool GathersToCudaMemory() const override {
+    for (const auto& s : shards_) {
+      if (!s->GathersToCudaMemory()) return false;
+    }
+    return !shards_.empty();
+  }
+
   int64_t MappingGeneration() const override {
     int64_t g = 0;
     for (const auto& s : shards_) g += s->MappingGeneration();

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -175,6 +176,23 @@ bool UcxContextHasTcp(ucp_context_h context) {
   const bool tcp = text == nullptr || absl::StrContains(absl::string_view(text, size), "-- tcp/");
   std::free(text);
   return tcp;
+}
+
+bool UcxCudaDestinations(bool rma, uint64_t memory_types, bool allowed) {
+  return rma && allowed && (memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
+absl::StatusOr<bool> UcxGpuDirectAllowed() {
+  const char* v = std::getenv("DD_UCX_GPUDIRECT");
+  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return true;
+  if (std::string(v) == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat("DD_UCX_GPUDIRECT '", v, "': expected auto or off"));
+}
+
+uint64_t UcxMemoryTypes(ucp_context_h context) {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  return ucp_context_query(context, &attr) == UCS_OK ? attr.memory_types : 0;
 }
 
 bool SharedMemoryAllowed() { return TlsAllowsAny({"posix", "sysv", "cma", "xpmem", "knem"}); }

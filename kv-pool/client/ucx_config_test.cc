@@ -37,7 +37,7 @@ class UcxConfigTest : public ::testing::Test {
   static void Tls(const char* v) { v != nullptr ? (void)setenv("UCX_TLS", v, 1) : (void)unsetenv("UCX_TLS"); }
   static constexpr const char* kNames[] = {"UCX_TLS",           "UCX_MM_SEG_SIZE",     "UCX_POSIX_SEG_SIZE",
                                            "UCX_SYSV_SEG_SIZE", "UCX_XPMEM_SEG_SIZE",  "UCX_TCP_RX_SEG_SIZE",
-                                           "UCX_TCP_TX_SEG_SIZE"};
+                                           "UCX_TCP_TX_SEG_SIZE", "DD_UCX_GPUDIRECT"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -290,6 +290,37 @@ TEST_F(UcxConfigTest, AnEndpointNamesTheTransportOfItsActiveMessages) {
     ucp_worker_destroy(b);
     ucp_cleanup(*context);
   }
+}
+
+// Gathers land in CUDA memory only over one-sided gets, only where UCX reports CUDA memory,
+// and not when the operator turned it off.
+TEST_F(UcxConfigTest, CudaDestinationsOnlyOverRmaWhereUcxReachesCudaMemory) {
+  const uint64_t host = UCS_BIT(UCS_MEMORY_TYPE_HOST), cuda = UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+  EXPECT_TRUE(UcxCudaDestinations(true, host | cuda, true));
+  EXPECT_FALSE(UcxCudaDestinations(false, host | cuda, true)) << "active messages: eager replies are copied on the host";
+  EXPECT_FALSE(UcxCudaDestinations(true, host, true)) << "a UCX without CUDA";
+  EXPECT_FALSE(UcxCudaDestinations(true, host | UCS_BIT(UCS_MEMORY_TYPE_CUDA_MANAGED), true)) << "managed only";
+  EXPECT_FALSE(UcxCudaDestinations(true, host | cuda, false)) << "DD_UCX_GPUDIRECT=off";
+  // What this machine's UCX reports: host memory always; CUDA only from a UCX built with it.
+  absl::StatusOr<ucp_context_h> context = AmContext(true);
+  ASSERT_TRUE(context.ok()) << context.status();
+  const uint64_t types = UcxMemoryTypes(*context);
+  ucp_cleanup(*context);
+  EXPECT_NE(types & host, 0u) << types;
+  std::printf("this UCX reports CUDA memory: %s\n", (types & cuda) != 0 ? "yes" : "no");
+}
+
+TEST_F(UcxConfigTest, GpuDirectIsOnUnlessTurnedOffAndABadValueIsNamed) {
+  EXPECT_EQ(UcxGpuDirectAllowed().value_or(false), true) << "unset";
+  setenv("DD_UCX_GPUDIRECT", "auto", 1);
+  EXPECT_EQ(UcxGpuDirectAllowed().value_or(false), true);
+  setenv("DD_UCX_GPUDIRECT", "off", 1);
+  EXPECT_EQ(UcxGpuDirectAllowed().value_or(true), false);
+  setenv("DD_UCX_GPUDIRECT", "yes", 1);
+  const absl::StatusOr<bool> bad = UcxGpuDirectAllowed();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("DD_UCX_GPUDIRECT 'yes'"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -50,6 +50,8 @@ class UcxDataPath : public DataPath {
   absl::Status Init(const v1::HandshakeResponse& hs, UcxPath mode, bool pool_is_local) {
     // First: a segment UCX cannot carry is this worker's own error, whatever the pool's settings.
     if (absl::Status st = CheckUcxSegmentSizes(); !st.ok()) return st;
+    const absl::StatusOr<bool> gpudirect = UcxGpuDirectAllowed();
+    if (!gpudirect.ok()) return gpudirect.status();
     const char* pack = std::getenv("DD_UCX_PACK");
     config_.pack = pack != nullptr && *pack != '\0' ? std::string(pack) != "0"
                                                     : !(pool_is_local && SharedMemoryAllowed());
@@ -118,6 +120,7 @@ class UcxDataPath : public DataPath {
     ucs_status_t st = ucp_init(&params, *config, &config_.context);
     ucp_config_release(*config);
     if (st != UCS_OK) return UcxError("ucp_init", st);
+    cuda_destinations_ = UcxCudaDestinations(config_.rma, UcxMemoryTypes(config_.context), *gpudirect);
     if (!pool_tcp && UcxContextHasTcp(config_.context)) {  // fail closed, whatever UCX_TLS said
       return absl::FailedPreconditionError(absl::StrCat(
           "kv pool ucx: UCX loaded its tcp transport although ", kNoTcpWhy, "; check UCX_TLS and UCX's config files"));
@@ -139,6 +142,8 @@ class UcxDataPath : public DataPath {
   absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) override {
     return OnLane([&](UcxLane& lane) { return lane.Get(offsets, block_bytes, dsts); });
   }
+
+  bool cuda_destinations() const override { return cuda_destinations_; }
 
  private:
   // Runs `op` on a lane this thread holds alone (a template: no std::function per gather).
@@ -178,6 +183,7 @@ class UcxDataPath : public DataPath {
   }
 
   UcxLaneConfig config_;
+  bool cuda_destinations_ = false;  // set in Init
   std::mutex mu_;  // lanes_ (only grows) and broken_
   std::vector<std::unique_ptr<UcxLane>> lanes_;
   absl::Status broken_;

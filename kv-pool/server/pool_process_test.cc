@@ -271,6 +271,30 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
   }
   // No request went through the active-message path.
   EXPECT_EQ(Sample(Scrape(pool.metrics()), R"(dd_pool_ucx_requests_total{op="get"})"), 0);
+  // Gathers into CUDA memory are claimed only where this UCX reports it (GPUDirect), never by
+  // a UCX without CUDA, and never over active messages or shared memory.
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA;
+  ucp_context_h context = nullptr;
+  ASSERT_EQ(ucp_init(&params, nullptr, &context), UCS_OK);
+  const bool ucx_cuda = (UcxMemoryTypes(context) & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  ucp_cleanup(context);
+  EXPECT_EQ((*s)->GathersToCudaMemory(), ucx_cuda);
+  for (auto [transport, path] : {std::pair{PoolTransport::kUcx, UcxPath::kActiveMessages},
+                                 std::pair{PoolTransport::kShm, UcxPath::kAuto}}) {
+    auto other = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = transport,
+                                     .ucx_path = path, .first_extent_chunks = 4});
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_FALSE((*other)->GathersToCudaMemory());
+  }
+  // Turned off by the operator: not claimed, whatever UCX reports.
+  setenv("DD_UCX_GPUDIRECT", "off", 1);
+  auto off = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                 .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
+  unsetenv("DD_UCX_GPUDIRECT");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE((*off)->GathersToCudaMemory());
 }
 
 TEST(PoolProcessTest, LayersStripedOverTwoPools) {

@@ -84,6 +84,10 @@ class Device {
   // Whether the host may dereference device memory (the cpu device's is host memory). Engine
   // code that still reads device memory on the host runs only where this holds.
   virtual bool host_visible() const = 0;
+  // Whether buffers are CUDA device memory at their `data` addresses, which libraries that
+  // take CUDA pointers may write themselves (UCX with CUDA support: GPUDirect RDMA or its CUDA
+  // copy). Only cuda.
+  virtual bool cuda_memory() const { return false; }
 
   // ---- memory ----
   // `bytes` of device memory for `tag`, 64-byte aligned, contents unspecified.
