@@ -18,6 +18,9 @@ and a text file for the prompts.
 - **Runs.** `full`, `sparse`, `sparse-cached` and `dualdecoder` side by side under one
   device-memory budget, per context, store and batch. The stores are the in-process store (host
   memory: on a GPU its transfers are real PCIe copies), a `shm://` pool and `ucx://` pools.
+  On cuda, a variant at 32K runs the prefetches on the copy engines
+  (`--cuda_copy_engine_prefetch`) instead of the gather kernel, beside the default's rows: the
+  measure of which to make the default. Variants decide no target.
 - **Per run.** Tokens/s, transfer wait and bytes per step, the measured hit rate, and the
   infinite-link figure: the same steps without their transfer wait.
 - **Beside them.** The PCIe ceiling and the urgent-gather rate while compute runs, from
@@ -59,7 +62,12 @@ PRESETS = {
                            # A pool's region is pinned whole by the device: smaller batches.
                            {"context": 32768, "batches": "1,4", "stores": "shm", "modes": SPARSE_MODES},
                            {"context": 130000, "batches": "1,max", "stores": "inproc",
-                            "modes": "full,sparse-cached,dualdecoder"}]},
+                            "modes": "full,sparse-cached,dualdecoder"},
+                           # Prefetches by the copy engines instead of the gather kernel (a
+                           # variant: it decides no target; beside the first run's rows).
+                           {"context": 32768, "batches": "1,8", "stores": "inproc", "modes": "sparse-cached,dualdecoder",
+                            "extra": ["--cuda_copy_engine_prefetch"], "label": "copy-engine prefetches",
+                            "cuda_only": True}]},
     # A session of its own: every store, 32K to 128K, a finer sweep.
     "full": {"shape": "llama-3.1-8b", "hits": [0.99, 0.95, 0.9, 0.85, 0.8, 0.7], "steps": 24, "budget": 2048,
              "device_memory": "72GiB", "timeout": 600,
@@ -130,12 +138,12 @@ def bench_context(a, p: dict, spec: dict, model: str, tmp: str, log) -> dict:
     cap = max(0, int((avail - 16 * 2**30) / kv) - 1) if avail else 8
     batches, dropped = fitting_batches(spec["batches"], cap)
     out = {"context": ctx, "stores": spec["stores"], "host_kv_bytes_per_request": kv, "host_batch_cap": cap,
-           "not_run_batches": dropped}
+           "not_run_batches": dropped, "label": spec.get("label", "")}
     if cap < 1 or not batches:
         out["error"] = (f"host memory ({avail / 2**30:.0f} GiB available) holds no batch of {ctx}-token requests "
                         f"({kv / 2**30:.1f} GiB of KV each)")
         return out
-    raw = os.path.join(tmp, f"modes-{ctx}-{spec['stores']}.json")
+    raw = os.path.join(tmp, f"modes-{ctx}-{spec['stores']}-{len(spec.get('extra', []))}.json")
     # A pool holds slot 0 and the largest batch's forks ('max' is capped at the host's bound).
     largest = max(cap if b == "max" else int(b) for b in batches)
     pool_gib = max(4, int((largest + 2) * kv * 1.1 / 2**30) + 1)
@@ -144,7 +152,7 @@ def bench_context(a, p: dict, spec: dict, model: str, tmp: str, log) -> dict:
            "--batches", ",".join(batches), "--stores", spec["stores"], "--modes", spec.get("modes", MODES),
            "--spec_heads", "context", "--synthetic_kv", "--selection_models", ",".join(selection_specs(a)),
            "--pcie5_link=false", "--decode_threads", "0", "--steps", str(p["steps"]), "--budget", str(p["budget"]),
-           "--max_batch_cap", str(cap), "--pool_memory", f"{pool_gib}GiB", "--out", raw]
+           "--max_batch_cap", str(cap), "--pool_memory", f"{pool_gib}GiB", "--out", raw] + spec.get("extra", [])
     try:
         r = run(cmd, p["timeout"], log, WHO)
     except subprocess.TimeoutExpired:
@@ -197,7 +205,7 @@ def analyse(doc: dict) -> dict:
     """The issue's targets, each with the figure that decides it."""
     t = {"dual_over_cached": [], "dual_of_infinite": [], "max_batch": []}
     for res in doc["results"]:
-        if "raw" not in res:
+        if "raw" not in res or res.get("label"):  # variants decide no target
             continue
         runs, ctx = res["raw"]["runs"], res["context"]
         for x in runs:
@@ -246,7 +254,7 @@ def summary(doc: dict) -> str:
                   "beside compute).", ""]
     for res in doc["results"]:
         ctx = res["context"]
-        lines += [f"## {ctx} tokens, {res['stores']}", ""]
+        lines += [f"## {ctx} tokens, {res['stores']}" + (f", {res['label']}" if res.get("label") else ""), ""]
         if res.get("not_run_batches"):
             lines += [f"Not run for host memory ({res['host_kv_bytes_per_request'] / 2**30:.1f} GiB of KV per "
                       f"request, at most {res['host_batch_cap']} forks): batch "
@@ -347,6 +355,8 @@ def main() -> int:
             model = os.path.join(tmp, p["shape"] + ".gguf")
             err = synth_model(a, p["shape"], model, log, WHO)
             for spec in p["runs"]:
+                if spec.get("cuda_only") and a.device != "cuda":
+                    continue
                 res = {"context": spec["context"], "error": err} if err else bench_context(a, p, spec, model, tmp, log)
                 doc["results"].append(res)
                 failed |= "error" in res

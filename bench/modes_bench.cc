@@ -51,6 +51,8 @@ ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)"
 ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
 ABSL_FLAG(std::string, device, "cpu", "Compute device of every engine: cpu, sim, cuda or auto (--device of ddctl)");
 ABSL_FLAG(bool, cuda_graphs, false, "--device cuda: static segments as CUDA graphs (--cuda_graphs of ddctl)");
+ABSL_FLAG(bool, cuda_copy_engine_prefetch, false,
+          "--device cuda: prefetch gathers by the copy engines (--cuda_copy_engine_prefetch of ddctl)");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
@@ -394,6 +396,7 @@ int main(int argc, char** argv) {
         o.mode = mode;
         o.device = device;
         o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+        o.cuda_copy_engine_prefetch = absl::GetFlag(FLAGS_cuda_copy_engine_prefetch);
         o.spec_head = variant.head;
         o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
         o.sparse.spec_candidates = variant.spec_candidates;
@@ -574,7 +577,8 @@ int main(int argc, char** argv) {
                         {"spec_candidates", candidate_counts.front()},
                         {"threads", threads}, {"decode_threads", decode_threads},
                         {"device_memory_bytes", *device_memory}, {"max_batch", max_batches},
-                        {"device", device}, {"cuda_graphs", absl::GetFlag(FLAGS_cuda_graphs)}, {"weight_bytes", weight_bytes}, {"synthetic_kv", synthetic_kv},
+                        {"device", device}, {"cuda_graphs", absl::GetFlag(FLAGS_cuda_graphs)},
+                        {"cuda_copy_engine_prefetch", absl::GetFlag(FLAGS_cuda_copy_engine_prefetch)}, {"weight_bytes", weight_bytes}, {"synthetic_kv", synthetic_kv},
                         {"step_weight_bytes", step_weight_bytes}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";

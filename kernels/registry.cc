@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
   }
   if (name == "cuda") {
 #if DD_HAVE_CUDA
-    return kernels::cuda::CreateCudaDevice(options.budget_bytes, options.cuda_graphs);
+    return kernels::cuda::CreateCudaDevice(options.budget_bytes, options.cuda_graphs,
+                                          options.cuda_copy_engine_prefetch);
 #else
     return absl::UnavailableError("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif

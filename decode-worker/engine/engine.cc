@@ -20,7 +20,8 @@ namespace {
 // budget. A device that cannot be created leaves its reason in *status and the cpu device in
 // its place, so the engine's members stay valid while every call returns the reason.
 std::unique_ptr<backend::Device> CreateEngineDevice(const EngineOptions& o, ThreadPool& pool, absl::Status* status) {
-  auto device = backend::CreateDevice(o.device, {.budget_bytes = 0, .pool = &pool, .cuda_graphs = o.cuda_graphs});
+  auto device = backend::CreateDevice(o.device, {.budget_bytes = 0, .pool = &pool, .cuda_graphs = o.cuda_graphs,
+                                                .cuda_copy_engine_prefetch = o.cuda_copy_engine_prefetch});
   if (device.ok()) return std::move(*device);
   *status = device.status();
   auto cpu = backend::CreateDevice("cpu", {.budget_bytes = 0, .pool = &pool});

@@ -48,6 +48,9 @@ struct EngineOptions {
   // cuda: each half of a layer around its attention launched as one CUDA graph per batch size
   // (ops.h, static segments; the same kernels in the same order, so the same bits).
   bool cuda_graphs = false;
+  // cuda: prefetch gathers from mapped host memory by the copy engines (one batch of merged
+  // runs) instead of the gather kernel, leaving the SMs to compute; urgent ones keep the kernel.
+  bool cuda_copy_engine_prefetch = false;
   SparseOptions sparse{};     // used when mode != kFull
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"

@@ -19,6 +19,10 @@ ABSL_FLAG(std::string, device, "auto",
 ABSL_FLAG(bool, cuda_graphs, false,
           "--device cuda: launch each half of a layer around its attention as one CUDA graph per batch size (the "
           "same kernels, the same bits; off until a GPU run measures it, docs/decisions/0041-cuda-graphs.md)");
+ABSL_FLAG(bool, cuda_copy_engine_prefetch, false,
+          "--device cuda: prefetch gathers by the copy engines (one batch per gather) instead of the gather kernel, "
+          "leaving the SMs to compute; urgent gathers keep the kernel (off until a GPU run measures which is faster "
+          "while compute runs: gpu-gather.md)");
 ABSL_FLAG(int32_t, threads, 0, "Compute threads (0 = all cores)");
 ABSL_FLAG(int64_t, prefill_chunk, 512, "Prefill chunk size in tokens");
 ABSL_FLAG(std::string, matmul, "int8",
@@ -106,9 +110,13 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   engine::EngineOptions o;
   o.device = backend::ResolveDeviceName(absl::GetFlag(FLAGS_device), &o.device_why);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  if (o.cuda_graphs && o.device != "cuda" && o.device_why == "requested") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cuda_graphs needs --device cuda (or auto on a GPU machine), not --device ", o.device));
+  o.cuda_copy_engine_prefetch = absl::GetFlag(FLAGS_cuda_copy_engine_prefetch);
+  for (auto [flag, set] : {std::pair{"--cuda_graphs", o.cuda_graphs},
+                           std::pair{"--cuda_copy_engine_prefetch", o.cuda_copy_engine_prefetch}}) {
+    if (set && o.device != "cuda" && o.device_why == "requested") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " needs --device cuda (or auto on a GPU machine), not --device ", o.device));
+    }
   }
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_entry.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/gather_runs.h"
 #include "glog/logging.h"
 
 namespace dd::kernels::cuda {
@@ -118,11 +119,13 @@ cudaError_t ArgRing::Advance() {
 
 // ---- device ----
 
-absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int64_t budget_bytes, bool graphs) {
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int64_t budget_bytes, bool graphs,
+                                                               bool copy_engine_prefetch) {
   if (budget_bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative device memory budget ", budget_bytes));
   std::string detail;
   if (!ProbeDevice(&detail)) return absl::UnavailableError(absl::StrCat("--device cuda: no usable CUDA device (", detail, ")"));
   std::unique_ptr<CudaDevice> d(new CudaDevice());
+  d->copy_engine_prefetch_ = copy_engine_prefetch;
   if (absl::Status s = d->Init(budget_bytes, graphs); !s.ok()) return s;
   return d;
 }
@@ -387,6 +390,14 @@ absl::Status CudaDevice::Gather(Queue q, const backend::HostRegion& region, absl
   const char* src = region_dev_.at(region.id).first;
   const int qi = static_cast<int>(q);
   std::lock_guard<std::mutex> lock(args_mu_);
+  if (copy_engine_prefetch_ && q != Queue::kUrgent) {
+    const cudaError_t err = CopyEngineGather(q, region, blocks, block_bytes, dst);
+    if (err != cudaErrorNotSupported) return err == cudaSuccess ? absl::OkStatus() : Error(err, "copy-engine gather");
+    (void)cudaGetLastError();
+    LOG(WARNING) << "cuda: this CUDA runtime has no cudaMemcpyBatchAsync (12.8 or later): prefetches use the "
+                    "gather kernel";
+    copy_engine_prefetch_ = false;
+  }
   const int64_t per_launch = args_.part_bytes() / static_cast<int64_t>(sizeof(backend::GatherBlock));
   for (size_t b0 = 0; b0 < blocks.size(); b0 += static_cast<size_t>(per_launch)) {
     const int64_t n = std::min<int64_t>(per_launch, static_cast<int64_t>(blocks.size() - b0));
@@ -403,8 +414,44 @@ absl::Status CudaDevice::Gather(Queue q, const backend::HostRegion& region, absl
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs) {
-  absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(budget_bytes, graphs);
+// The blocks as runs merged where adjacent on both sides (gather_runs.h), in one batch for the
+// copy engines, which leave the SMs to compute; the source is the region's host address.
+cudaError_t CudaDevice::CopyEngineGather(Queue q, const backend::HostRegion& region,
+                                         absl::Span<const backend::GatherBlock> blocks, int64_t block_bytes,
+                                         const DeviceBuffer& dst) {
+  MergeGatherRuns(blocks, block_bytes, &copy_runs_);
+  copy_dsts_.clear();
+  copy_srcs_.clear();
+  copy_sizes_.clear();
+  for (const GatherRun& r : copy_runs_) {
+    copy_dsts_.push_back(static_cast<char*>(dst.data) + r.dst);
+    copy_srcs_.push_back(static_cast<const char*>(region.base) + r.src);
+    copy_sizes_.push_back(static_cast<size_t>(r.bytes));
+  }
+  if (copy_sizes_.empty()) return cudaSuccess;
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.srcLocHint.type = cudaMemLocationTypeHost;
+  attr.dstLocHint.type = cudaMemLocationTypeDevice;
+  attr.dstLocHint.id = 0;  // the device Init set
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+  cudaStream_t s = streams_[static_cast<int>(q)];
+#if CUDART_VERSION >= 13000
+  return cudaMemcpyBatchAsync(copy_dsts_.data(), copy_srcs_.data(), copy_sizes_.data(), copy_sizes_.size(), &attr,
+                              &attr_index, 1, s);
+#elif CUDART_VERSION >= 12080
+  size_t fail_index = 0;
+  return cudaMemcpyBatchAsync(copy_dsts_.data(), const_cast<void**>(copy_srcs_.data()), copy_sizes_.data(),
+                              copy_sizes_.size(), &attr, &attr_index, 1, &fail_index, s);
+#else
+  return cudaErrorNotSupported;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs,
+                                                                  bool copy_engine_prefetch) {
+  absl::StatusOr<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(budget_bytes, graphs, copy_engine_prefetch);
   if (!d.ok()) return d.status();
   return std::unique_ptr<backend::Device>(std::move(*d));
 }

@@ -19,6 +19,9 @@
 //            that opened it ends it first, so its work is queued in program order.
 //   linear   the int8 activations of Linear go to one scratch buffer outside the budget (the
 //            compute stream orders its uses), so a recorded Linear's arguments repeat.
+//   gathers  from a registered host region: urgent ones by the gather kernel (one block per
+//            copy); prefetch and write-back ones too, or, with copy-engine prefetches, as one
+//            cudaMemcpyBatchAsync of runs merged where adjacent (gather_runs.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "cuda/cuda_graphs.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/gather_runs.h"
 #include "dd/backend/device.h"
 #include "dd/backend/device_checks.h"
 #include "dd/backend/ops.h"
@@ -130,9 +134,11 @@ class CudaOps final : public backend::Ops {
 class CudaDevice final : public backend::Device {
  public:
   // Device 0 with `budget_bytes` of memory (0: 90% of what is free), static segments as
-  // graphs when `graphs`. UNAVAILABLE when CUDA fails, RESOURCE_EXHAUSTED when the budget
-  // cannot be allocated.
-  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int64_t budget_bytes, bool graphs);
+  // graphs when `graphs`, gathers on the prefetch and write-back queues by the copy engines
+  // when `copy_engine_prefetch` (else, as urgent ones, by the gather kernel). UNAVAILABLE when
+  // CUDA fails, RESOURCE_EXHAUSTED when the budget cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int64_t budget_bytes, bool graphs,
+                                                            bool copy_engine_prefetch = false);
   ~CudaDevice() override;
 
   absl::string_view name() const override { return "cuda"; }
@@ -182,6 +188,11 @@ class CudaDevice final : public backend::Device {
     cudaEvent_t event;
   };
   void Retire(int q, uint64_t upto);  // events of queue q up to `upto` are complete
+  // Gather by one cudaMemcpyBatchAsync on q (under args_mu_); cudaErrorNotSupported before
+  // CUDA 12.8.
+  cudaError_t CopyEngineGather(backend::Queue q, const backend::HostRegion& region,
+                               absl::Span<const backend::GatherBlock> blocks, int64_t block_bytes,
+                               const backend::DeviceBuffer& dst);
 
   char* arena_ = nullptr;
   int64_t budget_ = 0, arena_bytes_ = 0;
@@ -200,6 +211,11 @@ class CudaDevice final : public backend::Device {
   ArgRing args_;
   std::mutex args_mu_;
   void* linear_scratch_ = nullptr;
+  bool copy_engine_prefetch_ = false;  // under args_mu_ (turned off where unsupported)
+  std::vector<GatherRun> copy_runs_;  // CopyEngineGather's lists (under args_mu_)
+  std::vector<void*> copy_dsts_;
+  std::vector<const void*> copy_srcs_;
+  std::vector<size_t> copy_sizes_;
   SegmentGraphs segments_;
   CudaOps ops_;
 };

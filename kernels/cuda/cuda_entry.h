@@ -17,8 +17,10 @@ namespace dd::kernels::cuda {
 bool ProbeDevice(std::string* detail);
 
 // The CUDA device (cuda_device.h) with `budget_bytes` of device memory (0: 90% of what is free),
-// static segments launched as CUDA graphs when `graphs`.
-absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs);
+// static segments launched as CUDA graphs when `graphs`, prefetch gathers by the copy engines
+// when `copy_engine_prefetch`.
+absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs,
+                                                                  bool copy_engine_prefetch);
 
 absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols, float* dst);
 

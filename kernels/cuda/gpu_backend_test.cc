@@ -5,6 +5,7 @@
 // saying so.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -26,7 +27,7 @@ using backend::Queue;
 
 TEST(CudaDeviceRefusalTest, WithoutADeviceCudaIsRefusedWithTheReason) {
   if (HaveCudaDevice()) GTEST_SKIP() << "a CUDA device answers: the refusal is not exercised here";
-  const auto d = CreateCudaDevice(0, false);
+  const auto d = CreateCudaDevice(0, false, false);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(d.status().message().find("no usable CUDA device"), std::string::npos) << d.status();
@@ -153,6 +154,38 @@ TEST_F(GpuBackendTest, GathersBlocksFromARegisteredHostRegion) {
   EXPECT_EQ(dev_->Gather(Queue::kUrgent, *region, list, block, bufs_.back()).code(),
             absl::StatusCode::kInvalidArgument);
   dev_->UnregisterHostRegion(*region);
+}
+
+TEST_F(GpuBackendTest, CopyEnginePrefetchesGatherTheSameBytes) {
+  auto d = CudaDevice::Create(64 << 20, false, /*copy_engine_prefetch=*/true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const int64_t block = 4096, blocks = 64;
+  std::vector<uint8_t> pool(block * blocks);
+  for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<uint8_t>(i * 5 + i / block);
+  auto region = (*d)->RegisterHostRegion(pool.data(), static_cast<int64_t>(pool.size()));
+  ASSERT_TRUE(region.ok()) << region.status();
+  // Runs adjacent on both sides (merged into one copy), and scattered blocks.
+  std::vector<backend::GatherBlock> list;
+  for (int64_t i = 0; i < 8; ++i) list.push_back({(20 + i) * block, i * block});
+  for (int64_t i = 8; i < 24; ++i) list.push_back({((i * 7) % blocks) * block, (31 - i) * block});
+  auto buf = (*d)->Allocate(MemoryTag::kResidentSlots, 32 * block);
+  ASSERT_TRUE(buf.ok());
+  for (Queue q : {Queue::kPrefetch, Queue::kUrgent}) {  // the copy engines, then the kernel
+    ASSERT_TRUE((*d)->Gather(q, *region, list, block, *buf).ok());
+    std::vector<uint8_t> got(32 * block);
+    (*d)->Wait(Queue::kCompute, (*d)->Record(q));
+    ASSERT_TRUE((*d)->CopyToHost(Queue::kCompute, *buf, 0, got.data(), 32 * block).ok());
+    ASSERT_TRUE((*d)->Synchronize((*d)->Record(Queue::kCompute)).ok());
+    for (const auto& b : list) {
+      ASSERT_EQ(0, std::memcmp(&got[b.dst], &pool[b.src], block)) << "queue " << static_cast<int>(q) << " block from "
+                                                                    << b.src;
+    }
+    std::vector<uint8_t> zero(32 * block, 0);
+    ASSERT_TRUE((*d)->CopyToDevice(Queue::kCompute, zero.data(), *buf, 0, 32 * block).ok());
+    ASSERT_TRUE((*d)->Synchronize((*d)->Record(Queue::kCompute)).ok());
+  }
+  (*d)->Free(*buf);
+  (*d)->UnregisterHostRegion(*region);
 }
 
 struct LinearShape {

@@ -264,9 +264,10 @@ def test_device_is_reported_and_unavailable_devices_say_why(tiny):
     assert r.returncode == 0 and b"device cpu" in r.stderr, r.stderr
     r = ddctl("generate", "--model", str(tiny), "--device", "tpu", "--prompt", "hi")
     assert r.returncode == 2 and "unknown device 'tpu' (known: auto, cpu, sim, cuda)" in r.stderr, r.stderr
-    # CUDA graphs are a cuda option: asked of another device by name, refused, naming both.
-    r = ddctl("generate", "--model", str(tiny), "--device", "sim", "--cuda_graphs", "--prompt", "hi")
-    assert r.returncode != 0 and "--cuda_graphs needs --device cuda" in r.stderr and "--device sim" in r.stderr, r.stderr
+    # CUDA options asked of another device by name: refused, naming both.
+    for flag in ("--cuda_graphs", "--cuda_copy_engine_prefetch"):
+        r = ddctl("generate", "--model", str(tiny), "--device", "sim", flag, "--prompt", "hi")
+        assert r.returncode != 0 and f"{flag} needs --device cuda" in r.stderr and "--device sim" in r.stderr, r.stderr
     # Without a GPU, --device cuda is refused with the reason (the missing device, driver or
     # backend): a message, not a crash. With one it runs (scripts/gpu-check).
     info = json.loads(ddctl("info", "--model", str(tiny)).stdout)

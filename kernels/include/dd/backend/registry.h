@@ -17,6 +17,7 @@ struct DeviceOptions {
   int64_t budget_bytes = 0;     // device memory budget (0 = unlimited)
   ThreadPool* pool = nullptr;   // cpu: the threads the ops run on (required; outlives the device)
   bool cuda_graphs = false;     // cuda: static segments (ops.h) launched as CUDA graphs
+  bool cuda_copy_engine_prefetch = false;  // cuda: prefetch gathers by the copy engines
 };
 
 // The named device ("auto": ResolveDeviceName's choice). INVALID_ARGUMENT for an unknown name (the message lists the known ones);
