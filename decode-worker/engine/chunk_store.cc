@@ -253,12 +253,14 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
   l->tid = 0;
   l->pending = false;
   l->on_device = false;
+  l->direct = false;
+  l->dsts.clear();  // a failed finish may have left the last landing's
   if (refs.empty()) return absl::OkStatus();
   if (refs.size() != dsts.size()) {
     return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
   }
   if (DeviceGathers()) return StartDeviceGather(id, refs, dsts, priority, l);
-  const bool direct = !host_visible_ && device_.cuda_memory() && store_->GathersToCudaMemory();
+  const bool direct = !host_visible_ && !direct_off_ && device_.cuda_memory() && store_->GathersToCudaMemory();
   if (host_visible_ || direct) {
     // The store's transport writes the slots itself. Into device memory (GPUDirect) only after
     // the device's earlier readers of those slots: the host waits for the compute queue.
@@ -267,8 +269,15 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     for (size_t i = 0; i < dsts.size(); ++i) {
       ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
     }
-    ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
-    if (direct) direct_chunks_ += static_cast<int64_t>(refs.size());
+    if (direct) {
+      absl::StatusOr<kvpool::TransferId> tid = store_->GatherToCuda(id, refs, ptrs, priority);
+      if (!tid.ok()) return DirectFailed(tid.status());
+      l->tid = *tid;
+      l->direct = true;
+      direct_chunks_ += static_cast<int64_t>(refs.size());
+    } else {
+      ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
+    }
   } else {
     RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
     l->copied = {};
@@ -282,6 +291,17 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
   return absl::OkStatus();
 }
 
+absl::Status ChunkStore::DirectFailed(const absl::Status& st) {
+  // A UCX that lists CUDA memory may still fail to write it (no GPUDirect path after all):
+  // later landings take the host staging; this one's error still reaches the caller.
+  if (!direct_off_) {
+    LOG(WARNING) << "kv store: a gather straight into CUDA memory failed (" << st
+                 << "); landings go through pinned host staging from now on";
+  }
+  direct_off_ = true;
+  return st;
+}
+
 absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   if (!l.pending) return absl::OkStatus();
   l.pending = false;
@@ -292,7 +312,8 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   }
   const kvpool::TransferId tid = l.tid;
   l.tid = 0;
-  RETURN_IF_ERROR(tid == 0 ? absl::OkStatus() : store_->Wait(tid));
+  const absl::Status waited = tid == 0 ? absl::OkStatus() : store_->Wait(tid);
+  if (!waited.ok()) return l.direct ? DirectFailed(waited) : waited;
   if (host_visible_ || l.dsts.empty()) return absl::OkStatus();
   // The blocks overwrite slots earlier attention calls read: after them. (Today the host has
   // synchronized with the compute queue since, to read the landmark scores; this wait keeps

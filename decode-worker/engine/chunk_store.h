@@ -20,9 +20,10 @@
 //    compute queue's earlier readers of those slots, and makes the compute queue wait for it.
 //    Where the device refuses to register the staging, a copy per block instead. But where
 //    the device's memory is CUDA memory and the store's transport writes it itself
-//    (KvStore::GathersToCudaMemory: a ucx:// pool over one-sided gets, UCX with CUDA), the
-//    store gathers straight into the slots, after the host has waited for the compute
-//    queue's earlier readers of them (GPUDirect; no staging, no device gather).
+//    (KvStore::GathersToCudaMemory: a ucx:// pool over one-sided gets, UCX with CUDA,
+//    $DD_UCX_GPUDIRECT=on), the store gathers straight into the slots (GatherToCuda), after
+//    the host has waited for the compute queue's earlier readers of them (GPUDirect; no
+//    staging, no device gather). After one such landing fails, staging from then on.
 //
 // Not thread-safe (the engine's thread); the store's transfer thread writes only into what a
 // landing handed it until FinishLanding.
@@ -124,6 +125,7 @@ class ChunkStore {
     std::vector<BlockDst> dsts;
     backend::Event copied;       // staging's copies (the staging is reused only after them), or the gather's
     bool on_device = false;      // the device gathers it from mapped host memory
+    bool direct = false;         // the store writes device memory itself (GatherToCuda)
   };
   // Starts gathering `refs` of sequence `id` into `dsts` (one each) at `priority`.
   absl::Status StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
@@ -155,6 +157,9 @@ class ChunkStore {
 
   const bool host_visible_;
   int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0, direct_chunks_ = 0;
+  bool direct_off_ = false;  // a direct landing failed: staging from then on
+  // Turns direct landings off (logged once) and returns `st`.
+  absl::Status DirectFailed(const absl::Status& st);
   // KvStore::MappingGeneration (>= 0) whose ranges are registered; kUnchecked before the first
   // look and after ForgetMappings.
   static constexpr int64_t kUnchecked = -1;

@@ -173,7 +173,8 @@ class CudaMemoryDevice final : public backend::Device {
 
 // The in-process store's blocks, reached as a ucx:// pool's over one-sided gets with a UCX that
 // reports CUDA memory: nothing mapped, gathers written into the destinations by the store. It
-// records how many compute synchronizations the device had seen when each gather started.
+// records how many compute synchronizations the device had seen when each gather into CUDA
+// memory started, and can fail the next one.
 class CudaDestinationStore final : public kvpool::KvStore {
  public:
   explicit CudaDestinationStore(const CudaMemoryDevice& device) : device_(device) {}
@@ -183,7 +184,15 @@ class CudaDestinationStore final : public kvpool::KvStore {
   }
   absl::StatusOr<kvpool::TransferId> GatherTo(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
                                               absl::Span<float* const> dsts, kvpool::Priority p) override {
+    return inner_->GatherTo(s, refs, dsts, p);
+  }
+  absl::StatusOr<kvpool::TransferId> GatherToCuda(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
+                                                  absl::Span<float* const> dsts, kvpool::Priority p) override {
     syncs_at_gather.push_back(device_.compute_syncs);
+    if (fail_next) {
+      fail_next = false;
+      return absl::UnavailableError("no path writes CUDA memory");
+    }
     return inner_->GatherTo(s, refs, dsts, p);
   }
   absl::StatusOr<kvpool::KvLayout> Layout(kvpool::SequenceId s) const override { return inner_->Layout(s); }
@@ -195,6 +204,7 @@ class CudaDestinationStore final : public kvpool::KvStore {
   bool GathersToCudaMemory() const override { return true; }
 
   std::vector<int> syncs_at_gather;
+  bool fail_next = false;
 
  private:
   const CudaMemoryDevice& device_;
@@ -237,6 +247,25 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
       ASSERT_EQ(got[cs.block_floats() + (kChunk + t) * hd + i], v[t * kv_dim + hd + i]);  // slot 1: V, chunk 0, head 1
     }
   }
+  // A gather into CUDA memory that fails turns direct landings off: the error reaches the
+  // caller, and the next landing goes through the host staging, the same bytes.
+  store.fail_next = true;
+  ChunkStore::Landing failed;
+  EXPECT_EQ(cs.StartLanding(*id, refs, {{*slots, 0}, {*slots, cs.block_bytes()}}, kvpool::Priority::kUrgent, &failed)
+                .code(),
+            absl::StatusCode::kUnavailable);
+  std::vector<float> zero(2 * cs.block_floats(), 0.0f);
+  ASSERT_TRUE(device.CopyToDevice(backend::Queue::kCompute, zero.data(), *slots, 0, slots->bytes).ok());
+  ChunkStore::Landing staged;
+  ASSERT_TRUE(cs.StartLanding(*id, refs, {{*slots, 0}, {*slots, cs.block_bytes()}}, kvpool::Priority::kUrgent, &staged)
+                  .ok());
+  ASSERT_TRUE(cs.FinishLanding(staged, backend::Queue::kUrgent).ok());
+  EXPECT_EQ(store.syncs_at_gather.size(), 3u) << "no further gather into CUDA memory";
+  EXPECT_EQ(cs.direct_chunks(), 4);
+  EXPECT_GT(device.copies, copies_before + 1) << "the staging moved the blocks";
+  std::vector<float> again(2 * cs.block_floats());
+  ASSERT_TRUE(device.CopyToHost(backend::Queue::kCompute, *slots, 0, again.data(), slots->bytes).ok());
+  EXPECT_EQ(again, got);
   device.Free(*slots);
   cs.Release(*id);
 }

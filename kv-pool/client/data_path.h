@@ -20,9 +20,11 @@ class DataPath {
  public:
   virtual ~DataPath() = default;
   virtual absl::Status Put(int64_t offset, const void* src, int64_t bytes) = 0;
-  // Reads `block_bytes` at offsets[i] into dsts[i]. Synchronous; called from the transfer
-  // thread. Fails (never hangs past `timeout_ms`) when the pool is gone.
-  virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) = 0;
+  // Reads `block_bytes` at offsets[i] into dsts[i] (CUDA device memory when `cuda`: only where
+  // cuda_destinations()). Synchronous; called from the transfer thread. Fails (never hangs past
+  // `timeout_ms`) when the pool is gone.
+  virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+                           bool cuda = false) = 0;
   // For the shared-memory path: the mapped address of `offset` (gathers then copy directly).
   virtual const uint8_t* Mapped(int64_t offset) const { return nullptr; }
   // The mapped region's size in bytes (0: nothing mapped).

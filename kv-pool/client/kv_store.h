@@ -114,10 +114,17 @@ class KvStore {
                                       std::vector<const void*>* out) {
     return absl::UnimplementedError("this KV store maps no blocks into the process");
   }
-  // Whether GatherTo's destinations may be CUDA device memory: the store never touches their
-  // bytes on the host, and its transport writes them itself (a ucx:// pool over one-sided gets
-  // whose UCX reports CUDA memory: GPUDirect RDMA where the NIC can, else UCX's CUDA copy).
+  // Whether GatherToCuda works: the store's transport writes CUDA device memory itself (a
+  // ucx:// pool over one-sided gets whose UCX reports CUDA memory, with $DD_UCX_GPUDIRECT=on:
+  // GPUDirect RDMA where the NIC can, else UCX's CUDA copy).
   virtual bool GathersToCudaMemory() const { return false; }
+  // GatherTo into CUDA device memory (the transport is told so: UCX cannot tell device
+  // pointers from host ones by itself); the store never touches the bytes on the host.
+  // UNIMPLEMENTED where GathersToCudaMemory is false.
+  virtual absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
+                                                  absl::Span<float* const> dsts, Priority priority) {
+    return absl::UnimplementedError("this KV store cannot write CUDA device memory");
+  }
 
   // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
   // sequence's first keys.size() blocks, whose chunks are all written: they become findable

@@ -168,6 +168,17 @@ class PoolKvStore : public KvStore {
 
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
                                       Priority priority) override {
+    return GatherInto(seq, refs, dsts, priority, /*cuda=*/false);
+  }
+
+  absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
+                                          absl::Span<float* const> dsts, Priority priority) override {
+    if (!GathersToCudaMemory()) return KvStore::GatherToCuda(seq, refs, dsts, priority);
+    return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
+  }
+
+  absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                        Priority priority, bool cuda) {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
@@ -178,13 +189,13 @@ class PoolKvStore : public KvStore {
       ASSIGN_OR_RETURN(const int64_t off, WrittenOffset(*s, r));
       offsets.push_back(off);
     }
-    if (data_->Mapped(0) != nullptr) {  // shared memory: the copy engine reads the mapping
+    if (data_->Mapped(0) != nullptr && !cuda) {  // shared memory: the copy engine reads the mapping
       for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
     } else {
       const int64_t bytes = job.block_floats * static_cast<int64_t>(sizeof(float));
-      job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst](size_t begin, size_t end) {
+      job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst, cuda](size_t begin, size_t end) {
         absl::Status st = data_->Get(absl::MakeConstSpan(offsets).subspan(begin, end - begin), bytes,
-                                     absl::MakeConstSpan(dsts).subspan(begin, end - begin));
+                                     absl::MakeConstSpan(dsts).subspan(begin, end - begin), cuda);
         return st.ok() ? st : Lost(st);
       };
     }

@@ -46,13 +46,26 @@ class ShardedKvStore : public KvStore {
 
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
                                       Priority priority) override {
+    return GatherInto(seq, refs, dsts, priority, /*cuda=*/false);
+  }
+
+  absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
+                                          absl::Span<float* const> dsts, Priority priority) override {
+    if (!GathersToCudaMemory()) return KvStore::GatherToCuda(seq, refs, dsts, priority);
+    return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
+  }
+
+  absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                        Priority priority, bool cuda) {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
     std::vector<std::pair<size_t, TransferId>> parts;
     const absl::Status st = ForEachShardRun(refs, [&](size_t k, size_t i, size_t j) -> absl::Status {
-      ASSIGN_OR_RETURN(TransferId id, shards_[k]->GatherTo(s.ids[k], refs.subspan(i, j - i), dsts.subspan(i, j - i),
-                                                           priority));
+      const auto part_refs = refs.subspan(i, j - i);
+      const auto part_dsts = dsts.subspan(i, j - i);
+      ASSIGN_OR_RETURN(TransferId id, cuda ? shards_[k]->GatherToCuda(s.ids[k], part_refs, part_dsts, priority)
+                                           : shards_[k]->GatherTo(s.ids[k], part_refs, part_dsts, priority));
       parts.emplace_back(k, id);
       return absl::OkStatus();
     });

@@ -184,9 +184,9 @@ bool UcxCudaDestinations(bool rma, uint64_t memory_types, bool allowed) {
 
 absl::StatusOr<bool> UcxGpuDirectAllowed() {
   const char* v = std::getenv("DD_UCX_GPUDIRECT");
-  if (v == nullptr || *v == '\0' || std::string(v) == "auto") return true;
-  if (std::string(v) == "off") return false;
-  return absl::InvalidArgumentError(absl::StrCat("DD_UCX_GPUDIRECT '", v, "': expected auto or off"));
+  if (v == nullptr || *v == '\0' || std::string(v) == "off") return false;
+  if (std::string(v) == "on") return true;
+  return absl::InvalidArgumentError(absl::StrCat("DD_UCX_GPUDIRECT '", v, "': expected on or off"));
 }
 
 uint64_t UcxMemoryTypes(ucp_context_h context) {

@@ -80,16 +80,16 @@ bool TlsNamesTcp();
 // check that does not depend on parsing UCX_TLS as UCX does. Both ends fail closed on it.
 bool UcxContextHasTcp(ucp_context_h context);
 
-// Whether a data path may land gathers in CUDA device memory (GPUDirect): only over one-sided
-// gets (`rma`: active-message replies small enough to come eager are copied by the host),
-// only where the UCP context reports CUDA memory among `memory_types` (a UCX built with CUDA:
-// Debian's is not), and not when the operator turned it off ($DD_UCX_GPUDIRECT=off;
-// `allowed` false).
+// Whether a data path may land gathers in CUDA device memory (GPUDirect): only when the
+// operator turned it on ($DD_UCX_GPUDIRECT=on: `allowed`), only over one-sided gets (`rma`:
+// active-message replies small enough to come eager are copied by the host), and only where
+// the UCP context reports CUDA memory among `memory_types` (a UCX built with CUDA: Debian's
+// is not).
 bool UcxCudaDestinations(bool rma, uint64_t memory_types, bool allowed);
 // The context's memory types (ucp_context_query; 0 when it cannot be told).
 uint64_t UcxMemoryTypes(ucp_context_h context);
-// $DD_UCX_GPUDIRECT: "auto" (or unset: where UcxCudaDestinations allows) → true, "off" →
-// false; anything else is an error naming the variable.
+// $DD_UCX_GPUDIRECT: "on" → true (where UcxCudaDestinations allows); "off" or unset → false
+// (until a GPU run has measured it); anything else is an error naming the variable.
 absl::StatusOr<bool> UcxGpuDirectAllowed();
 
 // UCX's configuration from the environment, with the data path's defaults: where UCX_TLS allows

@@ -213,9 +213,11 @@ absl::Status UcxLane::Put(int64_t offset, const void* src, int64_t bytes) {
   return WaitPending({p});  // the pool answers once the bytes are in its region
 }
 
-absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) {
+absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+                          bool cuda) {
   if (dead_) return absl::UnavailableError("kv pool ucx: this lane gave up on the pool earlier");
-  if (config_.rma) return GetRma(offsets, block_bytes, dsts);
+  if (config_.rma) return GetRma(offsets, block_bytes, dsts, cuda);
+  if (cuda) return absl::InternalError("kv pool ucx: active-message replies cannot land in CUDA memory");
   if (offsets.empty()) return absl::OkStatus();
   if (block_bytes <= 0 || block_bytes > wire::kMaxReplyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("kv pool ucx: blocks of ", block_bytes, " bytes"));
@@ -256,8 +258,13 @@ absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes
   return WaitPending(batch);
 }
 
-absl::Status UcxLane::GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts) {
+absl::Status UcxLane::GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+                             bool cuda) {
   ucp_request_param_t p{};
+  if (cuda) {  // UCX's memory-type cache may not know memory allocated before it started
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   std::vector<ucs_status_ptr_t> reqs;
   reqs.reserve(offsets.size());
   for (size_t i = 0; i < offsets.size(); ++i) {

@@ -49,13 +49,16 @@ class UcxLane {
   std::mutex& mu() { return mu_; }
   // Returns when the bytes are in the pool's region (a later Get on any lane sees them).
   absl::Status Put(int64_t offset, const void* src, int64_t bytes);
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts);
+  // `cuda`: the destinations are CUDA device memory (one-sided gets only; UCX is told).
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+                   bool cuda = false);
 
  private:
   struct Pending;
   explicit UcxLane(const UcxLaneConfig& config);
   absl::Status Init();
-  absl::Status GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts);
+  absl::Status GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+                      bool cuda);
   Pending* NewPending();
   void Forget(Pending* p);
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,

@@ -248,6 +248,28 @@ TEST(PoolProcessTest, MetricsReflectThePool) {
   EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="refused"})"), 0);
 }
 
+// Sets (or, with nullptr, unsets) an environment variable for a scope: the pool process and
+// UCX contexts read it when they start.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* was = std::getenv(name);
+    had_ = was != nullptr;
+    if (had_) saved_ = was;
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 // A pool run with --ucx_rma offers one-sided access (trusted tenants, RDMA); the client uses it
 // when asked and the bytes round-trip the same.
 TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
@@ -271,8 +293,9 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
   }
   // No request went through the active-message path.
   EXPECT_EQ(Sample(Scrape(pool.metrics()), R"(dd_pool_ucx_requests_total{op="get"})"), 0);
-  // Gathers into CUDA memory are claimed only where this UCX reports it (GPUDirect), never by
-  // a UCX without CUDA, and never over active messages or shared memory.
+  // Gathers into CUDA memory (GPUDirect): off unless $DD_UCX_GPUDIRECT=on, then claimed exactly
+  // where this UCX reports CUDA memory, and never over active messages or shared memory; a
+  // store that does not claim refuses GatherToCuda.
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_RMA;
@@ -280,7 +303,24 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
   ASSERT_EQ(ucp_init(&params, nullptr, &context), UCS_OK);
   const bool ucx_cuda = (UcxMemoryTypes(context) & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   ucp_cleanup(context);
-  EXPECT_EQ((*s)->GathersToCudaMemory(), ucx_cuda);
+  {
+    ScopedEnv unset("DD_UCX_GPUDIRECT", nullptr);
+    auto off = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                   .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_FALSE((*off)->GathersToCudaMemory());
+    auto seq2 = (*off)->Open(kLayout);
+    ASSERT_TRUE(seq2.ok());
+    ASSERT_TRUE((*off)->Write(*seq2, refs[0], BlockFor(3, refs[0]).data()).ok());
+    float* one = dst.data();
+    EXPECT_EQ((*off)->GatherToCuda(*seq2, {&refs[0], 1}, {&one, 1}, Priority::kUrgent).status().code(),
+              absl::StatusCode::kUnimplemented);
+  }
+  ScopedEnv on("DD_UCX_GPUDIRECT", "on");
+  auto rma = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
+                                 .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
+  ASSERT_TRUE(rma.ok()) << rma.status();
+  EXPECT_EQ((*rma)->GathersToCudaMemory(), ucx_cuda);
   for (auto [transport, path] : {std::pair{PoolTransport::kUcx, UcxPath::kActiveMessages},
                                  std::pair{PoolTransport::kShm, UcxPath::kAuto}}) {
     auto other = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = transport,
@@ -288,13 +328,6 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
     ASSERT_TRUE(other.ok()) << other.status();
     EXPECT_FALSE((*other)->GathersToCudaMemory());
   }
-  // Turned off by the operator: not claimed, whatever UCX reports.
-  setenv("DD_UCX_GPUDIRECT", "off", 1);
-  auto off = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
-                                 .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
-  unsetenv("DD_UCX_GPUDIRECT");
-  ASSERT_TRUE(off.ok()) << off.status();
-  EXPECT_FALSE((*off)->GathersToCudaMemory());
 }
 
 TEST(PoolProcessTest, LayersStripedOverTwoPools) {
@@ -451,28 +484,6 @@ TEST(PoolProcessTest, APoolRestartedAtTheSameAddressIsNoticedAtTheNextCall) {
   ASSERT_TRUE(id.ok() && store->Wait(*id).ok());
   EXPECT_EQ(std::memcmp(dst.data(), BlockFor(3, r).data(), dst.size() * sizeof(float)), 0);
 }
-
-// Sets (or, with nullptr, unsets) an environment variable for a scope: the pool process and
-// UCX contexts read it when they start.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* was = std::getenv(name);
-    had_ = was != nullptr;
-    if (had_) saved_ = was;
-    if (value != nullptr) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, saved_.c_str(), 1);
-    else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string saved_;
-};
 
 // A pool (serving tcp too) started with `name`=`value` in its environment alone.
 std::unique_ptr<PoolProcess> PoolWithOwnSetting(const char* name, const char* value) {
