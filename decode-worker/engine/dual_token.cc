@@ -63,7 +63,7 @@ void DualTokenStep::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_
   oracle_[seq] = {first_pos, std::move(tokens)};
 }
 
-int32_t DualTokenStep::SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden,
+int32_t DualTokenStep::SpeculativeToken(int32_t seq, int64_t pos, int32_t greedy, const float* hidden,
                                         int32_t fallback, const model::Transformer& transformer) {
   const int64_t V = model_.config.n_vocab;
   switch (options_.predictor) {
@@ -85,7 +85,7 @@ int32_t DualTokenStep::SpeculativeToken(int32_t seq, int64_t pos, const float* l
     LOG_IF(ERROR, !t.ok()) << "context head: " << t.status();  // a prediction only: fall back
     return t.ok() && *t >= 0 ? *t : fallback;
   }
-  return Argmax(logits, V);
+  return greedy;
 }
 
 absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transformer& transformer, SparseKvCache& kv,
@@ -97,6 +97,8 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
   }
   // With the context head, speculative rows skip the LM head and come back as hidden states.
   std::vector<float>* hidden_out = UsesShortlist() ? &hidden_ : nullptr;
+  // With the full head, only their greedy tokens leave the device, not n_vocab logits each.
+  std::vector<int32_t>* tokens_out = UsesShortlist() ? nullptr : &spec_tokens_;
   // The chain: slots without a speculative token pre-decode (their real token alone, an
   // uncommitted row); after a miss, the resync.
   std::vector<BatchRow> pre;
@@ -113,9 +115,9 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
     }
   }
   if (!pre.empty()) {
-    RETURN_IF_ERROR(transformer.Forward(pre, kv, &out_, hidden_out));
+    RETURN_IF_ERROR(transformer.Forward(pre, kv, &out_, hidden_out, nullptr, tokens_out));
     for (size_t i = 0; i < pre.size(); ++i) {
-      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? nullptr : &out_[i * V],
+      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? -1 : spec_tokens_[i],
                                            hidden_out ? &hidden_[i * d] : nullptr, pre[i].token, transformer);
     }
   }
@@ -139,7 +141,8 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
     spec_in_[r.seq] = spec ? spec_[r.seq] : -1;
   }
   const model::Transformer::Carry carry{carry_layers, &carried_};
-  RETURN_IF_ERROR(transformer.Forward(dual, kv, &out_, hidden_out, carry_layers > 0 ? &carry : nullptr));
+  RETURN_IF_ERROR(
+      transformer.Forward(dual, kv, &out_, hidden_out, carry_layers > 0 ? &carry : nullptr, tokens_out));
   if (carry_layers > 0) {  // the speculative rows' states, for the next step
     for (size_t i = 0, c = 0; i < rows.size(); ++i) {
       carry_pos_[rows[i].seq] = has_spec[i] ? rows[i].pos + 1 : -1;
@@ -151,7 +154,7 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
   }
   // The demux: real rows' logits out; the speculative rows' give the next tokens.
   logits->resize(rows.size() * V);
-  size_t o = 0, h = 0;  // rows of out_ and of hidden_ consumed
+  size_t o = 0, h = 0;  // rows of out_ and of hidden_ or spec_tokens_ consumed
   for (size_t i = 0; i < rows.size(); ++i) {
     std::copy(out_.begin() + o * V, out_.begin() + (o + 1) * V, logits->begin() + i * V);
     ++o;
@@ -160,10 +163,10 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
       const int32_t fallback = rows[i].token;  // only if the shortlist were empty
       if (hidden_out != nullptr) {
         spec_[rows[i].seq] =
-            SpeculativeToken(rows[i].seq, rows[i].pos + 2, nullptr, &hidden_[h++ * d], fallback, transformer);
+            SpeculativeToken(rows[i].seq, rows[i].pos + 2, -1, &hidden_[h++ * d], fallback, transformer);
       } else {
         spec_[rows[i].seq] =
-            SpeculativeToken(rows[i].seq, rows[i].pos + 2, &out_[o++ * V], nullptr, fallback, transformer);
+            SpeculativeToken(rows[i].seq, rows[i].pos + 2, spec_tokens_[h++], nullptr, fallback, transformer);
       }
     }
   }

@@ -79,9 +79,10 @@ class DualTokenStep {
   // Per-slot vectors grown to hold slot `seq`.
   void Grow(int32_t seq);
   // The token fed to the speculative row at position `pos` (the predictor: the speculative
-  // head's best — argmax of `logits`, or of the context shortlist given the row's final
-  // `hidden` state — a random token or the oracle's). `fallback` when the shortlist is empty.
-  int32_t SpeculativeToken(int32_t seq, int64_t pos, const float* logits, const float* hidden, int32_t fallback,
+  // head's best — `greedy`, the full head's argmax computed on the device, or the context
+  // shortlist's given the row's final `hidden` state — a random token or the oracle's).
+  // `fallback` when the shortlist is empty.
+  int32_t SpeculativeToken(int32_t seq, int64_t pos, int32_t greedy, const float* hidden, int32_t fallback,
                            const model::Transformer& transformer);
 
   const model::LoadedModel& model_;
@@ -103,6 +104,7 @@ class DualTokenStep {
   int64_t resyncs_ = 0, carried_rows_ = 0;
   // Step's buffers, kept across steps.
   std::vector<float> out_, hidden_, carried_;
+  std::vector<int32_t> spec_tokens_;  // the full head's greedy tokens of the speculative rows
 };
 
 }  // namespace dd::engine

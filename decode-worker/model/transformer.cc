@@ -21,7 +21,8 @@ std::vector<int64_t> Regions(const ModelConfig& c, int64_t rows) {
   return {rows * d,          rows * d,        rows * q_dim, rows * kv_dim, rows * kv_dim, rows * q_dim,
           rows * d,          rows * c.n_ff,   rows * c.n_ff,
           2 * rows * half,   2 * rows * half,  // RoPE angles: global layers' rows, then sliding layers'
-          Transformer::kLogitRows * c.n_vocab};
+          Transformer::kLogitRows * c.n_vocab,
+          Transformer::kLogitRows};  // the speculative rows' tokens (int32)
 }
 
 }  // namespace
@@ -68,13 +69,16 @@ absl::Status Transformer::EnsureRows(int64_t rows) {
                    device_.Allocate(backend::MemoryTag::kWorkspace, WorkspaceBytes(model_.config, rows)));
   rows_ = rows;
   float* p = static_cast<float*>(workspace_.data);
-  float** regions[] = {&x_, &xn_, &q_, &k_, &v_, &attn_, &o_, &gate_, &up_, &rope_cos_, &rope_sin_, &logits_};
+  float* tokens_out = nullptr;
+  float** regions[] = {&x_,   &xn_,       &q_,        &k_,       &v_,         &attn_,
+                       &o_,   &gate_,     &up_,       &rope_cos_, &rope_sin_, &logits_, &tokens_out};
   const std::vector<int64_t> sizes = Regions(model_.config, rows);
   for (size_t i = 0; i < sizes.size(); ++i) {
     p += Stagger(i);
     *regions[i] = p;
     p += Aligned(sizes[i]);
   }
+  argmax_ = reinterpret_cast<int32_t*>(tokens_out);
   return absl::OkStatus();
 }
 
@@ -199,8 +203,27 @@ absl::Status Transformer::Logits(int64_t m, std::vector<float>* logits) {
   return absl::OkStatus();
 }
 
+absl::Status Transformer::SpecTokens(int64_t m, std::vector<int32_t>* tokens) {
+  const ModelConfig& c = model_.config;
+  const int64_t d = c.n_embd, V = c.n_vocab;
+  tokens->resize(m);
+  for (int64_t r0 = 0; r0 < m; r0 += kLogitRows) {
+    const int64_t k = std::min(kLogitRows, m - r0);
+    Linear(weights_->output, o_ + r0 * d, k, d, nullptr, logits_, V);
+    if (c.final_logit_softcap > 0) ops_.Softcap(logits_, k * V, c.final_logit_softcap);
+    ops_.ArgmaxRows(logits_, k, V, argmax_);
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, workspace_, Offset(reinterpret_cast<float*>(argmax_)),
+                                       tokens->data() + r0, k * static_cast<int64_t>(sizeof(int32_t))));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
-                                  std::vector<float>* logits, std::vector<float>* spec_hidden, const Carry* carry) {
+                                  std::vector<float>* logits, std::vector<float>* spec_hidden, const Carry* carry,
+                                  std::vector<int32_t>* spec_tokens) {
+  if (spec_hidden != nullptr && spec_tokens != nullptr) {
+    return absl::InvalidArgumentError("a speculative row gives its hidden state or its token, not both");
+  }
   const ModelConfig& c = model_.config;
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t d = c.n_embd;
@@ -261,16 +284,22 @@ absl::Status Transformer::Forward(absl::Span<const BatchRow> rows, AttentionBack
   RETURN_IF_ERROR(Layers(rows, attention, carry_layers, c.n_layer));
 
   std::vector<int64_t> out_rows, spec_rows;
+  const bool split = spec_hidden != nullptr || spec_tokens != nullptr;
   for (int64_t i = 0; i < n; ++i) {
     if (!rows[i].want_logits) continue;
-    (spec_hidden != nullptr && rows[i].speculative ? spec_rows : out_rows).push_back(i);
+    (split && rows[i].speculative ? spec_rows : out_rows).push_back(i);
   }
-  if (spec_hidden != nullptr) {
-    spec_hidden->assign(spec_rows.size() * d, 0.0f);
+  if (spec_tokens != nullptr) spec_tokens->clear();
+  if (split) {
+    if (spec_hidden != nullptr) spec_hidden->assign(spec_rows.size() * d, 0.0f);
     if (!spec_rows.empty()) {
       ops_.RmsNormSelected(x_, spec_rows, weights_->output_norm, c.norm_eps, d, o_);
-      RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, workspace_, Offset(o_), spec_hidden->data(),
-                                         static_cast<int64_t>(spec_rows.size()) * row_bytes));
+      if (spec_hidden != nullptr) {
+        RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, workspace_, Offset(o_), spec_hidden->data(),
+                                           static_cast<int64_t>(spec_rows.size()) * row_bytes));
+      } else {
+        RETURN_IF_ERROR(SpecTokens(static_cast<int64_t>(spec_rows.size()), spec_tokens));
+      }
     }
   }
   const int64_t m = static_cast<int64_t>(out_rows.size());

@@ -54,7 +54,10 @@ class Transformer {
   // With `spec_hidden`, speculative rows with want_logits skip the LM head: spec_hidden
   // (resized) gets their final normalized hidden state (n_embd floats each, in row order) and
   // logits only the other rows' (the caller scores a shortlist; softcapping is monotonic, so
-  // it does not change an argmax). Outputs are in host memory, complete when Forward returns.
+  // it does not change an argmax). With `spec_tokens` instead, their logits stay on the device:
+  // spec_tokens (resized) gets each one's greedy token (Ops::ArgmaxRows of the softcapped
+  // logits: the host's Argmax of what `logits` would hold), in row order. Outputs are in host
+  // memory, complete when Forward returns.
   // InvalidArgument for a token id outside the vocabulary or a position past the context.
   //
   // The dual-token step's carry: when the first `layers` layers attend exactly (no sparse
@@ -68,7 +71,7 @@ class Transformer {
   };
   absl::Status Forward(absl::Span<const BatchRow> rows, AttentionBackend& attention,
                        std::vector<float>* logits, std::vector<float>* spec_hidden = nullptr,
-                       const Carry* carry = nullptr);
+                       const Carry* carry = nullptr, std::vector<int32_t>* spec_tokens = nullptr);
 
   // Grows the workspace now to hold passes of `rows` rows (the engine, at admission: a decode
   // step of every admitted request then allocates nothing).
@@ -95,6 +98,8 @@ class Transformer {
   absl::Status RowsToHost(absl::Span<const int64_t> rows, std::vector<float>* out);
   // The LM head over the m rows of xn_ into logits (host), kLogitRows at a time.
   absl::Status Logits(int64_t m, std::vector<float>* logits);
+  // The LM head over the m rows of o_, each row's greedy token into *tokens (host).
+  absl::Status SpecTokens(int64_t m, std::vector<int32_t>* tokens);
   // Offset in bytes of device pointer p in the workspace.
   int64_t Offset(const float* p) const {
     return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(workspace_.data));
@@ -112,6 +117,7 @@ class Transformer {
   // Device pointers into the workspace.
   float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *o_ = nullptr;
   float *gate_ = nullptr, *up_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr, *logits_ = nullptr;
+  int32_t* argmax_ = nullptr;  // kLogitRows tokens
 };
 
 }  // namespace dd::model

@@ -183,6 +183,10 @@ void CpuOps::DotRows(absl::Span<const float* const> rows, const float* x, int64_
   }
 }
 
+void CpuOps::ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = kernels::ArgmaxFirst(x + r * n, n);
+}
+
 void CpuOps::ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
   const int64_t n = static_cast<int64_t>(ids.size()), d = w.cols;
   auto run = [&](int64_t b, int64_t e) {

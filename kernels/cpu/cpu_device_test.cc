@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -252,6 +253,12 @@ TEST(CpuOpsTest, RowsGiveTheReferenceKernelsBitsWhateverTheBatch) {
   ops1.Softcap(capped.data(), 3, 30.0f);
   EXPECT_FLOAT_EQ(capped[0], 30.0f * std::tanh(-100.0f / 30.0f));
   EXPECT_EQ(capped[1], 0.0f);
+  // Each row's first largest, as greedy sampling picks it.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> logits = {1, 3, 3, 2, /**/ nan, 5, 1, 0, /**/ 0, -0.0f, 0, 0};
+  int32_t best[3] = {-1, -1, -1};
+  ops1.ArgmaxRows(logits.data(), 3, 4, best);
+  EXPECT_EQ(std::vector<int32_t>(best, best + 3), (std::vector<int32_t>{1, 0, 0}));
 }
 
 // Rows attending in one pass (the dual-token step's real and speculative rows over the same

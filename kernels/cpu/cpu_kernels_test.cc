@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -416,6 +417,36 @@ TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
       }
     }
   }
+}
+
+// ArgmaxFirst's vector path against the plain scan it replaced: first index of the largest, NaN
+// never wins, a NaN at index 0 gives 0; ties across lanes and in the tail.
+TEST(ArgmaxTest, TheFirstLargestAsTheScan) {
+  const auto scan = [](const std::vector<float>& x) {
+    int32_t best = 0;
+    for (size_t i = 1; i < x.size(); ++i) {
+      if (x[i] > x[best]) best = static_cast<int32_t>(i);
+    }
+    return best;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(0, 3), pick(0, 9);
+  for (const int n : {1, 2, 7, 8, 15, 16, 17, 23, 24, 31, 40, 100, 1000, 262144}) {
+    for (int trial = 0; trial < (n > 1000 ? 3 : 200); ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) {  // few distinct values: many ties, some NaN, ±inf and ±0
+        const int k = pick(rng);
+        v = k == 0 ? nan : k == 1 ? -inf : k == 2 ? -0.0f : k == 3 ? inf * (trial % 7 == 0) : float(small(rng));
+      }
+      if (trial % 5 == 0) x[0] = nan;
+      if (trial % 11 == 0) std::fill(x.begin(), x.end(), -inf);
+      if (trial % 13 == 0) std::fill(x.begin(), x.end(), nan);
+      EXPECT_EQ(ArgmaxFirst(x.data(), n), scan(x)) << "n=" << n << " trial=" << trial;
+    }
+  }
+  const std::vector<float> last = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  EXPECT_EQ(ArgmaxFirst(last.data(), 19), 18);  // the largest in the scalar tail
 }
 
 }  // namespace

@@ -2,8 +2,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "dd/kernels/cpu_ops.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace dd::kernels {
 
@@ -200,6 +205,46 @@ void GeluTanhMul(const float* gate, const float* up, float* out, int64_t n) {
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   GatedLanes(gate, up, out, n, [](VP x, VP u) { return x / (1.0f + ExpPoly(-x)) * u; });
+}
+
+// The first index of the largest logit; NaNs never win, and a NaN at index 0 gives 0 (as
+// the plain scan `if (x[i] > x[best]) best = i` does, which the tail below still is).
+int32_t ArgmaxFirst(const float* logits, int64_t n) {
+  if (n <= 0 || std::isnan(logits[0])) return 0;
+  int32_t best = 0;
+  int64_t i = 1;
+#if defined(__AVX2__)
+  // Per lane the first index of its largest value (a strict > keeps the first), then the
+  // smallest index among the lanes holding the overall largest: the scan's answer. Four rows
+  // of Gemma's 262144 logits (a batch-4 step): 0.13-0.17 ms vs 1.6-2.0 ms in the scan, hot in
+  // cache (4.6 ms in a perf profile of the decode, where the logits come from the head).
+  if (n >= 16) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    __m256i top_idx = _mm256_setzero_si256(), idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (i = 0; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(logits + i);
+      const __m256 gt = _mm256_cmp_ps(v, top, _CMP_GT_OQ);  // false for NaN
+      top = _mm256_blendv_ps(top, v, gt);
+      top_idx = _mm256_blendv_epi8(top_idx, idx, _mm256_castps_si256(gt));
+      idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
+    }
+    alignas(32) float lane[8];
+    alignas(32) int32_t lane_idx[8];
+    _mm256_store_ps(lane, top);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lane_idx), top_idx);
+    float m = lane[0];
+    for (int l = 1; l < 8; ++l) m = std::max(m, lane[l]);
+    best = std::numeric_limits<int32_t>::max();
+    // All lanes at -inf only when every logit is -inf or NaN: their indices stayed 0.
+    for (int l = 0; l < 8; ++l) {
+      if (lane[l] == m) best = std::min(best, lane_idx[l]);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
 }
 
 }  // namespace dd::kernels

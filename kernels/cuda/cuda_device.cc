@@ -392,10 +392,14 @@ absl::Status CudaDevice::Gather(Queue q, const backend::HostRegion& region, absl
   std::lock_guard<std::mutex> lock(args_mu_);
   if (copy_engine_prefetch_ && q != Queue::kUrgent) {
     const cudaError_t err = CopyEngineGather(q, region, blocks, block_bytes, dst);
-    if (err != cudaErrorNotSupported) return err == cudaSuccess ? absl::OkStatus() : Error(err, "copy-engine gather");
+    if (err == cudaSuccess) {
+      ++copy_engine_gathers_;
+      return absl::OkStatus();
+    }
+    if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) return Error(err, "copy-engine gather");
     (void)cudaGetLastError();
-    LOG(WARNING) << "cuda: this CUDA runtime has no cudaMemcpyBatchAsync (12.8 or later): prefetches use the "
-                    "gather kernel";
+    LOG(WARNING) << "cuda: cudaMemcpyBatchAsync is not available (" << cudaGetErrorString(err)
+                 << "; it needs CUDA 12.8 and a driver for it): prefetches use the gather kernel";
     copy_engine_prefetch_ = false;
   }
   const int64_t per_launch = args_.part_bytes() / static_cast<int64_t>(sizeof(backend::GatherBlock));
@@ -429,14 +433,16 @@ cudaError_t CudaDevice::CopyEngineGather(Queue q, const backend::HostRegion& reg
     copy_sizes_.push_back(static_cast<size_t>(r.bytes));
   }
   if (copy_sizes_.empty()) return cudaSuccess;
+#if CUDART_VERSION >= 12080
   cudaMemcpyAttributes attr{};
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   attr.srcLocHint.type = cudaMemLocationTypeHost;
   attr.dstLocHint.type = cudaMemLocationTypeDevice;
-  attr.dstLocHint.id = 0;  // the device Init set
+  if (cudaError_t e = cudaGetDevice(&attr.dstLocHint.id); e != cudaSuccess) return e;
   attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
   size_t attr_index = 0;
   cudaStream_t s = streams_[static_cast<int>(q)];
+#endif
 #if CUDART_VERSION >= 13000
   return cudaMemcpyBatchAsync(copy_dsts_.data(), copy_srcs_.data(), copy_sizes_.data(), copy_sizes_.size(), &attr,
                               &attr_index, 1, s);

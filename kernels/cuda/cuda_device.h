@@ -114,6 +114,7 @@ class CudaOps final : public backend::Ops {
   void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
   void ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) override;
+  void ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) override;
   void BeginSegment(int64_t key) override;
   void EndSegment() override;
 
@@ -179,6 +180,8 @@ class CudaDevice final : public backend::Device {
   // Linear's int8 activations (compute stream only), and how many bytes it holds.
   void* linear_scratch() const { return linear_scratch_; }
   static constexpr int64_t kLinearScratchBytes = int64_t{16} << 20;
+  // Gathers the copy engines ran (copy-engine prefetches).
+  int64_t copy_engine_gathers() const { return copy_engine_gathers_; }
 
  private:
   CudaDevice() : ops_(*this) {}
@@ -212,6 +215,7 @@ class CudaDevice final : public backend::Device {
   std::mutex args_mu_;
   void* linear_scratch_ = nullptr;
   bool copy_engine_prefetch_ = false;  // under args_mu_ (turned off where unsupported)
+  int64_t copy_engine_gathers_ = 0;    // under args_mu_
   std::vector<GatherRun> copy_runs_;  // CopyEngineGather's lists (under args_mu_)
   std::vector<void*> copy_dsts_;
   std::vector<const void*> copy_srcs_;

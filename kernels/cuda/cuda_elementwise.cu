@@ -150,7 +150,48 @@ __global__ void GatherPairsKernel(const uint8_t* src, const int64_t* pairs, int6
   }
 }
 
+// One block per row: each thread the least index of its largest non-NaN value (strided), then
+// a tree over the threads keeping the larger value, the lesser index on equal values.
+__global__ void ArgmaxRowsKernel(const float* x, int64_t n, int32_t* out) {
+  constexpr int64_t kNone = 0x7fffffffffffffffLL;
+  const float* row = x + blockIdx.x * n;
+  float best = -INFINITY;
+  int64_t at = kNone;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = row[i];
+    if (v > best || (v == best && at == kNone)) {  // false for NaN; increasing i: the first equal
+      best = v;
+      at = i;
+    }
+  }
+  __shared__ float vals[kThreads];
+  __shared__ int64_t idx[kThreads];
+  vals[threadIdx.x] = best;
+  idx[threadIdx.x] = at;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float v = vals[threadIdx.x + stride];
+      const int64_t j = idx[threadIdx.x + stride];
+      if (j != kNone && (idx[threadIdx.x] == kNone || v > vals[threadIdx.x] ||
+                         (v == vals[threadIdx.x] && j < idx[threadIdx.x]))) {
+        vals[threadIdx.x] = v;
+        idx[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = (n <= 0 || isnan(row[0]) || idx[0] == kNone) ? 0 : static_cast<int32_t>(idx[0]);
+}
+
 }  // namespace
+
+cudaError_t ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out, cudaStream_t s) {
+  if (rows <= 0) return cudaSuccess;
+  if (rows > 0x7fffffff || n > 0x7fffffff) return cudaErrorInvalidValue;
+  ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, n, out);
+  return cudaGetLastError();
+}
 
 cudaError_t DequantRows(const DevWeights& w, const int32_t* ids, int64_t n, float scale, float* out, cudaStream_t s) {
   if (n <= 0 || w.cols <= 0) return cudaSuccess;

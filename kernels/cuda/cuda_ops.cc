@@ -324,4 +324,9 @@ void CudaOps::ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, cons
   dev_.Report(cuda::ScoreRows(Dev(w), d_ids, n, x, out, dev_.stream(backend::Queue::kCompute)), "ScoreRows");
 }
 
+void CudaOps::ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  dev_.FlushSegment();
+  dev_.Report(cuda::ArgmaxRows(x, rows, n, out, dev_.stream(backend::Queue::kCompute)), "ArgmaxRows");
+}
+
 }  // namespace dd::kernels::cuda

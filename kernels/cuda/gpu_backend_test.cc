@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "cuda/cuda_device.h"
 #include "cuda/cuda_entry.h"
 #include "dd/backend/cpu_device.h"
+#include "dd/kernels/cpu_ops.h"
 #include "gtest/gtest.h"
 
 namespace dd::kernels::cuda {
@@ -170,6 +172,9 @@ TEST_F(GpuBackendTest, CopyEnginePrefetchesGatherTheSameBytes) {
   for (int64_t i = 8; i < 24; ++i) list.push_back({((i * 7) % blocks) * block, (31 - i) * block});
   auto buf = (*d)->Allocate(MemoryTag::kResidentSlots, 32 * block);
   ASSERT_TRUE(buf.ok());
+  std::vector<uint8_t> zero(32 * block, 0);
+  ASSERT_TRUE((*d)->CopyToDevice(Queue::kCompute, zero.data(), *buf, 0, 32 * block).ok());
+  (*d)->Wait(Queue::kPrefetch, (*d)->Record(Queue::kCompute));
   for (Queue q : {Queue::kPrefetch, Queue::kUrgent}) {  // the copy engines, then the kernel
     ASSERT_TRUE((*d)->Gather(q, *region, list, block, *buf).ok());
     std::vector<uint8_t> got(32 * block);
@@ -180,7 +185,11 @@ TEST_F(GpuBackendTest, CopyEnginePrefetchesGatherTheSameBytes) {
       ASSERT_EQ(0, std::memcmp(&got[b.dst], &pool[b.src], block)) << "queue " << static_cast<int>(q) << " block from "
                                                                     << b.src;
     }
-    std::vector<uint8_t> zero(32 * block, 0);
+    // Blocks 24-31 of the buffer are no gather's destination: a run copied too far shows here.
+    EXPECT_TRUE(std::all_of(got.begin() + 24 * block, got.end(), [](uint8_t v) { return v == 0; }));
+    if (q == Queue::kPrefetch) {
+      EXPECT_EQ((*d)->copy_engine_gathers(), 1) << "the copy engines ran it";
+    }
     ASSERT_TRUE((*d)->CopyToDevice(Queue::kCompute, zero.data(), *buf, 0, 32 * block).ok());
     ASSERT_TRUE((*d)->Synchronize((*d)->Record(Queue::kCompute)).ok());
   }
@@ -486,6 +495,30 @@ TEST_F(GpuBackendTest, KeyScoresDotRowsAndTopChunksMatchTheCpu) {
       std::sort(cpu_ids.begin(), cpu_ids.end());
       std::sort(gpu_ids.begin(), gpu_ids.end());
       EXPECT_EQ(gpu_ids, cpu_ids) << "take " << take;
+    }
+  }
+}
+
+TEST_F(GpuBackendTest, ArgmaxRowsIsTheCpusFirstLargest) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (const int64_t n : {1, 7, 256, 1000, 131072, 262144}) {
+    const int64_t rows = 6;
+    std::vector<float> x(rows * n);
+    for (float& v : x) {  // few distinct values: ties, NaN, ±inf, ±0
+      const int k = pick(rng);
+      v = k == 0 ? nan : k == 1 ? -inf : k == 2 ? -0.0f : k == 3 ? 0.0f : static_cast<float>(k % 3);
+    }
+    x[1 * n] = nan;                                              // row 1: NaN first gives 0
+    std::fill(x.begin() + 2 * n, x.begin() + 3 * n, -inf);       // row 2: all -inf gives 0
+    std::fill(x.begin() + 3 * n, x.begin() + 4 * n, nan);        // row 3: all NaN gives 0
+    x[5 * n + n - 1] = inf;                                      // row 5: the last element wins
+    int32_t* out = Out<int32_t>(rows);
+    dev_->ops().ArgmaxRows(In(x), rows, n, out);
+    const std::vector<int32_t> got = Get(out, rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(got[r], ArgmaxFirst(x.data() + r * n, n)) << "n " << n << " row " << r;
     }
   }
 }

@@ -228,4 +228,11 @@ void SimOps::ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> i
   device_.Submit(Queue::kCompute, "ScoreRows", std::move(acc), [this, w, list, x, out] { cpu_.ScoreRows(w, list, x, out); });
 }
 
+void SimOps::ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  Accesses acc;
+  acc.Read(x, rows * n * kF);
+  acc.Write(out, rows * static_cast<int64_t>(sizeof(int32_t)));
+  device_.Submit(Queue::kCompute, "ArgmaxRows", std::move(acc), [this, x, rows, n, out] { cpu_.ArgmaxRows(x, rows, n, out); });
+}
+
 }  // namespace dd::backend::sim

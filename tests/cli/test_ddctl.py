@@ -284,3 +284,14 @@ def test_device_is_reported_and_unavailable_devices_say_why(tiny):
             assert r.returncode == 0 and f"device {device}".encode() in r.stderr, (mode, r.stderr)
             outs[device] = r.stdout
         assert outs["sim"] == outs["cpu"] and outs["cpu"], (mode, outs)
+    # The full speculative head's tokens are the argmax of logits that never leave the device
+    # (Ops::ArgmaxRows): the same predictions, so the same hits, as on the cpu.
+    hits = {}
+    for device in ("cpu", "sim"):
+        r = ddctl("generate", "--model", str(tiny), "--device", device, "--mode", "dualdecoder", "--spec_head", "full",
+                  "--budget", "16", "--prompt", "hello world " * 80, "--max_new_tokens", "12", "--temperature", "0",
+                  "--ignore_eos", "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        hits[device] = (j["tokens"], j["hit_rate"], j["fetched_chunks"])
+    assert hits["sim"] == hits["cpu"] and hits["cpu"][1] > 0, hits

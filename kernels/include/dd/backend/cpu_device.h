@@ -45,6 +45,7 @@ class CpuOps final : public Ops {
   void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
   void ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) override;
+  void ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) override;
 
  private:
   ThreadPool& pool_;

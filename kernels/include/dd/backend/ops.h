@@ -155,6 +155,10 @@ class Ops {
   // DequantizeRows then DotRows, without holding the dequantized rows.
   virtual void ScoreRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, const float* x,
                          float* out) = 0;
+  // out[r] (int32, device memory) = the first index of the largest of row r's n floats
+  // (x + r × n); NaNs never win and a NaN first element gives 0 (kernels::ArgmaxFirst, greedy
+  // sampling's rule): a speculative row's token without its logits leaving the device.
+  virtual void ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* out) = 0;
 
   // A static segment: the calls between BeginSegment and EndSegment, made by the thread that
   // began it, form a run the backend may record and replay as one launch (CUDA graphs) when

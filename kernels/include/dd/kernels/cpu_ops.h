@@ -22,6 +22,11 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 void MatMul(const WeightView& w, const float* x, int64_t m_rows, int64_t x_stride,
             const float* bias, float* y, int64_t y_stride, ThreadPool& pool);
 
+// The first index of the largest of x[0, n); NaNs never win, and a NaN at index 0 (or n <= 0)
+// gives 0: what the plain scan `if (x[i] > x[best]) best = i` from best = 0 returns. Greedy
+// sampling's rule, and Ops::ArgmaxRows'.
+int32_t ArgmaxFirst(const float* x, int64_t n);
+
 // Dot product of two f32 vectors with the fixed 16-lane reduction order used everywhere.
 float Dot(const float* a, const float* b, int64_t n);
 
