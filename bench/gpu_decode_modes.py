@@ -61,6 +61,8 @@ PRESETS = {
                   "runs": [{"context": 32768, "batches": "1,8,max", "stores": "inproc"},
                            # A pool's region is pinned whole by the device: smaller batches.
                            {"context": 32768, "batches": "1,4", "stores": "shm", "modes": SPARSE_MODES},
+                           # ucx:// pools (shared memory and tcp loopback): staged landings.
+                           {"context": 32768, "batches": "1", "stores": "ucx-sm,ucx-tcp", "modes": SPARSE_MODES},
                            {"context": 130000, "batches": "1,max", "stores": "inproc",
                             "modes": "full,sparse-cached,dualdecoder"},
                            # Prefetches by the copy engines instead of the gather kernel (a

@@ -13,6 +13,8 @@ For each model, greedy `ddctl generate` over a prompt long enough that chunk sel
   - with --pool (a dd-kv-pool binary): sparse-cached and dualdecoder with the KV in a shm://
     pool, which the device gathers from the registered region itself
     (docs/decisions/0039-device-gathers-from-pool.md), give sparse@cuda's tokens;
+  - and with the KV in a ucx:// pool (UCX over shared memory): the same tokens, every block
+    landed through the registered staging by one device gather per buffer;
   - full and dualdecoder with --cuda_graphs (static segments as CUDA graphs) give the tokens of
     full and sparse without.
 Writes a JSON summary (tokens/s per mode, the checks) to --out; exit status 1 when a check fails.
@@ -36,11 +38,13 @@ GRAPH_MODES = ["full", "dualdecoder"]
 TOKEN = "gpu-check-token-0123456789"
 
 
-def generate(ddctl: str, model: str, prompt_file: str, device: str, mode: str, extra: list[str]) -> dict:
+def generate(ddctl: str, model: str, prompt_file: str, device: str, mode: str, extra: list[str],
+             env: dict | None = None) -> dict:
     cmd = [ddctl, "generate", "--model", model, "--prompt_file", prompt_file, "--raw_prompt", "--device", device,
            "--mode", mode, "--budget", "16", "--max_new_tokens", "48", "--temperature", "0", "--ignore_eos",
            "--json"] + extra
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN))
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN, **(env or {})))
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
     return json.loads(run.stdout)
@@ -68,11 +72,13 @@ def main() -> int:
         with open(prompt, "w") as f:
             f.write(" ".join(f"{words[i % len(words)]} {i}" for i in range(150)))
         pool = start_pool(args.pool, tmp, summary) if args.pool else None
+        ucx_pool = start_pool(args.pool, tmp, summary, ucx=True) if args.pool else None
         try:
-            check_models(args, prompt, summary, pool[1] if pool else None)
+            check_models(args, prompt, summary, pool[1] if pool else None, ucx_pool[1] if ucx_pool else None)
         finally:
-            if pool:
-                stop_pool(pool[0])
+            for p in (pool, ucx_pool):
+                if p:
+                    stop_pool(p[0])
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     for line in summary["failures"]:
@@ -81,24 +87,27 @@ def main() -> int:
     return 1 if summary["failures"] else 0
 
 
-def start_pool(exe: str, tmp: str, summary: dict):
-    """(process, address) of a dd-kv-pool with one tenant, or None (a failure noted). Only its
-    shm:// path is needed (--ucx=false: a bare machine may lack UCX's transport modules); its
-    log goes to a file, and its first line must come within 30 s."""
-    cfg = f"{tmp}/tenants.json"
+def start_pool(exe: str, tmp: str, summary: dict, ucx: bool = False):
+    """(process, address) of a dd-kv-pool with one tenant, or None (a failure noted). Without
+    `ucx` only its shm:// path (--ucx=false); with it, UCX too (no tcp: the worker reaches it over
+    shared memory). Its log goes to a file, and its first line must come within 30 s."""
+    name = "ucx-pool" if ucx else "pool"
+    cfg = f"{tmp}/{name}-tenants.json"
     with open(cfg, "w") as f:
         json.dump([{"name": "gpu-check", "token": TOKEN, "quota": "256MiB"}], f)
     os.chmod(cfg, 0o600)  # it holds the token: the pool refuses it readable by others
-    log = open(f"{tmp}/pool.log", "w")
-    proc = subprocess.Popen([exe, f"--tenants={cfg}", "--ucx=false"], stdout=subprocess.PIPE, stderr=log, text=True)
+    log = open(f"{tmp}/{name}.log", "w")
+    proc = subprocess.Popen([exe, f"--tenants={cfg}", f"--ucx={'true' if ucx else 'false'}"], stdout=subprocess.PIPE,
+                            stderr=log, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
     line = proc.stdout.readline() if ready else ""  # "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT"
     if "listening on" not in line:
         proc.kill()
         proc.wait()
         log.close()
-        with open(f"{tmp}/pool.log") as f:
-            summary["failures"].append(f"dd-kv-pool did not start (no listening line within 30 s): {line!r} {f.read()[-1000:]}")
+        with open(f"{tmp}/{name}.log") as f:
+            summary["failures"].append(f"dd-kv-pool ({name}) did not start (no listening line within 30 s): {line!r} "
+                                       f"{f.read()[-1000:]}")
         return None
     return proc, line.split()[3]
 
@@ -112,7 +121,7 @@ def stop_pool(proc) -> None:
         proc.wait()
 
 
-def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str | None) -> None:
+def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str | None, ucx_pool: str | None) -> None:
     for name in ["tiny-llama", "tiny-qwen2"]:
         model = f"{args.models}/{name}.gguf"
         runs = {}
@@ -127,6 +136,9 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             for mode in POOL_MODES if pool else []:
                 runs[f"{mode}@cuda+shm"] = generate(args.ddctl, model, prompt, args.device, mode,
                                                     ["--kv_store", f"shm://{pool}"])
+            for mode in POOL_MODES if ucx_pool else []:
+                runs[f"{mode}@cuda+ucx"] = generate(args.ddctl, model, prompt, args.device, mode,
+                                                    ["--kv_store", f"ucx://{ucx_pool}"], {"UCX_TLS": "sm,self"})
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
             summary["failures"].append(f"{name}: {e}")
             continue
@@ -137,7 +149,7 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
         if d != -1:
             summary["failures"].append(f"{name}: full@cuda+graphs leaves full@cuda at token {d}")
         for other in (["sparse-cached@cuda", "dualdecoder@cuda", "dualdecoder@cuda+graphs"] +
-                      [f"{m}@cuda+shm" for m in POOL_MODES if pool]):
+                      [f"{m}@cuda+shm" for m in POOL_MODES if pool] + [f"{m}@cuda+ucx" for m in POOL_MODES if ucx_pool]):
             d = first_difference(tokens["sparse@cuda"], tokens[other])
             checks[f"{other} == sparse@cuda"] = d == -1
             if d != -1:
@@ -152,6 +164,15 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             if not ok:
                 summary["failures"].append(f"{name}: {run}: {r.get('device_gathered_chunks')} of "
                                            f"{r.get('fetched_chunks')} chunks gathered by the device")
+        # From the ucx:// pool, every block through the registered staging: one device gather per
+        # buffer (the staged path), none copied block by block.
+        for run in [f"{m}@cuda+ucx" for m in POOL_MODES if ucx_pool]:
+            r = runs[run]
+            ok = r.get("fetched_chunks", 0) > 0 and r.get("staged_gathered_chunks") == r["fetched_chunks"]
+            checks[f"{run} staged and gathered by the device"] = ok
+            if not ok:
+                summary["failures"].append(f"{name}: {run}: {r.get('staged_gathered_chunks')} of "
+                                           f"{r.get('fetched_chunks')} chunks staged and gathered by the device")
         d = first_difference(tokens["full@cuda"], tokens["full@cpu"])
         checks["full@cuda == full@cpu"] = d == -1
         if d != -1:
