@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "decode-worker/model/transformer.h"
 
 namespace dd::engine {
 namespace {
@@ -38,7 +39,13 @@ int64_t WeightBytes(const model::LoadedModel& m) {
 
 MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
                        int64_t prefill_chunk)
-    : config_(model.config), mode_(mode), sparse_(sparse), prefill_chunk_(prefill_chunk), weight_bytes_(WeightBytes(model)) {
+    : config_(model.config),
+      mode_(mode),
+      sparse_(sparse),
+      prefill_chunk_(prefill_chunk),
+      weight_bytes_(WeightBytes(model)),
+      // The forward workspace as the engine creates it: a prefill pass, the logits rows.
+      shared_workspace_(model::Transformer::WorkspaceBytes(model.config, std::max<int64_t>(prefill_chunk, 1))) {
   // (Sparse modes: a request's urgent blocks and landmark scores are its own, in Request: every
   // sequence's blocks of a layer are read by one attention call, and every sequence's scores
   // come to the host together.)
@@ -73,8 +80,9 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   const int64_t rows = mode_ == DecodeMode::kDualDecoder ? 2 : 1;
   RequestBytes r;
   r.kv = DecodeKvBytes(total_tokens);
-  r.workspace = rows * (3 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 3 * c.n_ff +
-                        c.n_vocab) * static_cast<int64_t>(sizeof(float));
+  // The forward workspace past the transformer's initial one (shared: a prefill pass and the
+  // logits of kLogitRows rows) grows by at most this much a row.
+  r.workspace = rows * model::Transformer::WorkspaceRowBytes(c);
   const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
   if (mode_ != DecodeMode::kFull) r.workspace += SparseKvCache::ScoresBytes(c, sparse_, total_tokens);
   if (mode_ != DecodeMode::kFull && !sparse_.step_cache) {

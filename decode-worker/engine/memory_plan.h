@@ -4,11 +4,14 @@
 // The projection is what the caches allocate, tag by tag (memory_plan_test compares it with
 // the device's per-tag totals in every mode):
 //   weights    every matrix and vector of the model, as stored;
-//   workspace  activations and logits per batch row (a dualdecoder request has two rows), and
-//              in sparse modes a request's landmark scores (every chunk, the batch's scores
-//              come to the host together) and without the step cache one layer's gathered
-//              blocks (the batch's attention reads every request's at once); shared by all
-//              requests: the context head's rows, hidden state and scores (spec_head.h);
+//   workspace  a batch row's activations (a dualdecoder request has two rows; an upper bound:
+//              rows within the forward workspace as created are counted again), and in sparse
+//              modes a request's landmark scores (every chunk, the batch's scores come to the
+//              host together) and without the step cache one layer's gathered blocks (the
+//              batch's attention reads every request's at once); shared by all requests: the
+//              forward workspace as created (a prefill pass of prefill_chunk rows and the
+//              logits of Transformer::kLogitRows rows) and the context head's rows, hidden
+//              state and scores (spec_head.h);
 //   kv         (kKv) full: every position of every global layer. sparse modes: sinks and the
 //              local window's ring (window + chunk rows) on sparse layers; global layers kept
 //              dense (--sparse_layers) hold every position. Sliding-window layers keep a ring
@@ -57,7 +60,8 @@ class MemoryPlan {
 
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t shared_workspace_bytes() const { return shared_workspace_; }
-  // Memory every request shares beyond the caches' buffers (the context head's row cache).
+  // Memory every request shares beyond the caches' buffers (the forward workspace as created,
+  // the context head's row cache).
   void AddSharedWorkspace(int64_t bytes) { shared_workspace_ += bytes; }
   // A request whose prompt has `prompt_tokens` and that may grow to `total_tokens`.
   RequestBytes Request(int64_t prompt_tokens, int64_t total_tokens) const;

@@ -59,6 +59,9 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     // The weights on the device are what the plan counts, in every mode.
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWeights), plan.weight_bytes());
     const int64_t idle_workspace = device.bytes_in_use(MemoryTag::kWorkspace);
+    // Before any request: the workspace is what the plan shares (the forward workspace, the
+    // context head's buffers).
+    EXPECT_EQ(idle_workspace, plan.shared_workspace_bytes());
     ASSERT_TRUE((*e)->Admit(0, 1300, 1310).ok());
     const RequestBytes r = plan.Request(1300, 1310);
     // Everything is allocated at admission: exactly the plan, the prompt's rows included.
@@ -110,6 +113,10 @@ TEST_F(MemoryPlanTest, ADecodeStepAllocatesNothing) {
     ASSERT_TRUE(e.ok()) << e.status();
     const std::vector<int32_t> seqs = {0, 1, 2};
     for (int32_t s : seqs) ASSERT_TRUE((*e)->Admit(s, 40, 60).ok());
+    // The workspace grown past its first 2 rows stays within what the plan charged for it.
+    const MemoryPlan& plan = (*e)->memory_plan();
+    EXPECT_LE((*e)->device().bytes_in_use(backend::MemoryTag::kWorkspace),
+              plan.shared_workspace_bytes() + 3 * plan.Request(40, 60).workspace);
     std::vector<int32_t> tokens;
     for (int32_t s : seqs) {
       auto logits = (*e)->Prefill(s, Prompt(40));
@@ -182,7 +189,7 @@ TEST_F(MemoryPlanTest, BudgetTooSmallForOneRequestIsAClearError) {
 
   // Fits a short request, not a 32K one in full mode: Generate is refused before any work.
   const MemoryPlan plan(*model_, DecodeMode::kFull, SparseOptions{});
-  const int64_t budget = plan.weight_bytes() + plan.Request(64, 128).steady() * 2;
+  const int64_t budget = plan.weight_bytes() + plan.shared_workspace_bytes() + plan.Request(64, 128).steady() * 2;
   auto e = Engine::Create(*model_, Options(DecodeMode::kFull, budget));
   ASSERT_TRUE(e.ok()) << e.status();
   absl::Status big = (*e)->Admit(0, 30000, 32000);

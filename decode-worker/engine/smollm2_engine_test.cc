@@ -10,6 +10,7 @@
 
 #include "dd/backend/cpu_device.h"
 #include "dd/backend/registry.h"
+#include "dd/kernels/cpu_ops.h"
 #include "decode-worker/model/device_weights.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/engine_test_util.h"
@@ -99,6 +100,55 @@ TEST_F(SmolLM2EngineTest, DecodeIsBatchInvariant) {
 // The context head: the shortlist holds each seen token once, in first-seen order, and its
 // argmax is the full LM head's argmax restricted to those tokens (the real logits of a prompt,
 // softcap-free on this model).
+// The full speculative head's tokens computed on the device (Forward's spec_tokens) are the
+// host's argmax of the logits the same pass gives without them, and the real rows' logits are
+// the same bits: 80 sequences of a real row then a speculative one (more than kLogitRows
+// speculative rows), some real rows wanting no logits, on the cpu device and the simulated one.
+TEST_F(SmolLM2EngineTest, SpeculativeTokensOnTheDeviceAreTheArgmaxOfTheirLogits) {
+  const int64_t V = model_->config.n_vocab;
+  const auto text = Encode("The cat sat on the mat. The dog sat on the log. A bird sang in the tall old tree by the "
+                           "river while the keeper counted every ship that passed the light.");
+  ASSERT_GE(text.size(), 20u);
+  std::vector<model::BatchRow> rows;
+  for (int32_t s = 0; s < 80; ++s) {
+    const bool real_logits = s % 5 != 0;
+    rows.push_back({s, 0, text[s % text.size()], real_logits, false});
+    rows.push_back({s, 1, text[(s * 7 + 3) % text.size()], true, /*speculative=*/true});
+  }
+  ASSERT_GT(80, model::Transformer::kLogitRows);
+  ThreadPool pool(2);
+  backend::CpuDevice cpu(0, pool);
+  auto sim = backend::CreateDevice("sim", {.budget_bytes = 0, .pool = &pool});
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  for (backend::Device* dev : {static_cast<backend::Device*>(&cpu), sim->get()}) {
+    SCOPED_TRACE(std::string(dev->name()));
+    auto tf = model::Transformer::Create(*model_, *dev);
+    ASSERT_TRUE(tf.ok()) << tf.status();
+    std::vector<float> all, real;
+    std::vector<int32_t> tokens;
+    {
+      DenseKvCache kv(model_->config, *dev);
+      ASSERT_TRUE((*tf)->Forward(rows, kv, &all).ok());
+    }
+    {
+      DenseKvCache kv(model_->config, *dev);
+      ASSERT_TRUE((*tf)->Forward(rows, kv, &real, nullptr, nullptr, &tokens).ok());
+    }
+    ASSERT_EQ(tokens.size(), 80u);
+    int64_t a = 0, r = 0;  // rows of `all` and of `real`
+    for (int32_t s = 0; s < 80; ++s) {
+      if (s % 5 != 0) {
+        ASSERT_EQ(0, std::memcmp(&all[a * V], &real[r * V], V * sizeof(float))) << "real row of sequence " << s;
+        ++a, ++r;
+      }
+      EXPECT_EQ(tokens[s], kernels::ArgmaxFirst(&all[a * V], V)) << "speculative row of sequence " << s;
+      ++a;
+    }
+    EXPECT_EQ(static_cast<size_t>(r * V), real.size());
+    EXPECT_EQ(static_cast<size_t>(a * V), all.size());
+  }
+}
+
 TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   const int64_t V = model_->config.n_vocab, d = model_->config.n_embd;
   const auto prompt = Encode("The cat sat on the mat. The dog sat on the log. The cat");

@@ -40,6 +40,15 @@ int64_t Transformer::WorkspaceBytes(const ModelConfig& config, int64_t rows) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t Transformer::WorkspaceRowBytes(const ModelConfig& config) {
+  // Regions of one row less those of none (the fixed logits and tokens), rounding included:
+  // a region's rows × width rounds up to 16 floats at most once.
+  const std::vector<int64_t> one = Regions(config, 1), none = Regions(config, 0);
+  int64_t floats = 0;
+  for (size_t i = 0; i < one.size(); ++i) floats += one[i] - none[i];
+  return (floats + kAlignFloats * static_cast<int64_t>(one.size())) * static_cast<int64_t>(sizeof(float));
+}
+
 Transformer::Transformer(const LoadedModel& model, backend::Device& device, MatMulKind kind)
     : model_(model), device_(device), ops_(device.ops()), kind_(kind) {}
 

@@ -49,6 +49,10 @@ class Transformer {
 
   // Workspace bytes for passes of up to `rows` rows (what Create allocates for `rows`).
   static int64_t WorkspaceBytes(const ModelConfig& config, int64_t rows);
+  // What one more row of a pass adds to the workspace, at most: its activations (the logits'
+  // kLogitRows rows are there for any pass). WorkspaceBytes(rows) never exceeds
+  // WorkspaceBytes(r0) + (rows - r0) × this for r0 ≥ 1.
+  static int64_t WorkspaceRowBytes(const ModelConfig& config);
 
   // logits (resized) receives n_vocab floats per row with want_logits, in row order.
   // With `spec_hidden`, speculative rows with want_logits skip the LM head: spec_hidden
