@@ -162,7 +162,7 @@ def test_no_workers_then_overload(tmp_path):
         assert r.returncode != 0 and "UNAVAILABLE" in r.stderr, r.stderr
         assert ddctl("health", "--server", router.addr).returncode != 0
         worker = start_worker("solo", router.addr, tmp_path, "--max_batch=1", "--max_waiting=0",
-                              "--device_memory=300MiB")
+                              "--device_memory=380MiB")
         wait_for("worker up", lambda: workers_up(router.addr) == 1)
         # A request that cannot fit the worker's device memory even alone is refused with the numbers.
         r = ddctl("generate", "--server", router.addr, "--prompt", "lorem ipsum dolor " * 4000)
