@@ -177,6 +177,8 @@ class PoolKvStore : public KvStore {
     return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
   }
 
+ private:
+  // GatherTo (cuda false) and GatherToCuda (cuda true).
   absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
                                         Priority priority, bool cuda) {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
@@ -203,6 +205,7 @@ class PoolKvStore : public KvStore {
     return queue_.Submit(std::move(job), priority);
   }
 
+ public:
   bool GathersToCudaMemory() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return data_ != nullptr && data_->cuda_destinations();

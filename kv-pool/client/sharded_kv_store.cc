@@ -55,6 +55,8 @@ class ShardedKvStore : public KvStore {
     return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
   }
 
+ private:
+  // GatherTo (cuda false) and GatherToCuda (cuda true).
   absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
                                         Priority priority, bool cuda) {
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
@@ -79,6 +81,7 @@ class ShardedKvStore : public KvStore {
     return id;
   }
 
+ public:
   absl::Status Wait(TransferId id) override {
     std::vector<std::pair<size_t, TransferId>> parts;
     {
