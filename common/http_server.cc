@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <malloc.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/eventfd.h>
@@ -41,12 +42,19 @@ std::string PeerAddress(const sockaddr_storage& ss) {
 }
 
 // A short response sent without blocking before a connection is closed by the loop.
-void SendAndForget(int fd, int status, absl::string_view message) {
-  const std::string text = absl::StrCat("HTTP/1.1 ", status, " ", StatusText(status),
-                                        "\r\nContent-Type: text/plain\r\nContent-Length: ", message.size() + 1,
-                                        "\r\nConnection: close\r\n\r\n", message, "\n");
+void SendAndForget(int fd, const Refusal& r) {
+  const std::string text = absl::StrCat("HTTP/1.1 ", r.status, " ", StatusText(r.status), "\r\nContent-Type: ",
+                                        r.content_type, "\r\nContent-Length: ", r.body.size(),
+                                        "\r\nConnection: close\r\n\r\n", r.body);
   (void)!send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
+
+void SendAndForget(int fd, int status, absl::string_view message) {
+  SendAndForget(fd, Refusal{status, "text/plain", absl::StrCat(message, "\n")});
+}
+
+// Bodies of at least this size leave the allocator holding memory worth giving back.
+constexpr int64_t kTrimBytes = 1 << 20;
 
 }  // namespace
 
@@ -123,12 +131,14 @@ struct Server::State {
     std::string buf;
     size_t header_end = 0;  // bytes of the request line and headers, once complete
     int64_t content_length = 0;
+    int64_t reserved = 0;   // body bytes counted against max_buffered_body_bytes until closed
     Request request;
     std::shared_ptr<Connection> connection;  // from dispatch on
   };
 
   ServerOptions options;
   Handler handler;
+  HeadCheck check_head;
   int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
   std::thread loop;
   std::vector<std::thread> workers;
@@ -140,6 +150,8 @@ struct Server::State {
   std::map<std::string, int> per_client;
   std::deque<std::shared_ptr<Conn>> queue;
   int busy = 0;  // handlers running
+  int64_t buffered = 0;  // the connections' reserved body bytes
+  std::atomic<bool> trim_pending{false};  // a large body was freed: give memory back (Sweep)
   Clock::time_point accept_paused_until{};
 
   ~State() {
@@ -154,6 +166,34 @@ struct Server::State {
     close(c->fd);
     conns.erase(c->fd);
     if (auto it = per_client.find(c->peer); it != per_client.end() && --it->second <= 0) per_client.erase(it);
+    buffered -= c->reserved;
+    c->reserved = 0;
+  }
+
+  // Makes room for one more connection when the table is full: closes the oldest connection
+  // that has not sent a complete request (or is being refused), from the address holding the
+  // most of those. False when every connection has a request queued or being handled (mu held).
+  bool EvictIncompleteLocked() {
+    std::map<absl::string_view, int> incomplete;
+    for (const auto& [fd, c] : conns) {
+      if (c->phase == Phase::kReading || c->phase == Phase::kDraining) ++incomplete[c->peer];
+    }
+    if (incomplete.empty()) return false;
+    absl::string_view top;
+    int most = 0;
+    for (const auto& [peer, n] : incomplete) {
+      if (n > most) top = peer, most = n;
+    }
+    std::shared_ptr<Conn> oldest;
+    for (const auto& [fd, c] : conns) {
+      if ((c->phase == Phase::kReading || c->phase == Phase::kDraining) && c->peer == top &&
+          (oldest == nullptr || c->deadline < oldest->deadline)) {
+        oldest = c;
+      }
+    }
+    if (oldest->phase == Phase::kReading) SendAndForget(oldest->fd, 503, "connection closed to make room for others");
+    CloseLocked(oldest);
+    return true;
   }
 
   void Accept() {
@@ -177,8 +217,8 @@ struct Server::State {
       c->peer = PeerAddress(ss);
       c->deadline = Clock::now() + std::chrono::milliseconds(options.request_timeout_ms);
       std::lock_guard<std::mutex> lock(mu);
-      if (static_cast<int>(conns.size()) >= options.max_connections ||
-          per_client[c->peer] >= options.max_per_client) {
+      if (per_client[c->peer] >= options.max_per_client ||
+          (static_cast<int>(conns.size()) >= options.max_connections && !EvictIncompleteLocked())) {
         SendAndForget(fd, 503, "too many connections");
         close(fd);
         if (per_client[c->peer] == 0) per_client.erase(c->peer);
@@ -245,6 +285,12 @@ struct Server::State {
             return Refuse(c, status, status == 413 ? absl::StrCat("request body above ", options.max_body_bytes, " bytes")
                                                    : std::string(StatusText(status)));
           }
+          if (check_head) {
+            if (std::optional<Refusal> r = check_head(c->request)) return Refuse(c, *r);
+          }
+          if (!Reserve(*c)) {
+            return Refuse(c, 503, "busy: too many request bodies are being received; retry later");
+          }
         }
         if (static_cast<int64_t>(c->buf.size()) >= static_cast<int64_t>(c->header_end) + c->content_length) {
           return Dispatch(c);
@@ -262,12 +308,27 @@ struct Server::State {
   // Answers `status` and closes once the client has stopped sending (or after a second), so
   // that a client still sending its body reads the answer instead of a reset.
   void Refuse(const std::shared_ptr<Conn>& c, int status, absl::string_view why) {
-    SendAndForget(c->fd, status, why);
+    Refuse(c, Refusal{status, "text/plain", absl::StrCat(why, "\n")});
+  }
+  void Refuse(const std::shared_ptr<Conn>& c, const Refusal& r) {
+    SendAndForget(c->fd, r);
     shutdown(c->fd, SHUT_WR);
+    if (c->buf.capacity() >= static_cast<size_t>(kTrimBytes)) trim_pending = true;
     std::string().swap(c->buf);
     std::lock_guard<std::mutex> lock(mu);
     c->phase = Phase::kDraining;
     c->deadline = Clock::now() + std::chrono::seconds(1);
+    buffered -= c->reserved;
+    c->reserved = 0;
+  }
+
+  // Counts the announced body against the server-wide budget before any of it is kept.
+  bool Reserve(Conn& c) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (c.content_length > 0 && buffered + c.content_length > options.max_buffered_body_bytes) return false;
+    c.reserved = c.content_length;
+    buffered += c.reserved;
+    return true;
   }
 
   void Dispatch(const std::shared_ptr<Conn>& c) {
@@ -330,6 +391,9 @@ struct Server::State {
 
   // Closes connections whose request did not arrive in time; resumes accepting after a pause.
   void Sweep() {
+    // Large bodies and the parsed documents made of them go back to the system, so that a burst
+    // of refused or served large requests does not leave the process holding their memory.
+    if (trim_pending.exchange(false)) malloc_trim(0);
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mu);
     if (accept_paused_until != Clock::time_point{} && now >= accept_paused_until) {
@@ -363,20 +427,27 @@ struct Server::State {
       }
       if (!c->connection->hung_up()) handler(*c->connection);
       c->connection->OnHangup(nullptr);
-      std::lock_guard<std::mutex> lock(mu);
-      --busy;
-      CloseLocked(c);
+      const bool large = c->reserved >= kTrimBytes;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --busy;
+        CloseLocked(c);
+      }
+      c.reset();  // the body goes with the last reference
+      if (large) trim_pending = true;
     }
   }
 };
 
 Server::Server(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler handler) {
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler handler,
+                                                     HeadCheck check_head) {
   if (options.threads <= 0 || options.queue < 0 || options.max_connections <= 0 || options.max_per_client <= 0 ||
       options.request_timeout_ms <= 0 || options.write_timeout_ms <= 0 || options.max_header_bytes <= 0 ||
-      options.max_body_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(options.name, ": every limit must be positive"));
+      options.max_body_bytes < 0 || options.max_buffered_body_bytes < options.max_body_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.name, ": every limit must be positive, and the bodies buffered at once at least one largest body"));
   }
   const size_t colon = options.listen.rfind(':');
   if (colon == std::string::npos) {
@@ -408,6 +479,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto state = std::make_unique<State>();
   state->options = options;
   state->handler = std::move(handler);
+  state->check_head = std::move(check_head);
   std::string error = "no address";
   for (addrinfo* a = ai; a != nullptr && state->listen_fd < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,89 @@ TEST(HttpServerTest, OneClientAddressCannotTakeEveryConnection) {
   EXPECT_NE(refused.find("503"), std::string::npos) << refused;
   EXPECT_NE(Get(s->port(), "/y", "127.0.0.2").find("GET /y"), std::string::npos);
   for (int fd : idle) close(fd);
+}
+
+// True when the server has closed `fd` (after whatever it sent), within `timeout_ms`.
+bool ClosedByServer(int fd, int timeout_ms) { return ReadAll(fd, timeout_ms).find("<timeout>") == std::string::npos; }
+
+TEST(HttpServerTest, AFullTableMakesRoomFromTheAddressHoldingTheMostIncompleteConnections) {
+  ServerOptions o;
+  o.max_connections = 20;
+  o.max_per_client = 100;
+  auto s = StartEcho(o);
+  ASSERT_NE(s, nullptr);
+  std::vector<int> many, few;
+  for (int i = 0; i < 15; ++i) many.push_back(Connect(s->port(), "127.0.0.5"));
+  for (int i = 0; i < 5; ++i) few.push_back(Connect(s->port(), "127.0.0.6"));
+  Send(many[0], "GET / HT");  // half a request counts as incomplete too
+  // Before the change that evicts, this address got "503 too many connections".
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0) few.push_back(Connect(s->port(), "127.0.0.6"));  // full again
+    const std::string r = Get(s->port(), absl::StrCat("/new", round), "127.0.0.7");
+    EXPECT_NE(r.find(absl::StrCat("GET /new", round)), std::string::npos) << r;
+  }
+  // Each new connection took the place of the oldest of the address holding the most.
+  for (int i = 0; i < 3; ++i) {
+    const std::string r = ReadAll(many[i], 2000);
+    EXPECT_NE(r.find("503"), std::string::npos) << i << ": " << r;
+  }
+  EXPECT_FALSE(ClosedByServer(many[3], 200));
+  for (int fd : few) EXPECT_FALSE(ClosedByServer(fd, 50));
+  for (int fd : many) close(fd);
+  for (int fd : few) close(fd);
+}
+
+TEST(HttpServerTest, AHeadCheckRefusesBeforeAnyBodyByteIsRead) {
+  ServerOptions o;
+  o.max_body_bytes = 1 << 20;
+  o.listen = "127.0.0.1:0";
+  int checked = 0;
+  auto s = Server::Start(o, Echo, [&checked](const Request& head) -> std::optional<Refusal> {
+    ++checked;  // the loop thread only
+    EXPECT_TRUE(head.body.empty());
+    const std::string* key = head.Header("X-Key");
+    if (key != nullptr && *key == "good") return std::nullopt;
+    return Refusal{401, "application/json", R"({"error": "no key"})"};
+  });
+  ASSERT_TRUE(s.ok()) << s.status();
+  // The body is announced but never sent: the answer cannot wait for it.
+  const int fd = Connect((*s)->port());
+  Send(fd, "POST /x HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n");
+  const std::string r = ReadAll(fd, 3000);
+  close(fd);
+  EXPECT_EQ(r.substr(0, r.find("\r\n")), "HTTP/1.1 401 Unauthorized") << r;
+  EXPECT_NE(r.find("Content-Type: application/json"), std::string::npos) << r;
+  EXPECT_NE(r.find(R"({"error": "no key"})"), std::string::npos) << r;
+  const int ok = Connect((*s)->port());
+  Send(ok, "POST /y HTTP/1.1\r\nX-Key: good\r\nContent-Length: 4\r\n\r\nbody");
+  EXPECT_NE(ReadAll(ok).find("POST /y - body"), std::string::npos);
+  close(ok);
+  s->reset();
+  EXPECT_EQ(checked, 2);
+}
+
+TEST(HttpServerTest, BodiesBeingReceivedShareOneBudget) {
+  ServerOptions o;
+  o.max_body_bytes = 100;
+  o.max_buffered_body_bytes = 150;
+  auto s = StartEcho(o);
+  ASSERT_NE(s, nullptr);
+  const int a = Connect(s->port());
+  Send(a, "POST /a HTTP/1.1\r\nContent-Length: 100\r\n\r\n");  // 100 of 150 reserved, body pending
+  const int b = Connect(s->port(), "127.0.0.2");
+  Send(b, "POST /b HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+  const std::string rb = ReadAll(b, 3000);
+  close(b);
+  EXPECT_EQ(rb.substr(0, rb.find("\r\n")), "HTTP/1.1 503 Service Unavailable") << rb;
+  EXPECT_NE(Get(s->port(), "/small", "127.0.0.3").find("GET /small"), std::string::npos);  // no body: served
+  Send(a, std::string(100, 'x'));
+  EXPECT_NE(ReadAll(a).find("POST /a - xxx"), std::string::npos);
+  close(a);
+  // The budget is back once the first request is done.
+  const int c = Connect(s->port(), "127.0.0.2");
+  Send(c, "POST /c HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + std::string(100, 'y'));
+  EXPECT_NE(ReadAll(c).find("POST /c - yyy"), std::string::npos);
+  close(c);
 }
 
 TEST(HttpServerTest, ARequestThatDoesNotArriveInTimeIsClosed) {

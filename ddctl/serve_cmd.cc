@@ -267,7 +267,8 @@ absl::Status RunServe(const CliConfig& cfg) {
   }
   std::unique_ptr<router::OpenAiHttp> http;
   std::string http_at;
-  if (const auto http_options = router::HttpOptionsFromFlags(!options.auth.enabled()); !http_options.listen.empty()) {
+  ASSIGN_OR_RETURN(const router::HttpOptions http_options, router::HttpOptionsFromFlags(options.auth));
+  if (!http_options.listen.empty()) {
     const std::string& h = http_options.listen;
     ASSIGN_OR_RETURN(http, router::OpenAiHttp::Start(http_options, server->InProcessChannel(grpc::ChannelArguments())));
     http_at = absl::StrCat(" http ", h.substr(0, h.rfind(':')), ":", http->port());

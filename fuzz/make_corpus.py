@@ -152,9 +152,24 @@ def ucx_request_seeds():
     put("ucx_request", "seed-put-length-mismatch", put_req(1 << 25, kib16 - 1, 0, kib16))
 
 
+def http_front_seeds():
+    # First byte: bit 0 the keyed front, bits 1-2 the endpoint, bit 3 "Authorization: Bearer "
+    # before the rest (the header lines).
+    key = b"fuzz-key-0123456789abcdef0123456789abcdef"
+    put("http_front", "seed-utf8-key", bytes([0b1001]) + "café".encode())
+    put("http_front", "seed-tab", bytes([0b1000]) + b"a\tb")
+    put("http_front", "seed-nul", bytes([0b1011]) + b"a\x00b")
+    put("http_front", "seed-del", bytes([0b1101]) + b"\x7fkey")
+    put("http_front", "seed-lone-lf", bytes([0b1000]) + b"x\nX-Other: y")
+    put("http_front", "seed-raw-authorization", bytes([0b0011]) + b"Authorization: \x01\x02")
+    put("http_front", "seed-valid-key", bytes([0b1001]) + key)
+    put("http_front", "seed-origin", bytes([0b0000]) + b"Origin: http://evil.example")
+    put("http_front", "seed-long", bytes([0b1011]) + b"k" * 3000)
+
+
 def main():
     for f in (gguf_seeds, safetensors_seeds, tokenizer_json_seeds, tenants_seeds, prompt_seeds, request_seeds,
-              ucx_request_seeds):
+              ucx_request_seeds, http_front_seeds):
         f()
     n = sum(1 for _ in (HERE / "corpus").rglob("seed-*"))
     print(f"make_corpus: {n} seed files under {HERE / 'corpus'}", file=sys.stderr)

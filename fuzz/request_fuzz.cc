@@ -14,6 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       "max_new_tokens bounded");
     dd::fuzz::Require(req.stop_size() <= 16 && req.stop_token_ids_size() <= 256, "stops bounded");
     dd::fuzz::Require(req.request_id().size() <= 128, "request_id bounded");
+    for (const unsigned char ch : req.request_id()) {
+      dd::fuzz::Require(ch >= 0x20 && ch <= 0x7e, "request_id printable (it is written to logs)");
+    }
   } else {
     dd::fuzz::Require(st.code() == absl::StatusCode::kInvalidArgument, "refusals are INVALID_ARGUMENT");
   }

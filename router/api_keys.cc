@@ -1,6 +1,7 @@
 #include "router/api_keys.h"
 
 #include <algorithm>
+#include <optional>
 #include <sys/stat.h>
 
 
@@ -19,18 +20,27 @@ bool SameKey(const std::string& want, const char* got, size_t got_size) {
   return SecretEquals(want, absl::string_view(got, got_size));
 }
 
-// The bearer token of the call, or false when there is none.
-bool Bearer(const grpc::ServerContext* ctx, const char** token, size_t* size) {
+// The token of an authorization value "Bearer TOKEN", or false when it is not one.
+bool BearerToken(absl::string_view v, const char** token, size_t* size) {
+  constexpr absl::string_view kPrefix = "Bearer ";
+  if (v.size() <= kPrefix.size() || v.substr(0, kPrefix.size()) != kPrefix) return false;
+  *token = v.data() + kPrefix.size();
+  *size = v.size() - kPrefix.size();
+  return true;
+}
+
+// The call's authorization metadata, or nullopt when it has none.
+std::optional<absl::string_view> AuthorizationOf(const grpc::ServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) return false;
-  const grpc::string_ref v = it->second;
-  constexpr char kPrefix[] = "Bearer ";
-  constexpr size_t kLen = sizeof(kPrefix) - 1;
-  if (v.size() <= kLen || std::string(v.data(), kLen) != kPrefix) return false;
-  *token = v.data() + kLen;
-  *size = v.size() - kLen;
-  return true;
+  if (it == md.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// The bearer token of the call, or false when there is none.
+bool Bearer(const grpc::ServerContext* ctx, const char** token, size_t* size) {
+  const std::optional<absl::string_view> v = AuthorizationOf(ctx);
+  return v.has_value() && BearerToken(*v, token, size);
 }
 
 }  // namespace
@@ -105,11 +115,15 @@ bool ApiAuth::SharesPrefixes(const std::string& tenant) const {
 }
 
 grpc::Status ApiAuth::Tenant(const grpc::ServerContext* ctx, std::string* tenant) const {
+  return TenantOf(AuthorizationOf(ctx), tenant);
+}
+
+grpc::Status ApiAuth::TenantOf(std::optional<absl::string_view> authorization, std::string* tenant) const {
   tenant->clear();
   if (!enabled()) return grpc::Status::OK;
   const char* token = nullptr;
   size_t size = 0;
-  if (!Bearer(ctx, &token, &size)) {
+  if (!authorization.has_value() || !BearerToken(*authorization, &token, &size)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing API key (metadata 'authorization: Bearer <key>')");
   }
   const std::string* found = nullptr;

@@ -9,10 +9,12 @@
 // key, the operator calls are refused outright: nothing about the fleet leaks to a tenant.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
 namespace dd::router {
@@ -37,6 +39,9 @@ class ApiAuth {
   // A tenant call: OK with the tenant's name in `tenant` ("" when the API is open), else
   // UNAUTHENTICATED. The operator key is accepted too (tenant "operator").
   grpc::Status Tenant(const grpc::ServerContext* ctx, std::string* tenant) const;
+  // The same for an authorization value as it came ("Bearer KEY"; nullopt: none was sent), for
+  // fronts that check a caller before its request reaches gRPC (the HTTP front, before the body).
+  grpc::Status TenantOf(std::optional<absl::string_view> authorization, std::string* tenant) const;
   // An operator call: OK only with the operator key when any credential is configured.
   grpc::Status Operator(const grpc::ServerContext* ctx) const;
   // Distinct tenants with keys.

@@ -78,10 +78,14 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<dd::router::OpenAiHttp> http;
   std::string http_at;
-  if (const auto http_options = dd::router::HttpOptionsFromFlags(!options.auth.enabled());
-      !http_options.listen.empty()) {
-    const std::string& h = http_options.listen;
-    auto started = dd::router::OpenAiHttp::Start(http_options, server->InProcessChannel(grpc::ChannelArguments()));
+  const auto http_options = dd::router::HttpOptionsFromFlags(options.auth);
+  if (!http_options.ok()) {
+    std::cerr << "dd-router: " << http_options.status().message() << "\n";
+    return 1;
+  }
+  if (!http_options->listen.empty()) {
+    const std::string& h = http_options->listen;
+    auto started = dd::router::OpenAiHttp::Start(*http_options, server->InProcessChannel(grpc::ChannelArguments()));
     if (!started.ok()) {
       std::cerr << "dd-router: " << started.status().message() << "\n";
       return 1;

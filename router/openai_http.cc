@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/http_server.h"
+#include "common/json_bounds.h"
 #include "common/random.h"
 #include "nlohmann/json.hpp"
 #include "proto/generate.grpc.pb.h"
@@ -17,7 +18,8 @@ namespace dd::router {
 namespace {
 
 using json = nlohmann::json;
-constexpr size_t kMaxBody = size_t{8} << 20;
+// An Authorization value longer than this is no key of ours (keys are at most 256 characters).
+constexpr size_t kMaxAuthorizationBytes = 1024;
 
 struct HttpError {
   int status = 500;
@@ -89,8 +91,28 @@ bool IsIpOrLocalhost(const std::string& name) {
   return inet_pton(AF_INET, name.c_str(), buf) == 1 || inet_pton(AF_INET6, name.c_str(), buf) == 1;
 }
 
-// The request body as a JSON object (the server bounded it by kMaxBody before reading it).
+// Why an Authorization value cannot be passed on as gRPC metadata (which carries printable
+// ASCII only, and asserts on anything else), or nullopt when it can.
+std::optional<HttpError> BadAuthorization(const std::string& value) {
+  if (value.size() > kMaxAuthorizationBytes) {
+    return BadRequest(absl::StrCat("the Authorization header is longer than ", kMaxAuthorizationBytes, " bytes"),
+                      "invalid_authorization");
+  }
+  for (const unsigned char ch : value) {
+    if (ch < 0x20 || ch > 0x7e) {
+      return BadRequest("the Authorization header has a byte outside printable ASCII", "invalid_authorization");
+    }
+  }
+  return std::nullopt;
+}
+
+// The request body as a JSON object (the server bounded its size before reading it; its shape
+// is bounded here before a document is built).
 std::optional<json> ParseBody(const http::Connection& c, HttpError* err) {
+  if (absl::Status bounds = CheckJsonBounds(c.request().body); !bounds.ok()) {
+    *err = BadRequest(absl::StrCat("the request body is refused: ", bounds.message()), "invalid_json");
+    return std::nullopt;
+  }
   json j = json::parse(c.request().body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     *err = BadRequest("the request body must be a JSON object", "invalid_json");
@@ -220,17 +242,41 @@ struct OpenAiHttp::Handler {
                          "Content-Length: 0\r\nConnection: close\r\n\r\n"));
   }
 
-  static void Authorize(const http::Connection& c, grpc::ClientContext* ctx) {
+  // Passes the caller's Authorization on; false (with the answer sent) when it cannot be.
+  // CheckHead refused such a value already; this keeps the gRPC call safe on its own.
+  static bool Authorize(http::Connection& c, grpc::ClientContext* ctx) {
     if (const std::string* auth = c.request().Header("Authorization"); auth != nullptr) {
+      if (std::optional<HttpError> e = BadAuthorization(*auth)) {
+        SendError(c, *e);
+        return false;
+      }
       ctx->AddMetadata("authorization", *auth);
     }
+    return true;
+  }
+
+  // On the server's loop thread, before any body byte is kept: a value gRPC cannot carry, and
+  // with API keys a missing or unknown key, are answered here.
+  std::optional<http::Refusal> CheckHead(const http::Request& head) const {
+    if (head.method == "OPTIONS") return std::nullopt;  // a CORS preflight carries no key
+    const std::string* auth = head.Header("Authorization");
+    std::optional<HttpError> e;
+    if (auth != nullptr) e = BadAuthorization(*auth);
+    if (!e && options.auth.enabled()) {
+      std::string tenant;
+      const grpc::Status st =
+          options.auth.TenantOf(auth != nullptr ? std::optional<absl::string_view>(*auth) : std::nullopt, &tenant);
+      if (!st.ok()) e = FromGrpc(st);
+    }
+    if (!e) return std::nullopt;
+    return http::Refusal{e->status, "application/json", Dump(ErrorBody(*e))};
   }
 
   void Get(http::Connection& c) {
     const std::string& uri = c.request().path;
     if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"});
     grpc::ClientContext ctx;
-    Authorize(c, &ctx);
+    if (!Authorize(c, &ctx)) return;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ListModelsResponse resp;
     if (grpc::Status st = stub->ListModels(&ctx, {}, &resp); !st.ok()) return SendError(c, FromGrpc(st));
@@ -306,7 +352,7 @@ struct OpenAiHttp::Handler {
     const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
     const std::string model = req.model().empty() ? ServedModel(c) : req.model();
     grpc::ClientContext ctx;
-    Authorize(c, &ctx);
+    if (!Authorize(c, &ctx)) return;
     // A client that hangs up cancels its request, streamed or not, in prefill or in decode.
     c.OnHangup([&ctx] { ctx.TryCancel(); });
     struct ClearHangup {
@@ -363,9 +409,12 @@ struct OpenAiHttp::Handler {
   }
 
   // The one model served, for responses to requests that named none.
-  std::string ServedModel(const http::Connection& c) {
+  std::string ServedModel(const http::Connection& c) const {
     grpc::ClientContext ctx;
-    Authorize(c, &ctx);
+    if (const std::string* auth = c.request().Header("Authorization"); auth != nullptr) {
+      if (BadAuthorization(*auth)) return "";
+      ctx.AddMetadata("authorization", *auth);
+    }
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ListModelsResponse resp;
     if (!stub->ListModels(&ctx, {}, &resp).ok() || resp.models().empty()) return "";
@@ -387,10 +436,13 @@ absl::StatusOr<std::unique_ptr<OpenAiHttp>> OpenAiHttp::Start(const HttpOptions&
   o.max_per_client = http.max_connections_per_client;
   o.request_timeout_ms = 10000;
   o.write_timeout_ms = 30000;
-  o.max_body_bytes = static_cast<int64_t>(kMaxBody);
+  o.max_body_bytes = http.max_body_bytes;
+  o.max_buffered_body_bytes = std::max<int64_t>(o.max_body_bytes, o.max_buffered_body_bytes);
   o.name = "http";
   Handler* handler = h->handler_.get();
-  auto server = http::Server::Start(o, [handler](http::Connection& c) { handler->Handle(c); });
+  auto server = http::Server::Start(
+      o, [handler](http::Connection& c) { handler->Handle(c); },
+      [handler](const http::Request& head) { return handler->CheckHead(head); });
   if (!server.ok()) return server.status();
   h->server_ = std::move(*server);
   h->port_ = h->server_->port();

@@ -196,4 +196,14 @@ int WorkerRegistry::workers_up() const {
   return n;
 }
 
+int64_t WorkerRegistry::capacity() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  int64_t n = 0;
+  for (const auto& [id, e] : workers_) {
+    if (Up(e, now) && !e.load.draining()) n += int64_t{e.load.max_batch()} + e.load.max_waiting();
+  }
+  return n;
+}
+
 }  // namespace dd::router

@@ -66,6 +66,8 @@ class WorkerRegistry {
   std::vector<dd::v1::WorkerInfo> Snapshot() const;
   std::vector<dd::v1::ModelInfo> Models() const;
   int workers_up() const;
+  // Requests the workers up and not draining take at once: their batch + queue, summed.
+  int64_t capacity() const;
 
  private:
   struct Entry {

@@ -3,6 +3,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/byte_size.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
 
@@ -10,7 +11,11 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "router: a worker silent this lon
 ABSL_FLAG(int64_t, max_inflight, 256, "router: requests in flight at once; more are refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, tenant_max_inflight, 0,
           "router: requests one API tenant may have in flight (a key's \"max_inflight\" in --api_keys_file wins); "
-          "0 = half of --max_inflight when the keys name two or more tenants, else no per-tenant limit");
+          "0 = with two or more tenants, an equal share of the workers' capacity (batch + queue of those up, at "
+          "most --max_inflight), else no per-tenant limit");
+ABSL_FLAG(bool, expose_worker_id, false,
+          "router: name the serving worker in every caller's usage; off, only the operator key and an open API "
+          "see it (a tenant would otherwise learn where other tenants' prompts were placed)");
 ABSL_FLAG(int32_t, max_resumes, 3, "router: times a request may move to another worker after failures");
 ABSL_FLAG(int32_t, max_workers, 256, "router: workers it keeps track of; more registrations are refused");
 ABSL_FLAG(std::string, api_keys_file, "",
@@ -33,18 +38,28 @@ ABSL_FLAG(std::string, http_allowed_hosts, "",
 ABSL_FLAG(int32_t, http_threads, 64,
           "router: HTTP requests handled at once (a streamed one holds its thread until it ends); 4x as many wait, "
           "then 503. Idle connections take none");
+ABSL_FLAG(std::string, http_max_body_bytes, "8MiB",
+          "router: largest HTTP request body (e.g. 1MiB); a larger one gets 413 before any of it is read. Bodies "
+          "are read only after the API key is checked");
 ABSL_FLAG(int32_t, http_max_connections_per_client, 256,
           "router: open HTTP connections one client address may hold (more are closed at once); raise it when every "
           "request arrives through one proxy");
 
 namespace dd::router {
 
-HttpOptions HttpOptionsFromFlags(bool open_api) {
+absl::StatusOr<HttpOptions> HttpOptionsFromFlags(const ApiAuth& auth) {
   HttpOptions o;
+  absl::StatusOr<int64_t> body = ParseByteSize(absl::GetFlag(FLAGS_http_max_body_bytes), "http_max_body_bytes");
+  if (!body.ok()) return body.status();
+  if (*body < 1024 || *body > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("--http_max_body_bytes must be between 1KiB and 1GiB");
+  }
+  o.max_body_bytes = *body;
+  o.auth = auth;
   o.listen = absl::GetFlag(FLAGS_http_listen);
   o.cors_origins = absl::StrSplit(absl::GetFlag(FLAGS_http_cors_origins), ',', absl::SkipWhitespace());
   o.allowed_hosts = absl::StrSplit(absl::GetFlag(FLAGS_http_allowed_hosts), ',', absl::SkipWhitespace());
-  o.open_api = open_api;
+  o.open_api = !auth.enabled();
   o.threads = absl::GetFlag(FLAGS_http_threads);
   o.max_connections_per_client = absl::GetFlag(FLAGS_http_max_connections_per_client);
   return o;
@@ -56,6 +71,7 @@ RouterOptions RouterOptionsFromFlags() {
   o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   o.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   o.tenant_max_inflight = absl::GetFlag(FLAGS_tenant_max_inflight);
+  o.expose_worker_id = absl::GetFlag(FLAGS_expose_worker_id);
   o.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   o.max_workers = absl::GetFlag(FLAGS_max_workers);
   return o;

@@ -10,7 +10,8 @@ RouterOptions RouterOptionsFromFlags();
 // --api_keys_file and --operator_key_file, loaded (errors name the file and the problem).
 absl::StatusOr<ApiAuth> ApiAuthFromFlags();
 // The OpenAI-compatible HTTP endpoint's options (router/openai_http.h): --http_listen (""
-// = off), --http_cors_origins, --http_allowed_hosts; `open_api` when the router has no API keys.
-HttpOptions HttpOptionsFromFlags(bool open_api);
+// = off), --http_cors_origins, --http_allowed_hosts, --http_max_body_bytes; `auth`, the
+// router's keys, checked before a body is read (open when it has none).
+absl::StatusOr<HttpOptions> HttpOptionsFromFlags(const ApiAuth& auth);
 
 }  // namespace dd::router

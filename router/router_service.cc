@@ -5,6 +5,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "common/random.h"
@@ -30,9 +31,11 @@ grpc::Status ToGrpc(const absl::Status& st) {
   return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
 }
 
-// Requests whose prompts start alike get the same key (prefix locality); 0 = none.
-uint64_t PrefixKey(const dd::v1::GenerateRequest& req) {
-  std::string head = req.model() + "\n";
+// Requests whose prompts start alike get the same key (prefix locality); 0 = none. `scope` is
+// the tenant (empty when the API is open or the tenant shares prefixes), so where one tenant's
+// request lands says nothing about what another tenant sent.
+uint64_t PrefixKey(const dd::v1::GenerateRequest& req, const std::string& scope) {
+  std::string head = absl::StrCat(scope.size(), ":", scope, "\n", req.model(), "\n");
   if (req.has_token_ids()) {
     const int n = std::min(req.token_ids().ids_size(), 256);
     head.append(reinterpret_cast<const char*>(req.token_ids().ids().data()), n * sizeof(int32_t));
@@ -57,7 +60,8 @@ class RegistryService final : public dd::worker::v1::Registry::Service {
     }
     absl::StatusOr<std::string> lease = registry_.Register(*req);
     if (!lease.ok()) {
-      LOG(WARNING) << "refused worker " << req->worker_id() << " at " << req->address() << ": " << lease.status();
+      LOG(WARNING) << "refused worker '" << absl::CHexEscape(req->worker_id()) << "' at '"
+                   << absl::CHexEscape(req->address()) << "': " << lease.status();
       return ToGrpc(lease.status());
     }
     resp->set_lease(*lease);
@@ -200,7 +204,13 @@ grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
   if (tenant.empty() || tenant == "operator") return grpc::Status::OK;  // an open API; the operator
   int64_t limit = options_.auth.TenantMaxInflight(tenant);
   if (limit == 0) limit = options_.tenant_max_inflight;
-  if (limit == 0 && options_.auth.tenant_count() >= 2) limit = std::max<int64_t>(1, options_.max_inflight / 2);
+  if (limit == 0 && options_.auth.tenant_count() >= 2) {
+    // An equal share of what is really behind the router: the workers' slots and queues (each
+    // worker refuses beyond its batch + queue), never more than the router's own cap.
+    const int64_t capacity = registry_.capacity();
+    const int64_t total = capacity > 0 ? std::min(capacity, options_.max_inflight) : options_.max_inflight;
+    limit = std::max<int64_t>(1, total / options_.auth.tenant_count());
+  }
   std::lock_guard<std::mutex> lock(tenant_mu_);
   int64_t& n = tenant_inflight_[tenant];
   if (limit > 0 && n >= limit) {
@@ -230,7 +240,10 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
   // or probe another's request, and a call can cancel nothing but its own work.
   const std::string client_id = req.request_id().empty() ? NewRequestId() : req.request_id();
   req.set_request_id(NewRequestId());
-  const uint64_t prefix_key = PrefixKey(req);
+  const uint64_t prefix_key = PrefixKey(req, options_.auth.SharesPrefixes(tenant) ? "" : tenant);
+  // Which worker served a request tells a tenant where other tenants' prompts went; only the
+  // operator (and an open API, which has no tenants to tell apart) sees it unless exposed.
+  const bool show_worker = options_.expose_worker_id || !options_.auth.enabled() || tenant == "operator";
   std::vector<int32_t> streamed;  // every token the client has, in order
   int64_t text_bytes = 0;
   bool first = true;
@@ -301,6 +314,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         *out.mutable_usage() = resp.usage();
         dd::v1::Usage* u = out.mutable_usage();
         u->set_request_id(client_id);
+        if (!show_worker) u->clear_worker_id();
         u->set_resumes(resumes);
         u->set_completion_tokens(static_cast<int64_t>(streamed.size()));
         u->set_ttft_seconds(std::chrono::duration<double>(t_first - arrival).count());
@@ -355,7 +369,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         [[fallthrough]];
       default:
         // The worker died or failed mid-request: resume elsewhere from what the client has.
-        LOG(WARNING) << "request " << client_id << " (" << req.request_id() << ") lost worker " << place->worker_id
+        LOG(WARNING) << "request '" << absl::CHexEscape(client_id) << "' (" << req.request_id() << ") lost worker " << place->worker_id
                      << " after " << streamed.size() << " tokens (" << st.error_message() << "); resuming";
         if (const auto& trailers = wctx.GetServerTrailingMetadata(); trailers.find(kDrainingTrailer) != trailers.end()) {
           registry_.MarkDraining(place->worker_id);  // refused at admission: not a failure

@@ -44,9 +44,13 @@ struct RouterOptions {
   std::string cluster_secret;   // shown to and required from workers (proto/cluster_auth.h); "" = off
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;  // dialing workers; null = plaintext
   ApiAuth auth;                 // tenant API keys and the operator key (api_keys.h); default: open
-  // Requests one API tenant may have in flight (a key's own max_inflight wins). 0: half of
-  // max_inflight when the keys name two or more tenants, else no per-tenant limit.
+  // Requests one API tenant may have in flight (a key's own max_inflight wins). 0: when the keys
+  // name two or more tenants, an equal share of the capacity of the workers up (their batch +
+  // queue, at most max_inflight), else no per-tenant limit.
   int64_t tenant_max_inflight = 0;
+  // Usage names the worker that served a request to every caller; off, only to the operator key
+  // and on an open API (a tenant could otherwise learn where other tenants' prompts went).
+  bool expose_worker_id = false;
 };
 
 class RouterService final : public dd::v1::DualDecoder::Service {

@@ -305,6 +305,9 @@ def test_api_keys_and_the_operator_key(tmp_path):
         assert r.returncode != 0 and "unknown API key" in r.stderr, r.stderr
         out = ddctl_json(*gen, f"--api_key_file={tenant_key}")
         assert len(out["tokens"]) == 2, out
+        # Where a request was placed is the operator's to know, not a tenant's.
+        assert out["usage"].get("worker_id", "") == "", out
+        assert ddctl_json(*gen, f"--api_key_file={op_key}")["usage"]["worker_id"] == "keyed-w"
         r = ddctl("workers", "--server", router.addr, f"--api_key_file={tenant_key}")
         assert r.returncode != 0 and "PERMISSION_DENIED" in r.stderr, r.stderr
         r = ddctl("stats", "--server", router.addr)
