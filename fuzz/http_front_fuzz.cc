@@ -54,6 +54,13 @@ Front* StartFront(bool keyed) {
 // server still waits for body bytes that a fuzzed Content-Length announced).
 std::string Exchange(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // The server closes first, so each exchange leaves a TIME_WAIT behind for a minute: spread
+  // them over 64 loopback source addresses, or a smoke run's 20000 would use up the ports.
+  static uint32_t next = 0;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(0x7f000100u + 1 + (next++ % 64));  // 127.0.1.1 .. 127.0.1.64
+  dd::fuzz::Require(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0, "bind a loopback source");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

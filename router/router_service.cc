@@ -279,6 +279,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     // no anonymous requests to share that namespace with).
     sub.set_tenant(tenant);
     sub.set_shared_prefixes(options_.auth.SharesPrefixes(tenant));
+    sub.set_tenants(static_cast<int32_t>(options_.auth.tenant_count()));
     grpc::ClientContext wctx;
     AttachClusterSecret(&wctx, options_.cluster_secret);
     if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());

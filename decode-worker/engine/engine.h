@@ -208,7 +208,8 @@ class Engine {
   // Frees the slot's KV and its reservation.
   void Release(int32_t seq);
   // After a step failed with UNAVAILABLE because the KV pool was lost: reconnects the store
-  // (KvStore::Recover). Release every sequence first; they are rebuilt by prefilling again.
+  // (KvStore::Recover). Release every sequence first; the scheduler rebuilds them (the prompt
+  // prefilled, in sparse modes the generated tokens replayed as decode steps).
   // The device forgets the store's mapped memory first: Recover unmaps it, and a new mapping
   // may come back at the same address.
   absl::Status RecoverKvStore() {

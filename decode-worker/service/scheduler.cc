@@ -157,6 +157,15 @@ int64_t Scheduler::TotalTokens(const RequestSpec& spec) const {
   return std::min<int64_t>(engine_.config().n_ctx_train, static_cast<int64_t>(spec.prompt.size()) + grow);
 }
 
+absl::Span<const int32_t> Scheduler::PrefillPrompt(const RequestSpec& spec) const {
+  const int64_t n = static_cast<int64_t>(spec.prompt.size());
+  const int64_t original = n - static_cast<int64_t>(spec.resumed.size());
+  // Full attention: a decode row's KV is a prefill row's, bit for bit, so prefilling the
+  // resumed tokens too is exact (and one pass instead of a step each).
+  if (engine_.sparse_cache() == nullptr || original <= 0) return spec.prompt;
+  return absl::MakeConstSpan(spec.prompt).first(original);
+}
+
 void Scheduler::PublishMemoryLocked() {
   stats_.reserved_bytes = engine_.reserved_bytes();
   stats_.kv_bytes = engine_.kv_bytes();
@@ -223,30 +232,54 @@ void Scheduler::Loop() {
   waiting_.clear();
 }
 
+std::map<std::string, int32_t> Scheduler::ActiveByTenant() const {
+  std::map<std::string, int32_t> n;
+  for (const auto& r : active_) ++n[r->spec.tenant];  // finished ones hold their slot until Reap
+  return n;
+}
+
+int Scheduler::PickWaitingLocked(const std::map<std::string, int32_t>& active) const {
+  const int32_t cap = options_.tenant_max_slots >= 0 ? options_.tenant_max_slots
+                                                     : options_.max_batch - std::max(1, options_.max_batch / 4);
+  int best = -1;
+  int32_t best_active = 0;
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    const RequestSpec& spec = waiting_[i]->spec;
+    const auto it = active.find(spec.tenant);
+    const int32_t n = it == active.end() ? 0 : it->second;
+    if (spec.tenants >= 2 && !spec.tenant.empty() && cap > 0 && n >= cap) continue;
+    if (best < 0 || n < best_active) best = static_cast<int>(i), best_active = n;
+  }
+  return best;
+}
+
 void Scheduler::AdmitWaiting() {
   while (!free_slots_.empty()) {
     Request* r = nullptr;
+    int pick = -1;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (waiting_.empty()) return;
-      r = waiting_.front().get();  // only this thread removes from waiting_
+      pick = PickWaitingLocked(ActiveByTenant());
+      if (pick < 0) return;  // every waiting tenant is at its slot limit
+      r = waiting_[pick].get();  // only this thread removes from waiting_; others append
     }
     const int32_t slot = free_slots_.back();
     const RequestSpec& spec = r->spec;
     const int64_t n = static_cast<int64_t>(spec.prompt.size());
     const int64_t resumed = static_cast<int64_t>(spec.resumed.size());
     absl::Status st = engine_.Admit(slot, n, TotalTokens(spec));
-    // Device memory full: wait for a running request to leave (FIFO, no overtaking).
+    // Device memory full: wait for a running request to leave (no overtaking).
     if (absl::IsResourceExhausted(st) && !active_.empty()) return;
-    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, spec.prompt, spec.prefix_salt) : absl::StatusOr<int64_t>(st);
+    absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, PrefillPrompt(spec), spec.prefix_salt) : absl::StatusOr<int64_t>(st);
     // The KV pool is lost (nothing running noticed yet): the request waits for it as running
     // ones do, and RebuildLost starts it once the pool is back.
     const bool wait_for_pool = st.ok() && absl::IsUnavailable(started.status()) && options_.max_rebuilds > 0;
     std::unique_ptr<Request> owned;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      owned = std::move(waiting_.front());
-      waiting_.pop_front();
+      owned = std::move(waiting_[pick]);
+      waiting_.erase(waiting_.begin() + pick);
       if (started.ok() || wait_for_pool) {
         active_ids_.push_back(owned->spec.id);
       } else {
@@ -319,12 +352,21 @@ void Scheduler::PrefillIteration(int64_t decoded) {
   int64_t budget = std::max(options_.step_tokens - decoded, options_.min_prefill_tokens);
   std::vector<engine::Engine::PrefillPiece> pieces;
   std::vector<Request*> reqs;
-  for (auto& r : active_) {
-    const int64_t n = static_cast<int64_t>(r->spec.prompt.size());
+  // The prompts of the tenants with the fewest requests in the batch first (a stable sort:
+  // arrival order within a tenant, and among tenants as loaded).
+  const std::map<std::string, int32_t> load = ActiveByTenant();
+  std::vector<Request*> order;
+  for (auto& r : active_) order.push_back(r.get());
+  std::stable_sort(order.begin(), order.end(), [&load](const Request* a, const Request* b) {
+    return load.at(a->spec.tenant) < load.at(b->spec.tenant);
+  });
+  for (Request* r : order) {
+    const absl::Span<const int32_t> prompt = PrefillPrompt(r->spec);
+    const int64_t n = static_cast<int64_t>(prompt.size());
     if (r->done || r->lost || r->prefilled >= n) continue;
     const int64_t take = std::min(budget, n - r->prefilled);
-    pieces.push_back({.seq = r->slot, .prompt = r->spec.prompt, .begin = r->prefilled, .end = r->prefilled + take});
-    reqs.push_back(r.get());
+    pieces.push_back({.seq = r->slot, .prompt = prompt, .begin = r->prefilled, .end = r->prefilled + take});
+    reqs.push_back(r);
     budget -= take;
     if (budget <= 0) break;
   }
@@ -348,6 +390,14 @@ void Scheduler::PrefillIteration(int64_t decoded) {
 }
 
 void Scheduler::Emit(Request& r, const float* logits) {
+  // Tokens of the prompt that prefill left out (PrefillPrompt: ones generated before a resume
+  // or rebuild) go in as decode steps, one per step, each forced and its output unused, so
+  // their KV is what decode computed when they were generated. The client has them already:
+  // nothing is sampled or streamed until the last one's step.
+  if (const int64_t length = engine_.Length(r.slot); length < static_cast<int64_t>(r.spec.prompt.size())) {
+    r.pending = r.spec.prompt[length];
+    return;
+  }
   const int32_t token = r.sampler->Sample(logits, engine_.config().n_vocab);
   const Clock::time_point now = Clock::now();
   // The first token of this request on this worker (tokens a rebuild put back in the prompt
@@ -461,9 +511,13 @@ void Scheduler::RebuildLost() {
     r->pending = -1;
     r->lost = false;
     ++r->rebuilds;
-    absl::Status st = engine_.Admit(r->slot, static_cast<int64_t>(r->spec.prompt.size()), TotalTokens(r->spec));
+    // Sparse modes: the original prompt is prefilled and the generated tokens replayed as
+    // decode steps (PrefillPrompt, Emit); a dense prefill of them would give them KV the first
+    // run never had, and the stream could turn.
+    const absl::Span<const int32_t> prefill = PrefillPrompt(r->spec);
+    absl::Status st = engine_.Admit(r->slot, static_cast<int64_t>(prefill.size()), TotalTokens(r->spec));
     absl::StatusOr<int64_t> started =
-        st.ok() ? engine_.StartPrefill(r->slot, r->spec.prompt, r->spec.prefix_salt) : absl::StatusOr<int64_t>(st);
+        st.ok() ? engine_.StartPrefill(r->slot, prefill, r->spec.prefix_salt) : absl::StatusOr<int64_t>(st);
     if (!started.ok()) {
       Finish(*r, absl::UnavailableError(absl::StrCat("rebuilding the KV after the pool was lost: ",
                                                      started.status().message())),
@@ -472,7 +526,8 @@ void Scheduler::RebuildLost() {
     }
     r->prefilled = *started;
     LOG(WARNING) << "request " << r->spec.id << ": KV pool lost; rebuilding " << r->spec.prompt.size()
-                 << " tokens (rebuild " << r->rebuilds << ")";
+                 << " tokens: " << prefill.size() << " prefilled, " << r->spec.prompt.size() - prefill.size()
+                 << " replayed as decode steps (rebuild " << r->rebuilds << ")";
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.rebuilt;
   }

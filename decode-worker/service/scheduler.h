@@ -1,9 +1,12 @@
 // Continuous batching over one Engine (DESIGN §1 decode-worker).
 //
 // One thread owns the engine. Each iteration it admits waiting requests into free slots (as
-// far as device memory allows, FIFO), runs one decode step for every request that has a
-// token to append, then spends the rest of a per-iteration token budget on chunked prefill of
-// the requests still reading their prompts. Requests join and leave between iterations.
+// far as device memory allows), runs one decode step for every request that has a token to
+// append, then spends the rest of a per-iteration token budget on chunked prefill of the
+// requests still reading their prompts. Requests of one tenant are admitted and prefilled in
+// arrival order; between API tenants, the tenant with the fewest requests in the batch goes
+// first, and no tenant takes more than tenant_max_slots slots, so one tenant's flood of long
+// prompts cannot hold another's first token behind it. Requests join and leave between iterations.
 // Output goes to each request's RequestStream, which the RPC thread drains; cancellation and
 // deadlines free the slot, its device-memory reservation and (sparse modes) its pool blocks.
 #pragma once
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "decode-worker/engine/engine.h"
 
 namespace dd::worker {
@@ -32,6 +36,7 @@ struct RequestSpec {
   std::vector<int32_t> prompt;         // tokenized prompt, resumed tokens appended
   std::vector<int32_t> resumed;        // tokens the client already has (resume), also in prompt
   std::string tenant;                  // the API tenant the router authenticated ("": none)
+  int32_t tenants = 0;                 // API tenants the router serves (SubmitRequest.tenants)
   uint64_t prefix_salt = 0;            // its tenant's prefix-reuse salt (kvpool::TenantSalt)
   int64_t resumed_text_bytes = 0;
   int64_t max_new_tokens = 128;        // counting the resumed tokens
@@ -78,10 +83,11 @@ struct SchedulerOptions {
   int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
   int64_t max_new_tokens_limit = 8192;  // the largest max_new_tokens a request may ask for
   // When the KV pool is lost mid-request, the worker waits this long for it to come back
-  // (reconnecting at the same address) and then rebuilds each request's KV by prefilling its
-  // prompt and the tokens it has streamed; the stream continues as if nothing happened (greedy:
-  // the same tokens). Past this, or after `max_rebuilds` per request, the request fails with
-  // UNAVAILABLE (the router resumes it elsewhere).
+  // (reconnecting at the same address) and then rebuilds each request's KV from its prompt and
+  // the tokens it has streamed, as a resume does (Scheduler::PrefillPrompt); the stream
+  // continues as if nothing happened (greedy: the same tokens). Past this, or after
+  // `max_rebuilds` per request, the request fails with UNAVAILABLE (the router resumes it
+  // elsewhere).
   std::chrono::milliseconds pool_recovery_timeout{30000};
   int32_t max_rebuilds = 3;
   // KV-store bytes the requests of one API tenant (RequestSpec::tenant, not "") may hold at
@@ -89,6 +95,10 @@ struct SchedulerOptions {
   // fill the pool quota every tenant behind this worker shares. -1: half of the store's
   // capacity when it has one (a pool tenant's quota), else no limit; 0: no limit.
   int64_t tenant_max_store_bytes = -1;
+  // Batch slots the requests of one API tenant may hold when the router serves two or more
+  // tenants: the rest stay free for the others, who then start at once instead of waiting for
+  // that tenant's requests to finish. -1: max_batch − max(1, max_batch / 4); 0: no limit.
+  int32_t tenant_max_slots = -1;
 };
 
 struct SchedulerStats {
@@ -138,13 +148,13 @@ class Scheduler {
     std::optional<engine::TextStream> text;
     int32_t slot = -1;
     int64_t prefilled = 0;      // prompt tokens in the cache
-    int32_t pending = -1;       // sampled token to append at the next decode step
+    int32_t pending = -1;       // sampled (or replayed resumed) token to append at the next decode step
     int64_t generated = 0;      // output tokens so far, resumed ones included
     Clock::time_point first_token{}, last_token{};
     int64_t prefix_reused = 0;  // prompt tokens restored from the pool
     bool done = false;          // finished; Reap frees the slot, then sends final_event
     std::vector<int32_t> fresh;  // tokens streamed since the request last started prefilling
-    bool lost = false;           // its KV went with a lost pool: RebuildLost prefills it again
+    bool lost = false;           // its KV went with a lost pool: RebuildLost builds it again
     Clock::time_point lost_at{};
     int32_t rebuilds = 0;
     int64_t rebuilt_tokens = 0;  // of spec.resumed, those a rebuild added (generated here)
@@ -159,7 +169,13 @@ class Scheduler {
   void PublishMemoryLocked();  // engine memory figures into stats_ (mu_ held, scheduler thread)
   // Tokens a request may grow to: its prompt plus what it may still generate, capped by the context.
   int64_t TotalTokens(const RequestSpec& spec) const;
-  // Samples from `logits`, streams, and finishes the request when it stops.
+  // The prompt tokens prefill computes. Sparse modes: the prompt without the resumed tokens.
+  // The first run computed their KV in decode steps, attending sparsely once the context
+  // outgrew the budget; a dense prefill would give them other KV and a greedy stream could
+  // turn. Emit replays them as decode steps instead (one step each). Full mode: all of it.
+  absl::Span<const int32_t> PrefillPrompt(const RequestSpec& spec) const;
+  // Samples from `logits`, streams, and finishes the request when it stops; while resumed
+  // tokens are left to replay (PrefillPrompt), queues the next instead, sampling nothing.
   void Emit(Request& r, const float* logits);
   void Finish(Request& r, absl::Status status, const std::string& stop_reason);
   void Fail(std::vector<Request*> reqs, const absl::Status& st);
@@ -172,6 +188,11 @@ class Scheduler {
   int64_t TenantStoreLimit() const;
   // Gives back what a request's admission charged to its tenant (mu_ held).
   void UnchargeLocked(const Request& r);
+  // Requests of each tenant in the batch (scheduler thread).
+  std::map<std::string, int32_t> ActiveByTenant() const;
+  // The waiting request to admit next: of the tenants below their slot limit, the one with the
+  // fewest requests in the batch, its oldest request; -1 when none may start (mu_ held).
+  int PickWaitingLocked(const std::map<std::string, int32_t>& active) const;
 
   engine::Engine& engine_;
   engine::MemoryPlan full_plan_;  // full attention's, for "device memory against full"

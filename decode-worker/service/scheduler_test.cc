@@ -6,6 +6,8 @@
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
+#include <thread>
+
 namespace dd::worker {
 namespace {
 
@@ -226,6 +228,55 @@ TEST_F(SchedulerTest, OneTenantCannotHoldMoreThanItsShareOfTheStore) {
   EXPECT_TRUE(fourth.ok()) << fourth.status();
   for (const char* id : {"a3", "b1", "open", "a4"}) sched.Cancel(id);
   for (auto* st : {&*again, &*sb, &*so, &*fourth}) Drain(**st);
+}
+
+// Tenant fairness (two API tenants behind the router): B's requests cannot take every slot, and
+// A's prompt is prefilled before B's long ones, so A's answer does not wait for B's prompts.
+// Before, A queued behind B (FIFO admission, FIFO prefill) and got its token after B's did.
+TEST_F(SchedulerTest, AnotherTenantIsServedWhileOneFloods) {
+  auto eng = engine::Engine::Create(*model_, {.mode = engine::DecodeMode::kFull, .threads = 2});
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  Scheduler sched(**eng, {.max_batch = 4, .max_waiting = 16, .step_tokens = 256});  // B may hold 3 slots
+  const std::string long_prompt = Prompts()[3] + " " + Prompts()[3];
+  std::vector<std::shared_ptr<RequestStream>> b;
+  for (int i = 0; i < 6; ++i) {
+    RequestSpec s = Spec("b" + std::to_string(i), long_prompt, 200);
+    s.tenant = "team-b";
+    s.tenants = 2;
+    s.stop_at_eos = false;
+    auto st = sched.Submit(s);
+    ASSERT_TRUE(st.ok()) << st.status();
+    b.push_back(*st);
+  }
+  // A comes once B holds its slots (polled: the scheduler admits on its own thread).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (sched.Stats().active < 3 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  ASSERT_GE(sched.Stats().active, 3);
+  RequestSpec a = Spec("a", Prompts()[0], 1);
+  a.tenant = "team-a";
+  a.tenants = 2;
+  auto sa = sched.Submit(a);
+  ASSERT_TRUE(sa.ok()) << sa.status();
+  const Outcome got = Drain(**sa);
+  ASSERT_TRUE(got.final.status.ok()) << got.final.status;
+  EXPECT_EQ(got.tokens.size(), 1u);
+  // When A is done, at most the first of B's prompts (already being read when A came) has
+  // produced a token, and B's fourth to sixth requests have not started at all.
+  int b_started = 0;
+  std::vector<std::vector<StreamEvent>> seen;
+  for (auto& s : b) {
+    seen.push_back(s->Wait(std::chrono::milliseconds(0)));
+    b_started += seen.back().empty() ? 0 : 1;
+  }
+  EXPECT_LE(b_started, 1) << "B's prompts were read before A's";
+  for (int i = 0; i < 6; ++i) sched.Cancel("b" + std::to_string(i));
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(seen[i].empty()) << "b" << i << " took a fourth slot";
+  for (int i = 0; i < 6; ++i) {  // to their end, counting the tokens already taken
+    int64_t taken = 0;
+    bool ended = false;
+    for (const StreamEvent& e : seen[i]) taken += static_cast<int64_t>(e.tokens.size()), ended |= e.final;
+    if (!ended) Drain(*b[i], taken);
+  }
 }
 
 TEST_F(SchedulerTest, BadRequestsNameTheProblem) {

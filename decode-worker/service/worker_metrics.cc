@@ -50,8 +50,8 @@ class SchedulerCollectable : public prometheus::Collectable {
                          "Speculative tokens replaced by the context's continuation after a speculative miss",
                          MetricType::Counter, static_cast<double>(st.spec_resyncs)));
     out.push_back(family("dd_requests_rebuilt_total",
-                         "Requests whose KV was rebuilt (prompt and streamed tokens prefilled again) after the KV "
-                         "pool was lost",
+                         "Requests whose KV was rebuilt (prompt prefilled again, streamed tokens replayed as decode "
+                         "steps in the sparse modes) after the KV pool was lost",
                          MetricType::Counter, static_cast<double>(st.rebuilt)));
     prometheus::MetricFamily kv{"dd_kv_bytes_total", "KV bytes gathered from the store by path", MetricType::Counter, {}};
     for (auto [path, v] : {std::pair{"prefetch", st.kv_prefetch_bytes}, {"urgent", st.kv_urgent_bytes},

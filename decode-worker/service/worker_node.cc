@@ -14,13 +14,18 @@ ABSL_FLAG(int64_t, step_tokens, 512,
           "pieces between decode steps");
 ABSL_FLAG(int64_t, pool_recovery_ms, 30000,
           "serve: how long running requests wait for a lost KV pool to come back (same address) before they "
-          "fail; their KV is then rebuilt by prefilling the prompt and the tokens already streamed");
+          "fail; their KV is then rebuilt by prefilling the prompt and (sparse modes) replaying the tokens already "
+          "streamed as decode steps");
 
 ABSL_FLAG(std::string, tenant_max_pool_bytes, "auto",
           "serve: KV-pool bytes the running and queued requests of one API tenant may hold on this worker "
           "(their blocks' bytes at full length; RESOURCE_EXHAUSTED past it), so one tenant cannot fill the pool "
           "quota the others share. auto: half of the pool tenant's quota (no limit with the in-process store); "
           "0: no limit; or a size such as 512MiB");
+
+ABSL_FLAG(int32_t, tenant_max_slots, -1,
+          "serve: batch slots one API tenant's requests may hold when the router serves two or more tenants, so "
+          "the others always find one free; -1 = max_batch minus a quarter of it (at least 1), 0 = no limit");
 
 namespace dd::worker {
 
@@ -31,6 +36,8 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags() {
     ASSIGN_OR_RETURN(o.tenant_max_store_bytes, ParseByteSize(tenant_bytes, "--tenant_max_pool_bytes"));
   }
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
+  o.tenant_max_slots = absl::GetFlag(FLAGS_tenant_max_slots);
+  if (o.tenant_max_slots < -1) return absl::InvalidArgumentError("--tenant_max_slots must be -1, 0 or positive");
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
   o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);

@@ -47,6 +47,8 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
   if (spec.id.empty()) return absl::InvalidArgumentError("request_id is empty");
   if (sub.tenant().size() > 256) return absl::InvalidArgumentError("tenant is longer than 256 bytes");
   spec.tenant = sub.tenant();
+  if (sub.tenants() < 0) return absl::InvalidArgumentError("tenants is negative");
+  spec.tenants = sub.tenants();
   spec.prefix_salt = kvpool::TenantSalt(sub.shared_prefixes() ? "" : sub.tenant());
   if (!req.model().empty() && req.model() != identity_.model) {
     return absl::InvalidArgumentError(absl::StrCat("model '", req.model(), "' is not served here (", identity_.model, ")"));
