@@ -1,5 +1,5 @@
-// Who may call the router's public API (issue 14). Two credentials, both sent as gRPC metadata
-// `authorization: Bearer <key>`:
+// Who may call the router's public API (docs/operations.md, "Security model as built"). Two
+// credentials, both sent as gRPC metadata `authorization: Bearer <key>`:
 //   tenant API keys (--api_keys_file: a JSON array [{"tenant": NAME, "key": KEY}, ...], keys of
 //   at least 32 printable characters, file mode 0600) for Generate and ListModels;
 //   the operator key (--operator_key_file: one line, 0600, like the cluster secret) for the

@@ -1,4 +1,4 @@
-// An OpenAI-compatible HTTP front (issue 13, part 4) for the router and `ddctl serve`:
+// An OpenAI-compatible HTTP front (docs/api.md) for the router and `ddctl serve`:
 //   GET  /v1/models                the served models
 //   POST /v1/completions           {model, prompt, max_tokens, temperature, top_p, seed, stop, stream}
 //   POST /v1/chat/completions      {model, messages: [{role, content}], ...the same}

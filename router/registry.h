@@ -1,5 +1,5 @@
 // The router's view of its decode workers: registration, heartbeats with load, liveness and
-// placement (DESIGN §1). Thread-safe.
+// placement (docs/decisions/0028-router-placement-and-resume.md). Thread-safe.
 #pragma once
 
 #include <algorithm>

@@ -1,8 +1,9 @@
 // The CPU decode engine: sequences in slots, chunked prefill, batched decode, in one of four
-// modes (DESIGN §5): `full` (dense KV), `sparse` (top-k chunks fetched on demand from a KV
-// store), `sparse-cached` (the same with chunks kept resident across steps, fetching only the
-// misses) and `dualdecoder` (sparse plus a speculative row per request that predicts the next
-// step's chunks, prefetched in the background; real rows bit-identical to `sparse`).
+// modes (docs/decisions/0006-decode-modes.md): `full` (dense KV), `sparse` (top-k chunks
+// fetched on demand from a KV store), `sparse-cached` (the same with chunks kept resident
+// across steps, fetching only the misses) and `dualdecoder` (sparse plus a speculative row per
+// request that predicts the next step's chunks, prefetched in the background; real rows
+// bit-identical to `sparse`).
 //
 // Prefill runs a prompt in chunks of `prefill_chunk` tokens; DecodeStep advances several
 // sequences by one token in one batched forward (continuous batching builds on this).

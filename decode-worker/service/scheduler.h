@@ -1,4 +1,4 @@
-// Continuous batching over one Engine (DESIGN §1 decode-worker).
+// Continuous batching over one Engine (docs/architecture.md; docs/decisions/0027-scheduler-and-admission.md).
 //
 // One thread owns the engine. Each iteration it admits waiting requests into free slots (as
 // far as device memory allows), runs one decode step for every request that has a token to

@@ -304,7 +304,7 @@ TEST_F(SchedulerTest, BadRequestsNameTheProblem) {
   EXPECT_TRUE(absl::IsResourceExhausted(g.status())) << g.status();
 }
 
-// Issue 14, finding 2: Worker.Submit reached without the router refuses what the router
+// Security model (docs/decisions/0026-security-model.md): Worker.Submit reached without the router refuses what the router
 // refuses (e.g. max_new_tokens 10^12), with the field named.
 TEST_F(SchedulerTest, WorkerServiceValidatesLikeTheRouter) {
   auto eng = engine::Engine::Create(*model_, {.threads = 2});

@@ -1,4 +1,4 @@
-"""Router + two decode workers + one pool, all real processes on loopback (issue 6):
+"""Router + two decode workers + one pool, all real processes on loopback (docs/architecture.md):
 concurrency, resume after a worker dies, cancellation, bad requests, overload, metrics."""
 import contextlib
 import json
@@ -88,7 +88,7 @@ def test_sixteen_concurrent_streams_match_one_at_a_time(cluster):
                  "dd_device_memory_bytes", "dd_prefetch_hit_ratio", "dd_kv_bytes_total", "dd_spec_resyncs_total", "dd_requests_rebuilt_total"):
         assert name in wpage, name
     assert metric(wpage, "dd_decode_tokens_total") > 0
-    # dualdecoder keeps chunks resident across steps (issue 18): some selected chunks were reused.
+    # dualdecoder keeps chunks resident across steps (docs/decisions/0012-resident-set.md): some selected chunks were reused.
     chunks = {}
     for line in wpage.splitlines():
         if line.startswith("dd_kv_chunks_total{"):
@@ -200,7 +200,7 @@ def test_stop_ids_and_stop_strings_end_the_stream(cluster):
 
 
 def test_internal_calls_need_the_cluster_secret(cluster):
-    """Issue 14, finding 2: without the cluster secret nobody can call a worker (stats, submit,
+    """Security model (docs/decisions/0026): without the cluster secret nobody can call a worker (stats, submit,
     cancel) or register a worker with the router, not even under a real worker's id."""
     router, w1 = cluster["router"].addr, cluster["workers"]["w1"]
     wrong = secret_file(cluster["logs"], "not-the-cluster-secret-0123456789abcdef")
@@ -253,7 +253,7 @@ def test_embedded_server_keeps_internal_services_off_the_public_port(tmp_path):
 
 
 def test_router_and_worker_over_mutual_tls(tmp_path):
-    """Issue 14, finding 2: --tls_cert/--tls_key/--tls_ca put the router, the worker and ddctl on
+    """Security model (docs/decisions/0026): --tls_cert/--tls_key/--tls_ca put the router, the worker and ddctl on
     mutual TLS: a client without the CA, or without a certificate, is refused; so is a worker."""
     certs = make_certs(tmp_path)
     tls = [f"--tls_ca={certs['ca']}", f"--tls_cert={certs['cert']}", f"--tls_key={certs['key']}"]
@@ -284,7 +284,7 @@ def test_router_and_worker_over_mutual_tls(tmp_path):
 
 
 def test_api_keys_and_the_operator_key(tmp_path):
-    """Issue 14, finding 2: with --api_keys_file, Generate and ListModels need a tenant key; the
+    """Security model (docs/decisions/0026): with --api_keys_file, Generate and ListModels need a tenant key; the
     operator calls (ListWorkers, Stats) need --operator_key_file's key; Health stays open."""
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40}, {"tenant": "team-b", "key": "b" * 40}]))
@@ -409,7 +409,7 @@ def test_prefix_reuse_is_scoped_to_the_api_tenant(tmp_path):
 
 
 def test_pool_killed_mid_stream_loses_no_request(tmp_path):
-    """Issue 14: the KV pool is SIGKILLed while three greedy streams decode from it and a new pool
+    """Pool loss (docs/decisions/0024): the KV pool is SIGKILLed while three greedy streams decode from it and a new pool
     starts at the same address. The worker rebuilds each request's KV (prompt + tokens already
     streamed) and every stream ends with exactly the tokens of an uninterrupted run."""
     from serving import TOKEN
