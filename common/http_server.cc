@@ -19,6 +19,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -174,23 +175,22 @@ struct Server::State {
   // that has not sent a complete request (or is being refused), from the address holding the
   // most of those. False when every connection has a request queued or being handled (mu held).
   bool EvictIncompleteLocked() {
-    std::map<absl::string_view, int> incomplete;
-    for (const auto& [fd, c] : conns) {
-      if (c->phase == Phase::kReading || c->phase == Phase::kDraining) ++incomplete[c->peer];
-    }
-    if (incomplete.empty()) return false;
+    struct Peer {
+      int incomplete = 0;
+      const std::shared_ptr<Conn>* oldest = nullptr;
+    };
+    absl::flat_hash_map<absl::string_view, Peer> peers;  // one pass over the table
     absl::string_view top;
     int most = 0;
-    for (const auto& [peer, n] : incomplete) {
-      if (n > most) top = peer, most = n;
-    }
-    std::shared_ptr<Conn> oldest;
     for (const auto& [fd, c] : conns) {
-      if ((c->phase == Phase::kReading || c->phase == Phase::kDraining) && c->peer == top &&
-          (oldest == nullptr || c->deadline < oldest->deadline)) {
-        oldest = c;
-      }
+      if (c->phase != Phase::kReading && c->phase != Phase::kDraining) continue;
+      Peer& p = peers[c->peer];
+      ++p.incomplete;
+      if (p.oldest == nullptr || c->deadline < (*p.oldest)->deadline) p.oldest = &c;  // conns' nodes stay put
+      if (p.incomplete > most) top = c->peer, most = p.incomplete;
     }
+    if (most == 0) return false;
+    const std::shared_ptr<Conn> oldest = *peers[top].oldest;  // a copy: CloseLocked erases the entry
     if (oldest->phase == Phase::kReading) SendAndForget(oldest->fd, 503, "connection closed to make room for others");
     CloseLocked(oldest);
     return true;
@@ -313,7 +313,6 @@ struct Server::State {
   void Refuse(const std::shared_ptr<Conn>& c, const Refusal& r) {
     SendAndForget(c->fd, r);
     shutdown(c->fd, SHUT_WR);
-    if (c->buf.capacity() >= static_cast<size_t>(kTrimBytes)) trim_pending = true;
     std::string().swap(c->buf);
     std::lock_guard<std::mutex> lock(mu);
     c->phase = Phase::kDraining;

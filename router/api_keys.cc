@@ -91,9 +91,9 @@ absl::StatusOr<std::vector<ApiKey>> LoadApiKeys(const std::string& path) {
   return keys;
 }
 
-int64_t ApiAuth::tenant_count() const {
+int64_t ApiAuth::CountTenants(const std::vector<ApiKey>& keys) {
   std::vector<std::string> names;
-  for (const ApiKey& k : keys_) {
+  for (const ApiKey& k : keys) {
     if (std::find(names.begin(), names.end(), k.tenant) == names.end()) names.push_back(k.tenant);
   }
   return static_cast<int64_t>(names.size());

@@ -34,7 +34,7 @@ class ApiAuth {
  public:
   ApiAuth() = default;
   ApiAuth(std::vector<ApiKey> keys, std::string operator_key)
-      : keys_(std::move(keys)), operator_key_(std::move(operator_key)) {}
+      : keys_(std::move(keys)), operator_key_(std::move(operator_key)), tenant_count_(CountTenants(keys_)) {}
   bool enabled() const { return !keys_.empty() || !operator_key_.empty(); }
   // A tenant call: OK with the tenant's name in `tenant` ("" when the API is open), else
   // UNAUTHENTICATED. The operator key is accepted too (tenant "operator").
@@ -45,15 +45,18 @@ class ApiAuth {
   // An operator call: OK only with the operator key when any credential is configured.
   grpc::Status Operator(const grpc::ServerContext* ctx) const;
   // Distinct tenants with keys.
-  int64_t tenant_count() const;
+  int64_t tenant_count() const { return tenant_count_; }
   // The largest max_inflight among the tenant's keys (0: none set).
   int64_t TenantMaxInflight(const std::string& tenant) const;
   // Whether any of the tenant's keys opts into shared prefixes.
   bool SharesPrefixes(const std::string& tenant) const;
 
  private:
+  static int64_t CountTenants(const std::vector<ApiKey>& keys);
+
   std::vector<ApiKey> keys_;
   std::string operator_key_;
+  int64_t tenant_count_ = 0;  // asked on every request: counted once
 };
 
 }  // namespace dd::router

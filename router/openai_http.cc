@@ -242,15 +242,21 @@ struct OpenAiHttp::Handler {
                          "Content-Length: 0\r\nConnection: close\r\n\r\n"));
   }
 
-  // Passes the caller's Authorization on; false (with the answer sent) when it cannot be.
-  // CheckHead refused such a value already; this keeps the gRPC call safe on its own.
-  static bool Authorize(http::Connection& c, grpc::ClientContext* ctx) {
-    if (const std::string* auth = c.request().Header("Authorization"); auth != nullptr) {
-      if (std::optional<HttpError> e = BadAuthorization(*auth)) {
-        SendError(c, *e);
-        return false;
-      }
+  // Passes the caller's Authorization on as gRPC metadata, or says why it cannot be. CheckHead
+  // refused such a value already; this keeps every gRPC call safe on its own.
+  static std::optional<HttpError> AddAuthorization(const http::Request& r, grpc::ClientContext* ctx) {
+    if (const std::string* auth = r.Header("Authorization"); auth != nullptr) {
+      if (std::optional<HttpError> e = BadAuthorization(*auth)) return e;
       ctx->AddMetadata("authorization", *auth);
+    }
+    return std::nullopt;
+  }
+
+  // AddAuthorization, answering the client when it fails; false then.
+  static bool Authorize(http::Connection& c, grpc::ClientContext* ctx) {
+    if (std::optional<HttpError> e = AddAuthorization(c.request(), ctx)) {
+      SendError(c, *e);
+      return false;
     }
     return true;
   }
@@ -411,10 +417,7 @@ struct OpenAiHttp::Handler {
   // The one model served, for responses to requests that named none.
   std::string ServedModel(const http::Connection& c) const {
     grpc::ClientContext ctx;
-    if (const std::string* auth = c.request().Header("Authorization"); auth != nullptr) {
-      if (BadAuthorization(*auth)) return "";
-      ctx.AddMetadata("authorization", *auth);
-    }
+    if (AddAuthorization(c.request(), &ctx)) return "";
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ListModelsResponse resp;
     if (!stub->ListModels(&ctx, {}, &resp).ok() || resp.models().empty()) return "";
