@@ -229,7 +229,12 @@ absl::Status RunServe(const CliConfig& cfg) {
   router::RouterService router(options);
   worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
   ASSIGN_OR_RETURN(const worker::SchedulerOptions sched, worker::SchedulerOptionsFromFlags());
-  ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, cfg.engine, sched, id));
+  engine::EngineOptions engine_options = cfg.engine;
+  // Each API tenant gets an equal share of the in-process prefix cache unless one is set.
+  if (engine_options.prefix_cache_tenant_bytes < 0 && options.auth.tenant_count() >= 2) {
+    engine_options.prefix_cache_tenant_bytes = engine_options.prefix_cache_bytes / options.auth.tenant_count();
+  }
+  ASSIGN_OR_RETURN(auto node, worker::WorkerNode::Create(*model, engine_options, sched, id));
   node->service().set_cluster_secret(secret);
   // The public API alone on --listen; the registry and the worker service on --internal_listen.
   EnableStandardServices();

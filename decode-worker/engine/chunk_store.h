@@ -54,8 +54,8 @@ class ChunkStore {
   // admission, rather than at the first landing of a decode step (registering pins it: slow).
   absl::StatusOr<kvpool::SequenceId> Open();
   void Release(kvpool::SequenceId id) { (void)store_->Release(id); }
-  absl::Status CommitPrefix(kvpool::SequenceId id, absl::Span<const uint64_t> keys) {
-    return store_->CommitPrefix(id, keys);
+  absl::Status CommitPrefix(kvpool::SequenceId id, absl::Span<const uint64_t> keys, uint64_t owner) {
+    return store_->CommitPrefix(id, keys, owner);
   }
 
   // Floats and bytes of one block (one KV head of one chunk).

@@ -104,7 +104,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
   dense_ = static_cast<DenseKvCache*>(kv_.get());
   if (options_.mode != DecodeMode::kFull || options_.prefix_block_tokens > 0) {
     auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link,
-                                     options_.prefix_cache_bytes);
+                                     options_.prefix_cache_bytes, std::max<int64_t>(0, options_.prefix_cache_tenant_bytes));
     if (!store.ok()) {
       init_status_ = store.status();
       return;
@@ -421,16 +421,17 @@ absl::Status Engine::OffloadDense(int32_t seq, int64_t from, int64_t to) {
 }
 
 void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
-  const std::vector<uint64_t> keys = kvpool::PrefixKeys(PrefixNamespaceOf(seq), tokens);
+  const kvpool::PrefixNamespace ns = PrefixNamespaceOf(seq);
+  const std::vector<uint64_t> keys = kvpool::PrefixKeys(ns, tokens);
   if (keys.empty()) return;
   if (sparse_ == nullptr) {  // full mode: the blocks OffloadDense wrote
     if (seq >= static_cast<int32_t>(dense_store_.size()) || dense_store_[seq] == 0) return;
-    if (absl::Status st = store_->CommitPrefix(dense_store_[seq], keys); !st.ok()) {
+    if (absl::Status st = store_->CommitPrefix(dense_store_[seq], keys, ns.tenant_salt); !st.ok()) {
       LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
     }
     return;
   }
-  if (absl::Status st = sparse_->CommitPrefix(seq, keys); !st.ok()) {
+  if (absl::Status st = sparse_->CommitPrefix(seq, keys, ns.tenant_salt); !st.ok()) {
     LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
   }
 }

@@ -68,6 +68,10 @@ struct EngineOptions {
   // their requests end, least recently used evicted past this many bytes. A pool's cache is
   // bounded by its tenant quota instead.
   int64_t prefix_cache_bytes = int64_t{1} << 30;
+  // One tenant's share of it: a tenant's releases evict only its own prefixes, past this share
+  // (kvpool::NewInProcessKvStore). 0: all of it; -1 (auto): all of it unless the server sets
+  // a share (ddctl serve: an equal one per API tenant).
+  int64_t prefix_cache_tenant_bytes = -1;
   int threads = 0;            // 0 = all cores
   int64_t prefill_chunk = 512;
   // Device-memory budget in bytes (0 = unlimited): weights, workspace and every admitted

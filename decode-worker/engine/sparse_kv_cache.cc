@@ -365,9 +365,9 @@ absl::Status SparseKvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t see
   return absl::OkStatus();
 }
 
-absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys) {
+absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys, uint64_t owner) {
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
-  return chunks_.CommitPrefix(s->store_id, keys);
+  return chunks_.CommitPrefix(s->store_id, keys, owner);
 }
 
 absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {

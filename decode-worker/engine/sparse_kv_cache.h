@@ -173,8 +173,9 @@ class SparseKvCache : public KvCache {
   // from `handle` (a store sequence, e.g. from LookupPrefix) and copying them into the slot's
   // own store sequence; the prefill then continues at `tokens`, bit-identical to a whole one.
   absl::Status RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
-  // Commits the slot's first keys.size() prefix blocks under their keys.
-  absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys);
+  // Commits the slot's first keys.size() prefix blocks under their keys, for `owner`
+  // (KvStore::CommitPrefix).
+  absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys, uint64_t owner);
   // Sliding layers' blocks are not written to the store (offload_sliding is for prefix reuse,
   // which random KV cannot serve).
   absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) override;

@@ -45,6 +45,10 @@ ABSL_FLAG(int64_t, prefix_block, -1,
 ABSL_FLAG(std::string, prefix_cache, "1GiB",
           "Prefix reuse with --kv_store inproc://: bytes of committed prefixes kept after their requests end, "
           "least recently used evicted first (a pool's cache is bounded by its tenant quota)");
+ABSL_FLAG(std::string, prefix_cache_per_tenant, "auto",
+          "Prefix reuse with --kv_store inproc://: bytes of --prefix_cache one API tenant's prefixes may hold; a "
+          "tenant's requests evict only its own prefixes. auto = an equal share when ddctl serve's API keys name "
+          "two or more tenants, else all of it");
 ABSL_FLAG(std::string, predictor, "speculative",
           "dualdecoder: what predicts the next step's chunks: speculative (default), previous, union, random, "
           "oracle (needs --oracle_tokens); for measuring hit rates, results do not change");
@@ -141,6 +145,11 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   auto prefix_cache = engine::ParseByteSize(absl::GetFlag(FLAGS_prefix_cache), "prefix_cache");
   if (!prefix_cache.ok()) return prefix_cache.status();
   o.prefix_cache_bytes = *prefix_cache;
+  if (const std::string share = absl::GetFlag(FLAGS_prefix_cache_per_tenant); share != "auto") {
+    auto bytes = engine::ParseByteSize(share, "prefix_cache_per_tenant");
+    if (!bytes.ok()) return bytes.status();
+    o.prefix_cache_tenant_bytes = *bytes;
+  }
   auto predictor = engine::ParsePredictor(absl::GetFlag(FLAGS_predictor));
   if (!predictor.ok()) return absl::InvalidArgumentError(absl::StrCat("--predictor: ", predictor.status().message()));
   o.sparse.predictor = *predictor;

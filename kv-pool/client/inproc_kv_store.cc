@@ -48,7 +48,9 @@ namespace {
 
 class InProcessKvStore : public KvStore {
  public:
-  InProcessKvStore(const LinkModel& link, int64_t cache_bytes) : cache_bytes_(cache_bytes), queue_(link) {}
+  InProcessKvStore(const LinkModel& link, int64_t cache_bytes, int64_t owner_bytes)
+      : cache_bytes_(cache_bytes), owner_bytes_(owner_bytes > 0 ? std::min(owner_bytes, cache_bytes) : cache_bytes),
+        queue_(link) {}
   ~InProcessKvStore() override { queue_.Drain(); }
 
   void SetLink(const LinkModel& link) override { queue_.SetLink(link); }
@@ -133,9 +135,10 @@ class InProcessKvStore : public KvStore {
     queue_.Drain();  // transfers may still read this sequence's blocks
     std::lock_guard<std::mutex> lock(mu_);
     if (auto h = handles_.find(seq); h != handles_.end()) {  // a prefix handle
-      --seqs_[h->second].pins;
+      Seq& read = seqs_[h->second];
+      --read.pins;
       handles_.erase(h);
-      Evict();
+      Evict(read.owner);
       return absl::OkStatus();
     }
     auto it = seqs_.find(seq);
@@ -145,19 +148,21 @@ class InProcessKvStore : public KvStore {
       s.released = true;
       s.last_use = ++clock_;
       cached_bytes_ += Bytes(s);
-      Evict();
+      owner_cached_[s.owner] += Bytes(s);
+      Evict(s.owner);
       return absl::OkStatus();
     }
     Erase(it);
     return absl::OkStatus();
   }
 
-  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) override {
+  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys, uint64_t owner) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
     if (cache_bytes_ <= 0) return absl::OkStatus();
     Seq& s = it->second;
+    s.owner = owner;
     for (size_t i = s.keys.size(); i < keys.size(); ++i) {
       // A key already held elsewhere stays there (the same tokens, the same KV).
       if (prefix_.emplace(keys[i], seq).second) s.keys.push_back(keys[i]);
@@ -203,6 +208,7 @@ class InProcessKvStore : public KvStore {
     bool released = false;       // only its committed prefix is of use: read through handles
     int pins = 0;                // open handles
     uint64_t last_use = 0;
+    uint64_t owner = 0;          // CommitPrefix's: whose share of the cache it counts against
   };
   static int64_t Bytes(const Seq& s) {
     return static_cast<int64_t>(s.blocks.size()) * s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
@@ -235,25 +241,34 @@ class InProcessKvStore : public KvStore {
     const int64_t block_bytes = it->second.layout.block_floats() * static_cast<int64_t>(sizeof(float));
     for (const auto& [index, slot] : it->second.blocks) arena_.Free(slot, block_bytes);
     bytes_ -= Bytes(it->second);
-    if (it->second.released) cached_bytes_ -= Bytes(it->second);
+    if (it->second.released) {
+      cached_bytes_ -= Bytes(it->second);
+      auto o = owner_cached_.find(it->second.owner);
+      if ((o->second -= Bytes(it->second)) <= 0) owner_cached_.erase(o);
+    }
     seqs_.erase(it);
   }
-  // Drops released, unpinned sequences, least recently used first, until the cache fits.
-  void Evict() {
-    while (cached_bytes_ > cache_bytes_) {
+  // Drops `owner`'s released, unpinned sequences, least recently used first, until its share
+  // and the whole cache fit (or nothing of its is left to drop). Other owners' are never
+  // touched: what one tenant does cannot evict, or be timed through, another's prefixes.
+  void Evict(uint64_t owner) {
+    for (;;) {
+      const auto held = owner_cached_.find(owner);
+      if (held == owner_cached_.end() || (held->second <= owner_bytes_ && cached_bytes_ <= cache_bytes_)) return;
       auto victim = seqs_.end();
       for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
-        if (it->second.released && it->second.pins == 0 &&
+        if (it->second.released && it->second.pins == 0 && it->second.owner == owner &&
             (victim == seqs_.end() || it->second.last_use < victim->second.last_use)) {
           victim = it;
         }
       }
-      if (victim == seqs_.end()) return;  // everything cached is being read
+      if (victim == seqs_.end()) return;  // everything of its cached is being read
       Erase(victim);
     }
   }
 
   const int64_t cache_bytes_;
+  const int64_t owner_bytes_;  // one owner's share of cache_bytes_
   mutable std::mutex mu_;
   std::unordered_map<SequenceId, Seq> seqs_;
   std::unordered_map<uint64_t, SequenceId> prefix_;      // committed key → its sequence
@@ -262,6 +277,7 @@ class InProcessKvStore : public KvStore {
   uint64_t clock_ = 0;
   int64_t bytes_ = 0;
   int64_t cached_bytes_ = 0;  // of released sequences
+  std::unordered_map<uint64_t, int64_t> owner_cached_;  // cached_bytes_ by owner
   BlockArena arena_;
   std::atomic<int64_t> generation_{0};  // slabs mapped: MappingGeneration
   TransferQueue queue_;  // last: destroyed first
@@ -269,8 +285,8 @@ class InProcessKvStore : public KvStore {
 
 }  // namespace
 
-std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link, int64_t prefix_cache_bytes) {
-  return std::make_unique<InProcessKvStore>(link, prefix_cache_bytes);
+std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link, int64_t prefix_cache_bytes, int64_t owner_bytes) {
+  return std::make_unique<InProcessKvStore>(link, prefix_cache_bytes, owner_bytes);
 }
 
 }  // namespace dd::kvpool

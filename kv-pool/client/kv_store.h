@@ -126,10 +126,14 @@ class KvStore {
     return absl::UnimplementedError("this KV store cannot write CUDA device memory");
   }
 
-  // Prefix reuse (DESIGN §7, docs/prefix-keys.md). `keys` are the chained keys of the
-  // sequence's first keys.size() blocks, whose chunks are all written: they become findable
-  // and outlive the sequence's lease until evicted. Stores without reuse ignore it.
-  virtual absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) { return absl::OkStatus(); }
+  // Prefix reuse (docs/prefix-keys.md). `keys` are the chained keys of the sequence's first
+  // keys.size() blocks, whose chunks are all written: they become findable and outlive the
+  // sequence's lease until evicted. `owner` is the namespace the keys were made in (its tenant
+  // salt): a store that caches prefixes evicts an owner's only to make room for that owner's.
+  // Stores without reuse ignore it.
+  virtual absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys, uint64_t owner = 0) {
+    return absl::OkStatus();
+  }
   struct PrefixMatch {
     int64_t blocks = 0;  // leading keys found (0: none)
     SequenceId seq = 0;  // a read-only handle on the stored sequence: Gather from it, then Release
@@ -147,8 +151,12 @@ class KvStore {
 // until the data is in `dst`.
 // Prefix reuse: with `prefix_cache_bytes` > 0 a released sequence whose prefix was committed
 // stays findable (LookupPrefix) while the released sequences together hold at most that many
-// bytes, the least recently committed or looked up evicted first; 0 keeps no prefixes.
-std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {}, int64_t prefix_cache_bytes = 0);
+// bytes, and those of one owner (CommitPrefix) at most `owner_bytes` (0: prefix_cache_bytes);
+// 0 keeps no prefixes. Eviction takes the least recently committed or looked up of the owner
+// whose release made the cache too full, never another owner's: one tenant's prompts can
+// neither evict another's prefixes nor learn from their eviction when the other was active.
+std::unique_ptr<KvStore> NewInProcessKvStore(const LinkModel& link = {}, int64_t prefix_cache_bytes = 0,
+                                             int64_t owner_bytes = 0);
 
 // Stripes layers over `shards` (layer l → shard l % N); each shard is a store of its own.
 std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>> shards);

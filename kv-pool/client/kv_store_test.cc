@@ -68,7 +68,8 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
 // modelled link (on the link's clock: UrgentJobsGoBetweenABackgroundJobsPieces).
 // A sequence of one layer, one head and `chunks` chunks of 8 tokens × 4 floats, block c filled
 // with c + base; its prefix committed under `keys` (one block of one chunk per key).
-SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const std::vector<uint64_t>& keys) {
+SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const std::vector<uint64_t>& keys,
+                             uint64_t owner = 0) {
   const KvLayout layout{1, 1, 4, 8};
   auto seq = store.Open(layout);
   EXPECT_TRUE(seq.ok());
@@ -76,7 +77,7 @@ SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const s
     std::vector<float> block(layout.block_floats(), base + static_cast<float>(c));
     EXPECT_TRUE(store.Write(*seq, {0, 0, c}, block.data()).ok());
   }
-  EXPECT_TRUE(store.CommitPrefix(*seq, keys).ok());
+  EXPECT_TRUE(store.CommitPrefix(*seq, keys, owner).ok());
   return *seq;
 }
 
@@ -119,6 +120,40 @@ TEST(InProcessKvStoreTest, ACommittedPrefixOutlivesItsSequenceUntilEvicted) {
   EXPECT_EQ(m->blocks, 2);
   ASSERT_TRUE(store->Release(m->seq).ok());
   EXPECT_EQ(store->bytes_stored(), 2 * block_bytes);
+}
+
+// Owners (tenants' prefix namespaces) each hold a share of the cache, and one owner's
+// releases evict only its own prefixes: a tenant's flood of prompts neither evicts another's
+// cached prefix nor, by timing its own, learns when the other was active.
+TEST(InProcessKvStoreTest, OneOwnersReleasesEvictOnlyItsOwnPrefixes) {
+  const KvLayout layout{1, 1, 4, 8};
+  const int64_t block_bytes = layout.block_floats() * 4;
+  constexpr uint64_t kA = 0xA, kB = 0xB;
+  auto store = NewInProcessKvStore({}, /*prefix_cache_bytes=*/4 * block_bytes, /*owner_bytes=*/2 * block_bytes);
+  ASSERT_TRUE(store->Release(CommittedSequence(*store, 2, 1.0f, {11, 12}, kA)).ok());
+  // B's flood: far more than the cache, a prefix at a time. (One LRU for all, as before owners,
+  // evicted A's prefix at B's second release.)
+  for (uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(store->Release(CommittedSequence(*store, 2, 2.0f, {100 + 2 * i, 101 + 2 * i}, kB)).ok());
+  }
+  // B keeps its newest prefix within its share; A's is untouched.
+  EXPECT_EQ(store->LookupPrefix({100, 101}, layout, 1)->blocks, 0);
+  auto m = store->LookupPrefix({108, 109}, layout, 1);
+  EXPECT_EQ(m->blocks, 2);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  m = store->LookupPrefix({11, 12}, layout, 1);
+  ASSERT_EQ(m->blocks, 2);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  // A's next prefix takes the place of its older one, within its own share: B's stays.
+  ASSERT_TRUE(store->Release(CommittedSequence(*store, 2, 3.0f, {21, 22}, kA)).ok());
+  EXPECT_EQ(store->LookupPrefix({11}, layout, 1)->blocks, 0);
+  m = store->LookupPrefix({21, 22}, layout, 1);
+  EXPECT_EQ(m->blocks, 2);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  m = store->LookupPrefix({108, 109}, layout, 1);
+  EXPECT_EQ(m->blocks, 2);
+  ASSERT_TRUE(store->Release(m->seq).ok());
+  EXPECT_EQ(store->bytes_stored(), 4 * block_bytes);
 }
 
 TEST(InProcessKvStoreTest, WithoutACacheNothingIsKept) {

@@ -259,7 +259,8 @@ class PoolKvStore : public KvStore {
     return Call("release", [&](grpc::ClientContext* c) { return stub_->Release(c, req, &resp); });
   }
 
-  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys) override {
+  // The pool bounds prefixes by its tenant's quota; `owner` has no role there.
+  absl::Status CommitPrefix(SequenceId seq, absl::Span<const uint64_t> keys, uint64_t /*owner*/) override {
     RETURN_IF_ERROR(Broken());
     v1::CommitRequest req;
     {
@@ -451,8 +452,11 @@ bool NamesThisHost(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
-                                                     const LinkModel& link, int64_t inproc_prefix_cache_bytes) {
-  if (uri.empty() || uri == "inproc://") return NewInProcessKvStore(link, inproc_prefix_cache_bytes);
+                                                     const LinkModel& link, int64_t inproc_prefix_cache_bytes,
+                                                     int64_t inproc_owner_bytes) {
+  if (uri.empty() || uri == "inproc://") {
+    return NewInProcessKvStore(link, inproc_prefix_cache_bytes, inproc_owner_bytes);
+  }
   if (uri.find(',') != std::string::npos) {  // several pools: layers striped over them
     std::vector<std::unique_ptr<KvStore>> shards;
     for (absl::string_view part : absl::StrSplit(uri, ',')) {

@@ -51,9 +51,10 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // Whether host:port names this machine (loopback or its hostname).
 bool NamesThisHost(const std::string& address);
 
-// `inproc_prefix_cache_bytes`: the in-process store's prefix cache (NewInProcessKvStore); a
-// pool's is bounded by its tenant's quota.
+// `inproc_prefix_cache_bytes`, `inproc_owner_bytes`: the in-process store's prefix cache and
+// one tenant's share of it (NewInProcessKvStore); a pool's is bounded by its tenant's quota.
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
-                                                     const LinkModel& link, int64_t inproc_prefix_cache_bytes = 0);
+                                                     const LinkModel& link, int64_t inproc_prefix_cache_bytes = 0,
+                                                     int64_t inproc_owner_bytes = 0);
 
 }  // namespace dd::kvpool
