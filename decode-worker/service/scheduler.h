@@ -5,8 +5,9 @@
 // append, then spends the rest of a per-iteration token budget on chunked prefill of the
 // requests still reading their prompts. Requests of one tenant are admitted and prefilled in
 // arrival order; between API tenants, the tenant with the fewest requests in the batch goes
-// first, and no tenant takes more than tenant_max_slots slots, so one tenant's flood of long
-// prompts cannot hold another's first token behind it. Requests join and leave between iterations.
+// first (its prompts read alone; otherwise prompt passes are short), and no tenant takes more
+// than tenant_max_slots slots, so one tenant's flood of long prompts cannot hold another's
+// first token behind it. Requests join and leave between iterations.
 // Output goes to each request's RequestStream, which the RPC thread drains; cancellation and
 // deadlines free the slot, its device-memory reservation and (sparse modes) its pool blocks.
 #pragma once
@@ -165,6 +166,10 @@ class Scheduler {
   void AdmitWaiting();
   int64_t DecodeIteration();            // returns the rows decoded
   void PrefillIteration(int64_t decoded);
+  // The requests whose prompts the next prefill pass reads, in order, and the pass's token
+  // budget: the tenant with the fewest requests in the batch first; between API tenants, an
+  // under-served tenant's prompts alone, else short passes (scheduler.cc).
+  std::vector<Request*> PrefillCandidates(int64_t* budget) const;
   void PublishStats();
   void PublishMemoryLocked();  // engine memory figures into stats_ (mu_ held, scheduler thread)
   // Tokens a request may grow to: its prompt plus what it may still generate, capped by the context.
