@@ -232,25 +232,45 @@ void Scheduler::Loop() {
   waiting_.clear();
 }
 
-std::map<std::string, int32_t> Scheduler::ActiveByTenant() const {
-  std::map<std::string, int32_t> n;
-  for (const auto& r : active_) ++n[r->spec.tenant];  // finished ones hold their slot until Reap
-  return n;
+std::map<std::string, Scheduler::TenantLoad> Scheduler::ActiveByTenant() const {
+  std::map<std::string, TenantLoad> load;
+  for (const auto& r : active_) {  // finished ones hold their slot until Reap
+    TenantLoad& t = load[r->spec.tenant];
+    ++t.requests;
+    t.device_bytes += r->device_bytes;
+  }
+  return load;
 }
 
-int Scheduler::PickWaitingLocked(const std::map<std::string, int32_t>& active) const {
-  const int32_t cap = options_.tenant_max_slots >= 0 ? options_.tenant_max_slots
-                                                     : options_.max_batch - std::max(1, options_.max_batch / 4);
+int64_t Scheduler::TenantDeviceLimit() const {
+  if (options_.tenant_max_device_bytes >= 0) return options_.tenant_max_device_bytes;
+  const int64_t budget = engine_.device_memory_bytes();
+  if (budget <= 0) return 0;
+  const engine::MemoryPlan& plan = engine_.memory_plan();
+  return std::max<int64_t>(0, budget - plan.weight_bytes() - plan.shared_workspace_bytes()) / 4 * 3;
+}
+
+int Scheduler::PickWaitingLocked(const std::map<std::string, TenantLoad>& active) const {
+  const int32_t slots = options_.tenant_max_slots >= 0 ? options_.tenant_max_slots
+                                                       : options_.max_batch - std::max(1, options_.max_batch / 4);
+  const int64_t bytes = TenantDeviceLimit();
   int best = -1;
   int32_t best_active = 0;
   for (size_t i = 0; i < waiting_.size(); ++i) {
     const RequestSpec& spec = waiting_[i]->spec;
     const auto it = active.find(spec.tenant);
-    const int32_t n = it == active.end() ? 0 : it->second;
-    if (spec.tenants >= 2 && !spec.tenant.empty() && cap > 0 && n >= cap) continue;
-    if (best < 0 || n < best_active) best = static_cast<int>(i), best_active = n;
+    const TenantLoad held = it == active.end() ? TenantLoad{} : it->second;
+    if (spec.tenants >= 2 && !spec.tenant.empty()) {  // the others keep part of the batch and memory
+      if (slots > 0 && held.requests >= slots) continue;
+      if (bytes > 0 && held.requests > 0 && held.device_bytes + DeviceBytes(spec) > bytes) continue;
+    }
+    if (best < 0 || held.requests < best_active) best = static_cast<int>(i), best_active = held.requests;
   }
   return best;
+}
+
+int64_t Scheduler::DeviceBytes(const RequestSpec& spec) const {
+  return engine_.memory_plan().Request(static_cast<int64_t>(spec.prompt.size()), TotalTokens(spec)).steady();
 }
 
 void Scheduler::AdmitWaiting() {
@@ -305,6 +325,7 @@ void Scheduler::AdmitWaiting() {
     }
     free_slots_.pop_back();
     owned->slot = slot;
+    owned->device_bytes = DeviceBytes(spec);
     owned->prefilled = *started;
     owned->prefix_reused = *started;
     // A resumed request continues with a seed of its own, so it does not replay the samples
@@ -358,9 +379,9 @@ std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) c
   if (order.empty()) return order;
   // The prompts of the tenants with the fewest requests in the batch first (a stable sort:
   // arrival order within a tenant, and among tenants as loaded).
-  const std::map<std::string, int32_t> load = ActiveByTenant();
+  const std::map<std::string, TenantLoad> load = ActiveByTenant();
   std::stable_sort(order.begin(), order.end(), [&load](const Request* a, const Request* b) {
-    return load.at(a->spec.tenant) < load.at(b->spec.tenant);
+    return load.at(a->spec.tenant).requests < load.at(b->spec.tenant).requests;
   });
   bool shared = false;  // the router serves two or more API tenants
   for (const Request* r : order) shared |= r->spec.tenants >= 2 && !r->spec.tenant.empty();
@@ -371,9 +392,9 @@ std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) c
   // heavier tenant's prompts are read as fast in pieces of ~128 tokens, and its streams get
   // decode steps more often).
   int32_t heaviest = 0;
-  for (const auto& [tenant, n] : load) heaviest = std::max(heaviest, n);
+  for (const auto& [tenant, t] : load) heaviest = std::max(heaviest, t.requests);
   const std::string& lead = order.front()->spec.tenant;
-  if (load.at(lead) < heaviest) {
+  if (load.at(lead).requests < heaviest) {
     order.erase(std::remove_if(order.begin(), order.end(), [&lead](const Request* r) { return r->spec.tenant != lead; }),
                 order.end());
   } else {

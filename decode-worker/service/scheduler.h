@@ -100,6 +100,11 @@ struct SchedulerOptions {
   // tenants: the rest stay free for the others, who then start at once instead of waiting for
   // that tenant's requests to finish. -1: max_batch − max(1, max_batch / 4); 0: no limit.
   int32_t tenant_max_slots = -1;
+  // Device bytes (the memory plan's steady bytes of its requests) one API tenant may hold when
+  // the router serves two or more tenants and --device_memory is set: the rest of the KV room
+  // stays for the others. -1: three quarters of the budget left by weights and workspace;
+  // 0: no limit.
+  int64_t tenant_max_device_bytes = -1;
 };
 
 struct SchedulerStats {
@@ -160,6 +165,7 @@ class Scheduler {
     int32_t rebuilds = 0;
     int64_t rebuilt_tokens = 0;  // of spec.resumed, those a rebuild added (generated here)
     int64_t store_bytes = 0;     // charged to its tenant at Submit (Engine::StoreBytes)
+    int64_t device_bytes = 0;    // the steady device bytes it was admitted for
     StreamEvent final_event{};
   };
   void Loop();
@@ -193,11 +199,20 @@ class Scheduler {
   int64_t TenantStoreLimit() const;
   // Gives back what a request's admission charged to its tenant (mu_ held).
   void UnchargeLocked(const Request& r);
-  // Requests of each tenant in the batch (scheduler thread).
-  std::map<std::string, int32_t> ActiveByTenant() const;
-  // The waiting request to admit next: of the tenants below their slot limit, the one with the
-  // fewest requests in the batch, its oldest request; -1 when none may start (mu_ held).
-  int PickWaitingLocked(const std::map<std::string, int32_t>& active) const;
+  // What each tenant holds in the batch (scheduler thread).
+  struct TenantLoad {
+    int32_t requests = 0;
+    int64_t device_bytes = 0;  // the steady device bytes its requests were admitted for
+  };
+  std::map<std::string, TenantLoad> ActiveByTenant() const;
+  // The waiting request to admit next: of the tenants below their slot and device-byte limits,
+  // the one with the fewest requests in the batch, its oldest request; -1 when none may start
+  // (mu_ held).
+  int PickWaitingLocked(const std::map<std::string, TenantLoad>& active) const;
+  // SchedulerOptions::tenant_max_device_bytes in force (0: none).
+  int64_t TenantDeviceLimit() const;
+  // The steady device bytes the memory plan gives a request.
+  int64_t DeviceBytes(const RequestSpec& spec) const;
 
   engine::Engine& engine_;
   engine::MemoryPlan full_plan_;  // full attention's, for "device memory against full"

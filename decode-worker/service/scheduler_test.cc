@@ -279,6 +279,56 @@ TEST_F(SchedulerTest, AnotherTenantIsServedWhileOneFloods) {
   }
 }
 
+// Device memory between tenants: B cannot fill the device's KV room with its requests, so A's
+// request is admitted at once instead of waiting for B's to finish (slots are not the limit).
+TEST_F(SchedulerTest, OneTenantCannotFillTheDeviceMemory) {
+  const engine::MemoryPlan plan(*model_, engine::DecodeMode::kFull, {}, 512);
+  const std::string long_prompt = Prompts()[3];
+  const int64_t n = static_cast<int64_t>(Encode(long_prompt).size());
+  const engine::RequestBytes one = plan.Request(n, n + 200);
+  // Room for four of B's requests, even all prefilling at once; B may hold three and a half.
+  engine::EngineOptions eo{.threads = 2, .device_memory_bytes = plan.weight_bytes() + plan.shared_workspace_bytes() +
+                                                                4 * (one.steady() + one.prefill_extra)};
+  for (const bool limited : {true, false}) {
+    auto eng = engine::Engine::Create(*model_, eo);
+    ASSERT_TRUE(eng.ok()) << eng.status();
+    Scheduler sched(**eng, {.max_batch = 8, .max_waiting = 16,
+                            .tenant_max_device_bytes = limited ? 3 * one.steady() + one.steady() / 2 : 0});
+    std::vector<std::shared_ptr<RequestStream>> b;
+    for (int i = 0; i < 5; ++i) {
+      RequestSpec s = Spec("b" + std::to_string(i), long_prompt, 200);
+      s.tenant = "team-b";
+      s.tenants = 2;
+      s.stop_at_eos = false;
+      auto st = sched.Submit(s);
+      ASSERT_TRUE(st.ok()) << st.status();
+      b.push_back(*st);
+    }
+    const int want = limited ? 3 : 4;  // the device's room, or B's share of it
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (sched.Stats().active < want && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    ASSERT_EQ(sched.Stats().active, want);
+    RequestSpec a = Spec("a", Prompts()[0], 1);
+    a.tenant = "team-a";
+    a.tenants = 2;
+    auto sa = sched.Submit(a);
+    ASSERT_TRUE(sa.ok()) << sa.status();
+    if (limited) {
+      EXPECT_TRUE(Drain(**sa).final.status.ok());
+      EXPECT_TRUE(b[3]->Wait(std::chrono::milliseconds(0)).empty()) << "B took a fourth request's memory";
+    }  // else B holds the whole device: A waits until one of B's 200-token requests ends
+    sched.Cancel("a");
+    for (int i = 0; i < 5; ++i) sched.Cancel("b" + std::to_string(i));
+    if (!limited) b.push_back(*sa);
+    for (auto& s : b) {  // to their ends
+      bool ended = false;
+      while (!ended) {
+        for (const StreamEvent& e : s->Wait(std::chrono::milliseconds(100))) ended |= e.final;
+      }
+    }
+  }
+}
+
 TEST_F(SchedulerTest, BadRequestsNameTheProblem) {
   // A budget that holds a 4K-token request but not a 30K-token one.
   const engine::MemoryPlan plan(*model_, engine::DecodeMode::kFull, {}, 512);

@@ -27,6 +27,11 @@ ABSL_FLAG(int32_t, tenant_max_slots, -1,
           "serve: batch slots one API tenant's requests may hold when the router serves two or more tenants, so "
           "the others always find one free; -1 = max_batch minus a quarter of it (at least 1), 0 = no limit");
 
+ABSL_FLAG(std::string, tenant_max_device_bytes, "auto",
+          "serve: device bytes (the memory plan's, KV included) one API tenant's requests may hold when the router "
+          "serves two or more tenants and --device_memory is set, so the others always find room; auto = three "
+          "quarters of what weights and workspace leave, 0 = no limit, or a size such as 4GiB");
+
 namespace dd::worker {
 
 absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags() {
@@ -37,6 +42,9 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags() {
   }
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.tenant_max_slots = absl::GetFlag(FLAGS_tenant_max_slots);
+  if (const std::string device = absl::GetFlag(FLAGS_tenant_max_device_bytes); device != "auto") {
+    ASSIGN_OR_RETURN(o.tenant_max_device_bytes, ParseByteSize(device, "--tenant_max_device_bytes"));
+  }
   if (o.tenant_max_slots < -1) return absl::InvalidArgumentError("--tenant_max_slots must be -1, 0 or positive");
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
