@@ -292,9 +292,10 @@ void Scheduler::AdmitWaiting() {
     // Device memory full: wait for a running request to leave (no overtaking).
     if (absl::IsResourceExhausted(st) && !active_.empty()) return;
     absl::StatusOr<int64_t> started = st.ok() ? engine_.StartPrefill(slot, PrefillPrompt(spec), spec.prefix_salt) : absl::StatusOr<int64_t>(st);
-    // The KV pool is lost (nothing running noticed yet): the request waits for it as running
-    // ones do, and RebuildLost starts it once the pool is back.
-    const bool wait_for_pool = st.ok() && absl::IsUnavailable(started.status()) && options_.max_rebuilds > 0;
+    // The KV pool is lost (nothing running noticed yet; admission opens the request's store
+    // sequence, so it may be the first to find out): the request waits for it as running ones
+    // do, and RebuildLost starts it once the pool is back.
+    const bool wait_for_pool = absl::IsUnavailable(started.status()) && options_.max_rebuilds > 0;
     std::unique_ptr<Request> owned;
     {
       std::lock_guard<std::mutex> lk(mu_);
