@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import models  # noqa: E402  (serving puts eval/ on the path)
 from serving import BIN, TOKEN, Proc, ddctl, ddctl_json, start_worker, workers_up  # noqa: E402
+import models  # noqa: E402  (serving puts eval/ on the path)
 
 BUDGET = 64  # with 16 sink and 64 window tokens, decode is sparse past ~150 tokens of context
 
