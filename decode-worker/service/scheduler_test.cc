@@ -44,6 +44,26 @@ class SchedulerTest : public GemmaTest {
     s.max_new_tokens = max_new;
     return s;
   }
+  // `n` requests of tenant B (of two API tenants), each `prompt` and 200 tokens.
+  std::vector<std::shared_ptr<RequestStream>> FloodOfB(Scheduler& sched, int n, const std::string& prompt) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < n; ++i) {
+      RequestSpec s = Spec("b" + std::to_string(i), prompt, 200);
+      s.tenant = "team-b";
+      s.tenants = 2;
+      s.stop_at_eos = false;
+      auto st = sched.Submit(s);
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (st.ok()) streams.push_back(*st);
+    }
+    return streams;
+  }
+  // Polls (the scheduler admits on its own thread) until `n` requests are in the batch, or 30 s.
+  static int WaitForActive(Scheduler& sched, int n) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (sched.Stats().active < n && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    return sched.Stats().active;
+  }
   std::vector<std::string> Prompts() {
     std::vector<std::string> p;
     for (int i = 0; i < 4; ++i) {
@@ -237,21 +257,9 @@ TEST_F(SchedulerTest, AnotherTenantIsServedWhileOneFloods) {
   auto eng = engine::Engine::Create(*model_, {.mode = engine::DecodeMode::kFull, .threads = 2});
   ASSERT_TRUE(eng.ok()) << eng.status();
   Scheduler sched(**eng, {.max_batch = 4, .max_waiting = 16, .step_tokens = 256});  // B may hold 3 slots
-  const std::string long_prompt = Prompts()[3] + " " + Prompts()[3];
-  std::vector<std::shared_ptr<RequestStream>> b;
-  for (int i = 0; i < 6; ++i) {
-    RequestSpec s = Spec("b" + std::to_string(i), long_prompt, 200);
-    s.tenant = "team-b";
-    s.tenants = 2;
-    s.stop_at_eos = false;
-    auto st = sched.Submit(s);
-    ASSERT_TRUE(st.ok()) << st.status();
-    b.push_back(*st);
-  }
-  // A comes once B holds its slots (polled: the scheduler admits on its own thread).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (sched.Stats().active < 3 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-  ASSERT_GE(sched.Stats().active, 3);
+  std::vector<std::shared_ptr<RequestStream>> b = FloodOfB(sched, 6, Prompts()[3] + " " + Prompts()[3]);
+  ASSERT_EQ(b.size(), 6u);
+  ASSERT_GE(WaitForActive(sched, 3), 3);  // A comes once B holds its slots
   RequestSpec a = Spec("a", Prompts()[0], 1);
   a.tenant = "team-a";
   a.tenants = 2;
@@ -294,20 +302,10 @@ TEST_F(SchedulerTest, OneTenantCannotFillTheDeviceMemory) {
     ASSERT_TRUE(eng.ok()) << eng.status();
     Scheduler sched(**eng, {.max_batch = 8, .max_waiting = 16,
                             .tenant_max_device_bytes = limited ? 3 * one.steady() + one.steady() / 2 : 0});
-    std::vector<std::shared_ptr<RequestStream>> b;
-    for (int i = 0; i < 5; ++i) {
-      RequestSpec s = Spec("b" + std::to_string(i), long_prompt, 200);
-      s.tenant = "team-b";
-      s.tenants = 2;
-      s.stop_at_eos = false;
-      auto st = sched.Submit(s);
-      ASSERT_TRUE(st.ok()) << st.status();
-      b.push_back(*st);
-    }
+    std::vector<std::shared_ptr<RequestStream>> b = FloodOfB(sched, 5, long_prompt);
+    ASSERT_EQ(b.size(), 5u);
     const int want = limited ? 3 : 4;  // the device's room, or B's share of it
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (sched.Stats().active < want && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    ASSERT_EQ(sched.Stats().active, want);
+    ASSERT_EQ(WaitForActive(sched, want), want);
     RequestSpec a = Spec("a", Prompts()[0], 1);
     a.tenant = "team-a";
     a.tenants = 2;

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import BIN, TOKEN, Proc, ddctl_json, start_worker, workers_up  # noqa: E402
+from serving import BIN, TOKEN, Proc, ddctl_json, run_header, start_worker, workers_up  # noqa: E402
 
 
 def prompt(i):
@@ -168,12 +168,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    repo = Path(__file__).resolve().parents[2]
-    git = lambda *args: subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
-    sha = git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    header = run_header("chaos.py", sys.argv[1:])
     with tempfile.TemporaryDirectory() as d:
         stats = run(d, a.seconds, a.streams, a.tokens, a.seed)
-    stats = {"command": "python3 tests/serve/chaos.py " + " ".join(sys.argv[1:]), "git_sha": sha, **stats}
+    stats = {**header, **stats}
     print(json.dumps(stats, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(stats, indent=2))

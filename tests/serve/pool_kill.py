@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import BIN, TOKEN, Proc, ddctl, ddctl_json, start_worker, workers_up  # noqa: E402
+from serving import BIN, TOKEN, Proc, ddctl, ddctl_json, run_header, start_worker, workers_up  # noqa: E402
 import models  # noqa: E402  (serving puts eval/ on the path)
 
 BUDGET = 64  # with 16 sink and 64 window tokens, decode is sparse past ~150 tokens of context
@@ -106,14 +106,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    repo = Path(__file__).resolve().parents[2]
-    git = lambda *args: subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
-    sha = git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    header = run_header("pool_kill.py", sys.argv[1:])
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as d:
         stats = run(d, a.runs, a.tokens, a.seed)
-    stats = {"command": "python3 tests/serve/pool_kill.py " + " ".join(sys.argv[1:]), "git_sha": sha,
-             "seconds": round(time.monotonic() - t0, 1), **stats}
+    stats = {**header, "seconds": round(time.monotonic() - t0, 1), **stats}
     print(json.dumps(stats, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(stats, indent=2) + "\n")

@@ -42,6 +42,14 @@ def secret_file(directory, secret):
     return path
 
 
+def run_header(script, argv):
+    """The command line and the git sha (with "-dirty" for uncommitted changes to tracked files)
+    that a results file records, for the drivers that write one (chaos.py, pool_kill.py)."""
+    git = lambda *args: subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    sha = git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return {"command": " ".join(["python3", f"tests/serve/{script}", *argv]), "git_sha": sha}
+
+
 def require_model():
     p = models.model_path()
     if not p.is_file():
