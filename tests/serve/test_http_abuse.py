@@ -17,7 +17,10 @@ from serving import Proc, require_model
 def server(tmp_path_factory):
     require_model()
     d = tmp_path_factory.mktemp("abuse")
-    p = Proc("serve", ["ddctl", "serve", "--model=smollm2", "--http_listen=127.0.0.1:0", "--threads=1"], d)
+    # Prompt passes of 256 tokens: a hang-up is acted on between passes, and one of 512 tokens on
+    # one thread can take most of the second the hang-up test allows.
+    p = Proc("serve", ["ddctl", "serve", "--model=smollm2", "--http_listen=127.0.0.1:0", "--threads=1",
+                       "--step_tokens=256"], d)
     try:
         assert p.http, "no http address in the listening line"
         yield p
