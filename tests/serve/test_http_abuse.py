@@ -1,7 +1,7 @@
 """The HTTP endpoints of `ddctl serve` against clients that hold connections or leave: requests
 and scrapes are served within a second beside a thousand idle or half-sent connections, one
-address cannot take every connection, and a client that hangs up cancels its request whether or
-not it streams."""
+address cannot take every connection, and a client that hangs up cancels its request at once
+(within two prompt passes or 64 tokens) whether or not it streams."""
 import http.client
 import json
 import resource
@@ -17,8 +17,8 @@ from serving import Proc, require_model
 def server(tmp_path_factory):
     require_model()
     d = tmp_path_factory.mktemp("abuse")
-    # Prompt passes of 256 tokens: a hang-up is acted on between passes, and one of 512 tokens on
-    # one thread can take most of the second the hang-up test allows.
+    # Prompt passes of 256 tokens: a hang-up is acted on between passes, and the hang-up test
+    # counts the work done after it in passes and tokens, not in seconds.
     p = Proc("serve", ["ddctl", "serve", "--model=smollm2", "--http_listen=127.0.0.1:0", "--threads=1",
                        "--step_tokens=256"], d)
     try:
@@ -109,7 +109,7 @@ def wait_until(cond, seconds):
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_a_client_that_hangs_up_frees_its_slot_within_a_second(server, stream, phase):
+def test_a_client_that_hangs_up_frees_its_slot_at_once(server, stream, phase):
     # Prefill: a prompt long enough that its prefill outlasts the hang-up by seconds; decode: a
     # short prompt and a long generation.
     prompt = "Tell me a story. " if phase == "decode" else " ".join(f"item {i} is blue;" for i in range(700))
@@ -125,7 +125,16 @@ def test_a_client_that_hangs_up_frees_its_slot_within_a_second(server, stream, p
         assert wait_until(lambda: metric(server, "dd_ttft_seconds_count") > first_tokens, 30), "no first token"
     else:
         assert metric(server, "dd_ttft_seconds_count") == first_tokens, "the prompt was prefilled too soon"
+    # What the request does after the hang-up is counted in engine work, which a loaded machine
+    # slows as much as it slows the hang-up's detection (a tick of 100 ms): at most two prompt
+    # passes of 256 tokens of a ~4000-token prompt, or 64 of 2000 tokens.
+    prefilled, decoded = metric(server, "dd_prefill_tokens_total"), metric(server, "dd_decode_tokens_total")
     s.close()
-    t0 = time.monotonic()
-    assert wait_until(lambda: batch_size(server) == 0, 5), "the request kept its slot after its client left"
-    assert time.monotonic() - t0 < 1.0, f"the slot was freed {time.monotonic() - t0:.2f} s after the hang-up"
+    assert wait_until(lambda: batch_size(server) == 0, 30), "the request kept its slot after its client left"
+    if phase == "prefill":
+        more = metric(server, "dd_prefill_tokens_total") - prefilled
+        assert more <= 2 * 256, f"{more:.0f} prompt tokens were prefilled after the hang-up"
+        assert metric(server, "dd_ttft_seconds_count") == first_tokens, "the prompt was finished after the hang-up"
+    else:
+        more = metric(server, "dd_decode_tokens_total") - decoded
+        assert more <= 64, f"{more:.0f} tokens were decoded after the hang-up"
