@@ -268,7 +268,8 @@ absl::Status RunAnswer(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(std::string context, ReadPrompt(cfg));
   ASSIGN_OR_RETURN(std::vector<Question> qs, ReadQuestions(cfg.questions_file));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
-  ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, cfg.engine));
+  ASSIGN_OR_RETURN(const engine::EngineOptions engine_options, CheckedEngineOptions(*model, cfg));
+  ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, engine_options));
   engine::Engine& e = *engine_ptr;
   const auto& tok = e.tokenizer();
   const bool bos = tok.add_bos() && !cfg.raw_prompt;

@@ -49,6 +49,9 @@ struct CliConfig {
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig& cfg);
 // " (auto: ...)" when the flags chose the device, for the start-up line; "" when it was named.
 std::string DeviceWhy(const engine::EngineOptions& o);
+// cfg.engine after the start-up device check (worker::ApplyDeviceCheck) on `model`: the device
+// the engine may run on, or the refusal.
+absl::StatusOr<engine::EngineOptions> CheckedEngineOptions(const model::LoadedModel& model, const CliConfig& cfg);
 absl::StatusOr<std::string> ReadPrompt(const CliConfig& cfg);
 
 absl::Status RunGenerate(const CliConfig& cfg);
@@ -62,6 +65,9 @@ absl::Status RunSynthModel(const CliConfig& cfg);
 absl::Status RunFidelity(const CliConfig& cfg);
 // Many questions over one shared context, prefilled once (answer_cmd.cc).
 absl::Status RunAnswer(const CliConfig& cfg);
+// The start-up device check of --device against the cpu, alone, with its comparison
+// (device_check_cmd.cc); FAILED_PRECONDITION when it fails.
+absl::Status RunDeviceCheck(const CliConfig& cfg);
 // Service commands (serve_cmd.cc).
 absl::Status RunServe(const CliConfig& cfg);
 absl::Status RunRemoteGenerate(const CliConfig& cfg);

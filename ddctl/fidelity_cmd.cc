@@ -77,9 +77,17 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     return absl::InvalidArgumentError(absl::StrCat("--context and --score_tokens must be positive, got ", cfg.context,
                                                    " and ", cfg.score_tokens));
   }
-  ASSIGN_OR_RETURN(const std::vector<engine::EngineOptions> variants, Variants(cfg));
+  ASSIGN_OR_RETURN(std::vector<engine::EngineOptions> variants, Variants(cfg));
   ASSIGN_OR_RETURN(std::string text, ReadPrompt(cfg));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
+  // Every run on the device the start-up check leaves (checked in the configured mode).
+  ASSIGN_OR_RETURN(const engine::EngineOptions checked, CheckedEngineOptions(*model, cfg));
+  for (engine::EngineOptions& o : variants) {
+    o.device = checked.device;
+    o.device_why = checked.device_why;
+    o.cuda_graphs = checked.cuda_graphs;
+    o.cuda_copy_engine_prefetch = checked.cuda_copy_engine_prefetch;
+  }
   const std::vector<int32_t> ids = model->tokenizer->Encode(text, !cfg.raw_prompt, true);
   const int64_t need = cfg.context + cfg.score_tokens;
   if (static_cast<int64_t>(ids.size()) < need) {
@@ -108,7 +116,7 @@ absl::Status RunFidelity(const CliConfig& cfg) {
   // Full attention once: its logits at every scored position, kept for all variants.
   std::vector<float> full_logits;
   {
-    engine::EngineOptions full_opts = cfg.engine;
+    engine::EngineOptions full_opts = checked;
     full_opts.mode = engine::DecodeMode::kFull;
     full_opts.prefix_block_tokens = 0;  // the pool (and its prefix reuse) serves the sparse engine only
     full_opts.kv_store = "inproc://";

@@ -23,6 +23,12 @@ namespace dd::ddctl {
 
 absl::StatusOr<std::unique_ptr<model::LoadedModel>> Load(const CliConfig&) { return worker::LoadModelFromFlags(); }
 
+absl::StatusOr<engine::EngineOptions> CheckedEngineOptions(const model::LoadedModel& model, const CliConfig& cfg) {
+  engine::EngineOptions o = cfg.engine;
+  RETURN_IF_ERROR(worker::ApplyDeviceCheck(model, &o));
+  return o;
+}
+
 std::string DeviceWhy(const engine::EngineOptions& o) {
   return o.device_why.empty() || o.device_why == "requested" ? "" : absl::StrCat(" (", o.device_why, ")");
 }
@@ -66,7 +72,8 @@ absl::Status RunGenerate(const CliConfig& cfg) {
   }
   ASSIGN_OR_RETURN(std::string prompt, ReadPrompt(cfg));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
-  ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, cfg.engine));
+  ASSIGN_OR_RETURN(const engine::EngineOptions engine_options, CheckedEngineOptions(*model, cfg));
+  ASSIGN_OR_RETURN(auto engine_ptr, engine::Engine::Create(*model, engine_options));
   engine::Engine& engine = *engine_ptr;
   const auto& tok = engine.tokenizer();
   const std::string mode_name(engine::DecodeModeName(cfg.engine.mode));
@@ -84,7 +91,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     std::fprintf(stderr, "[ddctl] model %s (%s, %lld layers), prompt %zu tokens, mode %s, device %s%s\n",
                  model->config.name.c_str(), model->config.arch_name.c_str(),
                  static_cast<long long>(model->config.n_layer), ids.size(), mode_name.c_str(),
-                 std::string(engine.device_name()).c_str(), DeviceWhy(cfg.engine).c_str());
+                 std::string(engine.device_name()).c_str(), DeviceWhy(engine_options).c_str());
   }
   // Progress for long prompts: a line on stderr at most every 2 s (rewritten in place on a TTY).
   engine::GenerateOptions options = cfg.generate;
@@ -190,7 +197,8 @@ absl::Status RunLogits(const CliConfig& cfg) {
   ASSIGN_OR_RETURN(std::vector<int32_t> tokens, ParseList<int32_t>(cfg.tokens, "tokens"));
   ASSIGN_OR_RETURN(std::vector<int64_t> positions, ParseList<int64_t>(cfg.positions, "positions"));
   ASSIGN_OR_RETURN(auto model, Load(cfg));
-  ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, cfg.engine));
+  ASSIGN_OR_RETURN(const engine::EngineOptions engine_options, CheckedEngineOptions(*model, cfg));
+  ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, engine_options));
   ASSIGN_OR_RETURN(std::vector<float> logits, engine->PromptLogits(0, tokens, positions));
   const int64_t rows = positions.empty() ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(positions.size());
   return WriteNpyF32(cfg.out, {rows, model->config.n_vocab}, logits.data());
@@ -247,6 +255,7 @@ absl::Status RunInfo(const CliConfig& cfg) {
   std::string why;
   const std::string chosen = backend::ResolveDeviceName("auto", &why);
   j["device_auto"] = absl::StrCat(chosen, " (", why, ")");
+  if (chosen != "cpu") j["device_auto_check"] = "taken only if the start-up device check passes (ddctl device-check)";
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return absl::OkStatus();
 }

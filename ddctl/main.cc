@@ -72,6 +72,8 @@ constexpr char kUsage[] =
     "  answer     many questions (--questions_file, JSON lines) over one context (--prompt_file),\n"
     "             the context prefilled once; one JSON line per answer\n"
     "  fidelity   teacher-force --prompt_file through full and --mode, print per-position KL (JSON)\n"
+    "  device-check   the start-up check of --device (auto, sim, cuda) in --mode against the cpu:\n"
+    "             a short greedy decode on both, logits compared row by row; exit 1 if it fails\n"
     "  serve      the embedded server: router + worker + in-process pool on --listen (gRPC)\n"
     "  generate --server HOST:PORT   stream a generation from a router or `ddctl serve`\n"
     "  health | stats | workers --server HOST:PORT   router health, counters, worker registry\n"
@@ -186,6 +188,7 @@ int main(int argc, char** argv) {
   else if (cmd == "synth-model") st = dd::ddctl::RunSynthModel(cfg);
   else if (cmd == "fidelity") st = dd::ddctl::RunFidelity(cfg);
   else if (cmd == "answer") st = dd::ddctl::RunAnswer(cfg);
+  else if (cmd == "device-check") st = dd::ddctl::RunDeviceCheck(cfg);
   else {
     std::cerr << "ddctl: unknown command '" << cmd << "'\n" << kUsage;
     return 2;

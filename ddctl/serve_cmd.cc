@@ -229,7 +229,7 @@ absl::Status RunServe(const CliConfig& cfg) {
   router::RouterService router(options);
   worker::WorkerIdentity id{.worker_id = "embedded", .address = "", .model = model->config.name};
   ASSIGN_OR_RETURN(const worker::SchedulerOptions sched, worker::SchedulerOptionsFromFlags());
-  engine::EngineOptions engine_options = cfg.engine;
+  ASSIGN_OR_RETURN(engine::EngineOptions engine_options, CheckedEngineOptions(*model, cfg));
   // Each API tenant gets an equal share of the in-process prefix cache unless one is set.
   if (engine_options.prefix_cache_tenant_bytes < 0 && options.auth.tenant_count() >= 2) {
     engine_options.prefix_cache_tenant_bytes = engine_options.prefix_cache_bytes / options.auth.tenant_count();
@@ -284,7 +284,7 @@ absl::Status RunServe(const CliConfig& cfg) {
   if (router.registry().workers_up() == 0) return absl::InternalError("the embedded worker did not register");
   std::fprintf(stderr, "[ddctl] serving %s (%s mode, device %s%s) with the embedded router, worker and in-process pool\n",
                model->config.name.c_str(), std::string(engine::DecodeModeName(cfg.engine.mode)).c_str(),
-               cfg.engine.device.c_str(), DeviceWhy(cfg.engine).c_str());
+               engine_options.device.c_str(), DeviceWhy(engine_options).c_str());
   std::printf("ddctl serve: listening on %s metrics %s internal %s%s\n", self.c_str(), metrics_at.c_str(),
               inside.c_str(), http_at.c_str());
   std::fflush(stdout);

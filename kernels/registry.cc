@@ -1,4 +1,5 @@
 // The only place that decides, at compile time, whether the CUDA backend exists.
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -66,7 +67,10 @@ absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, con
 #endif
   }
   if (name == "sim") {
-    return CreateSimDevice({.budget_bytes = options.budget_bytes, .pool = options.pool});
+    const char* fault_env = std::getenv("DD_SIM_FAULT");
+    absl::StatusOr<SimFault> fault = ParseSimFault(fault_env != nullptr ? fault_env : "");
+    if (!fault.ok()) return absl::InvalidArgumentError(absl::StrCat("$DD_SIM_FAULT: ", fault.status().message()));
+    return CreateSimDevice({.budget_bytes = options.budget_bytes, .pool = options.pool, .fault = *fault});
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown device '", name, "' (known: auto, cpu, sim, cuda)"));
 }
@@ -75,6 +79,12 @@ std::string ResolveDeviceName(absl::string_view name, std::string* why) {
   if (name != "auto") {
     if (why != nullptr) *why = "requested";
     return std::string(name);
+  }
+  // For tests of the start-up device check on machines without a GPU: the sim device stands
+  // where a usable CUDA device would (the check then decides, as it does for cuda).
+  if (const char* c = std::getenv("DD_AUTO_DEVICE_CANDIDATE"); c != nullptr && absl::string_view(c) == "sim") {
+    if (why != nullptr) *why = "auto: sim stands for the GPU ($DD_AUTO_DEVICE_CANDIDATE, for tests)";
+    return "sim";
   }
   for (const kernels::BackendInfo& b : kernels::ListBackends()) {
     if (b.name != "cuda") continue;

@@ -46,6 +46,12 @@ struct EngineOptions {
   // "cuda" runs on GPU 0 and is refused with the reason where it cannot. Flags resolve "auto".
   std::string device = "cpu";
   std::string device_why{};   // how `device` was chosen, for the start-up line (flags: auto or requested)
+  // What the flags' start-up device check (device_check.h, engine_flags.h) found, for /metrics:
+  // the device checked (empty when none ran: the cpu was named, or auto had no other
+  // candidate), its verdict and what it cost (both runs, engine creation included).
+  std::string checked_device{};
+  bool device_check_passed = false;
+  double device_check_seconds = 0;
   // cuda: each half of a layer around its attention launched as one CUDA graph per batch size
   // (ops.h, static segments; the same kernels in the same order, so the same bits).
   bool cuda_graphs = false;
@@ -128,6 +134,8 @@ class Engine {
   // falls back to nothing: every call then returns status().
   Engine(const model::LoadedModel& model, const EngineOptions& options);
   absl::Status status() const { return init_status_; }
+  // The options as the engine runs them (Normalized).
+  const EngineOptions& options() const { return options_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
   int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
   // Of those, the chunks the device gathered itself from the store's mapped memory.

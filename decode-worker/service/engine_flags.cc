@@ -1,5 +1,7 @@
 #include "decode-worker/service/engine_flags.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
@@ -8,14 +10,24 @@
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "dd/backend/registry.h"
+#include "decode-worker/engine/device_check.h"
+#include "glog/logging.h"
 #include "decode-worker/model/model_paths.h"
 
 ABSL_FLAG(std::string, model, "", "Model: gemma or smollm2 (fetched by scripts/fetch-model), a .gguf file "
           "or a Hugging Face safetensors directory (default: $DD_MODEL, else gemma)");
 ABSL_FLAG(std::string, device, "auto",
-          "Compute device: auto (cuda where a CUDA device is usable, else cpu; the choice is printed at start), cpu "
-          "(every machine), sim (a simulated device that checks every wait, for developers) or cuda (GPU 0; refused "
-          "with the reason where it cannot run); docs/architecture.md, the compute-backend seam");
+          "Compute device: auto (cuda where a CUDA device is usable and passes the start-up check against the cpu, "
+          "else cpu; the choice and why are printed at start), cpu (every machine), sim (a simulated device that "
+          "checks every wait, for developers) or cuda (GPU 0; refused with the reason where it cannot run or fails "
+          "the start-up check); docs/architecture.md, the compute-backend seam");
+ABSL_FLAG(bool, allow_incorrect_device, false,
+          "Serve on a --device named explicitly (cuda, sim) even when its start-up check finds logits that differ "
+          "from the cpu's: its outputs may be wrong. Without it such a device is refused; auto never takes one "
+          "(docs/decisions/0044-device-check.md)");
+ABSL_FLAG(double, device_check_tolerance, 0.05,
+          "Start-up device check: the largest logit difference from the cpu allowed per row, in units of the cpu "
+          "row's standard deviation");
 ABSL_FLAG(bool, cuda_graphs, false,
           "--device cuda: launch each half of a layer around its attention as one CUDA graph per batch size (the "
           "same kernels, the same bits; off until a GPU run measures it, docs/decisions/0041-cuda-graphs.md)");
@@ -122,6 +134,9 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
           absl::StrCat(flag, " needs --device cuda (or auto on a GPU machine), not --device ", o.device));
     }
   }
+  if (const double t = absl::GetFlag(FLAGS_device_check_tolerance); !(t > 0) || t > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--device_check_tolerance must be in (0, 1], got ", t));
+  }
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
@@ -186,6 +201,53 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   }
   if (const char* token = std::getenv("DD_KV_POOL_TOKEN"); token != nullptr) o.kv_store_token = token;
   return o;
+}
+
+engine::DeviceCheckOptions DeviceCheckOptionsFromFlags() {
+  return {.tolerance = absl::GetFlag(FLAGS_device_check_tolerance)};
+}
+
+absl::Status ApplyDeviceCheck(const model::LoadedModel& model, engine::EngineOptions* o) {
+  if (o->device == "cpu") return absl::OkStatus();
+  const std::string device = o->device;
+  const bool chosen_by_auto = o->device_why != "requested";
+  std::fprintf(stderr, "device check: %s against cpu (%s mode)...\n", device.c_str(),
+               std::string(engine::DecodeModeName(o->mode)).c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto report = engine::CheckDevice(model, *o, DeviceCheckOptionsFromFlags());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A device that cannot even run: its own error when it was named; auto's reason when not.
+  if (!report.ok() && !chosen_by_auto) return report.status();
+  const bool passed = report.ok() && report->passed;
+  const std::string verdict = report.ok() ? report->Summary()
+                                          : absl::StrCat("device check could not run on ", device, ": ",
+                                                         report.status().message());
+  o->checked_device = device;
+  o->device_check_passed = passed;
+  o->device_check_seconds = seconds;
+  if (passed) {
+    std::fprintf(stderr, "%s\n", verdict.c_str());
+    LOG(INFO) << verdict;
+    return absl::OkStatus();
+  }
+  LOG(WARNING) << verdict;
+  std::fprintf(stderr, "%s\n", verdict.c_str());
+  if (chosen_by_auto) {
+    o->device = "cpu";
+    o->cuda_graphs = o->cuda_copy_engine_prefetch = false;
+    o->device_why = absl::StrCat("auto: ", device, " failed its start-up check, so the cpu serves; `ddctl "
+                                 "device-check --device ", device, "` prints the comparison");
+    return absl::OkStatus();
+  }
+  if (absl::GetFlag(FLAGS_allow_incorrect_device)) {
+    o->device_why = absl::StrCat("requested; it FAILED its start-up check and serves only because of "
+                                 "--allow_incorrect_device: outputs may be wrong");
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--device ", device, " failed its start-up check against the cpu, so it will not serve (", verdict,
+      "). `ddctl device-check --device ", device, "` prints the comparison; --allow_incorrect_device serves on "
+      "it anyway, with outputs that may be wrong"));
 }
 
 }  // namespace dd::worker

@@ -1,11 +1,12 @@
 // Command-line flags that configure a model and an engine, shared by every binary that runs
 // one (ddctl, dd-decode-worker): --model, --mode, --budget, --device_memory, --kv_store,
-// --prefix_block, --predictor, --spec_head, --prefetch_buffers, --step_cache, --resident_margin, --threads, --prefill_chunk, --matmul.
+// --prefix_block, --predictor, --allow_incorrect_device, --spec_head, --prefetch_buffers, --step_cache, --resident_margin, --threads, --prefill_chunk, --matmul.
 #pragma once
 
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "decode-worker/engine/device_check.h"
 #include "decode-worker/engine/engine.h"
 
 namespace dd::worker {
@@ -22,5 +23,14 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags();
 // otherwise (kServingPrefixBlock tokens per key), and off with --sparse_layers.
 constexpr int64_t kServingPrefixBlock = 64;
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving = false);
+// The start-up device check (engine/device_check.h) for a device other than cpu, and its
+// verdict applied to *o (o->checked_device and the next two fields record it): a pass keeps the device; a device auto
+// chose that fails (or cannot run) is replaced by the cpu, with the reason in o->device_why; a
+// device named by --device that fails is refused (FAILED_PRECONDITION, naming the override
+// --allow_incorrect_device) and one that cannot run returns its own error. Prints its verdict on
+// stderr and logs it.
+absl::Status ApplyDeviceCheck(const model::LoadedModel& model, engine::EngineOptions* o);
+// The check's options from the flags (--device_check_tolerance).
+engine::DeviceCheckOptions DeviceCheckOptionsFromFlags();
 
 }  // namespace dd::worker

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   if (!engine_options.ok()) return fail(engine_options.status());
   auto model = dd::worker::LoadModelFromFlags();
   if (!model.ok()) return fail(model.status());
+  if (absl::Status st = dd::worker::ApplyDeviceCheck(**model, &*engine_options); !st.ok()) return fail(st);
   dd::BlockTermSignals();
   dd::worker::WorkerIdentity id;
   id.worker_id = absl::GetFlag(FLAGS_worker_id);

@@ -81,6 +81,18 @@ class SchedulerCollectable : public prometheus::Collectable {
       mem.metric.push_back(Value({{"kind", kind}}, static_cast<double>(v), false));
     }
     out.push_back(std::move(mem));
+    // The start-up device check, when one ran: which device, its verdict, the device in use.
+    if (const engine::EngineOptions& eo = e.options(); !eo.checked_device.empty()) {
+      prometheus::MetricFamily check{"dd_device_check_passed",
+                                     "Start-up check of a device against the cpu: 1 passed, 0 failed (serving_on: "
+                                     "the device in use)",
+                                     MetricType::Gauge, {}};
+      check.metric.push_back(Value({{"device", eo.checked_device}, {"serving_on", std::string(e.device_name())}},
+                                   eo.device_check_passed ? 1 : 0, false));
+      out.push_back(std::move(check));
+      out.push_back(family("dd_device_check_seconds", "Time the start-up device check took", MetricType::Gauge,
+                           eo.device_check_seconds));
+    }
     return out;
   }
 

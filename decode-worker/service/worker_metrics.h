@@ -4,7 +4,8 @@
 // Gauges and counters are read from the scheduler at scrape time: dd_decode_tokens_total,
 // dd_prefill_tokens_total, dd_batch_size, dd_requests_waiting, dd_prefetch_hit_ratio,
 // dd_transfer_wait_seconds, dd_spec_resyncs_total, dd_kv_bytes_total{path="prefetch|urgent|wasted"},
-// dd_device_memory_bytes{kind="budget|weights|workspace|reserved|kv"}.
+// dd_device_memory_bytes{kind="budget|weights|workspace|reserved|kv"}, and where a start-up device
+// check ran, dd_device_check_passed{device,serving_on} and dd_device_check_seconds.
 #pragma once
 
 #include <memory>

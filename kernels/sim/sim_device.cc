@@ -21,6 +21,13 @@ absl::StatusOr<std::unique_ptr<Device>> CreateSimDevice(const SimOptions& option
   return std::unique_ptr<Device>(new sim::SimDevice(options));
 }
 
+absl::StatusOr<SimFault> ParseSimFault(absl::string_view name) {
+  if (name.empty()) return SimFault::kNone;
+  if (name == "decode_attention_off_by_one") return SimFault::kDecodeAttentionOffByOne;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sim fault '", name, "' (known: decode_attention_off_by_one)"));
+}
+
 namespace sim {
 namespace {
 
@@ -37,7 +44,7 @@ SimDevice::SimDevice(const SimOptions& options)
     : budget_(options.budget_bytes),
       max_jitter_us_(options.max_jitter_us),
       seed_(options.seed),
-      ops_(*this, *options.pool) {
+      ops_(*this, *options.pool, options.fault) {
   for (int q = 0; q < kQueues; ++q) queues_[q].thread = std::thread([this, q] { RunQueue(q); });
 }
 

@@ -46,7 +46,7 @@ class SimDevice;
 // reads and writes. Host spans and pointer lists are copied at the call.
 class SimOps final : public Ops {
  public:
-  SimOps(SimDevice& device, ThreadPool& pool) : device_(device), cpu_(pool) {}
+  SimOps(SimDevice& device, ThreadPool& pool, SimFault fault) : device_(device), cpu_(pool), fault_(fault) {}
   void Embed(const kernels::WeightView& table, absl::Span<const int32_t> tokens, float scale, float* x) override;
   void RopeAngles(const float* inv_freq, int64_t half, absl::Span<const int64_t> positions, float* cos,
                   float* sin) override;
@@ -75,6 +75,7 @@ class SimOps final : public Ops {
  private:
   SimDevice& device_;
   CpuOps cpu_;  // runs on the compute queue's thread only
+  const SimFault fault_;
 };
 
 class SimDevice final : public Device {

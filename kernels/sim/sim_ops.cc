@@ -126,6 +126,16 @@ void SimOps::AttendCausal(const CausalAttention& a) {
   acc.Write(a.out, n * q_dim * kF);
   std::vector<int64_t> positions(a.positions.begin(), a.positions.end());
   std::vector<KvRun> runs(a.runs.begin(), a.runs.end());
+  // The test fault: a lone decode row sees its keys up to the one before its own (the runs end
+  // at the row's position, so the last run loses one key), where the window still starts at or
+  // after lo and a key is left to see.
+  const int64_t first_before =
+      positions.size() == 1 ? (a.sliding ? std::max<int64_t>(0, positions[0] - a.window) : 0) : 0;
+  if (fault_ == SimFault::kDecodeAttentionOffByOne && positions.size() == 1 && !runs.empty() &&
+      positions[0] > a.lo && first_before >= a.lo) {
+    positions[0] -= 1;
+    if (--runs.back().len == 0) runs.pop_back();
+  }
   device_.Submit(Queue::kCompute, "AttendCausal", std::move(acc), [this, a, positions, runs] {
     CausalAttention copy = a;
     copy.positions = positions;
@@ -146,6 +156,13 @@ void SimOps::AttendGroups(absl::Span<const AttentionGroup> groups, const Attenti
   Accesses acc;
   for (const AttentionGroup& g : groups) {
     copy->rows.emplace_back(g.rows.begin(), g.rows.end());
+    if (fault_ == SimFault::kDecodeAttentionOffByOne) {  // the test fault: each row's newest key unseen
+      for (ListQuery& r : copy->rows.back()) {
+        bool spare = true;
+        for (const KeyValueList& l : g.lists) spare = spare && l.n > r.hidden_tail + 1;
+        if (spare) ++r.hidden_tail;
+      }
+    }
     for (const ListQuery& r : g.rows) {
       acc.Read(r.q, q_dim * kF);
       acc.Write(r.out, q_dim * kF);

@@ -17,6 +17,10 @@ For each model, greedy `ddctl generate` over a prompt long enough that chunk sel
     landed through the registered staging by one device gather per buffer;
   - full and dualdecoder with --cuda_graphs (static segments as CUDA graphs) give the tokens of
     full and sparse without.
+First, for each model and mode, `ddctl device-check` (the start-up check every serving binary runs:
+docs/decisions/0044-device-check.md) records how far the device's logits are from the cpu's. The
+generate runs then pass --allow_incorrect_device, so a failed start-up check does not hide the
+token comparisons below.
 Writes a JSON summary (tokens/s per mode, the checks) to --out; exit status 1 when a check fails.
 
     gpu_engine_check.py --ddctl BIN --models DIR --out FILE.json [--pool DD_KV_POOL]
@@ -42,12 +46,24 @@ def generate(ddctl: str, model: str, prompt_file: str, device: str, mode: str, e
              env: dict | None = None) -> dict:
     cmd = [ddctl, "generate", "--model", model, "--prompt_file", prompt_file, "--raw_prompt", "--device", device,
            "--mode", mode, "--budget", "16", "--max_new_tokens", "48", "--temperature", "0", "--ignore_eos",
-           "--json"] + extra
+           "--json"] + extra + (["--allow_incorrect_device"] if device != "cpu" else [])
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, DD_KV_POOL_TOKEN=TOKEN, **(env or {})))
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
     return json.loads(run.stdout)
+
+
+def device_check(ddctl: str, model: str, device: str, mode: str) -> dict:
+    """`ddctl device-check` of `device` in `mode`: its JSON report without the rows (exit 1 is a
+    failed check, reported; anything else raises)."""
+    cmd = [ddctl, "device-check", "--model", model, "--device", device, "--mode", mode, "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if run.returncode not in (0, 1) or not run.stdout.strip():
+        raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
+    report = json.loads(run.stdout)
+    report.pop("rows", None)
+    return report
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -126,6 +142,11 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
         model = f"{args.models}/{name}.gguf"
         runs = {}
         try:
+            reports = {mode: device_check(args.ddctl, model, args.device, mode) for mode in MODES}
+            summary.setdefault("device_check", {})[name] = reports
+            for mode, r in reports.items():
+                if not r["passed"]:
+                    summary["failures"].append(f"{name}: start-up device check, {mode}: {r['reason']}")
             for mode in MODES:
                 runs[f"{mode}@cuda"] = generate(args.ddctl, model, prompt, args.device, mode, [])
             # Static segments as CUDA graphs: the same kernels, so the same tokens (sim has none).

@@ -25,7 +25,10 @@ struct DeviceOptions {
 // device, driver).
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options);
 
-// The device "auto" stands for: "cuda" where a CUDA device is usable, else "cpu". Any other
+// The device "auto" stands for: "cuda" where a CUDA device is usable, else "cpu" ("sim" when
+// $DD_AUTO_DEVICE_CANDIDATE=sim, for tests). A device other than cpu is only a candidate: the
+// binaries that serve take it only once the start-up device check passes
+// (decode-worker/engine/device_check.h). Any other
 // name is returned as it is. *why (optional) says how the name was chosen, for the start-up
 // line: "requested", or "auto: <the CUDA probe's answer>".
 std::string ResolveDeviceName(absl::string_view name, std::string* why = nullptr);

@@ -22,16 +22,26 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
 
 namespace dd::backend {
+
+// A deliberately wrong op, for tests only: it proves that the start-up device check
+// (decode-worker/engine/device_check.h) refuses a device whose kernels are wrong.
+//   kDecodeAttentionOffByOne: every decode row attends over all its keys but the newest (its
+//   own), as a kernel with an off-by-one loop bound would; prefill is untouched.
+// Set by $DD_SIM_FAULT (decode_attention_off_by_one) where the device is created by name.
+enum class SimFault { kNone, kDecodeAttentionOffByOne };
+absl::StatusOr<SimFault> ParseSimFault(absl::string_view name);  // "" → kNone
 
 struct SimOptions {
   int64_t budget_bytes = 0;    // 0 = unlimited
   ThreadPool* pool = nullptr;  // the threads the ops' kernels split over (required)
   uint64_t seed = 1;           // jitter
   int64_t max_jitter_us = 100;
+  SimFault fault = SimFault::kNone;
 };
 
 // A sim device; INVALID_ARGUMENT without a pool or with a negative budget or jitter.
