@@ -19,6 +19,11 @@ ABSL_FLAG(int64_t, max_new_tokens, 64, "Maximum tokens to generate");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "Top-k sampling (0 = off)");
 ABSL_FLAG(double, top_p, 1.0, "Top-p (nucleus) sampling, in (0, 1]");
+ABSL_FLAG(double, min_p, 0.0, "Min-p sampling: keep tokens at least this fraction as likely as the best (0 = off)");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "Divide a positive logit (multiply a negative one) of every token in the prompt or output by this (1 = off)");
+ABSL_FLAG(double, frequency_penalty, 0.0, "Subtract this x a token's count in the output from its logit, in [-2, 2]");
+ABSL_FLAG(double, presence_penalty, 0.0, "Subtract this from the logit of every token in the output, in [-2, 2]");
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed; synth-model: the weights' seed (0 is taken as 1)");
 ABSL_FLAG(std::string, shape, "", "synth-model: the shape (llama-3.1-8b, gemma3-270m, smollm2-135m)");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Stop strings (comma-separated)");
@@ -111,6 +116,10 @@ int main(int argc, char** argv) {
   cfg.generate.sampling.top_k = absl::GetFlag(FLAGS_top_k);
   cfg.generate.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   cfg.generate.sampling.seed = absl::GetFlag(FLAGS_seed);
+  cfg.generate.sampling.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  cfg.generate.sampling.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  cfg.generate.sampling.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  cfg.generate.sampling.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
   cfg.generate.stop_strings = absl::GetFlag(FLAGS_stop);
   if (!ParseIds(absl::GetFlag(FLAGS_stop_ids), "stop_ids", &cfg.generate.stop_ids)) return 2;
   cfg.generate.stop_at_eos = !absl::GetFlag(FLAGS_ignore_eos);

@@ -91,6 +91,10 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   req.mutable_sampling()->set_top_k(cfg.generate.sampling.top_k);
   req.mutable_sampling()->set_top_p(cfg.generate.sampling.top_p);
   req.mutable_sampling()->set_seed(cfg.generate.sampling.seed);
+  req.mutable_sampling()->set_min_p(cfg.generate.sampling.min_p);
+  req.mutable_sampling()->set_repetition_penalty(cfg.generate.sampling.repetition_penalty);
+  req.mutable_sampling()->set_frequency_penalty(cfg.generate.sampling.frequency_penalty);
+  req.mutable_sampling()->set_presence_penalty(cfg.generate.sampling.presence_penalty);
   for (const std::string& s : cfg.generate.stop_strings) req.add_stop(s);
   for (int32_t id : cfg.generate.stop_ids) req.add_stop_token_ids(id);
   req.set_ignore_eos(!cfg.generate.stop_at_eos);

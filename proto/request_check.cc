@@ -55,6 +55,19 @@ absl::Status ValidateGenerateRequest(const dd::v1::GenerateRequest& req, int64_t
   if (!(s.top_p() >= 0 && s.top_p() <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in (0, 1], got ", s.top_p()));
   }
+  if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.min_p must be in [0, 1], got ", s.min_p()));
+  }
+  if (!(s.repetition_penalty() >= 0 && s.repetition_penalty() <= 10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.repetition_penalty must be in (0, 10] (0: unset), got ", s.repetition_penalty()));
+  }
+  for (auto [name, v] : {std::pair{"frequency_penalty", s.frequency_penalty()},
+                         std::pair{"presence_penalty", s.presence_penalty()}}) {
+    if (!(v >= -2 && v <= 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.", name, " must be in [-2, 2], got ", v));
+    }
+  }
   // Stop strings are matched against every text delta: their number and size are bounded.
   if (req.stop_size() > kMaxStopStrings) {
     return absl::InvalidArgumentError(absl::StrCat("stop: ", req.stop_size(), " strings (at most ", kMaxStopStrings, ")"));

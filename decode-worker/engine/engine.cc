@@ -622,6 +622,7 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
                    PromptLogits(kSeq, prompt, absl::MakeConstSpan(&last, 1), options.on_prefill_progress));
   res.prefix_reused_tokens = prefix_reused_tokens_ - reused_before;
   Sampler sampler(options.sampling);
+  sampler.SetPrompt(prompt);
   TextStream out(*model_.tokenizer, options.stop_strings, options.stop_ids, options.stop_at_eos);
   Clock::time_point t_first;
   res.stop_reason = "max_tokens";

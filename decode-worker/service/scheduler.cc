@@ -334,6 +334,9 @@ void Scheduler::AdmitWaiting() {
     engine::SamplingParams sampling = spec.sampling;
     sampling.seed += static_cast<uint64_t>(resumed) * 0x9E3779B97F4A7C15ULL;
     owned->sampler.emplace(sampling);
+    // The penalties count the prompt (repetition) and what was generated before a resume.
+    owned->sampler->SetPrompt(absl::MakeConstSpan(spec.prompt).first(spec.prompt.size() - spec.resumed.size()));
+    for (int32_t t : spec.resumed) owned->sampler->Accept(t);
     owned->text.emplace(engine_.tokenizer(), spec.stop_strings, spec.stop_ids, spec.stop_at_eos);
     owned->text->Replay(spec.resumed, spec.resumed_text_bytes);
     owned->generated = resumed;

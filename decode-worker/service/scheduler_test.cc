@@ -75,6 +75,14 @@ class SchedulerTest : public GemmaTest {
   }
 };
 
+// Every other request samples (seeded, with penalties): its tokens depend on its own logits and
+// seed alone, so batched they are the solo run's.
+engine::SamplingParams SamplingFor(size_t i) {
+  if (i % 2 == 0) return {};
+  return {.temperature = 1.0f, .top_p = 0.95f, .min_p = 0.02f, .repetition_penalty = 1.1f, .frequency_penalty = 0.3f,
+          .seed = 100 + i};
+}
+
 TEST_F(SchedulerTest, BatchedRequestsMatchSoloGeneration) {
   for (engine::DecodeMode mode : {engine::DecodeMode::kFull, engine::DecodeMode::kDualDecoder}) {
     engine::EngineOptions eo{.mode = mode, .threads = 2};
@@ -86,6 +94,7 @@ TEST_F(SchedulerTest, BatchedRequestsMatchSoloGeneration) {
       engine::GenerateOptions go;
       go.max_new_tokens = 12;
       go.stop_at_eos = false;
+      go.sampling = SamplingFor(want.size());
       auto r = (*solo)->Generate(Encode(p), go, nullptr);
       ASSERT_TRUE(r.ok()) << r.status();
       want.push_back(*r);
@@ -98,6 +107,7 @@ TEST_F(SchedulerTest, BatchedRequestsMatchSoloGeneration) {
     for (size_t i = 0; i < want.size(); ++i) {
       RequestSpec s = Spec("r" + std::to_string(i), Prompts()[i], 12);
       s.stop_at_eos = false;
+      s.sampling = SamplingFor(i);
       auto st = sched.Submit(std::move(s));
       ASSERT_TRUE(st.ok()) << st.status();
       streams.push_back(*st);

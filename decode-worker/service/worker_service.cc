@@ -84,6 +84,10 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
   spec.sampling.top_k = req.sampling().top_k();
   spec.sampling.top_p = req.sampling().top_p() == 0 ? 1.0f : req.sampling().top_p();
   spec.sampling.seed = req.sampling().seed();
+  spec.sampling.min_p = req.sampling().min_p();
+  spec.sampling.repetition_penalty = req.sampling().repetition_penalty() == 0 ? 1.0f : req.sampling().repetition_penalty();
+  spec.sampling.frequency_penalty = req.sampling().frequency_penalty();
+  spec.sampling.presence_penalty = req.sampling().presence_penalty();
   spec.stop_strings.assign(req.stop().begin(), req.stop().end());
   spec.stop_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
   spec.stop_at_eos = !req.ignore_eos();
