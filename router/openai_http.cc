@@ -121,9 +121,49 @@ std::optional<json> ParseBody(const http::Connection& c, HttpError* err) {
   return j;
 }
 
+// Fields of the OpenAI API this server does not implement: refused by name unless absent, null
+// or at their default (docs/api.md, "Request fields").
+std::optional<HttpError> Unsupported(const json& j) {
+  auto set = [&j](const char* f) { return j.contains(f) && !j[f].is_null(); };
+  auto bad = [](const char* f, const std::string& only) {
+    return BadRequest(absl::StrCat(f, ": is not supported", only.empty() ? "" : absl::StrCat(" (only ", only, ")")));
+  };
+  // logprobs: a boolean on chat, a count on completions.
+  for (const char* f : {"logprobs", "echo", "store"}) {
+    if (set(f) && !((j[f].is_boolean() && !j[f].get<bool>()) || (j[f].is_number_integer() && j[f].get<int64_t>() == 0))) {
+      return bad(f, "false");
+    }
+  }
+  if (set("top_logprobs") && !(j["top_logprobs"].is_number_integer() && j["top_logprobs"].get<int64_t>() == 0)) {
+    return bad("top_logprobs", "0");
+  }
+  for (const char* f : {"n", "best_of"}) {
+    if (set(f) && !(j[f].is_number_integer() && j[f].get<int64_t>() == 1)) return bad(f, "1");
+  }
+  if (set("logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) return bad("logit_bias", "{}");
+  if (set("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty())) return bad("suffix", "\"\"");
+  for (const char* f : {"tools", "functions"}) {
+    if (set(f) && !(j[f].is_array() && j[f].empty())) return bad(f, "[]");
+  }
+  for (const char* f : {"tool_choice", "function_call"}) {
+    if (set(f) && !(j[f].is_string() && j[f].get<std::string>() == "none")) return bad(f, "\"none\"");
+  }
+  if (set("response_format") &&
+      !(j["response_format"].is_object() && j["response_format"].value("type", json()) == json("text"))) {
+    return bad("response_format", "{\"type\": \"text\"}");
+  }
+  if (set("modalities") && j["modalities"] != json::array({"text"})) return bad("modalities", "[\"text\"]");
+  for (const char* f : {"audio", "prediction", "web_search_options", "reasoning_effort"}) {
+    if (set(f)) return bad(f, "");
+  }
+  return std::nullopt;
+}
+
 // The fields both endpoints share, into `req`; an error names the field.
-std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::GenerateRequest* req, bool* stream) {
+std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::GenerateRequest* req, bool* stream,
+                                      bool* include_usage) {
   auto bad = [](const std::string& field, const std::string& why) { return BadRequest(field + ": " + why); };
+  if (auto e = Unsupported(j)) return e;
   if (j.contains("model") && !j["model"].is_null()) {
     if (!j["model"].is_string()) return bad("model", "must be a string");
     req->set_model(j["model"].get<std::string>());
@@ -151,6 +191,36 @@ std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::
   }
   req->mutable_sampling()->set_temperature(static_cast<float>(temperature));
   req->mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  // Penalties (OpenAI's frequency and presence; vLLM's repetition) and min_p.
+  struct Bounded {
+    const char* field;
+    double lo, hi;
+    void (v1::Sampling::*set)(float);
+  };
+  for (const Bounded& b : {Bounded{"frequency_penalty", -2, 2, &v1::Sampling::set_frequency_penalty},
+                           Bounded{"presence_penalty", -2, 2, &v1::Sampling::set_presence_penalty},
+                           Bounded{"repetition_penalty", 0, 10, &v1::Sampling::set_repetition_penalty},
+                           Bounded{"min_p", 0, 1, &v1::Sampling::set_min_p}}) {
+    if (!j.contains(b.field) || j[b.field].is_null()) continue;
+    const json& v = j[b.field];
+    const bool open_low = absl::string_view(b.field) == "repetition_penalty";
+    if (!v.is_number() || v.get<double>() > b.hi || v.get<double>() < b.lo || (open_low && v.get<double>() == b.lo)) {
+      return bad(b.field, absl::StrCat("must be a number in ", open_low ? "(" : "[", b.lo, ", ", b.hi, "]"));
+    }
+    (req->mutable_sampling()->*b.set)(static_cast<float>(v.get<double>()));
+  }
+  // ignore_eos (vLLM's): generate to max_tokens, past end-of-generation tokens.
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    if (!j["ignore_eos"].is_boolean()) return bad("ignore_eos", "must be true or false");
+    req->set_ignore_eos(j["ignore_eos"].get<bool>());
+  }
+  // top_k: not in OpenAI's API, but vLLM and llama-server take it and clients send it.
+  if (j.contains("top_k") && !j["top_k"].is_null()) {
+    if (!j["top_k"].is_number_integer() || j["top_k"].get<int64_t>() < -1 || j["top_k"].get<int64_t>() > (1 << 20)) {
+      return bad("top_k", "must be an integer in [-1, 1048576] (0 or -1: off)");
+    }
+    req->mutable_sampling()->set_top_k(static_cast<int32_t>(std::max<int64_t>(0, j["top_k"].get<int64_t>())));
+  }
   if (j.contains("seed") && !j["seed"].is_null()) {
     if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0) return bad("seed", "must be an integer >= 0");
     req->mutable_sampling()->set_seed(j["seed"].get<uint64_t>());
@@ -168,18 +238,20 @@ std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::
       return bad("stop", "must be a string or up to 4 strings");
     }
   }
-  if (j.contains("n") && !j["n"].is_null() && !(j["n"].is_number_integer() && j["n"].get<int64_t>() == 1)) {
-    return bad("n", "only 1 is supported");
-  }
-  for (const char* f : {"logprobs", "echo"}) {
-    if (j.contains(f) && !j[f].is_null() && !(j[f].is_boolean() && !j[f].get<bool>())) {
-      return bad(f, "is not supported");
-    }
-  }
   *stream = false;
   if (j.contains("stream") && !j["stream"].is_null()) {
     if (!j["stream"].is_boolean()) return bad("stream", "must be true or false");
     *stream = j["stream"].get<bool>();
+  }
+  *include_usage = false;
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const json& so = j["stream_options"];
+    if (!*stream) return bad("stream_options", "only allowed with \"stream\": true");
+    if (!so.is_object()) return bad("stream_options", "must be an object");
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) return bad("stream_options.include_usage", "must be true or false");
+      *include_usage = so["include_usage"].get<bool>();
+    }
   }
   return std::nullopt;
 }
@@ -268,7 +340,7 @@ struct OpenAiHttp::Handler {
     const std::string* auth = head.Header("Authorization");
     std::optional<HttpError> e;
     if (auth != nullptr) e = BadAuthorization(*auth);
-    if (!e && options.auth.enabled()) {
+    if (!e && options.auth.enabled() && !IsHealth(head)) {
       std::string tenant;
       const grpc::Status st =
           options.auth.TenantOf(auth != nullptr ? std::optional<absl::string_view>(*auth) : std::nullopt, &tenant);
@@ -278,8 +350,26 @@ struct OpenAiHttp::Handler {
     return http::Refusal{e->status, "application/json", Dump(ErrorBody(*e))};
   }
 
+  // GET /health (also /v1/health), as vLLM and llama-server answer it: 200 {"status": "ok"} while
+  // a decode worker is up, else 503. It needs no key (the router's Health needs none).
+  void Health(http::Connection& c) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::HealthResponse resp;
+    if (grpc::Status st = stub->Health(&ctx, {}, &resp); !st.ok()) return SendError(c, FromGrpc(st));
+    if (!resp.serving()) {
+      return SendJson(c, 503, {{"status", "unavailable"}, {"message", resp.message()}, {"workers_up", 0}});
+    }
+    SendJson(c, 200, {{"status", "ok"}, {"workers_up", resp.workers_up()}});
+  }
+
+  static bool IsHealth(const http::Request& r) {
+    return r.method == "GET" && (r.path == "/health" || r.path == "/v1/health");
+  }
+
   void Get(http::Connection& c) {
     const std::string& uri = c.request().path;
+    if (IsHealth(c.request())) return Health(c);
     if (uri != "/v1/models") return SendError(c, {404, "invalid_request_error", "no such endpoint: GET " + uri, "not_found"});
     grpc::ClientContext ctx;
     if (!Authorize(c, &ctx)) return;
@@ -304,10 +394,12 @@ struct OpenAiHttp::Handler {
     std::optional<json> j = ParseBody(c, &err);
     if (!j) return SendError(c, err);
     v1::GenerateRequest req;
-    bool stream = false;
-    if (auto e = CommonFields(*j, chat ? "max_completion_tokens" : "max_tokens", &req, &stream)) return SendError(c, *e);
+    bool stream = false, include_usage = false;
+    if (auto e = CommonFields(*j, chat ? "max_completion_tokens" : "max_tokens", &req, &stream, &include_usage)) {
+      return SendError(c, *e);
+    }
     if (auto e = chat ? Messages(*j, &req) : Prompt(*j, &req)) return SendError(c, *e);
-    Generate(c, req, chat, stream);
+    Generate(c, req, chat, stream, include_usage);
   }
 
   static std::optional<HttpError> Prompt(const json& j, v1::GenerateRequest* req) {
@@ -330,10 +422,42 @@ struct OpenAiHttp::Handler {
       const json& m = j["messages"][i];
       const std::string at = absl::StrCat("messages[", i, "]");
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return BadRequest(at + ".role: missing");
-      if (!m.contains("content") || !m["content"].is_string()) return BadRequest(at + ".content: must be a string");
+      std::string content;
+      if (auto e = Content(m, at, &content)) return e;
       auto* msg = out->add_messages();
       msg->set_role(m["role"].get<std::string>());
-      msg->set_content(m["content"].get<std::string>());
+      msg->set_content(std::move(content));
+    }
+    return std::nullopt;
+  }
+
+  // A message's content: a string, or a list of text parts ({"type": "text", "text": ...}) joined
+  // by newlines, as vLLM joins them; any other part type is refused by name.
+  static std::optional<HttpError> Content(const json& m, const std::string& at, std::string* out) {
+    if (!m.contains("content")) return BadRequest(at + ".content: missing");
+    const json& content = m["content"];
+    if (content.is_string()) {
+      *out = content.get<std::string>();
+      return std::nullopt;
+    }
+    if (!content.is_array()) return BadRequest(at + ".content: must be a string or a list of text parts");
+    for (size_t k = 0; k < content.size(); ++k) {
+      const json& part = content[k];
+      const std::string pat = absl::StrCat(at, ".content[", k, "]");
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+        return BadRequest(pat + ".type: missing (a part is {\"type\": \"text\", \"text\": ...})");
+      }
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text") {
+        std::string shown = type.substr(0, 64);
+        for (char& ch : shown) {
+          if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) > 0x7e) ch = '?';
+        }
+        return BadRequest(absl::StrCat(pat, ".type: '", shown, "' is not supported (only text parts)"));
+      }
+      if (!part.contains("text") || !part["text"].is_string()) return BadRequest(pat + ".text: must be a string");
+      if (k > 0) out->push_back('\n');
+      *out += part["text"].get<std::string>();
     }
     return std::nullopt;
   }
@@ -354,9 +478,21 @@ struct OpenAiHttp::Handler {
             {"model", model}, {"choices", json::array({choice})}};
   }
 
-  void Generate(http::Connection& c, const v1::GenerateRequest& req, bool chat, bool stream) {
+  static json Usage(const v1::Usage& usage) {
+    return {{"prompt_tokens", usage.prompt_tokens()}, {"completion_tokens", usage.completion_tokens()},
+            {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+  }
+
+  // Streamed with include_usage: every chunk carries "usage": null, and one more chunk with no
+  // choices carries the usage before [DONE] (OpenAI's stream_options).
+  void Generate(http::Connection& c, const v1::GenerateRequest& req, bool chat, bool stream, bool include_usage) {
     const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
     const std::string model = req.model().empty() ? ServedModel(c) : req.model();
+    auto chunk = [&](const std::string& delta, bool first, const std::optional<std::string>& finish) {
+      json j = Chunk(id, model, chat, delta, first, finish);
+      if (include_usage) j["usage"] = nullptr;
+      return j;
+    };
     grpc::ClientContext ctx;
     if (!Authorize(c, &ctx)) return;
     // A client that hangs up cancels its request, streamed or not, in prefill or in decode.
@@ -379,7 +515,7 @@ struct OpenAiHttp::Handler {
                              CorsHeaders(c), "Connection: close\r\n\r\n"));
       }
       if (!resp.text().empty() || !started) {
-        if (!Event(c, Chunk(id, model, chat, resp.text(), !started, std::nullopt))) {
+        if (!Event(c, chunk(resp.text(), !started, std::nullopt))) {
           ctx.TryCancel();  // the client went away
           break;
         }
@@ -392,7 +528,11 @@ struct OpenAiHttp::Handler {
       if (!st.ok()) {
         Event(c, ErrorBody(FromGrpc(st)));
       } else {
-        Event(c, Chunk(id, model, chat, "", false, FinishReason(usage.stop_reason())));
+        Event(c, chunk("", false, FinishReason(usage.stop_reason())));
+        if (include_usage) {
+          Event(c, {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", Now()},
+                    {"model", model}, {"choices", json::array()}, {"usage", Usage(usage)}});
+        }
       }
       c.Write("data: [DONE]\n\n");
       return;
@@ -405,9 +545,7 @@ struct OpenAiHttp::Handler {
       choice["logprobs"] = nullptr;
     }
     SendJson(c, 200, {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", Now()},
-                      {"model", model}, {"choices", json::array({choice})},
-                      {"usage", {{"prompt_tokens", usage.prompt_tokens()}, {"completion_tokens", usage.completion_tokens()},
-                                 {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}});
+                      {"model", model}, {"choices", json::array({choice})}, {"usage", Usage(usage)}});
   }
 
   static bool Event(http::Connection& c, const json& j) {

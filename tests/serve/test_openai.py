@@ -1,6 +1,8 @@
-"""The OpenAI-compatible HTTP endpoint (issue 13, part 4) of `ddctl serve`, driven by the `openai`
-Python client and by curl: models, completions and chat completions, streamed and not, the same
-text as the gRPC API, errors in the API's shape, API keys enforced, oversized bodies refused."""
+"""The OpenAI-compatible HTTP endpoint of `ddctl serve`, driven by the stock `openai` Python client
+and by curl: models, completions and chat completions, streamed and not, the same text as the gRPC
+API, errors in the API's shape, API keys enforced, oversized bodies refused; and what stock clients
+and load generators rely on: /health, content as a list of text parts, stream_options.include_usage,
+and every request field of the API honoured or refused by name (docs/api.md)."""
 import json
 import subprocess
 import urllib.error
@@ -82,7 +84,7 @@ def test_errors_have_the_api_shape_and_status(server):
     assert "messages[0].role" in str(e.value)
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model="", prompt="Hi", max_tokens=2, n=2)
-    assert "n: only 1" in str(e.value)
+    assert "n: is not supported (only 1)" in str(e.value)
     with pytest.raises(openai.AuthenticationError):
         client(server, key="wrong-" + "x" * 40).completions.create(model="", prompt="Hi", max_tokens=2)
     # curl: no key at all, then malformed JSON, an unknown endpoint and an oversized body.
@@ -104,6 +106,104 @@ def test_errors_have_the_api_shape_and_status(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
     assert e.value.code == 413
+
+
+def test_health_answers_without_a_key_as_vllm_and_llama_server_do(server):
+    base = server["http"].removesuffix("/v1")
+    for path in ("/health", "/v1/health"):
+        with urllib.request.urlopen(base + path, timeout=30) as r:
+            assert r.status == 200 and json.loads(r.read())["status"] == "ok", path
+    # Only GET: the key is still required for everything else.
+    req = urllib.request.Request(base + "/v1/models")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 401
+
+
+def test_content_as_a_list_of_text_parts_is_the_same_prompt(server):
+    c = client(server)
+    as_string = c.chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Name a color.\nAnswer in one word."}], max_tokens=6,
+        temperature=0)
+    as_parts = c.chat.completions.create(
+        model="", messages=[{"role": "user", "content": [{"type": "text", "text": "Name a color."},
+                                                         {"type": "text", "text": "Answer in one word."}]}],
+        max_tokens=6, temperature=0)
+    assert as_parts.choices[0].message.content == as_string.choices[0].message.content
+    assert as_parts.usage.prompt_tokens == as_string.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    assert "messages[0].content[1].type: 'image_url' is not supported (only text parts)" in str(e.value)
+
+
+def test_include_usage_ends_the_stream_with_a_usage_chunk(server):
+    c = client(server)
+    for chat in (False, True):
+        kwargs = dict(model="", max_tokens=7, temperature=0, stream=True, stream_options={"include_usage": True})
+        if chat:
+            chunks = list(c.chat.completions.create(messages=[{"role": "user", "content": "Count: one,"}], **kwargs))
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        else:
+            chunks = list(c.completions.create(prompt="Count: one,", **kwargs))
+            text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        last = chunks[-1]
+        assert last.choices == [] and last.usage is not None, last
+        assert last.usage.completion_tokens == 7, last.usage
+        assert last.usage.total_tokens == last.usage.prompt_tokens + 7
+        assert all(ch.usage is None for ch in chunks[:-1])
+        assert text, chunks
+    # Without include_usage no chunk carries usage; stream_options without stream is refused.
+    chunks = list(c.completions.create(model="", prompt="Hi", max_tokens=3, temperature=0, stream=True))
+    assert all(getattr(ch, "usage", None) is None for ch in chunks)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="", prompt="Hi", max_tokens=2, stream_options={"include_usage": True})
+    assert "stream_options: only allowed with" in str(e.value)
+
+
+# Fields of the API the server does not implement: each refused by name when set, accepted at its
+# default (docs/api.md, "Request fields").
+REFUSED = [("logit_bias", {"42": 5}, {}),
+           ("logprobs", True, False), ("top_logprobs", 2, None), ("store", True, False), ("n", 3, 1),
+           ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}], []),
+           ("tool_choice", "auto", "none"), ("response_format", {"type": "json_object"}, {"type": "text"}),
+           ("modalities", ["text", "audio"], ["text"]), ("audio", {"voice": "alloy", "format": "wav"}, None),
+           ("prediction", {"type": "content", "content": "x"}, None), ("reasoning_effort", "low", None)]
+
+
+def test_every_unimplemented_field_is_refused_by_name_and_accepted_at_its_default(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "Hi"}]
+    for field, value, default in REFUSED:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="", messages=messages, max_tokens=2, extra_body={field: value})
+        assert f"{field}: is not supported" in str(e.value), (field, str(e.value))
+        if default is not None:
+            out = c.chat.completions.create(model="", messages=messages, max_tokens=2, extra_body={field: default})
+            assert out.usage.completion_tokens >= 1, field
+    for field, value in (("best_of", 2), ("echo", True), ("suffix", "end")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="", prompt="Hi", max_tokens=2, extra_body={field: value})
+        assert f"{field}: is not supported" in str(e.value), (field, str(e.value))
+    # Honoured: user and metadata change nothing; top_k=1 samples the greedy token, and so does
+    # min_p=1; penalties change a greedy continuation that repeats itself; out of range: 400.
+    greedy = c.completions.create(model="", prompt="The sky is", max_tokens=6, temperature=0).choices[0].text
+    top1 = c.completions.create(model="", prompt="The sky is", max_tokens=6, temperature=1.0, seed=7, user="u-1",
+                                extra_body={"top_k": 1, "metadata": {"k": "v"}}).choices[0].text
+    assert top1 == greedy
+    minp1 = c.completions.create(model="", prompt="The sky is", max_tokens=6, temperature=1.0, seed=8,
+                                 extra_body={"min_p": 1.0}).choices[0].text
+    assert minp1 == greedy
+    repeat = "one two one two one two one two one two"
+    plain = c.completions.create(model="", prompt=repeat, max_tokens=8, temperature=0).choices[0].text
+    for kwargs in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"repetition_penalty": 3.0}}):
+        assert c.completions.create(model="", prompt=repeat, max_tokens=8, temperature=0, **kwargs).choices[0].text != plain
+    for field, value in (("frequency_penalty", 2.5), ("presence_penalty", -3), ("repetition_penalty", 0),
+                         ("min_p", 1.5), ("ignore_eos", "yes")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="", prompt="Hi", max_tokens=2, extra_body={field: value})
+        assert f"{field}: must be" in str(e.value), (field, str(e.value))
 
 
 def test_curl_completion(server):
