@@ -409,6 +409,7 @@ std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) c
 
 void Scheduler::PrefillIteration(int64_t decoded) {
   int64_t budget = std::max(options_.step_tokens - decoded, options_.min_prefill_tokens);
+  if (decoded > 0 && options_.decode_prefill_tokens > 0) budget = std::min(budget, options_.decode_prefill_tokens);
   std::vector<engine::Engine::PrefillPiece> pieces;
   std::vector<Request*> reqs;
   for (Request* r : PrefillCandidates(&budget)) {

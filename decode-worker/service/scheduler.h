@@ -82,6 +82,10 @@ struct SchedulerOptions {
   int32_t max_waiting = 32;      // queued beyond that; more → RESOURCE_EXHAUSTED
   int64_t step_tokens = 512;     // tokens per iteration: decode rows plus prefill rows
   int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
+  // Prompt tokens read per iteration while requests are decoding (decode first: each of their
+  // tokens waits for one such pass); 0 = step_tokens less the decode rows. With nothing
+  // decoding, a pass reads step_tokens.
+  int64_t decode_prefill_tokens = 0;
   int64_t max_new_tokens_limit = 8192;  // the largest max_new_tokens a request may ask for
   // When the KV pool is lost mid-request, the worker waits this long for it to come back
   // (reconnecting at the same address) and then rebuilds each request's KV from its prompt and

@@ -12,6 +12,9 @@ ABSL_FLAG(int32_t, max_waiting, 32, "serve: requests queued beyond the batch; mo
 ABSL_FLAG(int64_t, step_tokens, 512,
           "serve: tokens per scheduler iteration (decode rows + prefill chunk); long prompts are prefilled in "
           "pieces between decode steps");
+ABSL_FLAG(int64_t, decode_prefill_tokens, 0,
+          "serve: prompt tokens read per scheduler iteration while requests are decoding, so their tokens wait for "
+          "a short pass, not a whole --step_tokens one (0 = --step_tokens less the decode rows)");
 ABSL_FLAG(int64_t, pool_recovery_ms, 30000,
           "serve: how long running requests wait for a lost KV pool to come back (same address) before they "
           "fail; their KV is then rebuilt by prefilling the prompt and (sparse modes) replaying the tokens already "
@@ -48,6 +51,8 @@ absl::StatusOr<SchedulerOptions> SchedulerOptionsFromFlags() {
   if (o.tenant_max_slots < -1) return absl::InvalidArgumentError("--tenant_max_slots must be -1, 0 or positive");
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.step_tokens = absl::GetFlag(FLAGS_step_tokens);
+  o.decode_prefill_tokens = absl::GetFlag(FLAGS_decode_prefill_tokens);
+  if (o.decode_prefill_tokens < 0) return absl::InvalidArgumentError("--decode_prefill_tokens must be >= 0");
   o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   o.pool_recovery_timeout = std::chrono::milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_pool_recovery_ms)));
   return o;
