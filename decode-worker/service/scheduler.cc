@@ -373,7 +373,7 @@ int64_t Scheduler::DecodeIteration() {
   return static_cast<int64_t>(reqs.size());
 }
 
-std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) const {
+std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget, int64_t cap) const {
   std::vector<Request*> order;
   for (const auto& r : active_) {
     if (!r->done && !r->lost && r->prefilled < static_cast<int64_t>(PrefillPrompt(r->spec).size())) {
@@ -389,7 +389,10 @@ std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) c
   });
   bool shared = false;  // the router serves two or more API tenants
   for (const Request* r : order) shared |= r->spec.tenants >= 2 && !r->spec.tenant.empty();
-  if (!shared) return order;
+  if (!shared) {
+    *budget = std::min(*budget, cap);
+    return order;
+  }
   // A tenant with fewer requests in the batch than another has its prompts read alone, with the
   // whole budget, until they are in; otherwise passes take a quarter of the budget, so a newly
   // arrived tenant's prompt waits for at most a short pass before its own (measured: the
@@ -409,10 +412,12 @@ std::vector<Scheduler::Request*> Scheduler::PrefillCandidates(int64_t* budget) c
 
 void Scheduler::PrefillIteration(int64_t decoded) {
   int64_t budget = std::max(options_.step_tokens - decoded, options_.min_prefill_tokens);
-  if (decoded > 0 && options_.decode_prefill_tokens > 0) budget = std::min(budget, options_.decode_prefill_tokens);
+  // Decode first: while requests decode, a short pass (between tenants, PrefillCandidates
+  // sets the passes instead).
+  const int64_t cap = decoded > 0 && options_.decode_prefill_tokens > 0 ? options_.decode_prefill_tokens : budget;
   std::vector<engine::Engine::PrefillPiece> pieces;
   std::vector<Request*> reqs;
-  for (Request* r : PrefillCandidates(&budget)) {
+  for (Request* r : PrefillCandidates(&budget, cap)) {
     const absl::Span<const int32_t> prompt = PrefillPrompt(r->spec);
     const int64_t take = std::min(budget, static_cast<int64_t>(prompt.size()) - r->prefilled);
     pieces.push_back({.seq = r->slot, .prompt = prompt, .begin = r->prefilled, .end = r->prefilled + take});

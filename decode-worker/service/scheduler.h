@@ -84,8 +84,9 @@ struct SchedulerOptions {
   int64_t min_prefill_tokens = 64;  // prefill progress per iteration even under a full batch
   // Prompt tokens read per iteration while requests are decoding (decode first: each of their
   // tokens waits for one such pass); 0 = step_tokens less the decode rows. With nothing
-  // decoding, a pass reads step_tokens.
-  int64_t decode_prefill_tokens = 0;
+  // decoding, a pass reads step_tokens. Between API tenants the tenant passes rule instead.
+  // The default: docs/decisions/0046-prefill-budget-while-decoding.md.
+  int64_t decode_prefill_tokens = 256;
   int64_t max_new_tokens_limit = 8192;  // the largest max_new_tokens a request may ask for
   // When the KV pool is lost mid-request, the worker waits this long for it to come back
   // (reconnecting at the same address) and then rebuilds each request's KV from its prompt and
@@ -178,8 +179,9 @@ class Scheduler {
   void PrefillIteration(int64_t decoded);
   // The requests whose prompts the next prefill pass reads, in order, and the pass's token
   // budget: the tenant with the fewest requests in the batch first; between API tenants, an
-  // under-served tenant's prompts alone, else short passes (scheduler.cc).
-  std::vector<Request*> PrefillCandidates(int64_t* budget) const;
+  // under-served tenant's prompts alone, else short passes (scheduler.cc); with one tenant, at
+  // most `cap` tokens (decode_prefill_tokens while requests decode).
+  std::vector<Request*> PrefillCandidates(int64_t* budget, int64_t cap) const;
   void PublishStats();
   void PublishMemoryLocked();  // engine memory figures into stats_ (mu_ held, scheduler thread)
   // Tokens a request may grow to: its prompt plus what it may still generate, capped by the context.

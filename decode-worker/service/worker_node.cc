@@ -12,9 +12,10 @@ ABSL_FLAG(int32_t, max_waiting, 32, "serve: requests queued beyond the batch; mo
 ABSL_FLAG(int64_t, step_tokens, 512,
           "serve: tokens per scheduler iteration (decode rows + prefill chunk); long prompts are prefilled in "
           "pieces between decode steps");
-ABSL_FLAG(int64_t, decode_prefill_tokens, 0,
+ABSL_FLAG(int64_t, decode_prefill_tokens, 256,
           "serve: prompt tokens read per scheduler iteration while requests are decoding, so their tokens wait for "
-          "a short pass, not a whole --step_tokens one (0 = --step_tokens less the decode rows)");
+          "a short pass, not a whole --step_tokens one (0 = --step_tokens less the decode rows; "
+          "docs/decisions/0046-prefill-budget-while-decoding.md)");
 ABSL_FLAG(int64_t, pool_recovery_ms, 30000,
           "serve: how long running requests wait for a lost KV pool to come back (same address) before they "
           "fail; their KV is then rebuilt by prefilling the prompt and (sparse modes) replaying the tokens already "
