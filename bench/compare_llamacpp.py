@@ -178,7 +178,7 @@ def main():
             md.append(f"| {m['model']} | {r['context']} | {r['batch']} | {r['dualdecoder_tokens_per_s']:.1f} | "
                       f"{r['like-for-like_tokens_per_s']:.1f} | {r['ratio_vs_like-for-like']:.2f} | "
                       f"{r['library-defaults_tokens_per_s']:.1f} | {r['ratio_vs_library-defaults']:.2f} |")
-    md += ["", "Prefill of the same runs (one prompt; issue 16 owns prefill):", "",
+    md += ["", "Prefill of the same runs (one prompt; bench/compare_prefill.py compares prefill):", "",
            "| model | prompt tokens | DualDecoder tok/s | llama.cpp like-for-like tok/s | ratio |",
            "|---|---:|---:|---:|---:|"]
     for m in per_model:

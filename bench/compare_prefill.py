@@ -1,4 +1,5 @@
-"""Prefill against llama.cpp on the same GGUF files, side by side in one run (issue 16).
+"""Prefill against llama.cpp on the same GGUF files, side by side in one run
+(docs/benchmarks.md, "prefill-vs-llamacpp").
 
 llama.cpp: llama-batched-bench from the tree bench/build-llamacpp pins, like for like with
 DualDecoder's full mode (flash attention on, sliding-window layers keep only their window, same

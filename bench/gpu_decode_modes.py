@@ -204,7 +204,7 @@ def gather_figures(out_dir: str) -> dict | None:
 
 
 def analyse(doc: dict) -> dict:
-    """The issue's targets, each with the figure that decides it."""
+    """The targets, each with the figure that decides it."""
     t = {"dual_over_cached": [], "dual_of_infinite": [], "max_batch": []}
     for res in doc["results"]:
         if "raw" not in res or res.get("label"):  # variants decide no target

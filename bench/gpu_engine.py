@@ -14,8 +14,9 @@ Per shape (gemma3-270m, smollm2-135m): full, sparse, sparse-cached and dualdecod
 8 and each mode's largest under --device-memory (capped at 64), 4096-token contexts, the
 in-process store on an infinite link and on the pcie5 link calibrated in the run. Then full at
 batch 1 on the Llama-3.1-8B shape (Q4_K), whose weight bytes per second are compared with the
-GPU's HBM bandwidth (the issue's 60% target). On cuda, the small shape's full and dualdecoder
-at batch 1 and 8 and the 8B shape's full step again with --cuda_graphs, beside the runs without.
+GPU's HBM bandwidth (the 60% target of docs/decisions/0034-gpu-kernels-groundwork.md). On cuda, the
+small shape's full and dualdecoder at batch 1 and 8 and the 8B shape's full step again with
+--cuda_graphs, beside the runs without.
 Writes gpu-engine.json and gpu-engine.md.
 """
 

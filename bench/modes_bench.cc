@@ -1,4 +1,5 @@
-// Decode-modes benchmark (DESIGN §5, issues 11 and 18): full, sparse, sparse-cached (chunks
+// Decode-modes benchmark (docs/decisions/0006-decode-modes.md, docs/decisions/0012-resident-set.md;
+// results in docs/benchmarks.md, "Decode modes"): full, sparse, sparse-cached (chunks
 // resident across steps, misses fetched: the paper's ShadowKV-style baseline), dualdecoder on
 // the resident set and dualdecoder-ring (the whole prediction prefetched into a ring every
 // step), side by side in one run, per context, batch and link. Writes one JSON object.

@@ -1,4 +1,4 @@
-// KV-pool gather benchmark (issue "KV-pool service"): gather bandwidth and per-gather latency
+// KV-pool gather benchmark (docs/benchmarks.md, "pool"): gather bandwidth and per-gather latency
 // for blocks of the real model's size, versus blocks per gather and concurrent gatherers, per
 // transport — in-process, shm://, ucx:// over tcp and over shared memory — next to a plain
 // memcpy of the same random gather pattern in the same run (the machine's limit). ucx:// is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TTFT saved by prefix reuse (issue "KV-pool service"): a real dd-kv-pool, real ddctl
+"""TTFT saved by prefix reuse (docs/architecture.md, "Prefix reuse"): a real dd-kv-pool, real ddctl
 processes on the real model. Request A (a long document + question 1) commits its prefix;
 request B (the same document + question 2, as from another worker process) is then timed
 with and without prefix reuse, alternating, in the same run. Writes

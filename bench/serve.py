@@ -1,6 +1,7 @@
-"""Serving benchmark (issue 6): the embedded server (`ddctl serve`: router + worker +
-in-process pool) under open-loop Poisson load with long prompts, `full` vs `dualdecoder` at
-the same device-memory budget. Writes the raw results for wrap_results.py (serve.json, .md, .png).
+"""Serving benchmark (docs/benchmarks.md, "serve and serve-full"): the embedded server (`ddctl
+serve`: router + worker + in-process pool) under open-loop Poisson load with long prompts, `full` vs
+`dualdecoder` at the same device-memory budget. Writes the raw results for wrap_results.py
+(serve.json, .md, .png).
 
 Usage: serve.py --bin build/bin --model M.gguf --preset quick|full --raw OUT.json
 """

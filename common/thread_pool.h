@@ -3,10 +3,10 @@
 // ParallelFor splits [0, n) into contiguous ranges, one per thread, and blocks until all are
 // done. The split depends only on n and the thread count, never on timing, and kernels split
 // over *output* elements only, so every result is independent of the thread count
-// (DESIGN §5 batch invariance). Which thread runs which range is decided at run time: the
-// caller and the workers claim ranges from a counter, so when a worker is not scheduled (a
-// busy machine) the caller runs its range instead of waiting for it. One ParallelFor at a time per pool: callers serialize
-// (the engine's compute stream owns the pool).
+// (batch invariance, docs/decisions/0001-batch-invariant-cpu-kernels.md). Which thread runs which
+// range is decided at run time: the caller and the workers claim ranges from a counter, so when a
+// worker is not scheduled (a busy machine) the caller runs its range instead of waiting for it. One
+// ParallelFor at a time per pool: callers serialize (the engine's compute stream owns the pool).
 //
 // Dispatch is cheap enough for per-layer decode work: idle workers spin for a short while
 // (~50 µs) on the job counter before sleeping on a condition variable, and the caller spins

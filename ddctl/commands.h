@@ -60,8 +60,9 @@ absl::Status RunTokenize(const CliConfig& cfg);
 absl::Status RunInfo(const CliConfig& cfg);
 // synth-model: writes a random-weight model of --shape to --out (model/synthetic_model.h).
 absl::Status RunSynthModel(const CliConfig& cfg);
-// Teacher-forced fidelity of a sparse mode against full on the same text (issue 4): per
-// position KL(full || mode) of the next-token distributions and both NLLs of the true token.
+// Teacher-forced fidelity of a sparse mode against full on the same text (eval/README.md,
+// "Predictors and fidelity"): per position KL(full || mode) of the next-token distributions and
+// both NLLs of the true token.
 absl::Status RunFidelity(const CliConfig& cfg);
 // Many questions over one shared context, prefilled once (answer_cmd.cc).
 absl::Status RunAnswer(const CliConfig& cfg);

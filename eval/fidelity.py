@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fidelity without tasks (issue 4, DESIGN §10): on long natural text, `ddctl fidelity`
+"""Fidelity without tasks (eval/README.md, "Predictors and fidelity";
+docs/decisions/0033-evaluation-methodology.md): on long natural text, `ddctl fidelity`
 teacher-forces the same tokens through `full` and `sparse` side by side and reports, per
 position, KL(full || sparse) of the next-token distributions, plus teacher-forced perplexity
 of each. dualdecoder's real rows are bit-identical to sparse (tested), so sparse stands for both.
@@ -71,7 +72,7 @@ def main():
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="contexts 2048, 4096, 8192 (default)")
     g.add_argument("--full", action="store_true", help="contexts 2048 ... 16384")
-    g.add_argument("--standard", action="store_true", help="each model's long contexts, 128 positions (issue 15)")
+    g.add_argument("--standard", action="store_true", help="each model's long contexts, 128 positions")
     ap.add_argument("--score-tokens", type=int, default=64)
     ap.add_argument("--budgets", default="512,1024,2048")
     ap.add_argument("--ddctl")

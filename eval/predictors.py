@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Next-step prediction accuracy per predictor (issue 4, DESIGN §10): on long natural text,
+"""Next-step prediction accuracy per predictor (eval/README.md, "Predictors and fidelity";
+docs/decisions/0033-evaluation-methodology.md): on long natural text,
 greedy dualdecoder generations of --steps tokens, once per predictor — the shipped
 speculative token, "reuse the previous step's selection", their union at the same transfer
 budget, a random token, and the oracle token (the true next token, replaying the speculative

@@ -31,7 +31,8 @@ def accuracy_rows(records):
 
 
 def dual_vs_sparse(records):
-    """Dualdecoder must produce exactly sparse's tokens (DESIGN: results equal exact sparse)."""
+    """Dualdecoder must produce exactly sparse's tokens (real rows are bit-identical to sparse:
+    docs/decisions/0008-dual-token-step.md)."""
     by_key = {(r["task_id"], r["mode"], r["budget"]): r for r in records}
     compared, mismatches = 0, []
     for (task_id, mode, budget), d in sorted(by_key.items(), key=lambda kv: str(kv[0])):

@@ -1,4 +1,4 @@
-"""Haystacks that carry many questions each, for the standard evaluation (issue 15).
+"""Haystacks that carry many questions each, for the standard evaluation (eval/standard.py).
 
 A haystack is one context (instruction + license prose with statements hidden at seeded
 depths) and QUESTIONS_PER_HAYSTACK questions about it. `ddctl answer` prefills the context once

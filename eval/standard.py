@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The evaluation with statistical power (issue 15): many questions per haystack, the haystack
-prefilled once per mode, intervals in the report.
+"""The evaluation with statistical power (docs/decisions/0033-evaluation-methodology.md): many
+questions per haystack, the haystack prefilled once per mode, intervals in the report.
 
     python3 eval/standard.py --quick       # Gemma 2K, one haystack per family (~3 min)
     python3 eval/standard.py --standard    # both models at their long lengths (hours; resumable)
@@ -46,9 +46,10 @@ PRESETS = {
     # continuation continues): one prefill per mode serves both.
     "quick": {"models": {"gemma": [2048]}, "families": ["needle_kv", "qa_people+continuation", "icl_codes"],
               "haystacks": 1, "budgets": [512, 1024], "dual_budget": 512, "check_family": "icl_codes"},
-    # 4 haystacks x 13 questions = 52 per (family, length, mode, budget) cell (issue 15 asks
-    # for >= 50). Budget 2048 is left to the fidelity runs (the task runs at 2048 showed no
-    # loss anywhere, bench/results/eval-standard.md of be6c299): the preset fits 2.5 h.
+    # 4 haystacks x 13 questions = 52 per (family, length, mode, budget) cell
+    # (docs/decisions/0033-evaluation-methodology.md asks for >= 50). Budget 2048 is left to the
+    # fidelity runs (the task runs at 2048 showed no loss anywhere, bench/results/eval-standard.md
+    # of be6c299): the preset fits 2.5 h.
     "standard": {"models": {"gemma": [2048, 8192, 16384, 32000], "smollm2": [2048, 4096, 8000]},
                  "families": ["qa_people+continuation", "icl_codes"], "haystacks": 4, "questions": 13,
                  "budgets": [512, 1024], "dual_budget": 1024, "check_family": "icl_codes"},

@@ -1,8 +1,8 @@
 // The cluster secret: what the router and its decode workers show each other on their internal
 // calls (Registry.Register/Heartbeat to the router; Worker.Submit/Cancel/Stats to a worker),
 // so that nobody else can register a worker, take a worker's place, cancel others' requests
-// or submit work past the router's checks (issue 14). It travels as gRPC metadata
-// `x-dd-cluster-secret`; use TLS on the links where the network is not trusted.
+// or submit work past the router's checks (docs/decisions/0026-security-model.md). It travels as
+// gRPC metadata `x-dd-cluster-secret`; use TLS on the links where the network is not trusted.
 //
 // Off when empty (a lone worker on localhost, tests); `--cluster_secret_file` turns it on for
 // dd-router, dd-decode-worker and ddctl (the file holds one line of at least 32 characters and

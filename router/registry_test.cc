@@ -138,7 +138,8 @@ TEST(RegistryTest, PrefixLocalityKeepsAWorkerWhenNearlyIdle) {
   EXPECT_NE(other->worker_id, first->worker_id);
 }
 
-// Issue 14, finding 3: junk registrations cannot grow the router without bound.
+// Bounded state (docs/decisions/0026-security-model.md): junk registrations cannot grow the router
+// without bound.
 TEST(RegistryTest, RegistryIsBoundedAndForgetsSilentWorkers) {
   WorkerRegistry reg(std::chrono::milliseconds(20), /*max_workers=*/3, /*forget_after=*/std::chrono::milliseconds(200));
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(reg.Register(Worker(id, "m", 4, 0)).ok());

@@ -1,7 +1,7 @@
-// Chat formats on the real models (issue 13, part 5): SmolLM2's ChatML template from the file
-// (with its default system message), Gemma's format for a Gemma 3 file that carries no template,
-// rendered token ids equal to the documented strings, contents never parsed as special tokens,
-// and clear errors for bad message lists.
+// Chat formats on the real models (docs/decisions/0005-model-runtime-conventions.md): SmolLM2's
+// ChatML template from the file (with its default system message), Gemma's format for a Gemma 3
+// file that carries no template, rendered token ids equal to the documented strings, contents never
+// parsed as special tokens, and clear errors for bad message lists.
 #include "decode-worker/model/chat_template.h"
 
 #include <algorithm>

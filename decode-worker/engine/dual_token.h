@@ -1,4 +1,5 @@
-// The dual-token protocol (DESIGN §5.3): what makes a `dualdecoder` decode step, in one place.
+// The dual-token protocol (docs/architecture.md, "A decode step in each mode"): what makes a
+// `dualdecoder` decode step, in one place.
 //
 //   the speculative chain  per slot, the token its next speculative row is fed and the one the
 //                          last was fed; a slot without one first pre-decodes (its real token

@@ -116,7 +116,8 @@ TEST_F(GemmaEngineTest, DecodeAfterLongPrefillMatchesPrefill) {
   EXPECT_EQ(0, std::memcmp(want->data(), logits.data(), logits.size() * 4));
 }
 
-// DESIGN §5: a request alone and the same request in a batch of 8 give identical logits.
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a request alone and the
+// same request in a batch of 8 give identical logits.
 TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def main():", "Water boils at",

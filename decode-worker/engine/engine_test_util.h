@@ -9,7 +9,8 @@
 
 namespace dd::engine::testing_util {
 
-// DESIGN §5: a request alone and the same request in a batch give identical logits. Prefills
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a request alone and the
+// same request in a batch give identical logits. Prefills
 // `prompts` into one engine and greedy-decodes them together for 3 steps, then replays prompt
 // `replay` alone on an engine with a different thread count and compares the last step's
 // logits bit for bit.

@@ -1,5 +1,6 @@
 // The engine's KV cache interface: an AttentionBackend that also manages sequence slots.
-// Implementations: DenseKvCache (`full` mode), SparseKvCache (`sparse` mode, DESIGN §4).
+// Implementations: DenseKvCache (`full` mode), SparseKvCache (`sparse` mode;
+// docs/architecture.md, "KV caches, landmarks and selection").
 // Not thread-safe; used from the engine's compute thread.
 #pragma once
 

@@ -1,4 +1,5 @@
-// Device-memory accounting (DESIGN §5, §6): what a request costs on the device in each decode
+// Device-memory accounting (docs/architecture.md, "Memory plan and admission";
+// docs/decisions/0013-device-memory-plan.md): what a request costs on the device in each decode
 // mode, so the engine can admit requests against `--device-memory` and report max batch.
 //
 // The projection is what the caches allocate, tag by tag (memory_plan_test compares it with
@@ -36,8 +37,9 @@
 
 namespace dd::engine {
 
-// kSparseCached is `sparse` with the step cache (SparseOptions::step_cache, issue 18): the
-// ShadowKV-style baseline that keeps the last steps' chunks resident and fetches the misses.
+// kSparseCached is `sparse` with the step cache (SparseOptions::step_cache,
+// docs/decisions/0012-resident-set.md): the ShadowKV-style baseline that keeps the last steps'
+// chunks resident and fetches the misses.
 enum class DecodeMode { kFull, kSparse, kSparseCached, kDualDecoder };
 
 // A request's decode-state bytes by memory tag.

@@ -86,8 +86,8 @@ TEST_F(SmolLM2EngineTest, GreedyChatAnswers) {
   }
 }
 
-// DESIGN §5: a request alone and the same request in a batch of 6 give identical logits (the
-// Q4_1 int8 kernels included).
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a request alone and the
+// same request in a batch of 6 give identical logits (the Q4_1 int8 kernels included).
 TEST_F(SmolLM2EngineTest, DecodeIsBatchInvariant) {
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"The capital of France is", "Once upon a time", "1, 2, 3, 4,", "def main():", "Water boils at",

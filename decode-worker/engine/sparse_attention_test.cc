@@ -157,10 +157,10 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
 
 INSTANTIATE_TEST_SUITE_P(Buffers, PrefetchBuffersTest, ::testing::Values(1, 2, 3, 8));
 
-// The step cache (resident chunk set, issue 18): sparse-cached and dualdecoder on it, with and
-// without an LRU margin, on a slow link (prefetches in flight while the urgent path races
-// them): bit-identical to `sparse`; every selected chunk was reused, fetched on the urgent path
-// or prefetched; fewer chunks move than without the cache. Run under TSan in CI.
+// The step cache (resident chunk set, docs/decisions/0012-resident-set.md): sparse-cached and
+// dualdecoder on it, with and without an LRU margin, on a slow link (prefetches in flight while the
+// urgent path races them): bit-identical to `sparse`; every selected chunk was reused, fetched on
+// the urgent path or prefetched; fewer chunks move than without the cache. Run under TSan in CI.
 struct StepCacheCase {
   bool dual;
   int64_t margin_tokens;

@@ -1,4 +1,5 @@
-// Sparse KV cache, `sparse` decode mode (DESIGN §4, §5.2; ShadowKV-style on-demand retrieval).
+// Sparse KV cache, `sparse` decode mode (ShadowKV-style on-demand retrieval; docs/architecture.md,
+// "KV caches, landmarks and selection" and "A decode step in each mode").
 //
 // For each sparse layer (global-attention layers; sliding-window layers stay dense) and each
 // sequence, the device keeps: the attention sinks (first `sink_tokens`), the local window
@@ -26,11 +27,11 @@
 // whole batch (one group of lists per sequence), and only then the buffer hand-backs and
 // prefetches that may overwrite what attention read.
 //
-// `dualdecoder` mode (DESIGN §5.3) adds speculative rows: a speculative row after a real row
-// attends over the real row's keys plus its own KV (not kept), and its query selects the
-// chunks the next step is predicted to need (P'); those are gathered at background priority
-// into a per-layer prefetch buffer. At the next step the real query selects S exactly; chunks
-// of S in P' come from the buffer, the misses S \ P' are fetched at urgent priority, so the
+// `dualdecoder` mode (docs/decisions/0008-dual-token-step.md) adds speculative rows: a speculative
+// row after a real row attends over the real row's keys plus its own KV (not kept), and its query
+// selects the chunks the next step is predicted to need (P'); those are gathered at background
+// priority into a per-layer prefetch buffer. At the next step the real query selects S exactly;
+// chunks of S in P' come from the buffer, the misses S \ P' are fetched at urgent priority, so the
 // real row's result is bit-identical to `sparse`. A speculative row alone (pre-decoding, after
 // prefill) selects, fetches and attends for itself and seeds P' with its selection.
 // Prefetches are asynchronous: the store's link serves them in the background while compute
@@ -65,8 +66,8 @@
 
 namespace dd::engine {
 
-// What P' (the chunks prefetched for the next step) is predicted from (issue 4 compares them;
-// results are identical whatever the predictor, only hits and transfers change):
+// What P' (the chunks prefetched for the next step) is predicted from (eval/predictors.py compares
+// them; results are identical whatever the predictor, only hits and transfers change):
 //   speculative  the speculative row's query (the design; the default);
 //   previous     the real row's own selection of this step ("reuse the last selection");
 //   union        half from each ranking, filled from the speculative one, at the same size;

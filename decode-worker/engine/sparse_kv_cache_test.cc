@@ -169,14 +169,15 @@ TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemor
   EXPECT_LT((*sparse)->kv_bytes(), full.kv_bytes());
 }
 
-// DESIGN §5.3 exactness: the dual-token step's real rows are bit-identical to `sparse` over 48
-// steps, batch 2, both sequences > 4K tokens; the first 24 steps on an instant link, the rest on
-// a slow background link (one KV head's 64-chunk gather takes 3 ms on SmolLM2, 10 ms on Gemma)
-// so that prefetches are still in flight when their layer is read and the urgent path races
-// them. Prediction only changes what is fetched when. Also checks the fetch accounting: every
-// selected chunk is a hit or an urgent fetch. The step cache (issue 18) runs the same way:
-// `sparse-cached` and dualdecoder on the resident set are bit-identical to `sparse` too, and
-// move fewer chunks than their cacheless versions.
+// Exactness (docs/decisions/0008-dual-token-step.md): the dual-token step's real rows are
+// bit-identical to `sparse` over 48 steps, batch 2, both sequences > 4K tokens; the first 24 steps
+// on an instant link, the rest on a slow background link (one KV head's 64-chunk gather takes 3 ms
+// on SmolLM2, 10 ms on Gemma) so that prefetches are still in flight when their layer is read and
+// the urgent path races them. Prediction only changes what is fetched when. Also checks the fetch
+// accounting: every selected chunk is a hit or an urgent fetch. The step cache
+// (docs/decisions/0012-resident-set.md) runs the same way: `sparse-cached` and dualdecoder on the
+// resident set are bit-identical to `sparse` too, and move fewer chunks than their cacheless
+// versions.
 TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   constexpr int kSteps = 48, kSlowFrom = 24;
   constexpr int64_t kChunks = 512 / 8;
@@ -241,7 +242,8 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   EXPECT_EQ(td.hits, t.hits);  // the same predictions
   EXPECT_LE(td.urgent, t.urgent);  // resident chunks cover some of the ring's misses
   const int64_t resident_chunks = (*resident)->sparse_cache()->fetched_chunks();
-  // Chunks moved (prefill restore excluded: none here). Figures in the closing note of issue 18.
+  // Chunks moved (prefill restore excluded: none here). Figures in
+  // docs/decisions/0012-resident-set.md.
   EXPECT_LT(cached_chunks, sparse_chunks * 3 / 4) << cached_chunks << " vs " << sparse_chunks;
   EXPECT_LT(resident_chunks, ring_chunks * 3 / 4) << resident_chunks << " vs " << ring_chunks;
   std::printf("chunks moved: sparse %lld, sparse-cached %lld, dualdecoder ring %lld, resident %lld\n",

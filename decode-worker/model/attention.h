@@ -2,8 +2,8 @@
 // q/k/v rows) and the KV cache (which stores KV and decides what each query attends to).
 //
 // The dense cache (engine/dense_kv_cache.h) attends to every position; the sparse and
-// dual-token modes (DESIGN §4–§5) implement the same interface over chunked, offloaded KV,
-// so they change how attention gets its KV without touching the model code.
+// dual-token modes (docs/decisions/0006-decode-modes.md) implement the same interface over chunked,
+// offloaded KV, so they change how attention gets its KV without touching the model code.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +21,9 @@ struct BatchRow {
   int64_t pos = 0;          // absolute position of the token
   int32_t token = 0;
   bool want_logits = false; // the forward pass returns this row's logits
-  // Speculative row (dual-token step, DESIGN §5.3): it attends like any row (it sees the rows
-  // before it) but its KV is not counted as the sequence's — no real row sees it, and the next
-  // row at its position overwrites it, unless the engine keeps it for the carry
+  // Speculative row (dual-token step, docs/decisions/0008-dual-token-step.md): it attends like any
+  // row (it sees the rows before it) but its KV is not counted as the sequence's — no real row sees
+  // it, and the next row at its position overwrites it, unless the engine keeps it for the carry
   // (DenseKvCache::KeepSpeculative). At most one per sequence per forward, after the
   // sequence's real rows.
   bool speculative = false;

@@ -1,8 +1,8 @@
-// Chat prompts (issue 13, part 5): a list of {role, content} messages rendered in the model's
-// own chat format, as token ids. The format comes from the file's `tokenizer.chat_template`
-// (Jinja, which we do not execute: we recognize the two families below), or, for a file without
-// one whose vocabulary has Gemma's turn markers, Gemma's format. Anything else is refused with
-// an error naming the problem.
+// Chat prompts (docs/decisions/0005-model-runtime-conventions.md): a list of {role, content}
+// messages rendered in the model's own chat format, as token ids. The format comes from the file's
+// `tokenizer.chat_template` (Jinja, which we do not execute: we recognize the two families below),
+// or, for a file without one whose vocabulary has Gemma's turn markers, Gemma's format. Anything
+// else is refused with an error naming the problem.
 //   Gemma:  <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n<start_of_turn>model\n...
 //           (assistant turns are "model"; a system message joins the first user turn)
 //   ChatML: <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n (a default system

@@ -1,6 +1,7 @@
-// dd-decode-worker: one decode worker (DESIGN §1): loads the model, serves proto/worker.proto's
-// Worker service with continuous batching and, with --router, registers there and heartbeats
-// its load. Prints "dd-decode-worker: listening on HOST:PORT metrics HOST:PORT" once serving.
+// dd-decode-worker: one decode worker (docs/architecture.md, "Processes and components"): loads the
+// model, serves proto/worker.proto's Worker service with continuous batching and, with --router,
+// registers there and heartbeats its load. Prints "dd-decode-worker: listening on HOST:PORT metrics
+// HOST:PORT" once serving.
 #include <unistd.h>
 
 #include <cstdio>

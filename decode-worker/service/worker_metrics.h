@@ -1,4 +1,5 @@
-// The worker's /metrics (DESIGN §9). Histograms are fed by the scheduler as it runs:
+// The worker's /metrics (docs/operations.md, "Metrics"; docs/decisions/0030-metrics.md). Histograms
+// are fed by the scheduler as it runs:
 //   dd_step_seconds{phase="decode|prefill"}, dd_ttft_seconds, dd_tpot_seconds,
 //   dd_worker_requests_total{outcome="ok|cancelled|failed"}.
 // Gauges and counters are read from the scheduler at scrape time: dd_decode_tokens_total,

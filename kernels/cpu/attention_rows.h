@@ -26,9 +26,10 @@ struct AttentionScratch {
 // heads of one KV head: the block's scores over the keys any of its rows sees (16 × heads ×
 // n_keys floats per thread, never rows × keys), softmax per query over its own keys, then the
 // weighted sum of values in ascending position. Each query's bits depend only on its own keys
-// (DESIGN §5 batch invariance) and equal Dot / ScaledSoftmax / Axpy one query at a time. Too
-// few blocks to occupy the threads (decode: one row per sequence) takes another split with
-// the same bits: scores by key tiles, then the weighted sums by output elements.
+// (batch invariance, docs/decisions/0001-batch-invariant-cpu-kernels.md) and equal Dot /
+// ScaledSoftmax / Axpy one query at a time. Too few blocks to occupy the threads (decode: one row
+// per sequence) takes another split with the same bits: scores by key tiles, then the weighted sums
+// by output elements.
 void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* scratch);
 
 // A layer's decode rows for the whole batch (Ops::AttendGroups): one task list over every

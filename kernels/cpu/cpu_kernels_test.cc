@@ -223,7 +223,8 @@ TEST(MatMulTest, MatchesDoubleReference) {
   }
 }
 
-// DESIGN §5: a row's result must not depend on batch size or thread count, bit for bit.
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a row's result must not
+// depend on batch size or thread count, bit for bit.
 TEST(MatMulTest, BatchAndThreadInvariant) {
   std::mt19937 rng(11);
   const int64_t rows = 45, cols = 256 + 64;

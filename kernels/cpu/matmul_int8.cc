@@ -5,7 +5,8 @@
 //   acc = fma(float(integer dot of weight codes and int8 activations), scale product, acc)
 // (Q4_K/Q5_K add one fnmadd per block for the −dmin·m term, Q4_1/Q5_1 one fmadd for +m). The integer dot is exact and the
 // float ops per element are one fixed sequence, so a row's result depends only on that row and
-// the weights: not on the batch size, the tiling or the thread count (DESIGN §5).
+// the weights: not on the batch size, the tiling or the thread count
+// (docs/decisions/0001-batch-invariant-cpu-kernels.md).
 //
 // AVX-512 layout. A tile is 16 consecutive weight rows. Each 32-element block of the tile is
 // transposed so that 32-bit lane c of eight registers holds four consecutive codes of row c.

@@ -137,10 +137,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 class MatMulInt8TypeTest : public ::testing::TestWithParam<DType> {};
 
-// DESIGN §5: a row's result must not depend on batch size or thread count, bit for bit.
-// The shape is large enough that MatMulInt8 does use the 3-thread pool (small calls run on the
-// caller); m = 140 crosses the kernel's 64-row accumulator chunk and quantizes in parallel;
-// strides are wider than the data and n is not a multiple of the 16-row tile.
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a row's result must not
+// depend on batch size or thread count, bit for bit. The shape is large enough that MatMulInt8 does
+// use the 3-thread pool (small calls run on the caller); m = 140 crosses the kernel's 64-row
+// accumulator chunk and quantizes in parallel; strides are wider than the data and n is not a
+// multiple of the 16-row tile.
 TEST_P(MatMulInt8TypeTest, BatchAndThreadInvariant) {
   const DType type = GetParam();
   std::mt19937 rng(17 + static_cast<int>(type));

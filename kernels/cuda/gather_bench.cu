@@ -1,5 +1,6 @@
-// dd-bench-gather-cuda: host -> device chunk gathers on a real GPU (issue 12's first target:
-// 4 KiB chunks at >= 80% of a PCIe 5.0 x16 link's ~55 GB/s). Side by side, in one run:
+// dd-bench-gather-cuda: host -> device chunk gathers on a real GPU (the target: 4 KiB
+// chunks at >= 80% of a PCIe 5.0 x16 link's ~55 GB/s; results in
+// docs/decisions/0034-gpu-kernels-groundwork.md). Side by side, in one run:
 //   - contiguous cudaMemcpyAsync host -> device and back (the link's ceiling on this machine);
 //   - per-chunk cudaMemcpyAsync (what not to do), one cudaMemcpyBatchAsync (copy engines), and
 //     the device-side gather kernel at several grid sizes, for several chunk and gather sizes;

@@ -1,6 +1,7 @@
-// Host -> device chunk gathers: the two paths DESIGN's GPU decode moves offloaded KV chunks on
-// (issue 12, part 3). Both copy `count` chunks of `chunk_bytes` each, read at byte offsets
-// offsets[i] from `src` (host memory), into dst + i * chunk_bytes (device memory), in list order.
+// Host -> device chunk gathers: the two paths a GPU decode moves offloaded KV chunks on
+// (docs/decisions/0034-gpu-kernels-groundwork.md). Both copy `count` chunks of `chunk_bytes` each,
+// read at byte offsets offsets[i] from `src` (host memory), into dst + i * chunk_bytes (device
+// memory), in list order.
 //   - On the device: GPU threads read the host memory directly (it must be mapped into the
 //     device's address space: cudaHostAlloc(..., cudaHostAllocMapped) or cudaHostRegister(...,
 //     cudaHostRegisterMapped), which is how the pool's shared-memory region is seen too), and

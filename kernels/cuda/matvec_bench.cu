@@ -5,8 +5,9 @@
 // int8 as the forward does. Also each shape alone over its 32 layers' copies (cold in L2). Reports the time of one step's products
 // at batch 1..8 against the HBM roofline (weight bytes / 4.8 TB/s) and against a plain read of
 // the same bytes measured in the same run, launched one by one and replayed as a CUDA graph.
-// Issue 12's target: full-mode decode at batch 1 on this shape >= 60% of the roofline (the LM
-// head and attention are not here). Needs only the CUDA runtime.
+// The target (docs/decisions/0034-gpu-kernels-groundwork.md): full-mode decode at batch 1 on this
+// shape >= 60% of the roofline (the LM head and attention are not here). Needs only the CUDA
+// runtime.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -1,6 +1,7 @@
-// The GPU's quantized matrix-vector product for decode (issue 12, part 2), first type: Q4_K
-// weights read in their GGUF blocks, activations quantized per row to int8 blocks of 32 exactly as
-// the CPU's QuantizeRowInt8Blocks does (bit for bit), integer dot products, f32 scale products.
+// The GPU's quantized matrix-vector product for decode
+// (docs/decisions/0034-gpu-kernels-groundwork.md), first type: Q4_K weights read in their GGUF
+// blocks, activations quantized per row to int8 blocks of 32 exactly as the CPU's
+// QuantizeRowInt8Blocks does (bit for bit), integer dot products, f32 scale products.
 // Batch invariant by construction: each activation row is reduced by the same lanes in the same
 // order whatever the number of rows, and rows are processed in fixed groups of kMatVecRows, so a
 // row's output never depends on its batch-mates (tested bitwise on the device).

@@ -1,7 +1,8 @@
 // Hands a tenant's region descriptor to a same-host worker (the shm:// data path), over a
-// Unix-domain socket, after checking the tenant's token (issue 14, finding 4). Regions are
-// anonymous memory files (region.h): there is no name in /dev/shm to list or open, and
-// nothing outlives the pool but the mappings of workers that hold them.
+// Unix-domain socket, after checking the tenant's token
+// (docs/decisions/0017-pool-regions-memfd.md). Regions are anonymous memory files (region.h): there
+// is no name in /dev/shm to list or open, and nothing outlives the pool but the mappings of workers
+// that hold them.
 //
 // Protocol (one exchange per connection): the client sends its bearer token and '\n' (at most
 // 512 bytes, all within 2 s of connecting); the server answers one byte carrying the descriptor

@@ -1,4 +1,5 @@
-// KvStore: the decode worker's view of where offloaded KV chunks live (DESIGN §7).
+// KvStore: the decode worker's view of where offloaded KV chunks live (docs/architecture.md,
+// "KV store and pool").
 //
 // A sequence is opened with a layout; full chunks are written as one contiguous block per
 // (layer, KV head, chunk): [K (chunk_tokens × head_dim) | V (chunk_tokens × head_dim)], f32.
@@ -33,7 +34,8 @@ struct ChunkRef {
 };
 
 // Blocks are numbered chunk-major: all (layer, KV head) blocks of chunk 0, then chunk 1, ...
-// (the pool stores them at this index within an extent, DESIGN §7).
+// (the pool stores them at this index within an extent,
+// docs/decisions/0014-kvstore-and-block-layout.md).
 inline int64_t BlockIndex(const KvLayout& l, const ChunkRef& r) {
   return (r.chunk * l.n_layers + r.layer) * l.n_kv_heads + r.kv_head;
 }

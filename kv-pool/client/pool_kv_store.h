@@ -1,13 +1,13 @@
-// KvStore backed by a dd-kv-pool process (DESIGN §7): control calls (open, extend, renew,
-// release) go over gRPC with the tenant's bearer token; data never does. `shm://` (same host)
-// maps the tenant's shared-memory region and copies blocks directly; `ucx://` sends UCX active
-// messages that the pool's progress thread answers from the tenant's region (tcp, shared memory
-// or RDMA, whatever UCX picks; UCX_TLS narrows it), or one-sided gets and puts when the pool
-// offers them (--ucx_rma; UcxPath). Background gathers run on a TransferQueue's lanes, off the
-// caller's thread unless transfer_lanes is 0; urgent ones on the caller's (it waits for them). A thread renews
-// the leases at a third of the TTL; when the pool stops answering, the store turns broken and
-// every later call fails with UNAVAILABLE naming the pool (transfers already queued complete
-// from the mapping, which stays valid).
+// KvStore backed by a dd-kv-pool process (docs/architecture.md, "KV store and pool"): control calls
+// (open, extend, renew, release) go over gRPC with the tenant's bearer token; data never does.
+// `shm://` (same host) maps the tenant's shared-memory region and copies blocks directly; `ucx://`
+// sends UCX active messages that the pool's progress thread answers from the tenant's region (tcp,
+// shared memory or RDMA, whatever UCX picks; UCX_TLS narrows it), or one-sided gets and puts when
+// the pool offers them (--ucx_rma; UcxPath). Background gathers run on a TransferQueue's lanes, off
+// the caller's thread unless transfer_lanes is 0; urgent ones on the caller's (it waits for them).
+// A thread renews the leases at a third of the TTL; when the pool stops answering, the store turns
+// broken and every later call fails with UNAVAILABLE naming the pool (transfers already queued
+// complete from the mapping, which stays valid).
 #pragma once
 
 #include <memory>

@@ -1,7 +1,7 @@
-// Prefix-reuse keys (DESIGN §7; the format is in docs/prefix-keys.md so routers, workers and
-// pools agree): a chained 64-bit hash over fixed-size token blocks, namespaced by the model's
-// fingerprint, the KV layout, the block size and a tenant salt. Key i stands for the whole
-// prefix tokens[0, (i + 1) × block_tokens).
+// Prefix-reuse keys (docs/architecture.md, "Prefix reuse"; the format is in docs/prefix-keys.md so
+// routers, workers and pools agree): a chained 64-bit hash over fixed-size token blocks, namespaced
+// by the model's fingerprint, the KV layout, the block size and a tenant salt. Key i stands for the
+// whole prefix tokens[0, (i + 1) × block_tokens).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// Layers striped over several stores (DESIGN §7 "sharding"): layer l of every sequence lives
-// in shard l % N. A gather is split into runs of consecutive refs on the same shard, each
-// issued to its shard with its own destinations; Wait waits for all of them.
+// Layers striped over several stores (docs/architecture.md, "KV store and pool"): layer l of every
+// sequence lives in shard l % N. A gather is split into runs of consecutive refs on the same shard,
+// each issued to its shard with its own destinations; Wait waits for all of them.
 #include <mutex>
 #include <unordered_map>
 #include <vector>

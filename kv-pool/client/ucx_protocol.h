@@ -1,4 +1,4 @@
-// Wire format of the ucx:// active-message data path (DESIGN §7;
+// Wire format of the ucx:// active-message data path (docs/architecture.md, "KV store and pool";
 // docs/decisions/0019-ucx-active-messages.md). A worker names its session (16 random bytes the
 // tenant's authenticated Handshake returned) and region-relative offsets; the pool's progress
 // thread maps the session to the tenant, bounds every offset by that tenant's region and answers

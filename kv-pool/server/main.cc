@@ -1,8 +1,8 @@
-// dd-kv-pool: a host-memory KV pool process (DESIGN §7). Tenants, tokens and quotas come from
-// --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT metrics HOST:PORT" on stdout
-// once serving, so a caller that asked for port 0 learns the ports. SIGTERM / SIGINT shut it down cleanly.
-// Regions are anonymous memory files handed to same-host workers over --fd_socket: nothing is
-// left in /dev/shm, even by a killed pool.
+// dd-kv-pool: a host-memory KV pool process (docs/architecture.md, "KV store and pool"). Tenants,
+// tokens and quotas come from --tenants (JSON). Prints "dd-kv-pool: listening on HOST:PORT metrics
+// HOST:PORT" on stdout once serving, so a caller that asked for port 0 learns the ports. SIGTERM /
+// SIGINT shut it down cleanly. Regions are anonymous memory files handed to same-host workers over
+// --fd_socket: nothing is left in /dev/shm, even by a killed pool.
 #include <filesystem>
 #include <signal.h>
 #include <unistd.h>

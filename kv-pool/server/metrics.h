@@ -1,4 +1,5 @@
-// The pool's /metrics (DESIGN §9), computed from Pool::Stats at scrape time:
+// The pool's /metrics (docs/operations.md, "Metrics"; docs/decisions/0030-metrics.md), computed
+// from Pool::Stats at scrape time:
 //   dd_pool_bytes{tenant, state="quota|used|leased"}, dd_pool_sequences{tenant},
 //   dd_pool_evictions_total{tenant}, dd_pool_expired_leases_total{tenant},
 //   dd_pool_prefix_hits_total{tenant}; with UCX, dd_pool_ucx_requests_total{op="get|put|refused"}

@@ -1,7 +1,8 @@
-// The KV pool's state (DESIGN §7): tenants, each with its own shared-memory region and quota;
-// sequences stored as extents of [K | V] blocks in their tenant's region; leases with a TTL
-// renewed by the worker; committed prefixes for reuse; LRU eviction of unleased committed data
-// only. Time is passed in, so lease expiry is tested without sleeping. Thread-safe.
+// The KV pool's state (docs/architecture.md, "KV store and pool"): tenants, each with its own
+// shared-memory region and quota; sequences stored as extents of [K | V] blocks in their tenant's
+// region; leases with a TTL renewed by the worker; committed prefixes for reuse; LRU eviction of
+// unleased committed data only. Time is passed in, so lease expiry is tested without sleeping.
+// Thread-safe.
 #pragma once
 
 #include <algorithm>

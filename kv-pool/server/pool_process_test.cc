@@ -173,8 +173,9 @@ TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
   EXPECT_EQ(bob->Write(*seq, {5, 0, 0}, block.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Issue 14, finding 4: regions have no name anyone on the host could open; a tenant's region
-// descriptor is handed out only for its token, and each token gets its own tenant's region.
+// Tenant regions (docs/decisions/0017-pool-regions-memfd.md): regions have no name anyone on the
+// host could open; a tenant's region descriptor is handed out only for its token, and each token
+// gets its own tenant's region.
 TEST(PoolProcessTest, RegionsAreAnonymousAndHandedOutOnlyForTheToken) {
   PoolProcess pool;
   std::error_code ec;

@@ -135,8 +135,9 @@ TEST(PoolTest, TenantConfigErrorsNameTheEntry) {
   EXPECT_EQ((*ok)[0].quota_bytes, 2 << 20);
 }
 
-// Issue 14, finding 3: one tenant's requests cannot overflow the byte counts, grow the pool's
-// metadata past its quota, or flush its own cache with a request that can never fit.
+// Bounded metadata (docs/decisions/0018-pool-leases-quotas-eviction.md): one tenant's requests
+// cannot overflow the byte counts, grow the pool's metadata past its quota, or flush its own cache
+// with a request that can never fit.
 TEST(PoolTest, HugeLayoutIsRefusedWithoutOverflowOrEviction) {
   auto pool = MakePool(1 << 20);
   const auto now = Pool::Clock::now();

@@ -2,8 +2,8 @@
 // workers map too (the shm:// data path), plus a first-fit allocator of byte ranges in it.
 // Each tenant gets its own file; it has no name anyone could open: a worker receives its
 // descriptor over the pool's Unix-domain socket after showing the tenant's token (kv-pool/client/fd_passing.h),
-// and the memory goes away with the pool and the last mapping (issue 14, finding 4). Not
-// thread-safe: the pool serializes access.
+// and the memory goes away with the pool and the last mapping
+// (docs/decisions/0017-pool-regions-memfd.md). Not thread-safe: the pool serializes access.
 #pragma once
 
 #include <cstdint>

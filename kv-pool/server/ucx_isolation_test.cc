@@ -1,6 +1,7 @@
-// Issue 14, finding 1: over UCX a tenant reaches its own region and nothing else, whatever the
-// transport (tcp, shared memory). Runs the real dd-kv-pool; the attacker is tenant bob with his
-// own valid handshake, using the real client and raw active messages he crafts himself.
+// Tenant isolation (docs/decisions/0019-ucx-active-messages.md): over UCX a tenant reaches its own
+// region and nothing else, whatever the transport (tcp, shared memory). Runs the real dd-kv-pool;
+// the attacker is tenant bob with his own valid handshake, using the real client and raw active
+// messages he crafts himself.
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
 

@@ -1,5 +1,6 @@
-// The pool's UCX side (DESIGN §7, §12; docs/decisions/0019-ucx-active-messages.md): one UCP
-// context and worker, and a thread that progresses it. Data moves by active messages
+// The pool's UCX side (docs/architecture.md, "KV store and pool";
+// docs/decisions/0019-ucx-active-messages.md): one UCP context and worker, and a thread that
+// progresses it. Data moves by active messages
 // (ucx_protocol.h): a worker names its session and region-relative offsets, the progress thread
 // bounds them by the session's tenant region and answers on the same endpoint, so no tenant can
 // address another's region or the pool's heap whatever transport UCX picked. With `rma` the

@@ -205,7 +205,7 @@ def test_device_memory_budget(tiny, mode):
 
 
 def test_predictors_change_hits_not_tokens(tiny):
-    """Every predictor (issue 4) gives the tokens of sparse mode; oracle needs the tokens."""
+    """Every predictor gives the tokens of sparse mode; oracle needs the tokens."""
     import json
     args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
             "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64"]

@@ -1,7 +1,7 @@
-"""Chaos under load (issue 14): streams of greedy requests through a real cluster on loopback
-(one pool, one router, two dualdecoder workers with their KV in the pool) while faults are
-injected at random: SIGKILL a worker and start it again, SIGKILL the pool and start it at the
-same address, SIGKILL the router and start it at the same address.
+"""Chaos under load (docs/decisions/0031-testing-strategy.md): streams of greedy requests through a
+real cluster on loopback (one pool, one router, two dualdecoder workers with their KV in the pool)
+while faults are injected at random: SIGKILL a worker and start it again, SIGKILL the pool and start
+it at the same address, SIGKILL the router and start it at the same address.
 
 What must hold: every request that completes has exactly the tokens of an undisturbed run (no
 wrong, missing or repeated token); a worker or pool fault loses no request (the router resumes

@@ -1,8 +1,8 @@
-"""Soak (issue 14): N requests through a real cluster on loopback (pool, router, two dualdecoder
-workers), `--concurrency` at a time. Reports the RSS of every process after the warm-up and at
-the end (stable within 10% is the target), and what is left when the load is gone: leased pool
-bytes, pool sequences, active requests and reserved device memory on the workers (all must be
-zero). By hand; it takes a while:
+"""Soak (docs/decisions/0031-testing-strategy.md): N requests through a real cluster on loopback
+(pool, router, two dualdecoder workers), `--concurrency` at a time. Reports the RSS of every process
+after the warm-up and at the end (stable within 10% is the target), and what is left when the load
+is gone: leased pool bytes, pool sequences, active requests and reserved device memory on the
+workers (all must be zero). By hand; it takes a while:
     python3 tests/serve/soak.py [--requests 2000] [--concurrency 8] [--out soak.json]"""
 import argparse
 import datetime

@@ -1,7 +1,7 @@
-"""A real Prometheus (Debian's `prometheus`) scraping a real cluster on loopback (issue 13): after
-a short load, every Grafana panel's expression (deploy/monitoring/gen.py) and every recording
-rule (deploy/monitoring/rules.yml) must return data through Prometheus' HTTP API. A panel that
-shows nothing is a failing test."""
+"""A real Prometheus (Debian's `prometheus`) scraping a real cluster on loopback
+(docs/decisions/0029-operations-surface.md): after a short load, every Grafana panel's expression
+(deploy/monitoring/gen.py) and every recording rule (deploy/monitoring/rules.yml) must return data
+through Prometheus' HTTP API. A panel that shows nothing is a failing test."""
 import json
 import math
 import shutil

@@ -1,6 +1,7 @@
-"""gRPC's standard protocols on every server (issue 13): grpc.health.v1 (what Kubernetes' gRPC
-probes call), server reflection, and a worker's graceful drain on SIGTERM. Real processes on
-loopback, checked with the standard Python clients (grpcio-health-checking, grpcio-reflection)."""
+"""gRPC's standard protocols on every server (docs/decisions/0029-operations-surface.md):
+grpc.health.v1 (what Kubernetes' gRPC probes call), server reflection, and a worker's graceful drain
+on SIGTERM. Real processes on loopback, checked with the standard Python clients
+(grpcio-health-checking, grpcio-reflection)."""
 import json
 import signal
 import threading

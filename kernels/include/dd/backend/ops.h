@@ -3,8 +3,8 @@
 //
 // The contract every backend keeps: a row's bits depend only on that row — not on how many
 // rows share the call, where the row sits in it, or how many threads run it (batch
-// invariance, DESIGN §5). That is what keeps `dualdecoder`'s real rows bit-identical to
-// `sparse` while the speculative rows share every call.
+// invariance, docs/decisions/0001-batch-invariant-cpu-kernels.md). That is what keeps
+// `dualdecoder`'s real rows bit-identical to `sparse` while the speculative rows share every call.
 //
 // Float pointers are device memory of the backend (host memory on the CPU); spans of
 // integers (tokens, positions, row lists) and `inv_freq` are host memory, read before the

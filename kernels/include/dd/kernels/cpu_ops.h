@@ -1,9 +1,9 @@
 // CPU reference kernels (always built). Plain C++ types only; the readable reference that
 // the CUDA kernels are tested against.
 //
-// Batch invariance (DESIGN §5): every output element is reduced in a fixed order that does
-// not depend on the batch size (m) or the thread count — work is split over output rows and
-// columns, never over the reduction dimension.
+// Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): every output element is
+// reduced in a fixed order that does not depend on the batch size (m) or the thread count — work is
+// split over output rows and columns, never over the reduction dimension.
 #pragma once
 
 #include <cstdint>
