@@ -168,14 +168,18 @@ std::optional<HttpError> CommonFields(const json& j, const char* max_field, v1::
     if (!j["model"].is_string()) return bad("model", "must be a string");
     req->set_model(j["model"].get<std::string>());
   }
-  int64_t max_tokens = 16;  // the API's default for completions
+  // Completions default to 16 tokens, as the API does. Chat has no default length in the API (the
+  // turn ends the reply): without one, the gRPC default applies (128), or the end of the turn.
+  const bool chat = absl::string_view(max_field) == "max_completion_tokens";
+  std::optional<int64_t> max_tokens;
+  if (!chat) max_tokens = 16;
   for (const char* f : {"max_tokens", max_field}) {
     if (j.contains(f) && !j[f].is_null()) {
       if (!j[f].is_number_integer()) return bad(f, "must be an integer");
       max_tokens = j[f].get<int64_t>();
     }
   }
-  req->set_max_new_tokens(max_tokens);  // bounds are the router's (INVALID_ARGUMENT names them)
+  if (max_tokens) req->set_max_new_tokens(*max_tokens);  // bounds are the router's (INVALID_ARGUMENT names them)
   double temperature = 1.0, top_p = 1.0;
   if (j.contains("temperature") && !j["temperature"].is_null()) {
     if (!j["temperature"].is_number() || j["temperature"].get<double>() < 0 || j["temperature"].get<double>() > 2) {

@@ -108,6 +108,14 @@ def test_errors_have_the_api_shape_and_status(server):
     assert e.value.code == 413
 
 
+def test_chat_without_a_length_runs_to_the_end_of_the_turn_not_16_tokens(server):
+    out = client(server).chat.completions.create(
+        model="", messages=[{"role": "user", "content": "Write a long story about a dragon and a knight."}],
+        temperature=0)
+    # The gRPC default (128) or the model's end of turn, never the completions API's 16.
+    assert out.usage.completion_tokens == 128 or out.choices[0].finish_reason == "stop", out.usage
+
+
 def test_health_answers_without_a_key_as_vllm_and_llama_server_do(server):
     base = server["http"].removesuffix("/v1")
     for path in ("/health", "/v1/health"):
