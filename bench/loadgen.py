@@ -5,7 +5,8 @@ through their OpenAI chat endpoints, at 1, 4 and 8 concurrent streams of distinc
 prompts and 64 output tokens, greedy and sampled (no temperature sent: each server's default).
 Records request throughput, output tokens/s, TTFT and ITL p50/p90/p99 and errors, with
 guidellm's own JSON beside them. Writes bench/results/serve-loadgen.json and .md; the raw
-guidellm reports go to bench/results/serve-loadgen-raw/.
+guidellm reports go to bench/results/serve-loadgen-raw/ (gzip). guidellm's ITL is a request's mean
+gap between tokens, its percentiles over requests.
 
 guidellm comes from PyPI into a virtual environment outside the repository (a large stack,
 torch included: not part of the project's dependencies), llama-server from
@@ -16,8 +17,10 @@ a machine without the Hub cannot fetch, so the prompts are a JSON-lines file of 
     python3 bench/loadgen.py --bin build/bin --guidellm VENV/bin/guidellm --llama-server DIR/llama-server
 """
 import argparse
+import gzip
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -85,7 +88,12 @@ def guidellm(a, url, streams, requests, data, greedy, out):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     if r.returncode != 0:
         raise RuntimeError(f"guidellm failed ({r.returncode}): {r.stderr[-2000:]}")
-    b = json.load(open(out))["benchmarks"][0]
+    with open(out) as f:
+        b = json.load(f)["benchmarks"][0]
+    # The raw report holds every prompt: kept compressed.
+    with open(out, "rb") as f, gzip.open(out + ".gz", "wb") as z:
+        shutil.copyfileobj(f, z)
+    os.remove(out)
     m, st = b["metrics"], b["scheduler_state"]
     ok = b["requests"]["successful"]
     wall = st["end_requests_time"] - st["start_requests_time"]
@@ -155,7 +163,7 @@ def main():
              f"`{a.command}` at {doc['git_sha']} on {doc['machine']['cpu']} ({doc['machine']['cores']} cores), "
              f"{doc['guidellm']}. Chat endpoint, concurrent streams, {a.requests_per_stream} requests per stream, "
              f"distinct {a.prompt_chars}-character prompts, {a.max_tokens} output tokens; sampled = no temperature "
-             "sent (each server's default). Raw guidellm reports: serve-loadgen-raw/.", "",
+             "sent (each server's default). Raw guidellm reports (gzip): serve-loadgen-raw/. guidellm's ITL is each request's mean gap between tokens; its percentiles are over requests.", "",
              "| server | sampling | streams | req/s | output tok/s | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
