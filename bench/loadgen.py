@@ -107,6 +107,24 @@ def guidellm(a, url, streams, requests, data, greedy, out):
             "itl_ms": {p: pct("inter_token_latency_ms", p) for p in ("p50", "p90", "p99")}}
 
 
+def cached_run(a, url, server, streams, text, tmp, raw_dir):
+    """One prompt, sent once first (so the server may cache it), then `requests-per-stream` times by
+    each of `streams` streams at once: TTFT of a repeated prompt."""
+    prompt = f"Document {server} cached.\n" + text[:a.prompt_chars]
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0})
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        r.read()
+    n = streams * a.requests_per_stream
+    data = os.path.join(tmp, f"cached-{server}-{streams}.jsonl")
+    with open(data, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"prompt": prompt}) + "\n")
+    return dict(guidellm(a, url, streams, n, data, True, os.path.join(raw_dir, f"{server}-cached-{streams}.json")),
+                server=server)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -120,6 +138,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--command", default="bench/run serve-loadgen")
+    ap.add_argument("--cached", action="store_true",
+                    help="instead: one prompt repeated, sent once first, then by every stream (serve-loadgen-cached)")
     a = ap.parse_args()
     model_path = str(models.model_path(a.model))
     streams = [int(s) for s in a.streams.split(",")]
@@ -135,6 +155,13 @@ def main():
             log = open(os.path.join(tmp, f"{server}.log"), "w")
             proc, url = start(server, a, model_path, log)
             try:
+                if a.cached:
+                    for s in streams:
+                        r = cached_run(a, url, server, s, text, tmp, raw_dir)
+                        doc["runs"].append(r)
+                        print(f"loadgen: {server} cached prompt, {s} streams: {r['successful']} ok, {r['errored']} "
+                              f"errors, TTFT p50 {r['ttft_ms']['p50']:.0f} ms", file=sys.stderr)
+                    continue
                 for greedy in (True, False):
                     for s in streams:
                         n = s * a.requests_per_stream
@@ -157,7 +184,9 @@ def main():
                 proc.terminate()
                 proc.wait(timeout=60)
                 log.close()
-    with open(os.path.join(a.out_dir, "serve-loadgen.json"), "w") as f:
+    name = "serve-loadgen-cached" if a.cached else "serve-loadgen"
+    doc["name"] = name
+    with open(os.path.join(a.out_dir, f"{name}.json"), "w") as f:
         json.dump(doc, f, indent=2)
     lines = [f"# Serving under guidellm: ddctl serve against llama-server ({doc['model']})", "",
              f"`{a.command}` at {doc['git_sha']} on {doc['machine']['cpu']} ({doc['machine']['cores']} cores), "
@@ -172,7 +201,11 @@ def main():
                      f"{r['request_throughput']:.3f} | {r['output_tokens_per_s']:.1f} | "
                      f"{t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f} | {i['p50']:.0f} / {i['p90']:.0f} / {i['p99']:.0f} | "
                      f"{r['errored']} |")
-    with open(os.path.join(a.out_dir, "serve-loadgen.md"), "w") as f:
+    if a.cached:
+        lines[0] = f"# A repeated prompt under guidellm: ddctl serve against llama-server ({doc['model']})"
+        lines[2] += (" Cached: one prompt, sent once first (greedy, 1 token), then by every stream; the rows' "
+                     "sampling is greedy.")
+    with open(os.path.join(a.out_dir, f"{name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
