@@ -119,7 +119,7 @@ double NowUs() {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-// Median device time of `op` on stream s over `reps` repetitions (events around it, behind a
+// Median GPU time of `op` on stream s over `reps` repetitions (events around it, behind a
 // gate that holds the stream longer than the host takes to enqueue `op`), and the median host
 // time to enqueue it in *host_us.
 bool g_gate_opened_early = false;  // some MedianMs gate opened before its work was enqueued
@@ -421,7 +421,7 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(o.md.c_str(), "w");
     if (f == nullptr) { std::perror(o.md.c_str()); return 1; }
     std::fprintf(f, "# Host -> device chunk gathers on %s\n\n`%s` at %s, %s. Pinned host pool of %lld MiB; "
-                 "random distinct chunks in ascending order; median device time of %lld repetitions, each "
+                 "random distinct chunks in ascending order; median GPU time of %lld repetitions, each "
                  "enqueued behind a gate kernel that holds the stream longer than the host takes to enqueue "
                  "it, so the host's time (its own column) is not counted; every gather's bytes checked "
                  "once (%s).\n\n",
@@ -429,7 +429,7 @@ int main(int argc, char** argv) {
                  static_cast<long long>(o.reps), all_exact ? "all exact" : "SOME WRONG");
     std::fprintf(f, "Contiguous %zu MiB: host -> device %.1f GB/s, device -> host %.1f GB/s.%s\n\n",
                  max_gather >> 20, h2d_gbps, d2h_gbps,
-                 g_gate_opened_early ? " WARNING: a gate opened before its work was enqueued; some device times "
+                 g_gate_opened_early ? " WARNING: a gate opened before its work was enqueued; some GPU timings "
                                        "include host time." : "");
     std::fprintf(f, "| chunk | gather | path | blocks | copies | GB/s | of 55 GB/s | of contiguous | host enqueue us |\n"
                  "|---|---|---|---|---|---|---|---|---|\n");

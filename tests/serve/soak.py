@@ -8,7 +8,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import TOKEN, Proc, ddctl, start_worker, wait_for, workers_up  # noqa: E402
+from serving import TOKEN, Proc, ddctl, run_header, start_worker, wait_for, workers_up  # noqa: E402
 
 
 def rss_mib(pid):
@@ -40,9 +39,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    repo = Path(__file__).resolve().parents[2]
-    git = lambda *args: subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
-    sha = git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    header = run_header("soak.py", sys.argv[1:])
     shm_before = set(os.listdir("/dev/shm"))
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "tenants.json"
@@ -76,7 +73,7 @@ def main():
                 s = json.loads(ddctl("stats", "--worker", w.addr).stdout)
                 left[f"{w.name}_active"] = s["load"]["active_requests"]
                 left[f"{w.name}_reserved_bytes"] = int(s["reserved_device_bytes"])
-            out = {"command": "python3 tests/serve/soak.py " + " ".join(sys.argv[1:]), "git_sha": sha,
+            out = {**header,
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "requests": a.requests, "failed": sum(c != 0 for c in codes), "rss_mib_after_warmup": after_warmup,
                    "rss_mib_at_end": at_end, "rss_growth": growth, "left_behind": left,
                    "stable_within_10pct": all(g <= 0.10 for g in growth.values())}
