@@ -52,12 +52,15 @@ EngineOptions CheckOptions(const EngineOptions& configured, const std::string& d
   return o;
 }
 
-// One run: the prompts prefilled together, then `steps` batched decode steps. `fed` (empty for
-// the reference) gives the tokens fed at each step; each row's logits go to `row`.
+// One run: the prompts prefilled together, then `steps` batched decode steps; each row's
+// logits go to `row`. An empty *fed (the reference) is filled with the greedy tokens the run
+// feeds, step by step; otherwise its tokens are fed (teacher forcing).
 absl::Status Run(const model::LoadedModel& model, const EngineOptions& o,
                  const std::vector<std::vector<int32_t>>& prompts, int64_t steps,
-                 const std::vector<std::vector<int32_t>>& fed,
+                 std::vector<std::vector<int32_t>>* fed,
                  const std::function<void(int seq, int step, const float* logits)>& row) {
+  const bool greedy = fed->empty();
+  if (greedy) fed->assign(steps, std::vector<int32_t>(2));
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model, o));
   const int64_t n_vocab = model.config.n_vocab;
   const std::vector<int32_t> seqs = {0, 1};
@@ -65,7 +68,8 @@ absl::Status Run(const model::LoadedModel& model, const EngineOptions& o,
   std::vector<int32_t> next(2);
   for (int s = 0; s < 2; ++s) {
     row(s, 0, last[s].data());
-    next[s] = fed.empty() ? Argmax(last[s].data(), n_vocab) : fed[0][s];
+    if (greedy) (*fed)[0][s] = Argmax(last[s].data(), n_vocab);
+    next[s] = (*fed)[0][s];
   }
   std::vector<float> logits;
   for (int64_t k = 1; k <= steps; ++k) {
@@ -73,7 +77,9 @@ absl::Status Run(const model::LoadedModel& model, const EngineOptions& o,
     for (int s = 0; s < 2; ++s) {
       const float* l = logits.data() + s * n_vocab;
       row(s, static_cast<int>(k), l);
-      if (k < steps) next[s] = fed.empty() ? Argmax(l, n_vocab) : fed[k][s];
+      if (k == steps) continue;
+      if (greedy) (*fed)[k][s] = Argmax(l, n_vocab);
+      next[s] = (*fed)[k][s];
     }
   }
   return absl::OkStatus();
@@ -108,17 +114,16 @@ absl::StatusOr<DeviceCheckReport> CheckDevice(const model::LoadedModel& model, c
   const int64_t rows_per_seq = check.decode_steps + 1;
   // The reference: greedy on the cpu, every row's logits kept.
   std::vector<float> ref(static_cast<size_t>(2 * rows_per_seq * n_vocab));
-  std::vector<std::vector<int32_t>> fed(check.decode_steps, std::vector<int32_t>(2));
+  std::vector<std::vector<int32_t>> fed;  // the cpu's tokens, filled by its run
   auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(Run(model, CheckOptions(options, "cpu"), prompts, check.decode_steps, {},
+  RETURN_IF_ERROR(Run(model, CheckOptions(options, "cpu"), prompts, check.decode_steps, &fed,
                       [&](int s, int k, const float* l) {
                         std::copy(l, l + n_vocab, ref.data() + (s * rows_per_seq + k) * n_vocab);
-                        if (k < check.decode_steps) fed[k][s] = Argmax(l, n_vocab);
                       }));
   r.cpu_seconds = Seconds(t0);
   t0 = std::chrono::steady_clock::now();
   std::vector<DeviceCheckRow> rows;
-  RETURN_IF_ERROR(Run(model, CheckOptions(options, options.device), prompts, check.decode_steps, fed,
+  RETURN_IF_ERROR(Run(model, CheckOptions(options, options.device), prompts, check.decode_steps, &fed,
                       [&](int s, int k, const float* l) {
                         const float* c = ref.data() + (s * rows_per_seq + k) * n_vocab;
                         DeviceCheckRow row{.seq = s, .step = k};

@@ -46,15 +46,15 @@ void Sampler::Accept(int32_t token) {
 
 const float* Sampler::Penalized(const float* logits, int64_t n) {
   if (seen_.empty()) return logits;
-  scratch_.assign(logits, logits + n);
+  probs_.assign(logits, logits + n);
   const float rp = params_.repetition_penalty;
   for (const auto& [token, seen] : seen_) {
     if (token < 0 || token >= n) continue;
-    float& x = scratch_[token];
+    float& x = probs_[token];
     if (rp != 1.0f) x = x > 0 ? x / rp : x * rp;
     if (seen.in_output > 0) x -= params_.frequency_penalty * static_cast<float>(seen.in_output) + params_.presence_penalty;
   }
-  return scratch_.data();
+  return probs_.data();
 }
 
 namespace {
@@ -124,7 +124,7 @@ void Sampler::GatherBand(float lo, float hi, int64_t n) {
 }
 
 double Sampler::Keep(const float* logits, int64_t n) {
-  probs_.assign(logits, logits + n);
+  if (logits != probs_.data()) probs_.assign(logits, logits + n);  // else Penalized's copy
   kernels::ScaledSoftmax(probs_.data(), n, 1.0f / params_.temperature);
   kept_.clear();
   const bool top_k = params_.top_k > 0 && params_.top_k < n;

@@ -64,7 +64,8 @@ class Sampler {
     bool in_prompt = false;
     int32_t in_output = 0;
   };
-  // The penalized logits in scratch_ (the row itself when nothing is penalized).
+  // The penalized logits, in probs_ (the row itself when nothing is penalized): Keep then
+  // works on them in place, so a penalized row is copied once.
   const float* Penalized(const float* logits, int64_t n);
   // probs_ = softmax(logits / temperature); kept_ = the candidates of step 3 with their
   // probabilities (in an order fixed by the row: Sample walks it), returning their total. An
@@ -76,7 +77,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   absl::flat_hash_map<int32_t, Seen> seen_;  // only with penalties
-  std::vector<float> scratch_, probs_;
+  std::vector<float> probs_;
   std::vector<std::pair<int32_t, float>> kept_;
 };
 
