@@ -1,8 +1,7 @@
 // Decode-modes benchmark (docs/decisions/0006-decode-modes.md, docs/decisions/0012-resident-set.md;
 // results in docs/benchmarks.md, "Decode modes"): full, sparse, sparse-cached (chunks
-// resident across steps, misses fetched: the paper's ShadowKV-style baseline), dualdecoder on
-// the resident set and dualdecoder-ring (the whole prediction prefetched into a ring every
-// step), side by side in one run, per context, batch and link. Writes one JSON object.
+// resident across steps, misses fetched: the paper's ShadowKV-style baseline) and dualdecoder
+// on the resident set, side by side in one run, per context, batch and link. Writes one JSON object.
 //
 // Each (mode, context) prefills one sequence once, decodes it one step (so it holds its
 // steady decode state) and forks it into the batch's slots, so a figure is the decode cost at
@@ -106,7 +105,7 @@ using Totals = dd::engine::SparseKvCache::LayerStats;
 Totals Sum(const Engine& e) { return e.sparse_cache() ? e.sparse_cache()->total_stats() : Totals(); }
 
 struct RunSpec {
-  std::string label;  // the mode's name, or dualdecoder-fullhead / dualdecoder-ring
+  std::string label;  // the mode's name, or a variant's (dualdecoder-fullhead, -cand N, -nocarry)
   DecodeMode mode;
   int64_t ctx, batch, budget_tokens, max_batch;
   std::string link;
@@ -300,7 +299,6 @@ int main(int argc, char** argv) {
       DecodeMode mode;
       dd::engine::SpecHead head;
       std::string store;  // inproc, shm, ucx-tcp, ucx-sm
-      bool step_cache = true;  // dualdecoder: the resident set (false: the ring)
       int lanes = 1;           // a pool store's transfer lanes
       int64_t spec_candidates = dd::engine::SparseOptions{}.spec_candidates;
       bool carry = true;
@@ -313,21 +311,21 @@ int main(int argc, char** argv) {
       }
       for (int lanes : store == "inproc" ? std::vector<int>{1} : lane_counts) {
         // sparse-cached first: its infinite-link run calibrates the pcie5 link.
-        variants.push_back({"sparse-cached", DecodeMode::kSparseCached, dd::engine::SpecHead::kContext, store, true, lanes});
-        variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store, true, lanes});
+        variants.push_back({"sparse-cached", DecodeMode::kSparseCached, dd::engine::SpecHead::kContext, store, lanes});
+        variants.push_back({"sparse", DecodeMode::kSparse, dd::engine::SpecHead::kContext, store, lanes});
         // Every head on the in-process store; a pool store runs the first head only (CPU time).
         for (const std::string& h : absl::GetFlag(FLAGS_spec_heads)) {
           auto parsed = dd::engine::ParseSpecHead(h);
           if (!parsed.ok()) return fail(parsed.status());
           const dd::engine::SpecHead head = dd::engine::ResolveSpecHead(*parsed, model.config);  // auto: per model
           if (std::any_of(variants.begin(), variants.end(), [&](const Variant& v) {
-                return v.mode == DecodeMode::kDualDecoder && v.step_cache && v.store == store && v.lanes == lanes &&
+                return v.mode == DecodeMode::kDualDecoder && v.store == store && v.lanes == lanes &&
                        v.head == head;
               })) {
             continue;  // e.g. auto,context,full: auto already ran one of the two
           }
           variants.push_back({head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
-                              DecodeMode::kDualDecoder, head, store, true, lanes, candidate_counts.front()});
+                              DecodeMode::kDualDecoder, head, store, lanes, candidate_counts.front()});
           if (store != "inproc") break;
         }
       }
@@ -350,12 +348,6 @@ int main(int argc, char** argv) {
           v.carry = false;
           variants.push_back(v);
         }
-      }
-      if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
-        // The cacheless dualdecoder (ring of prefetch buffers), with the first head.
-        const auto first = dd::engine::ParseSpecHead(absl::GetFlag(FLAGS_spec_heads).front());
-        variants.push_back({"dualdecoder-ring", DecodeMode::kDualDecoder, dd::engine::ResolveSpecHead(*first, model.config),
-                            store, /*step_cache=*/false});
       }
     }
     if (const std::vector<std::string> only = absl::GetFlag(FLAGS_modes); !only.empty()) {
@@ -403,7 +395,6 @@ int main(int argc, char** argv) {
         o.sparse.spec_candidates = variant.spec_candidates;
         o.spec_carry = variant.carry;
         o.threads = threads;
-        o.sparse.step_cache = mode == DecodeMode::kDualDecoder && variant.step_cache;  // sparse-cached: the engine
         if (variant.store != "inproc") {
           if (!pool) {
             std::vector<std::string> flags{

@@ -151,7 +151,9 @@ absl::Status RunGenerate(const CliConfig& cfg) {
         j["spec_head"] = std::string(engine::SpecHeadName(engine.spec_head()));
         j["spec_resyncs"] = engine.spec_resyncs();
       }
-      j["step_cache"] = cfg.engine.sparse.step_cache;
+      const engine::KvFetch fetch = engine.options().sparse.fetch;
+      j["kv_fetch"] = std::string(engine::KvFetchName(fetch));
+      j["step_cache"] = fetch == engine::KvFetch::kResident;  // the resident set
       j["per_layer"] = per_layer;
       j["reused_chunks"] = total.reused;
       j["evictions"] = total.evictions;

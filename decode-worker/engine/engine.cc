@@ -31,9 +31,10 @@ std::unique_ptr<backend::Device> CreateEngineDevice(const EngineOptions& o, Thre
 }  // namespace
 
 EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& config) {
-  if (o.mode == DecodeMode::kSparseCached) o.sparse.step_cache = true;
-  if (o.mode == DecodeMode::kSparse) o.sparse.step_cache = false;
-  o.sparse.dual_token = o.mode == DecodeMode::kDualDecoder;
+  // The fetch strategy by mode (fetch_policy.h): `sparse` gathers every selection on demand;
+  // sparse-cached and dualdecoder keep a resident set (dualdecoder prefetches into it).
+  const bool resident = o.mode == DecodeMode::kSparseCached || o.mode == DecodeMode::kDualDecoder;
+  o.sparse.fetch = resident ? KvFetch::kResident : KvFetch::kOnDemand;
   o.spec_head = ResolveSpecHead(o.spec_head, config);
   // The speculative shortlist by head: the full head's query ranks chunks as the real row's
   // did, the context head's does not (docs/decisions/0009-speculative-row-cost.md).

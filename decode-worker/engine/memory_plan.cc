@@ -67,11 +67,7 @@ KvBytes MemoryPlan::DecodeKv(int64_t length) const {
       ++sparse_layers;
     }
   }
-  if (sparse_.step_cache && mode_ != DecodeMode::kFull) {  // a resident set per sparse layer
-    b.resident = sparse_layers * (sparse_.budget_tokens + sparse_.resident_margin_tokens) * row;
-  } else if (mode_ == DecodeMode::kDualDecoder) {  // the prefetch buffers, shared by the sparse layers
-    b.prefetch = std::min(sparse_.prefetch_buffers, sparse_layers) * sparse_.budget_tokens * row;
-  }
+  if (Resident()) b.resident = sparse_layers * (sparse_.budget_tokens + sparse_.resident_margin_tokens) * row;
   return b;
 }
 
@@ -84,10 +80,10 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   // logits of kLogitRows rows) grows by at most this much a row.
   r.workspace = rows * model::Transformer::WorkspaceRowBytes(c);
   const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
-  if (mode_ != DecodeMode::kFull) r.workspace += SparseKvCache::ScoresBytes(c, sparse_, total_tokens);
-  if (mode_ != DecodeMode::kFull && !sparse_.step_cache) {
-    // Without resident slots a layer's selected (or, with the ring, missed) blocks land in a
-    // buffer of the request's own until the batch's attention call has read them.
+  if (mode_ != DecodeMode::kFull) r.workspace += ChunkSelector::ScoresBytes(c, sparse_, total_tokens);
+  if (mode_ != DecodeMode::kFull && !Resident()) {
+    // Without resident slots a layer's selected blocks land in a buffer of the request's own
+    // until the batch's attention call has read them.
     r.workspace += sparse_.budget_tokens * row;
   }
   int64_t sliding_layers = 0;

@@ -18,10 +18,8 @@
 //              dense (--sparse_layers) hold every position. Sliding-window layers keep a ring
 //              of window + 1 positions in every mode;
 //   landmarks  (kLandmarks) one per chunk per KV head on sparse layers;
-//   resident   (kResidentSlots) with the step cache (sparse-cached, dualdecoder by default) a
-//              resident set of `budget + resident_margin` tokens per sparse layer;
-//   prefetch   (kPrefetchRing) dualdecoder without the step cache: `prefetch_buffers`
-//              buffers of `budget` tokens (ping-pong), shared by the sparse layers.
+//   resident   (kResidentSlots) with the resident fetch (sparse-cached, dualdecoder) a
+//              resident set of `budget + resident_margin` tokens per sparse layer.
 // Prefill is dense in every mode, so a request being prefilled transiently holds its whole
 // prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +
 // prefill_chunk rows instead of window + 1 (`prefill_extra`), released at its first decode step.
@@ -32,20 +30,21 @@
 
 #include "absl/status/statusor.h"
 #include "common/byte_size.h"
-#include "decode-worker/engine/sparse_kv_cache.h"
+#include "decode-worker/engine/chunk_selector.h"
+#include "decode-worker/engine/sparse_options.h"
 #include "decode-worker/model/weights.h"
 
 namespace dd::engine {
 
-// kSparseCached is `sparse` with the step cache (SparseOptions::step_cache,
+// kSparseCached is `sparse` with the resident fetch (KvFetch::kResident,
 // docs/decisions/0012-resident-set.md): the ShadowKV-style baseline that keeps the last steps'
 // chunks resident and fetches the misses.
 enum class DecodeMode { kFull, kSparse, kSparseCached, kDualDecoder };
 
 // A request's decode-state bytes by memory tag.
 struct KvBytes {
-  int64_t kv = 0, landmarks = 0, resident = 0, prefetch = 0;
-  int64_t total() const { return kv + landmarks + resident + prefetch; }
+  int64_t kv = 0, landmarks = 0, resident = 0;
+  int64_t total() const { return kv + landmarks + resident; }
 };
 
 struct RequestBytes {
@@ -81,6 +80,8 @@ class MemoryPlan {
 
  private:
   const model::ModelConfig& config_;
+  // The modes that keep a resident set (KvFetch::kResident).
+  bool Resident() const { return mode_ == DecodeMode::kSparseCached || mode_ == DecodeMode::kDualDecoder; }
   DecodeMode mode_;
   SparseOptions sparse_;
   int64_t prefill_chunk_;

@@ -33,19 +33,17 @@ class MemoryPlanTest : public GemmaTest {
 
 TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
   const std::vector<int32_t> prompt = Prompt(1300);
-  // dualdecoder twice: with the prefetch ring, then on the resident set (step cache).
+  // Which modes keep a resident set (KvFetch::kResident, set by the engine from the mode).
   const std::vector<std::pair<DecodeMode, bool>> modes = {{DecodeMode::kFull, false},
                                                           {DecodeMode::kSparse, false},
                                                           {DecodeMode::kSparseCached, true},
-                                                          {DecodeMode::kDualDecoder, false},
                                                           {DecodeMode::kDualDecoder, true}};
   using backend::MemoryTag;
   for (const char* device_name : {"cpu", "sim"}) {
-  for (auto [mode, step_cache] : modes) {
-    SCOPED_TRACE(std::string(device_name) + ": " + std::string(DecodeModeName(mode)) + (step_cache ? " (step cache)" : ""));
+  for (auto [mode, resident] : modes) {
+    SCOPED_TRACE(std::string(device_name) + ": " + std::string(DecodeModeName(mode)));
     EngineOptions o = Options(mode);
     o.device = device_name;
-    o.sparse.step_cache = step_cache;
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
@@ -54,7 +52,6 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kKv), want.kv + prefill_extra);
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kLandmarks), want.landmarks);
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kResidentSlots), want.resident);
-      EXPECT_EQ(device.bytes_in_use(MemoryTag::kPrefetchRing), want.prefetch);
     };
     // The weights on the device are what the plan counts, in every mode.
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWeights), plan.weight_bytes());
@@ -66,13 +63,14 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     const RequestBytes r = plan.Request(1300, 1310);
     // Everything is allocated at admission: exactly the plan, the prompt's rows included.
     expect_tags(plan.DecodeKv(1310), r.prefill_extra);
-    // The request's own workspace (sparse modes): its landmark scores and, without the step
-    // cache, its urgent blocks.
+    // The request's own workspace (sparse modes): its landmark scores and, without a resident
+    // set, its urgent blocks.
     const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
     const bool sparse = mode != DecodeMode::kFull;
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace) - idle_workspace,
-              (sparse ? SparseKvCache::ScoresBytes(model_->config, o.sparse, 1310) : 0) +
-                  (sparse && !step_cache ? o.sparse.budget_tokens * row : 0));
+              (sparse ? ChunkSelector::ScoresBytes(model_->config, o.sparse, 1310) : 0) +
+                  (sparse && !resident ? o.sparse.budget_tokens * row : 0));
+    EXPECT_EQ((*e)->options().sparse.fetch == KvFetch::kResident, resident && sparse);
     auto logits = (*e)->Prefill(0, prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
     expect_tags(plan.DecodeKv(1310), r.prefill_extra);  // prefill allocated nothing
@@ -87,7 +85,7 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     // A fork holds what its source holds (every buffer duplicated, none shared) and decodes on.
     ASSERT_TRUE((*e)->Fork(0, 1).ok());
     const KvBytes one = plan.DecodeKv(1310);
-    const KvBytes two{2 * one.kv, 2 * one.landmarks, 2 * one.resident, 2 * one.prefetch};
+    const KvBytes two{2 * one.kv, 2 * one.landmarks, 2 * one.resident};
     expect_tags(two, 0);
     const std::vector<int32_t> both = {0, 1}, toks = {tok, tok};
     ASSERT_TRUE((*e)->DecodeStep(both, toks, &out).ok());
@@ -142,14 +140,11 @@ TEST_F(MemoryPlanTest, SparseModesNeedLessThanFullAtLongContext) {
       dual(*model_, DecodeMode::kDualDecoder, so);
   const int64_t n = 32000;
   EXPECT_LT(sparse.DecodeKvBytes(n), full.DecodeKvBytes(n) / 4);
-  EXPECT_LT(sparse.DecodeKvBytes(n), dual.DecodeKvBytes(n));  // the prefetch buffers
+  EXPECT_LT(sparse.DecodeKvBytes(n), dual.DecodeKvBytes(n));  // the resident sets
   // The resident sets (one budget per global layer) still leave room for 4× the requests.
-  SparseOptions cached_options = so;
-  cached_options.step_cache = true;
-  const MemoryPlan cached(*model_, DecodeMode::kSparseCached, cached_options),
-      dual_cached(*model_, DecodeMode::kDualDecoder, cached_options);
+  const MemoryPlan cached(*model_, DecodeMode::kSparseCached, so);
   EXPECT_LT(cached.DecodeKvBytes(n), full.DecodeKvBytes(n) / 4);
-  EXPECT_EQ(cached.DecodeKvBytes(n), dual_cached.DecodeKvBytes(n));  // the prefetch lands in the resident set
+  EXPECT_EQ(cached.DecodeKvBytes(n), dual.DecodeKvBytes(n));  // the prefetch lands in the resident set
   EXPECT_GT(cached.DecodeKvBytes(n), sparse.DecodeKvBytes(n));
   // Prefill holds the prompt densely, so a sparse request's peak matches full's.
   const RequestBytes rs = sparse.Request(n, n), rf = full.Request(n, n);

@@ -141,7 +141,6 @@ TEST_F(SelectionModelEngineTest, EverySparseModeAttendsTheModelsChunks) {
     o.sparse.budget_tokens = kChunks * 8;
     if (with_model) o.sparse.selection_model = *model;
     o.sparse.selection_model.resident_waste = resident_waste;
-    o.sparse.step_cache = mode == DecodeMode::kDualDecoder;  // on the resident set, as sparse-cached
     auto e = Engine::Create(*model_, o);
     EXPECT_TRUE(e.ok()) << e.status();
     auto first = (*e)->Prefill(0, prompt);

@@ -96,38 +96,9 @@ TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
 }
 
-// With a slow link, prefetches are still in flight while compute runs; the real rows must
-// still equal `sparse` bit for bit (urgent misses arrive before attention, a prefetch buffer
-// is never read before its transfer completes). Run under TSan in CI.
-TEST(SparseAttentionTest, DualDecoderWithSlowLinkEqualsSparse) {
-  const auto c = TinyConfig();
-  ThreadPool pool(2);
-  backend::CpuDevice device(0, pool);
-  SparseOptions o;
-  o.budget_tokens = 64;  // 8 of ~40 selectable chunks
-  auto store_a = kvpool::NewInProcessKvStore();
-  auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), device);
-  ASSERT_TRUE(sparse.ok() && dual.ok());
-  const auto a = Driver(c, sparse->get(), false).Run(25);
-  const auto b = Driver(c, dual->get(), true).Run(25);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
-  const auto t = (*dual)->total_stats();
-  const int64_t urgent = t.urgent, hits = t.hits, selected = t.selected;
-  EXPECT_EQ(selected, 25 * 2 * 2 * 2 * 8);  // steps × seqs × layers × kv heads × chunks
-  EXPECT_EQ(hits + urgent, selected);
-  EXPECT_GT(urgent, 0);  // random speculative queries miss: the urgent path was exercised
-  EXPECT_GT(store_b->wait_ns(), 0);
-}
-
-// Ping-pong and other buffer counts (the lead distance), with three sparse layers so the
-// buffer ring wraps across steps unevenly: still bit-identical to `sparse`, and every read
-// after the first step finds its prefetch issued (none is dropped for lack of a buffer).
-class PrefetchBuffersTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
+// Three sparse layers, resident fetch, dualdecoder on a slow link: every read after the first
+// step finds a prediction (none is dropped), and the real rows equal `sparse` bit for bit.
+TEST(SparseAttentionTest, EveryReadAfterTheFirstStepHasAPrediction) {
   auto c = TinyConfig();
   c.n_layer = 3;
   c.layer_is_swa.assign(3, false);
@@ -135,10 +106,10 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
   backend::CpuDevice device(0, pool);
   SparseOptions o;
   o.budget_tokens = 64;
-  o.prefetch_buffers = GetParam();
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
   auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
+  o.fetch = KvFetch::kResident;
   auto dual = SparseKvCache::Create(c, o, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const int steps = 12;
@@ -150,17 +121,42 @@ TEST_P(PrefetchBuffersTest, EveryReadHasItsPrefetchAndResultsEqualSparse) {
   const int64_t per_read = 2 * 8;  // kv heads × chunks
   EXPECT_EQ(t.selected, steps * 2 * 3 * per_read);
   EXPECT_EQ(t.predicted_for, (steps - 1) * 2 * 3 * per_read);  // all but the first step's reads
-  EXPECT_EQ(t.hits + t.urgent, t.selected);
-  EXPECT_GE(t.prefetched, (steps - 1) * 2 * 3 * per_read);
-  EXPECT_LE(t.prefetched, steps * 2 * 3 * per_read);
+  EXPECT_GT(t.urgent, 0);  // random speculative queries miss: the urgent path was exercised
+  EXPECT_GT(store_b->wait_ns(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Buffers, PrefetchBuffersTest, ::testing::Values(1, 2, 3, 8));
+// The on-demand fetch (`sparse`) predicts nothing: a speculative row is refused with an error
+// that names the fetch it needs.
+TEST(SparseAttentionTest, OnDemandFetchRefusesSpeculativeRows) {
+  const auto c = TinyConfig();
+  ThreadPool pool(1);
+  backend::CpuDevice device(0, pool);
+  auto store = kvpool::NewInProcessKvStore();
+  auto cache = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store.get(), device);
+  ASSERT_TRUE(cache.ok());
+  Driver d(c, cache->get(), false);
+  std::mt19937 real(1), spec(2);
+  d.Step(0, 0, 200, real, spec, false);
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+  std::vector<float> q(2 * q_dim, 0.5f), k(2 * kv_dim, 0.5f), v(2 * kv_dim, 0.5f), out(2 * q_dim);
+  const std::vector<model::BatchRow> rows = {{0, 200, 0, false}, {0, 201, 0, false, true}};
+  model::AttentionCall call;
+  call.layer = 0;
+  call.scale = 0.2f;
+  call.rows = rows;
+  call.q = q.data();
+  call.k = k.data();
+  call.v = v.data();
+  call.out = out.data();
+  const absl::Status st = (*cache)->Attend(call);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("resident"), std::string::npos) << st;
+}
 
 // The step cache (resident chunk set, docs/decisions/0012-resident-set.md): sparse-cached and
 // dualdecoder on it, with and without an LRU margin, on a slow link (prefetches in flight while the
 // urgent path races them): bit-identical to `sparse`; every selected chunk was reused, fetched on
-// the urgent path or prefetched; fewer chunks move than without the cache. Run under TSan in CI.
+// the urgent path or prefetched; fewer chunks move urgently than `sparse` moves. Run under TSan in CI.
 struct StepCacheCase {
   bool dual;
   int64_t margin_tokens;
@@ -177,15 +173,15 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto plain = SparseKvCache::Create(c, o, store_a.get(), device);  // no cache: sparse, or the ring
-  o.step_cache = true;
+  auto plain = SparseKvCache::Create(c, o, store_a.get(), device);  // no resident set: sparse
+  o.fetch = KvFetch::kResident;
   o.resident_margin_tokens = p.margin_tokens;
   auto cached = SparseKvCache::Create(c, o, store_b.get(), device);
   auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), device);
   ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
-  const auto a = Driver(c, plain->get(), p.dual).Run(kSteps);
+  const auto a = Driver(c, plain->get(), false).Run(kSteps);
   const auto b = Driver(c, cached->get(), p.dual).Run(kSteps);
   ASSERT_EQ(want.size(), b.size());
   EXPECT_EQ(0, std::memcmp(want.data(), a.data(), a.size() * 4));
@@ -205,7 +201,9 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
     EXPECT_EQ((*cached)->fetched_chunks(), t.urgent);
     EXPECT_EQ(t.prefetched, 0);
   }
-  EXPECT_LT((*cached)->fetched_chunks(), (*plain)->fetched_chunks());
+  // Fewer chunks on the critical path than `sparse` moves (with random speculative queries the
+  // dualdecoder's wasted prefetches may move more in all).
+  EXPECT_LT(p.dual ? t.urgent : (*cached)->fetched_chunks(), (*plain)->fetched_chunks());
   EXPECT_GT(t.evictions, 0);
   // The resident sets are device memory: a layer's slots per sequence (and kv head), where
   // `sparse` holds one budget of urgent blocks per sequence instead.
@@ -235,7 +233,7 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore();
   auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
-  o.step_cache = true;
+  o.fetch = KvFetch::kResident;
   o.spec_candidates = 0;
   auto every = SparseKvCache::Create(c, o, store_c.get(), device);
   o.spec_candidates = 1;

@@ -1,255 +1,214 @@
-// SparseKvCache's decode rows of a sparse layer, batch-wide: one attention plan per layer for
-// the whole batch (docs/architecture.md, "A decode step in each mode").
-//
-//   1. StartRead, per sequence: the rows' windows and selections (the real row's S, the
-//      speculative row's prediction P'), hit statistics, and every transfer the rows need
-//      started on the urgent path, none waited for;
-//   2. FinishFetch, per sequence: wait for them and point at each selected block where it
-//      landed (resident slot, prefetch buffer or urgent blocks);
-//   3. AttendPlanned: every sequence's lists — sinks, selected chunks in ascending chunk order,
-//      the device window, the speculative row's own KV — and one AttendGroups call;
-//   4. AfterAttention, per sequence: only now may the blocks be overwritten: the ring's buffer
-//      is handed back and the predictions go out in the background.
+// SparseKvCache's attention calls on a sparse layer, batch-wide (docs/architecture.md, "A decode
+// step in each mode"):
+//   1. StartReads, per sequence: KV appended, prompt rows attended densely, and each decode
+//      read's own selection scored (ChunkSelector::ScoreOwn);
+//   2. SelectAndStart: the selections chosen, every read's transfers started by the fetch
+//      policy (none waited), then the speculative rows' predictions scored and chosen;
+//   3. AttendDecodeReads: each read's transfers waited for (FetchPolicy::Finish), every read's
+//      lists — sinks, selected chunks in ascending chunk order, the device window, the
+//      speculative row's own KV — in one AttentionPlan and one attention call; only then the
+//      predictions' prefetches, which may overwrite what attention read.
 // Same keys in the same order as one sequence at a time, so the same bits.
-#include <algorithm>
-#include <iterator>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/attention_ops.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 
 namespace dd::engine {
-namespace {
 
-int64_t Total(const std::vector<std::vector<int64_t>>& sel) {
-  int64_t n = 0;
-  for (const auto& v : sel) n += static_cast<int64_t>(v.size());
-  return n;
-}
-
-int64_t CountCommon(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {  // both ascending
-  int64_t n = 0;
-  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++n, ++i, ++j;
-    }
+absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
+  if (config_.layer_is_swa[call.layer]) {
+    RETURN_IF_ERROR(dense_.Attend(call));
+    if (!options_.offload_sliding) return absl::OkStatus();
+    return writer_.OffloadSliding(dense_, call, [&](int32_t seq) -> absl::StatusOr<kvpool::SequenceId> {
+      ASSIGN_OR_RETURN(const Seq* s, GetSeq(seq));
+      return s->store_id;
+    });
   }
-  return n;
+  if (map_.index[call.layer] < 0) return dense_.Attend(call);  // a global layer kept dense (sparse_layers)
+  absl::Status status = StartReads(call);
+  if (status.ok()) status = SelectAndStart(call);
+  if (status.ok()) status = AttendDecodeReads(call);
+  if (!status.ok()) AbandonReads();
+  return status;
 }
 
-}  // namespace
-
-absl::Status SparseKvCache::StartRealRead(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
-  LayerState& st = s.layers[call.layer];
-  const Selection& sel = r.sel;
-  if (options_.step_cache) {
-    if (st.issued) {  // how good the prediction was, and what of its transfer went unused
-      for (size_t g = 0; g < sel.size(); ++g) {
-        const int64_t unused =
-            static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
-        CountPrediction(s, call.layer, CountCommon(sel[g], st.issued_sel[g]), static_cast<int64_t>(sel[g].size()),
-                        unused, st.issued_seeded);
+absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
+  const int64_t n = static_cast<int64_t>(call.rows.size());
+  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
+  reads_.n = 0;
+  for (int64_t r0 = 0; r0 < n;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < n && call.rows[r1].seq == call.rows[r0].seq) ++r1;
+    ASSIGN_OR_RETURN(Seq * s, GetSeq(call.rows[r0].seq));
+    LayerRows& st = s->layers[call.layer];
+    const bool spec_last = call.rows[r1 - 1].speculative;
+    const int64_t real_end = spec_last ? r1 - 1 : r1;
+    // Prompt rows attend densely, however few a piece holds (a one-token piece mid-prompt
+    // is not a decode row); a lone unflagged row is a decode row.
+    const bool prompt = real_end - r0 > 1 || (real_end > r0 && call.rows[r0].prefill);
+    if (prompt && st.decoded) {
+      return absl::UnimplementedError("sparse mode: prefill rows after decode rows in one sequence");
+    }
+    for (int64_t r = r0; r < real_end; ++r) {
+      if (call.rows[r].speculative) return absl::InvalidArgumentError("a speculative row must be the last");
+      if (call.rows[r].pos != call.rows[r0].pos + (r - r0)) {
+        return absl::InvalidArgumentError(absl::StrCat("row position ", call.rows[r].pos, " does not continue the cache (expected ",
+                                                       call.rows[r0].pos + (r - r0), ")"));
       }
     }
-    const absl::Status started = StartResidentFetch(s, call.layer, /*count=*/true, r);
-    st.issued = false;
-    st.prefetch_chunks.clear();
-    st.issued_sel.clear();
-    RETURN_IF_ERROR(started);
-  } else {
-    const int64_t this_buffer = s.reads % static_cast<int64_t>(s.buffers.size());
-    Buffer& buf = s.buffers[this_buffer];
-    s.reading = -1;
-    if (buf.layer == call.layer) {
-      // This read's prefetch: hits come from its buffer; misses S \ P' go on the urgent path.
-      s.reading = this_buffer;
-      r.buffer = this_buffer;
-      const Selection& predicted = buf.sel;
-      r.misses.assign(sel.size(), {});
-      for (size_t g = 0; g < sel.size(); ++g) {
-        std::set_difference(sel[g].begin(), sel[g].end(), predicted[g].begin(), predicted[g].end(),
-                            std::back_inserter(r.misses[g]));
-        const int64_t hits = static_cast<int64_t>(sel[g].size() - r.misses[g].size());
-        CountPrediction(s, call.layer, hits, static_cast<int64_t>(sel[g].size()),
-                        static_cast<int64_t>(predicted[g].size()) - hits, buf.seeded);
-      }
-      RETURN_IF_ERROR(StartGather(s, call.layer, r.misses, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
-    } else {
-      RETURN_IF_ERROR(StartGather(s, call.layer, sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent));
+    if (real_end > r0) {
+      RETURN_IF_ERROR(writer_.Append(st, s->store_id, call.layer, call.buffer, call.k + r0 * kv_dim,
+                                     call.v + r0 * kv_dim, call.rows[r0].pos, real_end - r0));
     }
-  }
-  stats_[call.layer].selected += Total(sel);
-  return absl::OkStatus();
-}
-
-absl::Status SparseKvCache::StartPreDecodeRead(Seq& s, const model::AttentionCall& call, DecodeRead& r) {
-  // Pre-decoding (right after prefill): the speculative row attends over the committed keys
-  // with its own selection; its prediction is prefetched for the next step, whose real row is
-  // this same token at this same position.
-  if (options_.step_cache) return StartResidentFetch(s, call.layer, /*count=*/false, r);
-  return StartGather(s, call.layer, r.sel, kvpool::Priority::kUrgent, s.urgent_blocks, &r.urgent);
-}
-
-absl::Status SparseKvCache::FinishFetch(Seq& s, int64_t layer, DecodeRead& r) {
-  if (options_.step_cache) return FinishResidentFetch(s, layer, r);
-  if (r.buffer < 0) {
-    RETURN_IF_ERROR(chunks_.FinishLanding(r.urgent, backend::Queue::kUrgent));
-    r.blocks.clear();
-    for (int64_t i = 0, n = Total(r.sel); i < n; ++i) r.blocks.push_back(BlockAt(s.urgent_blocks, i));
-    if (r.real_row >= 0) {
-      for (const auto& v : r.sel) {
-        CountUrgent(s, layer, static_cast<int64_t>(v.size()));
-      }
+    if (prompt) {
+      if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
+      AttendPrefillRows(*s, call, r0, real_end);
     }
-    return absl::OkStatus();
-  }
-  Buffer& buf = s.buffers[r.buffer];
-  absl::Status status = WaitBuffer(buf);
-  status.Update(chunks_.FinishLanding(r.urgent, backend::Queue::kUrgent));
-  RETURN_IF_ERROR(status);
-  // Point at each selected block where it landed, prefetch buffer or urgent blocks (no copy).
-  const Selection& predicted = buf.sel;
-  r.blocks.clear();
-  int64_t pi = 0, ui = 0;  // cursors in the prefetch buffer and the urgent blocks
-  for (size_t g = 0; g < r.sel.size(); ++g) {
-    size_t pj = 0, mj = 0;
-    for (int64_t c : r.sel[g]) {
-      while (pj < predicted[g].size() && predicted[g][pj] < c) ++pj;
-      if (pj < predicted[g].size() && predicted[g][pj] == c) {
-        r.blocks.push_back(BlockAt(buf.data, pi + static_cast<int64_t>(pj)));
-      } else {
-        r.blocks.push_back(BlockAt(s.urgent_blocks, ui + static_cast<int64_t>(mj++)));
-      }
+    if (spec_last && call.rows[r1 - 1].pos != st.length) {
+      return absl::InvalidArgumentError(absl::StrCat("speculative row position ", call.rows[r1 - 1].pos,
+                                                     " does not follow the cache (", st.length, ")"));
     }
-    pi += static_cast<int64_t>(predicted[g].size());
-    ui += static_cast<int64_t>(r.misses[g].size());
-    CountUrgent(s, layer, static_cast<int64_t>(r.misses[g].size()));
+    const bool decode_row = real_end - r0 == 1 && !prompt;
+    if (decode_row || spec_last) {
+      RETURN_IF_ERROR(rows_.StartDecoding(st, s->reserved ? s->total : 0));
+      RETURN_IF_ERROR(selector_.EnsureScores(s->scores, s->reserved ? s->total : config_.n_ctx_train));
+      DecodeRead& read = AddRead(call.rows[r0].seq);
+      read.real_row = decode_row ? r0 : -1;
+      read.spec_row = spec_last ? r1 - 1 : -1;
+      // The rows' own selection, scored now, chosen once every sequence's scores are in: the
+      // real row's, or a lone speculative row's (pre-decoding, over the committed keys).
+      const int64_t row = decode_row ? r0 : r1 - 1;
+      read.pick.w = selector_.WindowFor(decode_row ? call.rows[r0].pos + 1 : call.rows[row].pos);
+      selector_.ScoreOwn(s->scores, st, call.q + row * config_.n_head * config_.head_dim, decode_row && spec_last,
+                         read.pick);
+    }
+    r0 = r1;
   }
   return absl::OkStatus();
 }
 
-void SparseKvCache::AbandonReads() {
-  for (size_t i = 0; i < n_reads_; ++i) {
-    // Nothing may still write into its blocks (nor its staging).
-    (void)chunks_.FinishLanding(reads_[i].urgent, backend::Queue::kUrgent);
-  }
-  n_reads_ = 0;
+void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, int64_t r0, int64_t r1) {
+  // Dense over the device copy of the whole prefix: sinks then [sinks, length).
+  const LayerRows& st = s.layers[call.layer];
+  const int64_t n_keys = call.rows[r1 - 1].pos + 1;
+  const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
+  const backend::KvRun runs[2] = {{static_cast<const float*>(st.sink_k.data), static_cast<const float*>(st.sink_v.data), n_sink},
+                                  {static_cast<const float*>(st.k.data), static_cast<const float*>(st.v.data), n_keys - n_sink}};
+  device_.ops().AttendCausal(CausalRows(call, config_, r0, r1, /*lo=*/0, runs, &prefill_positions_));
 }
 
-void SparseKvCache::AttendPlanned(const model::AttentionCall& call) {
-  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
-  const int64_t q_dim = config_.n_head * hd, C = options_.chunk_tokens;
-  // Every read's keys per KV head in order: sinks, its selected chunks, the device window, the
-  // speculative row's own KV. Sized first: the lists point into these vectors.
-  int64_t all_keys = 0;
-  for (size_t i = 0; i < n_reads_; ++i) {
-    const DecodeRead& r = reads_[i];
-    const LayerState& st = seqs_[r.seq].layers[call.layer];
-    const int64_t n_dev = st.length - r.w.dense_from;
-    all_keys += Total(r.sel) * C + n_kv * (r.w.sinks + n_dev + (r.spec_row >= 0 ? 1 : 0));
-  }
-  attend_keys_.resize(all_keys);
-  attend_values_.resize(all_keys);
-  attend_lists_.resize(n_reads_ * n_kv);
-  attend_rows_.resize(2 * n_reads_);
-  attend_groups_.resize(n_reads_);
-  int64_t first = 0;
-  for (size_t i = 0; i < n_reads_; ++i) {
-    const DecodeRead& r = reads_[i];
-    const LayerState& st = seqs_[r.seq].layers[call.layer];
-    const Window& w = r.w;
-    const int64_t n_dev = st.length - w.dense_from;
-    const float* own_k = r.spec_row >= 0 ? call.k + r.spec_row * kv_dim : nullptr;
-    const float* own_v = r.spec_row >= 0 ? call.v + r.spec_row * kv_dim : nullptr;
-    int64_t block_index = 0;
-    for (int64_t g = 0; g < n_kv; ++g) {
-      const float** k = attend_keys_.data() + first;
-      const float** v = attend_values_.data() + first;
-      int64_t j = 0;
-      for (int64_t t = 0; t < w.sinks; ++t, ++j) {
-        k[j] = DevK(st, t) + g * hd;
-        v[j] = DevV(st, t) + g * hd;
-      }
-      for (size_t c = 0; c < r.sel[g].size(); ++c) {
-        const float* block = r.blocks[block_index + c];
-        for (int64_t t = 0; t < C; ++t, ++j) {
-          k[j] = block + t * hd;
-          v[j] = block + (C + t) * hd;
-        }
-      }
-      for (int64_t t = 0; t < n_dev; ++t, ++j) {
-        k[j] = DevK(st, w.dense_from + t) + g * hd;
-        v[j] = DevV(st, w.dense_from + t) + g * hd;
-      }
-      if (own_k != nullptr) {
-        k[j] = own_k + g * hd;
-        v[j] = own_v + g * hd;
-        ++j;
-      }
-      attend_lists_[i * n_kv + g] = {k, v, j};
-      first += j;
-      block_index += static_cast<int64_t>(r.sel[g].size());
+absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
+  const int64_t layer = call.layer, q_dim = config_.n_head * config_.head_dim;
+  RETURN_IF_ERROR(selector_.IdsToHost(reads_.used(), /*predictions=*/false));
+  bool predictions = false;
+  for (DecodeRead& r : reads_.used()) {
+    Seq& s = seqs_[r.seq];
+    const bool real = r.real_row >= 0, spec_follows = real && r.spec_row >= 0;
+    selector_.ChooseOwn(spec_follows, r.pick);
+    if (selector_.model_enabled()) {
+      const int64_t pos = call.rows[real ? r.real_row : r.spec_row].pos;
+      selector_.ModelSelection(s.draws[layer], r.seq, layer, pos, real, spec_follows, r.pick);
     }
-    // The real row does not see the speculative row's key (hidden_tail 1); both read the
-    // same blocks in one pass.
-    int64_t nr = 0;
-    if (r.real_row >= 0) {
-      attend_rows_[2 * i + nr++] = {call.q + r.real_row * q_dim, call.out + r.real_row * q_dim,
-                                    r.spec_row >= 0 ? 1 : 0};
+    RETURN_IF_ERROR(fetch_->Start(FetchOf(r.seq), layer, real, r));
+    if (real) {
+      int64_t selected = 0;
+      for (const auto& v : r.pick.sel) selected += static_cast<int64_t>(v.size());
+      stats_.Selected(layer, selected);
     }
-    if (r.spec_row >= 0) attend_rows_[2 * i + nr++] = {call.q + r.spec_row * q_dim, call.out + r.spec_row * q_dim, 0};
-    attend_groups_[i] = {absl::MakeConstSpan(attend_rows_).subspan(2 * i, nr),
-                         absl::MakeConstSpan(attend_lists_).subspan(i * n_kv, n_kv)};
+    if (r.spec_row >= 0) {
+      selector_.ScorePrediction(s.layers[layer], real, call.rows[r.spec_row].pos, call.q + r.spec_row * q_dim, r.pick);
+    }
+    predictions = predictions || r.pick.predict_pending;
   }
-  ops_.AttendGroups(absl::MakeConstSpan(attend_groups_).first(n_reads_), ShapeOf(config_), call.scale);
-}
-
-absl::Status SparseKvCache::AfterAttention(Seq& s, int64_t layer, DecodeRead& r) {
-  if (options_.step_cache) {
-    if (r.spec_row < 0) return absl::OkStatus();
-    return IssueResidentPrefetch(s, layer, std::move(r.predicted), /*seeded=*/r.real_row < 0);
+  if (predictions) {
+    RETURN_IF_ERROR(selector_.IdsToHost(reads_.used(), /*predictions=*/true));
+    for (DecodeRead& r : reads_.used()) {
+      if (r.pick.predict_pending) selector_.FinishPrediction(r.real_row >= 0, r.pick);
+    }
   }
-  // The real row's blocks are no longer read: its buffer goes to the read `buffers` later.
-  if (r.real_row >= 0) RETURN_IF_ERROR(EndRingRead(s, layer));
-  if (r.spec_row < 0) return absl::OkStatus();
-  // The prediction goes out in the background as soon as its buffer is free; the next step's
-  // real row waits for it only when it reads it.
-  LayerState& st = s.layers[layer];
-  st.predicted = std::move(r.predicted);
-  st.has_prediction = true;
-  return TryIssue(s, layer);
+  if (selector_.model_enabled()) {
+    for (DecodeRead& r : reads_.used()) {
+      if (r.spec_row >= 0) r.pick.predicted = std::move(r.pick.model_predicted);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SparseKvCache::AttendDecodeReads(const model::AttentionCall& call) {
-  if (n_reads_ == 0) return absl::OkStatus();
-  for (size_t i = 0; i < n_reads_; ++i) RETURN_IF_ERROR(FinishFetch(seqs_[reads_[i].seq], call.layer, reads_[i]));
-  AttendPlanned(call);
-  const size_t n = n_reads_;
-  n_reads_ = 0;  // every transfer has been waited for
-  for (size_t i = 0; i < n; ++i) RETURN_IF_ERROR(AfterAttention(seqs_[reads_[i].seq], call.layer, reads_[i]));
+  if (reads_.n == 0) return absl::OkStatus();
+  for (DecodeRead& r : reads_.used()) RETURN_IF_ERROR(fetch_->Finish(FetchOf(r.seq), call.layer, r.real_row >= 0, r));
+  PlanAttention(call);
+  plan_.Run(device_.ops(), ShapeOf(config_), call.scale);
+  const absl::Span<DecodeRead> done = reads_.used();
+  reads_.n = 0;  // every transfer has been waited for
+  for (DecodeRead& r : done) {
+    if (r.spec_row < 0) continue;
+    RETURN_IF_ERROR(fetch_->Prefetch(FetchOf(r.seq), call.layer, std::move(r.pick.predicted), /*seeded=*/r.real_row < 0));
+  }
   return absl::OkStatus();
 }
 
-SparseKvCache::DecodeRead& SparseKvCache::AddRead(int32_t seq) {
-  if (n_reads_ == reads_.size()) reads_.emplace_back();
-  DecodeRead& r = reads_[n_reads_++];
+void SparseKvCache::PlanAttention(const model::AttentionCall& call) {
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
+  const int64_t q_dim = config_.n_head * hd, C = options_.chunk_tokens;
+  // Every read's keys per KV head in order: sinks, its selected chunks, the device window, the
+  // speculative row's own KV.
+  int64_t all_keys = 0;
+  for (const DecodeRead& r : reads_.used()) {
+    const int64_t n_dev = seqs_[r.seq].layers[call.layer].length - r.pick.w.dense_from, extra = r.spec_row >= 0;
+    for (const auto& v : r.pick.sel) all_keys += static_cast<int64_t>(v.size()) * C;
+    all_keys += n_kv * (r.pick.w.sinks + n_dev + extra);
+  }
+  plan_.Begin(all_keys, static_cast<int64_t>(reads_.n), n_kv);
+  for (const DecodeRead& r : reads_.used()) {
+    const LayerRows& st = seqs_[r.seq].layers[call.layer];
+    const Window& w = r.pick.w;
+    const float* own_k = r.spec_row >= 0 ? call.k + r.spec_row * kv_dim : nullptr;
+    const float* own_v = r.spec_row >= 0 ? call.v + r.spec_row * kv_dim : nullptr;
+    const float* const* block = r.fetch.blocks.data();
+    for (int64_t g = 0; g < n_kv; ++g) {
+      for (int64_t t = 0; t < w.sinks; ++t) plan_.Add(rows_.K(st, t) + g * hd, rows_.V(st, t) + g * hd);
+      for (size_t c = 0; c < r.pick.sel[g].size(); ++c, ++block) {
+        for (int64_t t = 0; t < C; ++t) plan_.Add(*block + t * hd, *block + (C + t) * hd);
+      }
+      for (int64_t p = w.dense_from; p < st.length; ++p) plan_.Add(rows_.K(st, p) + g * hd, rows_.V(st, p) + g * hd);
+      if (own_k != nullptr) plan_.Add(own_k + g * hd, own_v + g * hd);
+      plan_.EndList();
+    }
+    // The real row does not see the speculative row's key (hidden_tail 1); both read the
+    // same blocks in one pass.
+    backend::ListQuery rows[2];
+    size_t nr = 0;
+    if (r.real_row >= 0) {
+      rows[nr++] = {call.q + r.real_row * q_dim, call.out + r.real_row * q_dim, r.spec_row >= 0 ? 1 : 0};
+    }
+    if (r.spec_row >= 0) rows[nr++] = {call.q + r.spec_row * q_dim, call.out + r.spec_row * q_dim, 0};
+    plan_.EndGroup(absl::MakeConstSpan(rows, nr));
+  }
+}
+
+void SparseKvCache::AbandonReads() {
+  for (DecodeRead& r : reads_.used()) {
+    // Nothing may still write into its blocks (nor its staging).
+    (void)chunks_.FinishLanding(r.fetch.urgent, backend::Queue::kUrgent);
+  }
+  reads_.n = 0;
+}
+
+DecodeRead& SparseKvCache::AddRead(int32_t seq) {
+  if (reads_.n == reads_.all.size()) reads_.all.emplace_back();
+  DecodeRead& r = reads_.all[reads_.n++];
   r.seq = seq;
   r.real_row = r.spec_row = -1;
-  r.buffer = -1;
-  r.urgent.pending = false;
-  r.urgent.on_device = false;
-  r.urgent.tid = 0;
-  r.wait_prefetch = false;
-  r.sel.clear();
-  r.predicted.clear();
-  r.predict_pending = false;
-  r.misses.clear();
-  r.blocks.clear();
+  r.fetch.urgent.pending = false;
+  r.fetch.urgent.on_device = false;
+  r.fetch.urgent.tid = 0;
+  r.fetch.wait_prefetch = false;
+  r.pick.sel.clear();
+  r.pick.predicted.clear();
+  r.pick.predict_pending = false;
+  r.fetch.blocks.clear();
   return r;
 }
 

@@ -174,10 +174,9 @@ TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemor
 // on an instant link, the rest on a slow background link (one KV head's 64-chunk gather takes 3 ms
 // on SmolLM2, 10 ms on Gemma) so that prefetches are still in flight when their layer is read and
 // the urgent path races them. Prediction only changes what is fetched when. Also checks the fetch
-// accounting: every selected chunk is a hit or an urgent fetch. The step cache
-// (docs/decisions/0012-resident-set.md) runs the same way: `sparse-cached` and dualdecoder on the
-// resident set are bit-identical to `sparse` too, and move fewer chunks than their cacheless
-// versions.
+// accounting (every selected chunk was resident, prefetched or fetched urgently) and
+// `sparse-cached` (the resident set without predictions, docs/decisions/0012-resident-set.md):
+// bit-identical too, fewer chunks moved than `sparse`, more of them urgent than dualdecoder's.
 TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   constexpr int kSteps = 48, kSlowFrom = 24;
   constexpr int64_t kChunks = 512 / 8;
@@ -199,11 +198,9 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   const int64_t layers = this->SparseLayers(), heads = this->KvHeads();
   EXPECT_EQ(t.selected, kSteps * 2 * layers * heads * kChunks);
   EXPECT_EQ(t.predicted_for, t.selected);  // every step had a prediction (pre-decoding seeds it)
-  EXPECT_EQ(t.hits + t.urgent, t.selected);
-  // The last step's predictions already issued are never consumed: with d prefetch buffers
-  // (default 2, ping-pong) the next d reads' prefetches are out.
-  const int64_t issued_ahead = std::min<int64_t>(SparseOptions().prefetch_buffers, layers);
-  EXPECT_EQ(t.prefetched - t.wasted - 2 * issued_ahead * heads * kChunks, t.hits);
+  // Every chunk of S was resident already, prefetched for this step, or fetched urgently.
+  EXPECT_LE(t.urgent + t.reused, t.selected);
+  EXPECT_GE(t.prefetched - t.wasted, t.selected - t.urgent - t.reused);
   EXPECT_GT(t.hits, t.selected / 2) << "hit rate " << t.hit_rate();
   // The carry (EngineOptions::spec_carry) ran where the model has exact layers before its
   // first sparse one (Gemma 3: 5 sliding layers; SmolLM2's first layer is sparse).
@@ -215,12 +212,10 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   // (The first step of each sequence follows pre-decoding, which has nothing to carry.)
   std::printf("carried rows: %lld of %d\n", static_cast<long long>((*dual)->carried_rows()), (kSteps - 1) * 2);
 
-  // The step cache: sparse-cached, and dualdecoder on the resident set.
+  // sparse-cached: the resident set without predictions.
   const int64_t sparse_chunks = (*sparse)->sparse_cache()->fetched_chunks();
-  const int64_t ring_chunks = (*dual)->sparse_cache()->fetched_chunks();
-  const int64_t ring_carried = (*dual)->carried_rows();
+  const int64_t dual_chunks = (*dual)->sparse_cache()->fetched_chunks();
   sparse->reset();
-  dual->reset();
   o.mode = DecodeMode::kSparseCached;
   auto cached = Engine::Create(*this->model_, o);
   ASSERT_TRUE(cached.ok()) << cached.status();
@@ -228,27 +223,15 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
   const auto tc = (*cached)->sparse_cache()->total_stats();
   EXPECT_EQ(tc.urgent + tc.reused, tc.selected);
+  EXPECT_EQ(tc.selected, t.selected);
   const int64_t cached_chunks = (*cached)->sparse_cache()->fetched_chunks();
-  cached->reset();
-  o.mode = DecodeMode::kDualDecoder;
-  o.sparse.step_cache = true;
-  auto resident = Engine::Create(*this->model_, o);
-  ASSERT_TRUE(resident.ok()) << resident.status();
-  const auto d = this->RunForked(**resident, kSteps, SlowLinkFrom(**resident, kSlowFrom));
-  EXPECT_EQ(0, std::memcmp(a.data(), d.data(), a.size() * sizeof(float)));
-  EXPECT_EQ((*resident)->carried_rows(), ring_carried);  // the same speculative tokens
-  const auto td = (*resident)->sparse_cache()->total_stats();
-  EXPECT_EQ(td.selected, t.selected);
-  EXPECT_EQ(td.hits, t.hits);  // the same predictions
-  EXPECT_LE(td.urgent, t.urgent);  // resident chunks cover some of the ring's misses
-  const int64_t resident_chunks = (*resident)->sparse_cache()->fetched_chunks();
-  // Chunks moved (prefill restore excluded: none here). Figures in
-  // docs/decisions/0012-resident-set.md.
+  // Chunks moved (prefill restore excluded: none here), and what the prediction takes off the
+  // critical path. Figures in docs/decisions/0012-resident-set.md.
   EXPECT_LT(cached_chunks, sparse_chunks * 3 / 4) << cached_chunks << " vs " << sparse_chunks;
-  EXPECT_LT(resident_chunks, ring_chunks * 3 / 4) << resident_chunks << " vs " << ring_chunks;
-  std::printf("chunks moved: sparse %lld, sparse-cached %lld, dualdecoder ring %lld, resident %lld\n",
+  EXPECT_LT(t.urgent, tc.urgent) << "dualdecoder's urgent chunks " << t.urgent << " vs sparse-cached " << tc.urgent;
+  std::printf("chunks moved: sparse %lld, sparse-cached %lld (urgent %lld), dualdecoder %lld (urgent %lld)\n",
               static_cast<long long>(sparse_chunks), static_cast<long long>(cached_chunks),
-              static_cast<long long>(ring_chunks), static_cast<long long>(resident_chunks));
+              static_cast<long long>(tc.urgent), static_cast<long long>(dual_chunks), static_cast<long long>(t.urgent));
 }
 
 // The sparse modes on the simulated device (the hash test compares every mode's logits with

@@ -83,17 +83,12 @@ ABSL_FLAG(int64_t, spec_candidates, -1,
 ABSL_FLAG(bool, spec_carry, true,
           "dualdecoder: a real row whose token is the one the last speculative row was fed starts from that row's "
           "state after the layers before the first sparse layer (Gemma 3: 5 of 18); same results, less compute");
-ABSL_FLAG(bool, step_cache, true,
-          "dualdecoder: keep chunks resident across steps and prefetch only predicted chunks not resident "
-          "(false: prefetch the whole prediction into a ring of --prefetch_buffers)");
 ABSL_FLAG(std::string, sparse_layers, "",
           "sparse modes: only these global layers are sparse (comma-separated; empty = all); the others attend "
           "over their whole KV (per-layer fidelity)");
 ABSL_FLAG(int64_t, resident_margin, 0,
           "sparse-cached, dualdecoder: resident slots per KV head beyond the budget, in tokens (multiple of 8); "
           "chunks leave least recently used first");
-ABSL_FLAG(int64_t, prefetch_buffers, 2,
-          "dualdecoder: prefetch buffers per request (2 = ping-pong); also the lead distance in sparse layers");
 
 namespace dd::worker {
 
@@ -177,10 +172,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   }
   o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
   o.spec_carry = absl::GetFlag(FLAGS_spec_carry);
-  o.sparse.prefetch_buffers = absl::GetFlag(FLAGS_prefetch_buffers);
   o.sparse.spec_candidates = absl::GetFlag(FLAGS_spec_candidates);
-  o.sparse.step_cache = o.mode == engine::DecodeMode::kSparseCached ||
-                        (o.mode == engine::DecodeMode::kDualDecoder && absl::GetFlag(FLAGS_step_cache));
   o.sparse.resident_margin_tokens = absl::GetFlag(FLAGS_resident_margin);
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_sparse_layers), ',', absl::SkipWhitespace())) {
     int64_t l = 0;

@@ -1,6 +1,6 @@
 // Command-line flags that configure a model and an engine, shared by every binary that runs
 // one (ddctl, dd-decode-worker): --model, --mode, --budget, --device_memory, --kv_store,
-// --prefix_block, --predictor, --allow_incorrect_device, --spec_head, --prefetch_buffers, --step_cache, --resident_margin, --threads, --prefill_chunk, --matmul.
+// --prefix_block, --predictor, --allow_incorrect_device, --spec_head, --resident_margin, --threads, --prefill_chunk, --matmul.
 #pragma once
 
 #include <string>

@@ -21,7 +21,6 @@ absl::string_view MemoryTagName(MemoryTag tag) {
     case MemoryTag::kKv: return "kv";
     case MemoryTag::kLandmarks: return "landmarks";
     case MemoryTag::kResidentSlots: return "resident_slots";
-    case MemoryTag::kPrefetchRing: return "prefetch_ring";
     case MemoryTag::kCount: break;
   }
   return "unknown";

@@ -123,7 +123,7 @@ TEST_F(GpuBackendTest, MemoryFollowsTheBudgetByTagAndMergesFreedRanges) {
 TEST_F(GpuBackendTest, AQueueWaitsForAnotherQueuesCopy) {
   const int64_t n = 1 << 22;
   std::vector<float> host = Normal(n, 1), back(n);
-  auto src = dev_->Allocate(MemoryTag::kPrefetchRing, n * 4);
+  auto src = dev_->Allocate(MemoryTag::kResidentSlots, n * 4);
   auto dst = dev_->Allocate(MemoryTag::kWorkspace, n * 4);
   ASSERT_TRUE(src.ok() && dst.ok());
   ASSERT_TRUE(dev_->CopyToDevice(Queue::kPrefetch, host.data(), *src, 0, n * 4).ok());

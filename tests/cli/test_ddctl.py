@@ -161,25 +161,30 @@ def test_dualdecoder_mode_matches_sparse_tokens(tiny):
     assert 0.0 <= jd["hit_rate"] <= 1.0 and jd["prefetch_bytes"] > 0
 
 
-def test_step_cache_modes_match_sparse_and_move_fewer_bytes(tiny):
-    """sparse-cached and dualdecoder on the resident set (the default) give sparse's tokens and
-    report what they reused; the cacheless dualdecoder (--step_cache=false) moves more."""
+def test_resident_fetch_modes_match_sparse_and_move_fewer_bytes(tiny):
+    """sparse-cached and dualdecoder keep a resident set: they give sparse's tokens, report the
+    fetch they use and what they reused, and fetch fewer chunks urgently than sparse's on-demand
+    fetch."""
     import json
     args = ["generate", "--model", str(tiny), "--prompt", "the lazy dog sleeps " * 40,
             "--max_new_tokens", "10", "--ignore_eos", "--json", "--budget", "64"]
     runs = {name: ddctl(*args, *extra) for name, extra in {
         "sparse": ["--mode", "sparse"], "cached": ["--mode", "sparse-cached"],
-        "dual": ["--mode", "dualdecoder"], "ring": ["--mode", "dualdecoder", "--step_cache=false"]}.items()}
+        "dual": ["--mode", "dualdecoder"]}.items()}
     for name, r in runs.items():
         assert r.returncode == 0, name + r.stderr
     j = {name: json.loads(r.stdout) for name, r in runs.items()}
     assert all(j[n]["tokens"] == j["sparse"]["tokens"] for n in j)
-    assert j["cached"]["mode"] == "sparse-cached" and j["cached"]["step_cache"] is True
-    assert j["sparse"]["step_cache"] is False and j["ring"]["step_cache"] is False
+    assert j["cached"]["mode"] == "sparse-cached" and j["cached"]["kv_fetch"] == "resident"
+    assert j["dual"]["kv_fetch"] == "resident" and j["sparse"]["kv_fetch"] == "on_demand"
     assert 0 < j["cached"]["reused_chunks"] and j["sparse"]["reused_chunks"] == 0
     assert j["cached"]["fetched_chunks"] < j["sparse"]["fetched_chunks"]
-    assert j["dual"]["fetched_chunks"] < j["ring"]["fetched_chunks"]
-    assert j["dual"]["hit_rate"] == j["ring"]["hit_rate"]  # same predictions, fewer bytes
+    # dualdecoder's prefetches may move more in all (a tiny model predicts poorly), but fewer
+    # bytes wait on the critical path than sparse's whole selection.
+    assert j["dual"]["bytes_per_step"]["urgent"] < j["sparse"]["bytes_per_step"]["urgent"]
+    # The ring's flag is gone: refused by name, not ignored.
+    gone = ddctl(*args, "--mode", "dualdecoder", "--step_cache=false")
+    assert gone.returncode != 0 and "step_cache" in gone.stderr, gone.stderr
     layer = j["cached"]["per_layer"][0]
     assert layer["selected_chunks"] == layer["urgent_chunks"] + layer["reused_chunks"]
     assert j["cached"]["bytes_per_step"]["urgent"] > 0 and j["cached"]["bytes_per_step"]["prefetch"] == 0

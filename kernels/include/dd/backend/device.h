@@ -33,7 +33,6 @@ enum class MemoryTag : int {
   kKv,             // dense KV: full-mode layers, sliding windows, sinks, windows of sparse layers
   kLandmarks,      // one key vector per (layer, KV head, chunk)
   kResidentSlots,  // chunks kept resident across steps (sparse-cached, dualdecoder)
-  kPrefetchRing,   // chunks predicted for the next step's layers
   kCount,
 };
 absl::string_view MemoryTagName(MemoryTag tag);

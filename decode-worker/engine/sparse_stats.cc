@@ -1,0 +1,41 @@
+#include "decode-worker/engine/sparse_stats.h"
+
+namespace dd::engine {
+
+KvLayerStats& KvLayerStats::operator+=(const KvLayerStats& o) {
+  selected += o.selected;
+  hits += o.hits;
+  predicted_for += o.predicted_for;
+  prefetched += o.prefetched;
+  urgent += o.urgent;
+  wasted += o.wasted;
+  seeded_hits += o.seeded_hits;
+  seeded_for += o.seeded_for;
+  reused += o.reused;
+  evictions += o.evictions;
+  return *this;
+}
+
+void SparseStats::Prediction(SeqKvCounts& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused,
+                             bool seeded) {
+  KvLayerStats& t = layers_[layer];
+  t.hits += hits;
+  t.predicted_for += selected;
+  if (seeded) {  // the request's own rate leaves the seeded step out
+    t.seeded_hits += hits;
+    t.seeded_for += selected;
+  } else {
+    s.hits += hits;
+    s.predicted_for += selected;
+  }
+  t.wasted += unused;
+  s.wasted += unused;
+}
+
+KvLayerStats SparseStats::total() const {
+  KvLayerStats t;
+  for (const KvLayerStats& s : layers_) t += s;
+  return t;
+}
+
+}  // namespace dd::engine
