@@ -124,12 +124,12 @@ def summary_modes(doc, out_dir):
         def r(a, z):
             va, vz = moved.get((a, ctx, b)), moved.get((z, ctx, b))
             return f"{va / 1e6:.2f} / {vz / 1e6:.2f} = {va / vz:.2f}×" if va is not None and vz else "–"
-        cells = [r('sparse-cached', 'sparse'), r('dualdecoder', 'dualdecoder-ring')]
+        cells = [r('sparse-cached', 'sparse'), r('dualdecoder', 'sparse')]
         if paired(cells):
             brows.append(f"| {ctx} | {b} | " + " | ".join(cells) + " |")
     if brows:
         lines += ["", "MB moved per step, infinite link (target ≤ 0.5× for both):", "",
-                  "| context | batch | sparse-cached / sparse | dualdecoder / dualdecoder-ring |",
+                  "| context | batch | sparse-cached / sparse | dualdecoder / sparse |",
                   "|---:|---:|---|---|"] + brows
     # The carry (EngineOptions::spec_carry) against the same engine without it (--carry_ab).
     by_mode = {(x["mode"], x["context"], x["batch"], x["link"]): x for x in runs}
