@@ -290,13 +290,67 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     }
     // A speculative row's KV is written at its position (so it can see itself) but not
     // counted: the next row at that position overwrites it, unless KeepSpeculative keeps it.
-    RETURN_IF_ERROR(AttendGroup(call, slot, r0, r1));
     const bool spec = call.rows[r1 - 1].speculative;
+    const bool decode = !call.rows[r0].prefill && (r1 - r0 == 1 || (r1 - r0 == 2 && spec));
+    if (decode) {
+      // A sequence given twice in one call: its earlier rows attend before these are stored.
+      for (const DecodeRows& d : decode_) {
+        if (d.seq == seq) {
+          AttendDecodeRows(call);
+          break;
+        }
+      }
+      const int64_t p0 = call.rows[r0].pos, p1 = call.rows[r1 - 1].pos, kv_dim = config_.n_head_kv * config_.head_dim;
+      RETURN_IF_ERROR(MakeRoom(L, call.sliding, call.window, p0, p1));
+      RETURN_IF_ERROR(StoreRows(L, p0, p1 + 1, call.buffer, call.k + r0 * kv_dim, call.v + r0 * kv_dim));
+      // In a sliding layer the real and speculative rows' windows start one apart: a group each.
+      if (call.sliding && r1 - r0 == 2) {
+        decode_.push_back({seq, r0, r0 + 1});
+        decode_.push_back({seq, r0 + 1, r1});
+      } else {
+        decode_.push_back({seq, r0, r1});
+      }
+    } else {
+      RETURN_IF_ERROR(AttendGroup(call, slot, r0, r1));
+    }
     L.length += (r1 - r0) - (spec ? 1 : 0);
     L.spec_pos = spec ? call.rows[r1 - 1].pos : -1;
     r0 = r1;
   }
+  AttendDecodeRows(call);
   return absl::OkStatus();
+}
+
+void DenseKvCache::AttendDecodeRows(const model::AttentionCall& call) {
+  if (decode_.empty()) return;
+  const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd, q_dim = config_.n_head * hd;
+  // A group's rows see keys from the window's start (0 unless sliding) to the last row's position.
+  const auto lo_of = [&](const DecodeRows& d) {
+    const int64_t p = call.rows[d.r1 - 1].pos;
+    return call.sliding ? std::max<int64_t>(0, p - call.window + 1) : 0;
+  };
+  int64_t keys = 0;
+  for (const DecodeRows& d : decode_) keys += n_kv * (call.rows[d.r1 - 1].pos + 1 - lo_of(d));
+  plan_.Begin(keys, static_cast<int64_t>(decode_.size()), n_kv);
+  for (const DecodeRows& d : decode_) {
+    const Layer& L = slots_[d.seq].layers[call.layer];
+    const float* K = static_cast<const float*>(L.k.data);
+    const float* V = static_cast<const float*>(L.v.data);
+    const int64_t lo = lo_of(d), hi = call.rows[d.r1 - 1].pos;
+    for (int64_t g = 0; g < n_kv; ++g) {
+      for (int64_t p = lo; p <= hi; ++p) {
+        const int64_t row = RowOf(L, p) * kv_dim + g * hd;
+        plan_.Add(K + row, V + row);
+      }
+      plan_.EndList();
+    }
+    // A row before the last does not see the keys after its own position.
+    backend::ListQuery rows[2];
+    for (int64_t r = d.r0; r < d.r1; ++r) rows[r - d.r0] = {call.q + r * q_dim, call.out + r * q_dim, hi - call.rows[r].pos};
+    plan_.EndGroup(absl::MakeConstSpan(rows, d.r1 - d.r0));
+  }
+  decode_.clear();
+  plan_.Run(device_.ops(), ShapeOf(config_), call.scale);
 }
 
 absl::Status DenseKvCache::MakeRoom(Layer& L, bool sliding, int64_t window, int64_t p0, int64_t p1) {

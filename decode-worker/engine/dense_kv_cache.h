@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "dd/backend/device.h"
+#include "decode-worker/engine/attention_plan.h"
 #include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/random_kv.h"
 #include "decode-worker/model/model_config.h"
@@ -90,12 +91,25 @@ class DenseKvCache : public KvCache {
   absl::Status StoreRows(Layer& L, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf, const float* k,
                          const float* v);
   void FreeLayer(Layer& L);
+  // Prompt rows [r0, r1) of one sequence: stored, then attended causally (one Ops call).
   absl::Status AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
+  // Decode rows [r0, r1) of one sequence (a real row, a speculative row, or both): stored now,
+  // attended by AttendDecodeRows with every other sequence's in one Ops::AttendGroups call.
+  struct DecodeRows {
+    int32_t seq;
+    int64_t r0, r1;
+  };
+  // The call's decode rows, batch-wide: per group, each KV head's keys in position order (the
+  // real row does not see the speculative row's key); one group per sequence, or one per row
+  // in a sliding layer, where the two rows' windows start apart.
+  void AttendDecodeRows(const model::AttentionCall& call);
 
   const model::ModelConfig& config_;
   backend::Device& device_;
   std::vector<Slot> slots_;
   std::vector<int64_t> positions_;  // AttendGroup's rows' positions
+  std::vector<DecodeRows> decode_;  // the call's decode rows, stored, not yet attended
+  AttentionPlan plan_;
 };
 
 }  // namespace dd::engine
