@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "dd/backend/registry.h"
-#include "decode-worker/engine/kv_block.h"
 #include "glog/logging.h"
 #include "kv-pool/client/pool_kv_store.h"
 
@@ -111,7 +110,13 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
       return;
     }
     store_ = std::move(*store);
-    if (options_.mode == DecodeMode::kFull) return;  // the store serves prefix restores only
+    if (options_.mode == DecodeMode::kFull) {  // the store serves prefix restores only
+      if (PrefixReuse()) {
+        dense_prefix_ = std::make_unique<DensePrefixStore>(model.config, options_.sparse.chunk_tokens, store_.get(),
+                                                           *device_, *dense_);
+      }
+      return;
+    }
     auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), *device_);
     if (sparse.ok()) {
       sparse_ = sparse->get();
@@ -200,11 +205,7 @@ void Engine::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> toke
 
 void Engine::Release(int32_t seq) {
   kv_->Reset(seq);
-  if (seq >= 0 && seq < static_cast<int32_t>(dense_store_.size()) && dense_store_[seq] != 0) {
-    // Its committed prefix, if any, stays with the store (a cache, or a pool's quota).
-    if (absl::Status st = store_->Release(dense_store_[seq]); !st.ok()) LOG(WARNING) << "prefix blocks: " << st;
-    dense_store_[seq] = 0;
-  }
+  if (dense_prefix_ != nullptr) dense_prefix_->Release(seq);  // a committed prefix stays with the store
   if (dual_ != nullptr) dual_->Release(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
   if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
@@ -307,7 +308,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     for (int64_t i = b; i < e; ++i) rows.push_back({.seq = seq, .pos = i, .token = tokens[i], .want_logits = static_cast<bool>(want[i]), .prefill = true});
     NoteTokens(seq, tokens.subspan(b, e - b));
     absl::Status st = transformer_->Forward(rows, *kv_, &chunk_logits);
-    if (st.ok() && PrefixReuse() && dense_ != nullptr) st = OffloadDense(seq, b, e);
+    if (st.ok() && dense_prefix_ != nullptr) st = dense_prefix_->Offload(seq, b, e);
     if (!st.ok()) {
       Release(seq);
       return st;
@@ -342,8 +343,9 @@ int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int
     return 0;
   }
   if (match->blocks == 0) return 0;
-  absl::Status st = sparse_ != nullptr ? sparse_->RestorePrefix(seq, match->seq, match->blocks * B)
-                                       : RestoreDensePrefix(seq, match->seq, match->blocks * B);
+  absl::Status st = sparse_ != nullptr         ? sparse_->RestorePrefix(seq, match->seq, match->blocks * B)
+                    : dense_prefix_ != nullptr ? dense_prefix_->Restore(seq, match->seq, match->blocks * B)
+                                               : absl::FailedPreconditionError("no prefix store");
   (void)store_->Release(match->seq);
   if (!st.ok()) {
     LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
@@ -355,84 +357,14 @@ int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int
   return match->blocks * B;
 }
 
-absl::Status Engine::RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
-  const model::ModelConfig& cfg = model_.config;
-  const int64_t C = options_.sparse.chunk_tokens, hd = cfg.head_dim, n_kv = cfg.n_head_kv, kv_dim = n_kv * hd;
-  if (tokens <= 0 || tokens % C != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
-  }
-  if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
-  // The slot's own store sequence gets every block too, so its prompt can be committed whole.
-  ASSIGN_OR_RETURN(const kvpool::SequenceId own, DenseStoreSeq(seq));
-  constexpr int64_t kBatch = 64;  // chunks per gather
-  std::vector<float> blocks, krows, vrows;
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    // A sliding layer needs only the rows its decode-time ring keeps.
-    const int64_t keep_from = cfg.layer_is_swa[l] ? std::max<int64_t>(0, tokens - cfg.sliding_window - 1) : 0;
-    const int64_t c_first = keep_from / C, chunks = tokens / C;
-    krows.assign((tokens - c_first * C) * kv_dim, 0.0f);
-    vrows.assign(krows.size(), 0.0f);
-    for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
-      const int64_t c1 = std::min(chunks, c0 + kBatch);
-      RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(l), c0, c1, n_kv, C, hd, &blocks));
-      // Each block is [K | V] of C positions for one KV head; rows interleave the heads.
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int32_t g = 0; g < n_kv; ++g) {
-          const float* block = &blocks[((c - c0) * n_kv + g) * 2 * C * hd];
-          RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block));
-          if (c < c_first) continue;
-          const int64_t row0 = (c - c_first) * C;
-          UnpackKvBlock(C, hd, g, block, [&](int64_t t) { return &krows[(row0 + t) * kv_dim]; },
-                        [&](int64_t t) { return &vrows[(row0 + t) * kv_dim]; });
-        }
-      }
-    }
-    RETURN_IF_ERROR(dense_->LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - c_first * C));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<kvpool::SequenceId> Engine::DenseStoreSeq(int32_t seq) {
-  if (seq >= static_cast<int32_t>(dense_store_.size())) dense_store_.resize(seq + 1, 0);
-  if (dense_store_[seq] == 0) {
-    ASSIGN_OR_RETURN(dense_store_[seq], store_->Open(prefix_ns_.layout));
-  }
-  return dense_store_[seq];
-}
-
-absl::Status Engine::OffloadDense(int32_t seq, int64_t from, int64_t to) {
-  const model::ModelConfig& cfg = model_.config;
-  const int64_t C = options_.sparse.chunk_tokens, hd = cfg.head_dim, n_kv = cfg.n_head_kv, kv_dim = n_kv * hd;
-  const int64_t c0 = from / C, c1 = to / C;  // the chunks this pass completed
-  if (c1 <= c0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const kvpool::SequenceId own, DenseStoreSeq(seq));
-  std::vector<float> k((c1 - c0) * C * kv_dim), v(k.size()), block(2 * C * hd);
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    RETURN_IF_ERROR(dense_->ReadRows(seq, l, c0 * C, c1 * C, k.data(), v.data()));
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t row0 = (c - c0) * C;
-      for (int32_t g = 0; g < n_kv; ++g) {
-        PackKvBlock(C, hd, g, [&](int64_t t) { return &k[(row0 + t) * kv_dim]; },
-                    [&](int64_t t) { return &v[(row0 + t) * kv_dim]; }, block.data());
-        RETURN_IF_ERROR(store_->Write(own, {static_cast<int32_t>(l), g, c}, block.data()));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
   const kvpool::PrefixNamespace ns = PrefixNamespaceOf(seq);
   const std::vector<uint64_t> keys = kvpool::PrefixKeys(ns, tokens);
   if (keys.empty()) return;
-  if (sparse_ == nullptr) {  // full mode: the blocks OffloadDense wrote
-    if (seq >= static_cast<int32_t>(dense_store_.size()) || dense_store_[seq] == 0) return;
-    if (absl::Status st = store_->CommitPrefix(dense_store_[seq], keys, ns.tenant_salt); !st.ok()) {
-      LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
-    }
-    return;
-  }
-  if (absl::Status st = sparse_->CommitPrefix(seq, keys, ns.tenant_salt); !st.ok()) {
+  absl::Status st = sparse_ != nullptr         ? sparse_->CommitPrefix(seq, keys, ns.tenant_salt)
+                    : dense_prefix_ != nullptr ? dense_prefix_->Commit(seq, keys, ns.tenant_salt)
+                                               : absl::OkStatus();
+  if (!st.ok()) {
     LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
   }
 }
@@ -551,8 +483,8 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
   }
   std::vector<float> logits;
   RETURN_IF_ERROR(transformer_->Forward(rows, *kv_, &logits));
-  if (commit_prefix && PrefixReuse() && dense_ != nullptr) {
-    for (const PrefillPiece& p : pieces) RETURN_IF_ERROR(OffloadDense(p.seq, p.begin, p.end));
+  if (commit_prefix && dense_prefix_ != nullptr) {
+    for (const PrefillPiece& p : pieces) RETURN_IF_ERROR(dense_prefix_->Offload(p.seq, p.begin, p.end));
   }
   const int64_t V = model_.config.n_vocab;
   last_logits->assign(pieces.size(), {});

@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
 #include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/dense_prefix_store.h"
 #include "decode-worker/engine/memory_plan.h"
 #include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
@@ -281,6 +282,8 @@ class Engine {
   SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
   DenseKvCache* dense_ = nullptr;    // kv_ when mode == kFull
   std::unique_ptr<KvCache> kv_;
+  // `full` mode with prefix reuse: the slots' blocks in the store (the sparse cache keeps its own).
+  std::unique_ptr<DensePrefixStore> dense_prefix_;
   absl::Status init_status_;
   // dualdecoder: the dual-token protocol (chain, resync, carry, demux); null in other modes.
   std::unique_ptr<DualTokenStep> dual_;
@@ -302,15 +305,6 @@ class Engine {
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
   void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
   bool PrefixReuse() const { return options_.prefix_block_tokens > 0 && store_ != nullptr; }
-  // `full` mode: loads `tokens` positions of stored sequence `handle` into empty slot `seq`
-  // (every position of a global layer, the last window + 1 of a sliding one).
-  absl::Status RestoreDensePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
-  // `full` mode with prefix reuse: each slot's KV blocks in a store sequence of its own, so its
-  // prompt can be committed (the sparse cache keeps its own).
-  std::vector<kvpool::SequenceId> dense_store_;  // per slot, 0 = none yet
-  absl::StatusOr<kvpool::SequenceId> DenseStoreSeq(int32_t seq);
-  // Writes the chunks completed between lengths `from` and `to` of every layer to it.
-  absl::Status OffloadDense(int32_t seq, int64_t from, int64_t to);
   // One forward pass over prompt pieces (shared by PrefillBatch and PrefillParts): the last
   // row's logits of each piece that ends its prompt, whose blocks are committed for reuse if
   // `commit_prefix`.
