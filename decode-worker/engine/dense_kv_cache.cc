@@ -291,7 +291,10 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
     // A speculative row's KV is written at its position (so it can see itself) but not
     // counted: the next row at that position overwrites it, unless KeepSpeculative keeps it.
     const bool spec = call.rows[r1 - 1].speculative;
-    const bool decode = !call.rows[r0].prefill && (r1 - r0 == 1 || (r1 - r0 == 2 && spec));
+    // A sliding layer's real and speculative rows see windows that start one apart: they keep
+    // their one causal call (as two groups, Gemma's dualdecoder ran at a median 0.83-0.89x:
+    // bench/results/kv-manager-parts.md).
+    const bool decode = !call.rows[r0].prefill && (r1 - r0 == 1 || (r1 - r0 == 2 && spec && !call.sliding));
     if (decode) {
       // A sequence given twice in one call: its earlier rows attend before these are stored.
       for (const DecodeRows& d : decode_) {
@@ -303,13 +306,7 @@ absl::Status DenseKvCache::Attend(const model::AttentionCall& call) {
       const int64_t p0 = call.rows[r0].pos, p1 = call.rows[r1 - 1].pos, kv_dim = config_.n_head_kv * config_.head_dim;
       RETURN_IF_ERROR(MakeRoom(L, call.sliding, call.window, p0, p1));
       RETURN_IF_ERROR(StoreRows(L, p0, p1 + 1, call.buffer, call.k + r0 * kv_dim, call.v + r0 * kv_dim));
-      // In a sliding layer the real and speculative rows' windows start one apart: a group each.
-      if (call.sliding && r1 - r0 == 2) {
-        decode_.push_back({seq, r0, r0 + 1});
-        decode_.push_back({seq, r0 + 1, r1});
-      } else {
-        decode_.push_back({seq, r0, r1});
-      }
+      decode_.push_back({seq, r0, r1});
     } else {
       RETURN_IF_ERROR(AttendGroup(call, slot, r0, r1));
     }

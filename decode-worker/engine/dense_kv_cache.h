@@ -99,9 +99,8 @@ class DenseKvCache : public KvCache {
     int32_t seq;
     int64_t r0, r1;
   };
-  // The call's decode rows, batch-wide: per group, each KV head's keys in position order (the
-  // real row does not see the speculative row's key); one group per sequence, or one per row
-  // in a sliding layer, where the two rows' windows start apart.
+  // The call's decode rows, batch-wide: one group per sequence, each KV head's keys in position
+  // order (the real row does not see the speculative row's key).
   void AttendDecodeRows(const model::AttentionCall& call);
 
   const model::ModelConfig& config_;
