@@ -64,9 +64,6 @@ class ResidentFetch final : public FetchPolicy {
     seqs_[slot].clear();
   }
   absl::Status Copy(int32_t src, int32_t dst) override;
-  // Makes every chunk of r's selection resident, the missing ones on the urgent path (started,
-  // not waited); `real`: counted once landed.
-  absl::Status StartMisses(const FetchSeq& s, int64_t layer, bool real, LayerResidents& st, DecodeRead& r);
   int64_t device_bytes() const override {
     int64_t n = 0;
     for (const auto& seq : seqs_) {
@@ -81,6 +78,9 @@ class ResidentFetch final : public FetchPolicy {
     if (seqs_[slot].empty()) seqs_[slot].resize(ctx_.config.n_layer);
     return seqs_[slot][layer];
   }
+  // Makes every chunk of r's selection resident, the missing ones on the urgent path (started,
+  // not waited); `real`: counted once landed.
+  absl::Status StartMisses(const FetchSeq& s, int64_t layer, bool real, LayerResidents& st, DecodeRead& r);
   absl::Status EnsureSlots(LayerResidents& st) {
     if (st.set.initialized()) return absl::OkStatus();
     const int64_t slots = (ctx_.options.budget_tokens + ctx_.options.resident_margin_tokens) / ctx_.options.chunk_tokens;

@@ -24,6 +24,20 @@ model::ModelConfig TinyConfig() {
   return c;
 }
 
+// One layer's attention call over rows whose q, k, v and out are row-major in the vectors.
+model::AttentionCall CallOf(int64_t layer, const std::vector<model::BatchRow>& rows, std::vector<float>& q,
+                            std::vector<float>& k, std::vector<float>& v, std::vector<float>& out) {
+  model::AttentionCall call;
+  call.layer = layer;
+  call.scale = 0.2f;
+  call.rows = rows;
+  call.q = q.data();
+  call.k = k.data();
+  call.v = v.data();
+  call.out = out.data();
+  return call;
+}
+
 // Feeds identical real rows to each cache; returns the real rows' attention outputs.
 class Driver {
  public:
@@ -47,15 +61,7 @@ class Driver {
     for (int64_t r = 0; r < n_rows; ++r) fill(r, rng_real);
     if (with_spec) fill(n_rows, rng_spec);
     for (int64_t layer = 0; layer < c_.n_layer; ++layer) {
-      model::AttentionCall call;
-      call.layer = layer;
-      call.scale = 0.2f;
-      call.rows = rows;
-      call.q = q.data();
-      call.k = k.data();
-      call.v = v.data();
-      call.out = out.data();
-      EXPECT_TRUE(cache_->Attend(call).ok());
+      EXPECT_TRUE(cache_->Attend(CallOf(layer, rows, q, k, v, out)).ok());
     }
     out.resize(n_rows * q_dim);  // the real rows only
     return out;
@@ -140,15 +146,7 @@ TEST(SparseAttentionTest, OnDemandFetchRefusesSpeculativeRows) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   std::vector<float> q(2 * q_dim, 0.5f), k(2 * kv_dim, 0.5f), v(2 * kv_dim, 0.5f), out(2 * q_dim);
   const std::vector<model::BatchRow> rows = {{0, 200, 0, false}, {0, 201, 0, false, true}};
-  model::AttentionCall call;
-  call.layer = 0;
-  call.scale = 0.2f;
-  call.rows = rows;
-  call.q = q.data();
-  call.k = k.data();
-  call.v = v.data();
-  call.out = out.data();
-  const absl::Status st = (*cache)->Attend(call);
+  const absl::Status st = (*cache)->Attend(CallOf(0, rows, q, k, v, out));
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("resident"), std::string::npos) << st;
 }
