@@ -54,7 +54,12 @@ int main(int argc, char** argv) {
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.matmul = absl::GetFlag(FLAGS_matmul) == "f32" ? dd::model::Transformer::MatMulKind::kF32
                                                   : dd::model::Transformer::MatMulKind::kInt8;
-  dd::engine::Engine engine(model, eo);
+  auto created = dd::engine::Engine::Create(model, eo);
+  if (!created.ok()) {
+    std::cerr << "model_bench: " << created.status().message() << "\n";
+    return 1;
+  }
+  dd::engine::Engine& engine = **created;
   nlohmann::json result;
   result["model"] = model.config.name;
   result["model_path"] = model.source_path;

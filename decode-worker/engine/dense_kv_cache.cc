@@ -41,8 +41,8 @@ void DenseKvCache::Reset(int32_t seq) {
   slots_[seq] = Slot();
 }
 
-absl::Status DenseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
-                                   const std::vector<bool>* only) {
+absl::Status DenseKvCache::ReserveLayers(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
+                                         const std::vector<bool>* only) {
   if (seq < 0 || prompt_tokens <= 0 || total_tokens < prompt_tokens || pass_rows <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("dense KV reservation: slot ", seq, ", ", prompt_tokens,
                                                    " prompt tokens, ", total_tokens, " in all, passes of ", pass_rows));

@@ -16,13 +16,13 @@
 #include "absl/status/status.h"
 #include "dd/backend/device.h"
 #include "decode-worker/engine/attention_plan.h"
-#include "decode-worker/engine/kv_cache.h"
+#include "decode-worker/engine/kv_manager.h"
 #include "decode-worker/engine/random_kv.h"
 #include "decode-worker/model/model_config.h"
 
 namespace dd::engine {
 
-class DenseKvCache : public KvCache {
+class DenseKvCache : public KvManager {
  public:
   // `device` (the engine's) must outlive the cache.
   DenseKvCache(const model::ModelConfig& config, backend::Device& device);
@@ -30,12 +30,16 @@ class DenseKvCache : public KvCache {
 
   // Allocates empty slot `seq` for a request of `prompt_tokens` growing to `total_tokens`,
   // prefilled `pass_rows` rows per pass at most. RESOURCE_EXHAUSTED (nothing kept) when the
-  // device cannot hold it; FAILED_PRECONDITION when the slot is in use. `only` (optional, one
-  // flag per layer): reserve just these layers (the sparse cache's dense ones).
-  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
-                       const std::vector<bool>* only = nullptr);
+  // device cannot hold it; FAILED_PRECONDITION when the slot is in use.
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) override {
+    return ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, nullptr);
+  }
+  // Reserve for just the layers flagged in `only` (one flag per layer; all when null): the
+  // sparse cache's dense ones.
+  absl::Status ReserveLayers(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows,
+                             const std::vector<bool>* only);
   // The prompt is in: sliding-window rings shrink to the window + 1 rows decoding needs.
-  absl::Status FinishPrefill(int32_t seq);
+  absl::Status FinishPrefill(int32_t seq) override;
   // Slots are created on demand.
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;

@@ -24,7 +24,6 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "decode-worker/engine/spec_head.h"
 #include "decode-worker/engine/token_history.h"

@@ -7,27 +7,10 @@
 #include "common/status_macros.h"
 #include "dd/backend/registry.h"
 #include "glog/logging.h"
-#include "kv-pool/client/pool_kv_store.h"
 
 namespace dd::engine {
 
 using model::BatchRow;
-
-namespace {
-// The engine's compute device on the engine's threads. Memory is still accounted by MemoryPlan
-// (docs/architecture.md, "The compute-backend seam"), so the device is created without a
-// budget. A device that cannot be created leaves its reason in *status and the cpu device in
-// its place, so the engine's members stay valid while every call returns the reason.
-std::unique_ptr<backend::Device> CreateEngineDevice(const EngineOptions& o, ThreadPool& pool, absl::Status* status) {
-  auto device = backend::CreateDevice(o.device, {.budget_bytes = 0, .pool = &pool, .cuda_graphs = o.cuda_graphs,
-                                                .cuda_copy_engine_prefetch = o.cuda_copy_engine_prefetch});
-  if (device.ok()) return std::move(*device);
-  *status = device.status();
-  auto cpu = backend::CreateDevice("cpu", {.budget_bytes = 0, .pool = &pool});
-  CHECK(cpu.ok()) << cpu.status();
-  return std::move(*cpu);
-}
-}  // namespace
 
 EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& config) {
   // The fetch strategy by mode (fetch_policy.h): `sparse` gathers every selection on demand;
@@ -38,104 +21,65 @@ EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& conf
   // The speculative shortlist by head: the full head's query ranks chunks as the real row's
   // did, the context head's does not (docs/decisions/0009-speculative-row-cost.md).
   o.sparse.spec_candidates = o.sparse.SpecCandidatesFor(o.spec_head == SpecHead::kFull);
+  if (o.prefill_chunk <= 0) o.prefill_chunk = 512;
+  // Prefix reuse restores sliding layers from the store too, so the sparse cache offloads them.
+  if (o.prefix_block_tokens > 0) o.sparse.offload_sliding = true;
   return o;
 }
 
-Engine::Engine(const model::LoadedModel& model, const EngineOptions& options)
+Engine::Engine(const model::LoadedModel& model, const EngineOptions& normalized)
     : model_(model),
-      options_(Normalized(options, model.config)),
-      pool_(options.threads),
-      device_(CreateEngineDevice(options, pool_, &device_status_)),
-      kv_(std::make_unique<DenseKvCache>(model.config, *device_)),
-      plan_(model, options_.mode, options_.sparse, options.prefill_chunk > 0 ? options.prefill_chunk : 512) {
-  if (!device_status_.ok()) {
-    init_status_ = device_status_;
-    return;
-  }
-  if (options_.prefill_chunk <= 0) options_.prefill_chunk = 512;
-  auto transformer = model::Transformer::Create(model, *device_, options_.matmul, options_.prefill_chunk);
-  if (!transformer.ok()) {
-    init_status_ = transformer.status();
-    return;
-  }
-  transformer_ = std::move(*transformer);
-  if (options_.mode == DecodeMode::kDualDecoder) {
-    dual_ = std::make_unique<DualTokenStep>(model, DualTokenStep::Options{.predictor = options_.sparse.predictor,
-                                                                          .head = options_.spec_head,
-                                                                          .head_common = options_.spec_head_common,
-                                                                          .resync = options_.spec_resync,
-                                                                          .carry = options_.spec_carry});
-    if (absl::Status st = dual_->Attach(*device_); !st.ok()) {
-      init_status_ = st;
-      return;
-    }
-    plan_.AddSharedWorkspace(dual_->device_bytes());
-  }
-  if (options_.device_memory_bytes < 0) {
-    init_status_ = absl::InvalidArgumentError(
-        absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options_.device_memory_bytes));
-    return;
-  }
-  if (options_.device_memory_bytes > 0) {
-    const RequestBytes one = plan_.Request(1, 1);
-    const int64_t need = plan_.weight_bytes() + plan_.shared_workspace_bytes() + one.steady();
-    if (need > options_.device_memory_bytes) {
-      init_status_ = absl::InvalidArgumentError(absl::StrCat(
-          "device_memory of ", MiB(options_.device_memory_bytes), " is too small for even one request in ",
-          DecodeModeName(options_.mode), " mode: the smallest needs ", MiB(need), " (", plan_.Describe(one), ")"));
-      return;
-    }
-  }
-  if (options_.prefix_block_tokens != 0) {
-    const int64_t B = options_.prefix_block_tokens, C = options_.sparse.chunk_tokens;
-    if (options_.mode != DecodeMode::kFull && options_.sparse.sparse_layers.any()) {
-      // Layers kept dense are not offloaded: a committed prefix would lack their KV.
-      init_status_ = absl::InvalidArgumentError("prefix reuse needs every global layer sparse (no --sparse_layers)");
-      return;
-    }
-    if (B < 0 || C <= 0 || B % C != 0) {
-      init_status_ = absl::InvalidArgumentError(
-          absl::StrCat("prefix_block_tokens must be a positive multiple of the chunk (", C, "), got ", B));
-      return;
-    }
-    options_.sparse.offload_sliding = true;
-    prefix_ns_ = {ModelFingerprint(model), {model.config.n_layer, model.config.n_head_kv, model.config.head_dim, C}, B, 0};
-  }
-  dense_ = static_cast<DenseKvCache*>(kv_.get());
-  if (options_.mode != DecodeMode::kFull || options_.prefix_block_tokens > 0) {
-    auto store = kvpool::OpenKvStore(options_.kv_store, options_.kv_store_token, options_.link,
-                                     options_.prefix_cache_bytes, std::max<int64_t>(0, options_.prefix_cache_tenant_bytes));
-    if (!store.ok()) {
-      init_status_ = store.status();
-      return;
-    }
-    store_ = std::move(*store);
-    if (options_.mode == DecodeMode::kFull) {  // the store serves prefix restores only
-      if (PrefixReuse()) {
-        dense_prefix_ = std::make_unique<DensePrefixStore>(model.config, options_.sparse.chunk_tokens, store_.get(),
-                                                           *device_, *dense_);
-      }
-      return;
-    }
-    auto sparse = SparseKvCache::Create(model.config, options_.sparse, store_.get(), *device_);
-    if (sparse.ok()) {
-      sparse_ = sparse->get();
-      dense_ = nullptr;
-      kv_ = std::move(*sparse);
-    } else {
-      init_status_ = sparse.status();
-    }
-  }
-}
+      options_(normalized),
+      pool_(normalized.threads),
+      plan_(model, normalized.mode, normalized.sparse, normalized.prefill_chunk) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel& model, const EngineOptions& options) {
-  auto engine = std::make_unique<Engine>(model, options);
-  RETURN_IF_ERROR(engine->status());
-  return engine;
+  if (options.device_memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options.device_memory_bytes));
+  }
+  std::unique_ptr<Engine> e(new Engine(model, Normalized(options, model.config)));
+  const EngineOptions& o = e->options_;
+  // Memory is accounted by MemoryPlan (docs/architecture.md, "The compute-backend seam"), so the
+  // device is created without a budget.
+  ASSIGN_OR_RETURN(e->device_, backend::CreateDevice(o.device, {.budget_bytes = 0,
+                                                                .pool = &e->pool_,
+                                                                .cuda_graphs = o.cuda_graphs,
+                                                                .cuda_copy_engine_prefetch = o.cuda_copy_engine_prefetch}));
+  ASSIGN_OR_RETURN(e->transformer_, model::Transformer::Create(model, *e->device_, o.matmul, o.prefill_chunk));
+  if (o.mode == DecodeMode::kDualDecoder) {
+    e->dual_ = std::make_unique<DualTokenStep>(model, DualTokenStep::Options{.predictor = o.sparse.predictor,
+                                                                             .head = o.spec_head,
+                                                                             .head_common = o.spec_head_common,
+                                                                             .resync = o.spec_resync,
+                                                                             .carry = o.spec_carry});
+    RETURN_IF_ERROR(e->dual_->Attach(*e->device_));
+    e->plan_.AddSharedWorkspace(e->dual_->device_bytes());
+  }
+  if (o.device_memory_bytes > 0) {
+    const RequestBytes one = e->plan_.Request(1, 1);
+    const int64_t need = e->plan_.weight_bytes() + e->plan_.shared_workspace_bytes() + one.steady();
+    if (need > o.device_memory_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_memory of ", MiB(o.device_memory_bytes), " is too small for even one request in ",
+          DecodeModeName(o.mode), " mode: the smallest needs ", MiB(need), " (", e->plan_.Describe(one), ")"));
+    }
+  }
+  ASSIGN_OR_RETURN(e->kv_, KvCache::Create(model.config,
+                                           {.mode = o.mode,
+                                            .sparse = o.sparse,
+                                            .link = o.link,
+                                            .kv_store = o.kv_store,
+                                            .kv_store_token = o.kv_store_token,
+                                            .prefix_block_tokens = o.prefix_block_tokens,
+                                            .prefix_cache_bytes = o.prefix_cache_bytes,
+                                            .prefix_cache_tenant_bytes = o.prefix_cache_tenant_bytes,
+                                            .model_fingerprint = o.prefix_block_tokens > 0 ? ModelFingerprint(model) : 0},
+                                           *e->device_));
+  return e;
 }
 
 absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tokens) {
-  RETURN_IF_ERROR(init_status_);
   if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("slot ", seq, " is negative"));
   if (prompt_tokens <= 0 || total_tokens < prompt_tokens || total_tokens > model_.config.n_ctx_train) {
     return absl::InvalidArgumentError(absl::StrCat("request of ", prompt_tokens, " prompt tokens growing to ", total_tokens,
@@ -162,11 +106,7 @@ absl::Status Engine::Admit(int32_t seq, int64_t prompt_tokens, int64_t total_tok
   // dualdecoder), grown now rather than in the step.
   const int64_t rows_per_request = options_.mode == DecodeMode::kDualDecoder ? 2 : 1;
   RETURN_IF_ERROR(transformer_->ReserveRows((admitted() + 1) * rows_per_request));
-  if (dense_ != nullptr) {
-    RETURN_IF_ERROR(dense_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
-  } else if (sparse_ != nullptr) {
-    RETURN_IF_ERROR(sparse_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
-  }
+  RETURN_IF_ERROR(kv_->Reserve(seq, prompt_tokens, total_tokens, options_.prefill_chunk));
   reservations_[seq] = r;
   return absl::OkStatus();
 }
@@ -204,11 +144,9 @@ void Engine::SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> toke
 }
 
 void Engine::Release(int32_t seq) {
-  kv_->Reset(seq);
-  if (dense_prefix_ != nullptr) dense_prefix_->Release(seq);  // a committed prefix stays with the store
+  kv_->Release(seq);  // a committed prefix stays with the store
   if (dual_ != nullptr) dual_->Release(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(reservations_.size())) reservations_[seq] = Reservation();
-  if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
 }
 
 int64_t Engine::reserved_bytes() const {
@@ -262,7 +200,6 @@ absl::string_view DecodeModeName(DecodeMode mode) {
 }
 
 absl::Status Engine::ValidatePrompt(absl::Span<const int32_t> prompt) const {
-  RETURN_IF_ERROR(init_status_);
   const auto& c = model_.config;
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   if (static_cast<int64_t>(prompt.size()) >= c.n_ctx_train) {
@@ -297,7 +234,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
   }
   // Prefix reuse covers blocks before the first position whose logits are wanted.
   int64_t start = 0;
-  if (PrefixReuse() && !positions.empty()) {
+  if (kv_->prefix_reuse() && !positions.empty()) {
     start = RestorePrefix(seq, tokens, std::min(*std::min_element(positions.begin(), positions.end()), n - 1));
   }
   std::vector<float> out, chunk_logits;
@@ -308,7 +245,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     for (int64_t i = b; i < e; ++i) rows.push_back({.seq = seq, .pos = i, .token = tokens[i], .want_logits = static_cast<bool>(want[i]), .prefill = true});
     NoteTokens(seq, tokens.subspan(b, e - b));
     absl::Status st = transformer_->Forward(rows, *kv_, &chunk_logits);
-    if (st.ok() && dense_prefix_ != nullptr) st = dense_prefix_->Offload(seq, b, e);
+    if (st.ok()) st = kv_->AfterPrefill(seq, b, e);
     if (!st.ok()) {
       Release(seq);
       return st;
@@ -316,7 +253,7 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
     out.insert(out.end(), chunk_logits.begin(), chunk_logits.end());
     if (on_progress) on_progress(e, n);
   }
-  if (PrefixReuse()) CommitPrefix(seq, tokens.first(n - 1));
+  kv_->CommitPrefix(seq, tokens.first(n - 1));
   // Positions may be given in any order; return rows in the order asked.
   if (!positions.empty()) {
     std::vector<int64_t> sorted(positions.begin(), positions.end());
@@ -334,39 +271,9 @@ absl::StatusOr<std::vector<float>> Engine::PromptLogits(
 }
 
 int64_t Engine::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit) {
-  const std::vector<uint64_t> keys = kvpool::PrefixKeys(PrefixNamespaceOf(seq), tokens.first(limit));
-  if (keys.empty()) return 0;
-  const int64_t B = options_.prefix_block_tokens;
-  auto match = store_->LookupPrefix(keys, prefix_ns_.layout, B / options_.sparse.chunk_tokens);
-  if (!match.ok()) {
-    LOG(WARNING) << "prefix lookup failed, prefilling the whole prompt: " << match.status();
-    return 0;
-  }
-  if (match->blocks == 0) return 0;
-  absl::Status st = sparse_ != nullptr         ? sparse_->RestorePrefix(seq, match->seq, match->blocks * B)
-                    : dense_prefix_ != nullptr ? dense_prefix_->Restore(seq, match->seq, match->blocks * B)
-                                               : absl::FailedPreconditionError("no prefix store");
-  (void)store_->Release(match->seq);
-  if (!st.ok()) {
-    LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
-    kv_->Reset(seq);
-    return 0;
-  }
-  prefix_reused_tokens_ += match->blocks * B;
-  NoteTokens(seq, tokens.first(match->blocks * B));
-  return match->blocks * B;
-}
-
-void Engine::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
-  const kvpool::PrefixNamespace ns = PrefixNamespaceOf(seq);
-  const std::vector<uint64_t> keys = kvpool::PrefixKeys(ns, tokens);
-  if (keys.empty()) return;
-  absl::Status st = sparse_ != nullptr         ? sparse_->CommitPrefix(seq, keys, ns.tenant_salt)
-                    : dense_prefix_ != nullptr ? dense_prefix_->Commit(seq, keys, ns.tenant_salt)
-                                               : absl::OkStatus();
-  if (!st.ok()) {
-    LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
-  }
+  const int64_t restored = kv_->RestorePrefix(seq, tokens, limit);
+  NoteTokens(seq, tokens.first(restored));
+  return restored;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Engine::PrefillBatch(
@@ -424,13 +331,9 @@ absl::StatusOr<int64_t> Engine::StartPrefill(int32_t seq, absl::Span<const int32
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, static_cast<int64_t>(prompt.size())));
   ClearSpec(seq);
-  if (static_cast<int32_t>(prefix_salt_.size()) <= seq) prefix_salt_.resize(seq + 1, 0);
-  prefix_salt_[seq] = prefix_salt;
-  if (sparse_ != nullptr) RETURN_IF_ERROR(sparse_->Open(seq));
-  if (PrefixReuse()) {
-    return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
-  }
-  return 0;
+  kv_->SetPrefixSalt(seq, prefix_salt);
+  RETURN_IF_ERROR(kv_->Open(seq));
+  return RestorePrefix(seq, prompt, static_cast<int64_t>(prompt.size()) - 1);
 }
 
 absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> prompt, int64_t upto, uint64_t seed) {
@@ -440,7 +343,7 @@ absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> pro
     return absl::InvalidArgumentError(absl::StrCat("synthetic prefill of ", upto, " positions of a ", n,
                                                    "-token prompt: want 1 to ", n - 1, " (the last is prefilled)"));
   }
-  if (PrefixReuse()) {
+  if (kv_->prefix_reuse()) {
     return absl::FailedPreconditionError("synthetic prefill: random KV is no prompt's, so not with prefix reuse");
   }
   if (seq < 0 || seq >= static_cast<int32_t>(reservations_.size()) || !reservations_[seq].active) {
@@ -449,7 +352,7 @@ absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> pro
   if (kv_->Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   RETURN_IF_ERROR(EnsureAdmitted(seq, n));
   ClearSpec(seq);
-  absl::Status st = sparse_ != nullptr ? sparse_->Open(seq) : absl::OkStatus();
+  absl::Status st = kv_->Open(seq);
   if (st.ok()) st = kv_->FillRandom(seq, upto, seed);
   if (!st.ok()) {
     Release(seq);  // nothing half-filled stays admitted
@@ -461,7 +364,6 @@ absl::Status Engine::PrefillSynthetic(int32_t seq, absl::Span<const int32_t> pro
 
 absl::Status Engine::PrefillParts(absl::Span<const PrefillPiece> pieces,
                                   std::vector<std::vector<float>>* last_logits) {
-  RETURN_IF_ERROR(init_status_);
   return ForwardPieces(pieces, /*commit_prefix=*/true, last_logits);
 }
 
@@ -483,24 +385,21 @@ absl::Status Engine::ForwardPieces(absl::Span<const PrefillPiece> pieces, bool c
   }
   std::vector<float> logits;
   RETURN_IF_ERROR(transformer_->Forward(rows, *kv_, &logits));
-  if (commit_prefix && dense_prefix_ != nullptr) {
-    for (const PrefillPiece& p : pieces) RETURN_IF_ERROR(dense_prefix_->Offload(p.seq, p.begin, p.end));
+  if (commit_prefix) {
+    for (const PrefillPiece& p : pieces) RETURN_IF_ERROR(kv_->AfterPrefill(p.seq, p.begin, p.end));
   }
   const int64_t V = model_.config.n_vocab;
   last_logits->assign(pieces.size(), {});
   for (size_t j = 0; j < owner.size(); ++j) {
     (*last_logits)[owner[j]].assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
     const PrefillPiece& p = pieces[owner[j]];
-    if (commit_prefix && PrefixReuse()) {
-      CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
-    }
+    if (commit_prefix) kv_->CommitPrefix(p.seq, p.prompt.first(p.prompt.size() - 1));
   }
   return absl::OkStatus();
 }
 
 absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const int32_t> tokens,
                                 std::vector<float>* logits) {
-  RETURN_IF_ERROR(init_status_);
   if (seqs.size() != tokens.size()) return absl::InvalidArgumentError("seqs and tokens differ in length");
   std::vector<BatchRow> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -524,12 +423,11 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     rows.push_back({seqs[i], pos, tokens[i], true});
   }
   for (int32_t s : seqs) {  // decode drops the dense prompt
-    if (reservations_[s].prefilling && dense_ != nullptr) RETURN_IF_ERROR(dense_->FinishPrefill(s));
-    if (reservations_[s].prefilling && sparse_ != nullptr) RETURN_IF_ERROR(sparse_->FinishPrefill(s));
+    if (reservations_[s].prefilling) RETURN_IF_ERROR(kv_->FinishPrefill(s));
     reservations_[s].prefilling = false;
   }
   if (dual_ == nullptr) return transformer_->Forward(rows, *kv_, logits);
-  return dual_->Step(rows, *transformer_, *sparse_, logits);
+  return dual_->Step(rows, *transformer_, *kv_->sparse(), logits);
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,
@@ -550,10 +448,10 @@ absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(prompt.size());
   int64_t last = static_cast<int64_t>(prompt.size()) - 1;
-  const int64_t reused_before = prefix_reused_tokens_;
+  const int64_t reused_before = kv_->prefix_reused_tokens();
   ASSIGN_OR_RETURN(std::vector<float> logits,
                    PromptLogits(kSeq, prompt, absl::MakeConstSpan(&last, 1), options.on_prefill_progress));
-  res.prefix_reused_tokens = prefix_reused_tokens_ - reused_before;
+  res.prefix_reused_tokens = kv_->prefix_reused_tokens() - reused_before;
   Sampler sampler(options.sampling);
   sampler.SetPrompt(prompt);
   TextStream out(*model_.tokenizer, options.stop_strings, options.stop_ids, options.stop_at_eos);

@@ -20,8 +20,7 @@
 #include "absl/types/span.h"
 #include "common/thread_pool.h"
 #include "dd/backend/device.h"
-#include "decode-worker/engine/dense_kv_cache.h"
-#include "decode-worker/engine/dense_prefix_store.h"
+#include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/memory_plan.h"
 #include "decode-worker/engine/prefix_reuse.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
@@ -127,29 +126,25 @@ struct GenerateResult {
 
 class Engine {
  public:
-  // Validates the options (sparse budget etc.: InvalidArgument naming the field) and builds
-  // the engine. `model` must outlive it.
+  // Validates the options (sparse budget etc.: InvalidArgument naming the field), creates the
+  // device, the forward pass and the KV (KvCache), and returns the engine, or the reason it
+  // cannot run (a device that is not there, a store that cannot be opened). `model` must
+  // outlive it.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const model::LoadedModel& model,
                                                         const EngineOptions& options);
-  // For options known to be valid (full mode always is); an invalid sparse configuration
-  // falls back to nothing: every call then returns status().
-  Engine(const model::LoadedModel& model, const EngineOptions& options);
-  absl::Status status() const { return init_status_; }
   // The options as the engine runs them (Normalized).
   const EngineOptions& options() const { return options_; }
   // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
-  int64_t fetched_chunks() const { return sparse_ ? sparse_->fetched_chunks() : 0; }
+  int64_t fetched_chunks() const { return kv_->fetched_chunks(); }
   // Of those, the chunks the device gathered itself from the store's mapped memory.
-  int64_t device_gathered_chunks() const { return sparse_ ? sparse_->device_gathered_chunks() : 0; }
+  int64_t device_gathered_chunks() const { return kv_->device_gathered_chunks(); }
   // Changes the simulated link for transfers issued from now on (sparse modes).
-  void SetLink(const kvpool::LinkModel& link) {
-    if (store_) store_->SetLink(link);
-  }
+  void SetLink(const kvpool::LinkModel& link) { kv_->SetLink(link); }
   // Benchmarks on synthetic weights: the chunks of the sparse modes' steps follow `m` from the
   // next step on (SparseOptions::selection_model); nothing in full mode.
   void SetSelectionModel(const SelectionModel& m) {
     options_.sparse.selection_model = m;
-    if (sparse_ != nullptr) sparse_->SetSelectionModel(m);
+    if (kv_->sparse() != nullptr) kv_->sparse()->SetSelectionModel(m);
   }
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
@@ -166,10 +161,11 @@ class Engine {
   // (EngineOptions::spec_carry), since construction.
   int64_t carried_rows() const { return dual_ != nullptr ? dual_->carried_rows() : 0; }
   // Time the compute thread spent waiting for KV transfers.
-  int64_t transfer_wait_ns() const { return store_ ? store_->wait_ns() : 0; }
-  const SparseKvCache* sparse_cache() const { return sparse_; }
+  int64_t transfer_wait_ns() const { return kv_->transfer_wait_ns(); }
+  // The sparse KV manager's statistics (null in `full` mode).
+  const SparseKvCache* sparse_cache() const { return kv_->sparse(); }
   // Prompt tokens restored from committed prefixes instead of prefilled, since construction.
-  int64_t prefix_reused_tokens() const { return prefix_reused_tokens_; }
+  int64_t prefix_reused_tokens() const { return kv_->prefix_reused_tokens(); }
 
   const model::ModelConfig& config() const { return model_.config; }
   const model::LoadedModel& model() const { return model_; }
@@ -226,22 +222,15 @@ class Engine {
   // prefilled, in sparse modes the generated tokens replayed as decode steps).
   // The device forgets the store's mapped memory first: Recover unmaps it, and a new mapping
   // may come back at the same address.
-  absl::Status RecoverKvStore() {
-    if (store_ == nullptr) return absl::OkStatus();
-    if (sparse_ != nullptr) sparse_->ForgetStoreMappings();
-    return store_->Recover();
-  }
+  absl::Status RecoverKvStore() { return kv_->RecoverStore(); }
   const MemoryPlan& memory_plan() const { return plan_; }
   // The store bytes a request may be charged (MemoryPlan::StoreChunks with this engine's prefix
   // reuse, as the store reserves them), and the store's bound for this worker (its pool
   // tenant's quota; 0: none known).
   int64_t StoreBytes(int64_t prompt_tokens, int64_t total_tokens) const {
-    const int64_t chunks = plan_.StoreChunks(prompt_tokens, total_tokens, PrefixReuse());
-    if (chunks < 0 || store_ == nullptr) return 0;
-    const model::ModelConfig& c = model_.config;
-    return store_->ReservedBytes({c.n_layer, c.n_head_kv, c.head_dim, options_.sparse.chunk_tokens}, chunks);
+    return kv_->StoreBytes(plan_.StoreChunks(prompt_tokens, total_tokens, kv_->prefix_reuse()));
   }
-  int64_t store_capacity_bytes() const { return store_ != nullptr ? store_->capacity_bytes() : 0; }
+  int64_t store_capacity_bytes() const { return kv_->store_capacity_bytes(); }
   // Whether a request of `prompt_tokens` growing to `total_tokens` fits the device-memory budget
   // with nothing else admitted (RESOURCE_EXHAUSTED with the numbers if not). Reads only what
   // is fixed at construction, so any thread may call it.
@@ -270,21 +259,17 @@ class Engine {
                                           const std::function<void(absl::string_view)>& on_text);
 
  private:
-  // The options as the engine runs them: sparse-cached turns the step cache on, sparse off.
+  Engine(const model::LoadedModel& model, const EngineOptions& normalized);
+  // The options as the engine runs them, resolved once: the fetch strategy by mode, the
+  // speculative head and shortlist, the prefill pass, the sliding layers' offload for prefix
+  // reuse.
   static EngineOptions Normalized(EngineOptions o, const model::ModelConfig& config);
   const model::LoadedModel& model_;
   EngineOptions options_;
   ThreadPool pool_;
-  absl::Status device_status_;  // why options.device could not be created (then device_ is cpu)
   std::unique_ptr<backend::Device> device_;  // cpu: the ops run on pool_
-  std::unique_ptr<model::Transformer> transformer_;  // null when init_status_ is an error
-  std::unique_ptr<kvpool::KvStore> store_;
-  SparseKvCache* sparse_ = nullptr;  // kv_ when mode == kSparse
-  DenseKvCache* dense_ = nullptr;    // kv_ when mode == kFull
-  std::unique_ptr<KvCache> kv_;
-  // `full` mode with prefix reuse: the slots' blocks in the store (the sparse cache keeps its own).
-  std::unique_ptr<DensePrefixStore> dense_prefix_;
-  absl::Status init_status_;
+  std::unique_ptr<model::Transformer> transformer_;
+  std::unique_ptr<KvCache> kv_;  // every mode's KV, the store and prefix reuse (kv_cache.h)
   // dualdecoder: the dual-token protocol (chain, resync, carry, demux); null in other modes.
   std::unique_ptr<DualTokenStep> dual_;
   // Forgets slot `seq`'s speculative chain: the slot starts a new sequence.
@@ -300,11 +285,8 @@ class Engine {
   absl::Status EnsureAdmitted(int32_t seq, int64_t prompt_tokens);
   MemoryPlan plan_;
   std::vector<Reservation> reservations_;  // per slot
-  // Restores the longest committed prefix of tokens[0, limit) into empty slot `seq`; returns
-  // the number of tokens restored (0 when none or on a pool error, which is logged).
+  // KvCache::RestorePrefix, with the restored tokens noted for the speculative heads.
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
-  void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
-  bool PrefixReuse() const { return options_.prefix_block_tokens > 0 && store_ != nullptr; }
   // One forward pass over prompt pieces (shared by PrefillBatch and PrefillParts): the last
   // row's logits of each piece that ends its prompt, whose blocks are committed for reuse if
   // `commit_prefix`.
@@ -314,14 +296,6 @@ class Engine {
   void NoteTokens(int32_t seq, absl::Span<const int32_t> tokens) {
     if (dual_ != nullptr) dual_->Note(seq, tokens);
   }
-  kvpool::PrefixNamespace prefix_ns_;
-  std::vector<uint64_t> prefix_salt_;  // per slot (StartPrefill), 0 = none
-  kvpool::PrefixNamespace PrefixNamespaceOf(int32_t seq) const {
-    kvpool::PrefixNamespace ns = prefix_ns_;
-    if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) ns.tenant_salt = prefix_salt_[seq];
-    return ns;
-  }
-  int64_t prefix_reused_tokens_ = 0;
 };
 
 }  // namespace dd::engine

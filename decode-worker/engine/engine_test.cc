@@ -37,15 +37,17 @@ TEST_F(GemmaEngineTest, AutoSpecHeadIsTheContextHead) {
   const auto& c = model_->config;
   EXPECT_EQ(ResolveSpecHead(SpecHead::kAuto, c), SpecHead::kContext);
   EXPECT_EQ(ResolveSpecHead(SpecHead::kFull, c), SpecHead::kFull);
-  Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
+  auto dual_owner = testing_util::NewEngine(*model_, {.mode = DecodeMode::kDualDecoder});
+  Engine& dual = *dual_owner;
   EXPECT_EQ(dual.spec_head(), SpecHead::kContext);
   EXPECT_EQ(dual.spec_candidates(), 0);
-  Engine full_head(*model_, {.mode = DecodeMode::kDualDecoder, .spec_head = SpecHead::kFull});
+  auto full_head_owner = testing_util::NewEngine(*model_, {.mode = DecodeMode::kDualDecoder, .spec_head = SpecHead::kFull});
+  Engine& full_head = *full_head_owner;
   EXPECT_EQ(full_head.spec_head(), SpecHead::kFull);
   EXPECT_EQ(full_head.spec_candidates(), SparseOptions::kFullHeadSpecCandidates);
   EngineOptions set{.mode = DecodeMode::kDualDecoder};
   set.sparse.spec_candidates = 2;
-  EXPECT_EQ(Engine(*model_, set).spec_candidates(), 2);
+  EXPECT_EQ(testing_util::NewEngine(*model_, set)->spec_candidates(), 2);
 }
 
 // Ids checked by hand against the GGUF vocabulary: <bos>, "The", "▁capital", "▁of",
@@ -62,7 +64,8 @@ TEST_F(GemmaEngineTest, TokenizerOnRealVocabulary) {
 }
 
 TEST_F(GemmaEngineTest, GreedyFactualContinuations) {
-  Engine engine(*model_, {});
+  auto engine_owner = testing_util::NewEngine(*model_, {});
+  Engine& engine = *engine_owner;
   GenerateOptions opt;
   opt.max_new_tokens = 6;
   const std::pair<const char*, const char*> cases[] = {
@@ -87,8 +90,10 @@ TEST_F(GemmaEngineTest, ChunkedPrefillIsBitIdentical) {
   const auto ids = Encode(text);
   ASSERT_GT(ids.size(), 700u);
   const std::vector<int64_t> pos = {0, 37, 600, static_cast<int64_t>(ids.size()) - 1};
-  Engine whole(*model_, {.threads = 2, .prefill_chunk = 4096});
-  Engine chunked(*model_, {.threads = 1, .prefill_chunk = 61});
+  auto whole_owner = testing_util::NewEngine(*model_, {.threads = 2, .prefill_chunk = 4096});
+  Engine& whole = *whole_owner;
+  auto chunked_owner = testing_util::NewEngine(*model_, {.threads = 1, .prefill_chunk = 61});
+  Engine& chunked = *chunked_owner;
   auto a = whole.PromptLogits(0, ids, pos);
   auto b = chunked.PromptLogits(0, ids, pos);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -104,7 +109,8 @@ TEST_F(GemmaEngineTest, DecodeAfterLongPrefillMatchesPrefill) {
   auto ids = Encode(text);
   ASSERT_GT(ids.size(), 905u);
   ids.resize(905);
-  Engine engine(*model_, {.prefill_chunk = 1024});
+  auto engine_owner = testing_util::NewEngine(*model_, {.prefill_chunk = 1024});
+  Engine& engine = *engine_owner;
   const std::vector<int64_t> last = {904};
   auto want = engine.PromptLogits(0, ids, last);
   ASSERT_TRUE(want.ok());
@@ -132,10 +138,12 @@ TEST_F(GemmaEngineTest, BatchedPrefillMatchesSeparate) {
   const std::vector<std::vector<int32_t>> prompts = {Encode("The capital of France is"),
                                                      Encode(std::string(300, 'a') + " once upon a time"),
                                                      Encode("def fib(n):")};
-  Engine batched(*model_, {.prefill_chunk = 64});
+  auto batched_owner = testing_util::NewEngine(*model_, {.prefill_chunk = 64});
+  Engine& batched = *batched_owner;
   auto all = batched.PrefillBatch(std::vector<int32_t>{0, 1, 2}, prompts);
   ASSERT_TRUE(all.ok()) << all.status();
-  Engine alone(*model_, {});
+  auto alone_owner = testing_util::NewEngine(*model_, {});
+  Engine& alone = *alone_owner;
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto one = alone.Prefill(static_cast<int32_t>(i), prompts[i]);
     ASSERT_TRUE(one.ok());
@@ -146,7 +154,8 @@ TEST_F(GemmaEngineTest, BatchedPrefillMatchesSeparate) {
 
 // A stop string ends generation and is cut from the output, streamed or not.
 TEST_F(GemmaEngineTest, StopStringsEndAndAreRemoved) {
-  Engine engine(*model_, {});
+  auto engine_owner = testing_util::NewEngine(*model_, {});
+  Engine& engine = *engine_owner;
   GenerateOptions opt;
   opt.max_new_tokens = 20;
   auto full = engine.Generate(Encode("Paris is the capital of"), opt, nullptr);
@@ -162,7 +171,8 @@ TEST_F(GemmaEngineTest, StopStringsEndAndAreRemoved) {
 }
 
 TEST_F(GemmaEngineTest, BadInputsGiveClearErrors) {
-  Engine engine(*model_, {});
+  auto engine_owner = testing_util::NewEngine(*model_, {});
+  Engine& engine = *engine_owner;
   GenerateOptions opt;
   std::vector<int32_t> too_long(model_->config.n_ctx_train + 5, 100);
   auto r = engine.Generate(too_long, opt, nullptr);

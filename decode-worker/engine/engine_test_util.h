@@ -2,12 +2,22 @@
 #pragma once
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "decode-worker/engine/engine.h"
+#include "glog/logging.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine::testing_util {
+
+// The engine for options a test expects to work (Engine::Create); a test binary that cannot
+// have it stops there with the reason.
+inline std::unique_ptr<Engine> NewEngine(const model::LoadedModel& model, const EngineOptions& options) {
+  auto engine = Engine::Create(model, options);
+  CHECK(engine.ok()) << "Engine::Create: " << engine.status();
+  return std::move(*engine);
+}
 
 // Batch invariance (docs/decisions/0001-batch-invariant-cpu-kernels.md): a request alone and the
 // same request in a batch give identical logits. Prefills
@@ -17,7 +27,8 @@ namespace dd::engine::testing_util {
 inline void ExpectDecodeBatchInvariant(const model::LoadedModel& model,
                                        const std::vector<std::vector<int32_t>>& prompts, size_t replay) {
   const int64_t V = model.config.n_vocab;
-  Engine batched(model, {});
+  auto batched_owner = NewEngine(model, {});
+  Engine& batched = *batched_owner;
   std::vector<int32_t> seqs, tokens;
   for (size_t s = 0; s < prompts.size(); ++s) {
     auto l = batched.Prefill(static_cast<int32_t>(s), prompts[s]);
@@ -30,7 +41,8 @@ inline void ExpectDecodeBatchInvariant(const model::LoadedModel& model,
     ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
     for (size_t s = 0; s < prompts.size(); ++s) tokens[s] = Argmax(&batch_logits[s * V], V);
   }
-  Engine alone(model, {.threads = 1});
+  auto alone_owner = NewEngine(model, {.threads = 1});
+  Engine& alone = *alone_owner;
   auto l = alone.Prefill(0, prompts[replay]);
   ASSERT_TRUE(l.ok()) << l.status();
   int32_t t = Argmax(l->data(), V);

@@ -40,7 +40,8 @@ TEST_F(SmolLM2EngineTest, ConfigFromMetadata) {
 TEST_F(SmolLM2EngineTest, AutoSpecHeadIsTheFullHead) {
   EXPECT_EQ(ResolveSpecHead(SpecHead::kAuto, model_->config), SpecHead::kFull);
   EXPECT_EQ(ResolveSpecHead(SpecHead::kContext, model_->config), SpecHead::kContext);
-  Engine dual(*model_, {.mode = DecodeMode::kDualDecoder});
+  auto dual_owner = testing_util::NewEngine(*model_, {.mode = DecodeMode::kDualDecoder});
+  Engine& dual = *dual_owner;
   EXPECT_EQ(dual.spec_head(), SpecHead::kFull);
   EXPECT_EQ(dual.spec_candidates(), SparseOptions::kFullHeadSpecCandidates);  // the default shortlist
   for (SpecHead h : {SpecHead::kFull, SpecHead::kContext, SpecHead::kAuto}) {
@@ -71,7 +72,8 @@ TEST_F(SmolLM2EngineTest, TokenizerOnRealVocabulary) {
 }
 
 TEST_F(SmolLM2EngineTest, GreedyChatAnswers) {
-  Engine engine(*model_, {});
+  auto engine_owner = testing_util::NewEngine(*model_, {});
+  Engine& engine = *engine_owner;
   GenerateOptions opt;
   opt.max_new_tokens = 12;
   const std::pair<const char*, const char*> cases[] = {
@@ -161,7 +163,8 @@ TEST_F(SmolLM2EngineTest, ContextShortlistPicksTheBestSeenToken) {
   }
   EXPECT_EQ(list.size(3), static_cast<int64_t>(unique.size()));
   // The final hidden state of the last prompt row, and the full head's logits for it.
-  Engine engine(*model_, {.matmul = model::Transformer::MatMulKind::kF32});
+  auto engine_owner = testing_util::NewEngine(*model_, {.matmul = model::Transformer::MatMulKind::kF32});
+  Engine& engine = *engine_owner;
   auto logits = engine.PromptLogits(0, prompt, {static_cast<int64_t>(prompt.size()) - 1});
   ASSERT_TRUE(logits.ok());
   int32_t want = unique[0];
@@ -240,7 +243,8 @@ TEST_F(SmolLM2EngineTest, SpecResyncPutsTheChainBackInStepAfterAJump) {
     o.mode = DecodeMode::kDualDecoder;
     o.sparse.budget_tokens = 128;
     o.spec_resync = resync;
-    Engine engine(*model_, o);
+    auto engine_owner = testing_util::NewEngine(*model_, o);
+    Engine& engine = *engine_owner;
     Run r;
     EXPECT_TRUE(engine.Prefill(0, prompt).ok());
     const int32_t seq = 0;

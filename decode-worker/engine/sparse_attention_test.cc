@@ -38,10 +38,16 @@ model::AttentionCall CallOf(int64_t layer, const std::vector<model::BatchRow>& r
   return call;
 }
 
+// Options as Engine::Normalized leaves them (the speculative shortlist resolved for a full head).
+SparseOptions Resolved(SparseOptions o = {}) {
+  o.spec_candidates = o.SpecCandidatesFor(/*full_head=*/true);
+  return o;
+}
+
 // Feeds identical real rows to each cache; returns the real rows' attention outputs.
 class Driver {
  public:
-  Driver(const model::ModelConfig& c, KvCache* cache, bool dual) : c_(c), cache_(cache), dual_(dual) {}
+  Driver(const model::ModelConfig& c, KvManager* cache, bool dual) : c_(c), cache_(cache), dual_(dual) {}
 
   // One forward: `rows` real rows for `seq` (from rng_real), plus a speculative row in dual mode.
   std::vector<float> Step(int32_t seq, int64_t pos, int64_t n_rows, std::mt19937& rng_real, std::mt19937& rng_spec,
@@ -82,7 +88,7 @@ class Driver {
 
  private:
   const model::ModelConfig& c_;
-  KvCache* cache_;
+  KvManager* cache_;
   bool dual_;
 };
 
@@ -92,7 +98,7 @@ TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
   backend::CpuDevice device(0, pool);
   DenseKvCache dense(c, device);
   auto store = kvpool::NewInProcessKvStore();
-  SparseOptions o;
+  SparseOptions o = Resolved();
   o.budget_tokens = 2048;
   auto sparse = SparseKvCache::Create(c, o, store.get(), device);
   ASSERT_TRUE(sparse.ok());
@@ -110,7 +116,7 @@ TEST(SparseAttentionTest, EveryReadAfterTheFirstStepHasAPrediction) {
   c.layer_is_swa.assign(3, false);
   ThreadPool pool(2);
   backend::CpuDevice device(0, pool);
-  SparseOptions o;
+  SparseOptions o = Resolved();
   o.budget_tokens = 64;
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
@@ -138,7 +144,7 @@ TEST(SparseAttentionTest, OnDemandFetchRefusesSpeculativeRows) {
   ThreadPool pool(1);
   backend::CpuDevice device(0, pool);
   auto store = kvpool::NewInProcessKvStore();
-  auto cache = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store.get(), device);
+  auto cache = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), store.get(), device);
   ASSERT_TRUE(cache.ok());
   Driver d(c, cache->get(), false);
   std::mt19937 real(1), spec(2);
@@ -166,7 +172,7 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   const StepCacheCase p = GetParam();
   ThreadPool pool(2);
   backend::CpuDevice device(0, pool);
-  SparseOptions o;
+  SparseOptions o = Resolved();
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
@@ -175,7 +181,7 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   o.fetch = KvFetch::kResident;
   o.resident_margin_tokens = p.margin_tokens;
   auto cached = SparseKvCache::Create(c, o, store_b.get(), device);
-  auto sparse = SparseKvCache::Create(c, SparseOptions{.budget_tokens = 64}, store_c.get(), device);
+  auto sparse = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), store_c.get(), device);
   ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -225,7 +231,7 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   const auto c = TinyConfig();
   ThreadPool pool(2);
   backend::CpuDevice device(0, pool);
-  SparseOptions o;
+  SparseOptions o = Resolved();
   o.budget_tokens = 64;  // 8 of ~40 selectable chunks
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
@@ -263,7 +269,7 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
   ThreadPool pool(1);
   backend::CpuDevice device(0, pool);
   auto store = kvpool::NewInProcessKvStore();
-  SparseOptions o;
+  SparseOptions o = Resolved();
   o.budget_tokens = 64;
   auto cache = SparseKvCache::Create(c, o, store.get(), device);
   ASSERT_TRUE(cache.ok());

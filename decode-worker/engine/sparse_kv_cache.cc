@@ -19,7 +19,6 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
       dense_(config, device), stats_(config.n_layer), rows_(config, options_, device),
       selector_(config, options_, device), writer_(config, options_, device, rows_, chunks_),
       fetch_(MakeFetchPolicy({config, options_, device, chunks_, stats_})) {
-  options_.spec_candidates = options_.SpecCandidatesFor(/*full_head=*/true);  // unless an Engine resolved it
   map_.index.assign(config.n_layer, -1);
   for (int64_t l = 0; l < config.n_layer; ++l) {
     const auto& only = options.sparse_layers;
@@ -34,6 +33,10 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                                                      const SparseOptions& options,
                                                                      kvpool::KvStore* store, backend::Device& device) {
   RETURN_IF_ERROR(options.Validate(config));
+  if (options.spec_candidates == SparseOptions::kAutoSpecCandidates) {
+    return absl::InvalidArgumentError("sparse KV options: speculative candidates unresolved (-1 = by the speculative "
+                                      "head; Engine::Normalized resolves them)");
+  }
   if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
   return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, device));
 }
@@ -158,7 +161,7 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
   }
   std::vector<bool> dense_layers(config_.n_layer);
   for (int64_t l = 0; l < config_.n_layer; ++l) dense_layers[l] = map_.index[l] < 0;
-  RETURN_IF_ERROR(dense_.Reserve(seq, prompt_tokens, total_tokens, pass_rows, &dense_layers));
+  RETURN_IF_ERROR(dense_.ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, &dense_layers));
   auto s = GetSeq(seq);
   if (!s.ok()) {
     dense_.Reset(seq);

@@ -43,7 +43,7 @@
 #include "decode-worker/engine/chunk_writer.h"
 #include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/fetch_policy.h"
-#include "decode-worker/engine/kv_cache.h"
+#include "decode-worker/engine/kv_manager.h"
 #include "decode-worker/engine/sparse_options.h"
 #include "decode-worker/engine/sparse_rows.h"
 #include "decode-worker/engine/sparse_stats.h"
@@ -51,7 +51,7 @@
 
 namespace dd::engine {
 
-class SparseKvCache : public KvCache {
+class SparseKvCache : public KvManager {
  public:
   // `store` and `device` (the engine's) must outlive the cache.
   static absl::StatusOr<std::unique_ptr<SparseKvCache>> Create(const model::ModelConfig& config,
@@ -126,10 +126,10 @@ class SparseKvCache : public KvCache {
   // dense layers will use, so that a decode step allocates nothing and the allocator's totals
   // are MemoryPlan's (tested). RESOURCE_EXHAUSTED (nothing kept) when the device cannot hold
   // it. A slot used without Reserve allocates as it goes (tests).
-  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows);
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) override;
   // The prompt is in: the prefill's linear rows become the decode window's ring, and the
   // sliding layers' rings shrink (DenseKvCache::FinishPrefill).
-  absl::Status FinishPrefill(int32_t seq);
+  absl::Status FinishPrefill(int32_t seq) override;
 
  private:
   struct Seq {

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 #include "kv-pool/server/pool_process.h"
@@ -100,7 +101,8 @@ class ModelNames {
 TYPED_TEST_SUITE(SparseModeTest, Models, ModelNames);
 
 TYPED_TEST(SparseModeTest, BudgetCoveringContextIsBitIdenticalToFull) {
-  Engine full(*this->model_, {});
+  auto full_owner = testing_util::NewEngine(*this->model_, {});
+  Engine& full = *full_owner;
   EngineOptions o;
   o.mode = DecodeMode::kSparse;
   o.sparse.budget_tokens = 4096;  // > every selectable chunk
@@ -160,7 +162,8 @@ TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemor
   o.sparse.budget_tokens = 128;  // 16 chunks per step per KV head per sparse layer
   auto sparse = Engine::Create(*this->model_, o);
   ASSERT_TRUE(sparse.ok());
-  Engine full(*this->model_, {});
+  auto full_owner = testing_util::NewEngine(*this->model_, {});
+  Engine& full = *full_owner;
   const auto a = this->Run(full, 4);
   const auto b = this->Run(**sparse, 4);
   // 4 steps × 2 sequences × sparse layers × KV heads × 16 chunks.
@@ -242,16 +245,16 @@ TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
   const auto run = [&] {
     EngineOptions o{.mode = DecodeMode::kSparse, .device = "sim"};
     o.sparse.budget_tokens = 32;
-    Engine e(*this->model_, o);
-    EXPECT_TRUE(e.status().ok()) << e.status();
-    return this->Run(e, 2, 200, 150);
+    auto e_owner = testing_util::NewEngine(*this->model_, o);
+    return this->Run(*e_owner, 2, 200, 150);
   };
   {
     // With the wait. The device gathers every block itself from the in-process store's arena
     // (registered with it), as from a shm:// pool.
     EngineOptions o{.mode = DecodeMode::kSparseCached, .device = "sim"};
     o.sparse.budget_tokens = 32;
-    Engine e(*this->model_, o);
+    auto e_owner = testing_util::NewEngine(*this->model_, o);
+    Engine& e = *e_owner;
     EXPECT_FALSE(this->Run(e, 2, 200, 150).empty());
     EXPECT_GT(e.sparse_cache()->fetched_chunks(), 0);
     EXPECT_EQ(e.sparse_cache()->device_gathered_chunks(), e.sparse_cache()->fetched_chunks());
@@ -289,9 +292,11 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
   // prefetch queue; sparse (urgent gathers into the workspace) runs in the death test below.
   for (DecodeMode mode : {DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
     SCOPED_TRACE(std::string(DecodeModeName(mode)));
-    Engine cpu(*this->model_, options(mode, false)), sim(*this->model_, options(mode, true));
-    ASSERT_TRUE(cpu.status().ok()) << cpu.status();
-    ASSERT_TRUE(sim.status().ok()) << sim.status();
+    auto cpu_or = Engine::Create(*this->model_, options(mode, false));
+    auto sim_or = Engine::Create(*this->model_, options(mode, true));
+    ASSERT_TRUE(cpu_or.ok()) << cpu_or.status();
+    ASSERT_TRUE(sim_or.ok()) << sim_or.status();
+    Engine &cpu = **cpu_or, &sim = **sim_or;
     const std::vector<float> want = this->Run(cpu, 4, 200, 150), got = this->Run(sim, 4, 200, 150);
     ASSERT_EQ(want.size(), got.size());
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
@@ -303,8 +308,9 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
     // moved by one device gather per buffer; the same bits.
     EngineOptions u = options(mode, true);
     u.kv_store = "ucx://" + pool.address();
-    Engine over_ucx(*this->model_, u);
-    ASSERT_TRUE(over_ucx.status().ok()) << over_ucx.status();
+    auto over_ucx_or = Engine::Create(*this->model_, u);
+    ASSERT_TRUE(over_ucx_or.ok()) << over_ucx_or.status();
+    Engine& over_ucx = **over_ucx_or;
     const std::vector<float> via_staging = this->Run(over_ucx, 4, 200, 150);
     EXPECT_EQ(0, std::memcmp(want.data(), via_staging.data(), want.size() * sizeof(float)));
     const SparseKvCache* uc = over_ucx.sparse_cache();
@@ -315,8 +321,7 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
   EXPECT_DEATH(
       {
         ChunkStore::SkipComputeWaitForTesting(true);
-        Engine e(*this->model_, options(DecodeMode::kSparse, true));
-        this->Run(e, 4, 200, 150);
+        this->Run(*testing_util::NewEngine(*this->model_, options(DecodeMode::kSparse, true)), 4, 200, 150);
       },
       "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");
@@ -326,8 +331,7 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
         ChunkStore::SkipComputeWaitForTesting(true);
         EngineOptions u = options(DecodeMode::kSparse, true);
         u.kv_store = "ucx://" + pool.address();
-        Engine e(*this->model_, u);
-        this->Run(e, 4, 200, 150);
+        this->Run(*testing_util::NewEngine(*this->model_, u), 4, 200, 150);
       },
       "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");

@@ -52,7 +52,7 @@ struct SparseOptions {
   // kAutoSpecCandidates (the default): the Engine picks by the speculative head — 4 with the
   // full head (SmolLM2's hit rate on the license texts 95.4% vs 95.5% with every chunk, 94.3%
   // with 2, 82.0% with 1), 0 with the context head (Gemma at 16K: 86.7% with 4 vs 94.2%;
-  // docs/decisions/0009-speculative-row-cost.md); a cache built without an Engine takes 4.
+  // docs/decisions/0009-speculative-row-cost.md); SparseKvCache::Create refuses it unresolved.
   static constexpr int64_t kAutoSpecCandidates = -1;
   static constexpr int64_t kFullHeadSpecCandidates = 4;
   int64_t spec_candidates = kAutoSpecCandidates;

@@ -11,6 +11,7 @@
 
 #include "dd/kernels/cpu_ops.h"
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/engine/engine_test_util.h"
 #include "decode-worker/engine/sampler.h"
 #include "decode-worker/model/weights.h"
 #include "gtest/gtest.h"
@@ -192,7 +193,8 @@ TEST_F(SyntheticModelTest, TheEngineRunsItInEveryMode) {
       EXPECT_EQ(r->tokens, want) << engine::DecodeModeName(mode);
     }
     EXPECT_EQ(want.size(), 6u);
-    engine::Engine full(**m, {.threads = 1});
+    auto full_owner = engine::testing_util::NewEngine(**m, {.threads = 1});
+    engine::Engine& full = *full_owner;
     auto logits = full.PromptLogits(0, prompt, {199});
     ASSERT_TRUE(logits.ok());
     for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
@@ -244,7 +246,8 @@ TEST_F(SyntheticModelTest, RandomKvStandsInForAPrefill) {
     EXPECT_EQ(0, std::memcmp(cached.data(), dual.data(), cached.size() * sizeof(float)));
     EXPECT_NE(cached, full);  // 256 of 1500 tokens do not give full's logits
 
-    engine::Engine e(**m, {.threads = 1});
+    auto e_owner = engine::testing_util::NewEngine(**m, {.threads = 1});
+    engine::Engine& e = *e_owner;
     EXPECT_EQ(e.PrefillSynthetic(0, prompt, 10, 1).code(), absl::StatusCode::kFailedPrecondition);  // not admitted
     ASSERT_TRUE(e.Admit(0, n, n).ok());
     for (int64_t upto : {int64_t{0}, n}) {
