@@ -7,6 +7,11 @@ on both alike).
   e.g. python3 bench/ab_commits.py --before 8a7c2e6 --after HEAD --name batch-wide-attention \\
          -- --contexts 4096 --batches 1,4 --steps 12 --stores inproc --modes sparse,sparse-cached,dualdecoder
 
+dd-bench-modes takes the engine's flags (decode-worker/service/engine_flags.h) since 2026-12-07, with
+the engine's defaults (budget 2048, device auto, no device-memory budget); commits before that
+had their own (budget 1024, device cpu, 1 GiB). To compare across that change, pass all three:
+--budget 1024 --device cpu --device_memory 1GiB.
+
 Each commit is checked out in a worktree and built (dd-bench-modes only) under
 ~/.cache/dualdecoder/ab/<sha>. Both models run (gemma, smollm2). Writes bench/results/NAME.json
 and NAME.md; refuses a dirty work tree or a commit that is not on main.

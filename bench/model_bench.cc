@@ -18,16 +18,14 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/service/engine_flags.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "Model path (.gguf or HF directory)");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::vector<std::string>, prefill, std::vector<std::string>({"1024", "8192"}), "Prompt lengths to prefill");
 ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"1024", "8192"}), "Contexts for decode (empty: no decode, prefill only)");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8"}), "Decode batch sizes");
 ABSL_FLAG(int32_t, decode_steps, 16, "Decode steps per measurement");
-ABSL_FLAG(int32_t, threads, 0, "Threads (0 = all cores)");
-ABSL_FLAG(std::string, matmul, "int8", "Weight matmul kernels: int8 or f32");
 ABSL_FLAG(std::string, out, "", "Write JSON here (default stdout)");
 
 namespace {
@@ -38,7 +36,7 @@ using dd::bench::Ints;
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  auto loaded = dd::model::LoadModel(absl::GetFlag(FLAGS_model));
+  auto loaded = dd::worker::LoadModelFromFlags();
   if (!loaded.ok()) {
     std::cerr << "model_bench: " << loaded.status().message() << "\n";
     return 1;
@@ -50,10 +48,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto prompt_of = [&](int64_t n) { return prompts->Of(n); };
-  dd::engine::EngineOptions eo;
-  eo.threads = absl::GetFlag(FLAGS_threads);
-  eo.matmul = absl::GetFlag(FLAGS_matmul) == "f32" ? dd::model::Transformer::MatMulKind::kF32
-                                                  : dd::model::Transformer::MatMulKind::kInt8;
+  // The engine's flags (--threads, --matmul, --mode, ...), resolved as ddctl resolves them.
+  auto options = dd::worker::EngineOptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "model_bench: " << options.status().message() << "\n";
+    return 1;
+  }
+  const dd::engine::EngineOptions& eo = *options;
   auto created = dd::engine::Engine::Create(model, eo);
   if (!created.ok()) {
     std::cerr << "model_bench: " << created.status().message() << "\n";
@@ -65,7 +66,9 @@ int main(int argc, char** argv) {
   result["model_path"] = model.source_path;
   result["threads"] = eo.threads > 0 ? eo.threads : static_cast<int>(std::thread::hardware_concurrency());
   result["prefill_chunk"] = eo.prefill_chunk;
-  result["matmul"] = absl::GetFlag(FLAGS_matmul);
+  result["matmul"] = eo.matmul == dd::model::Transformer::MatMulKind::kF32 ? "f32" : "int8";
+  result["device"] = eo.device;
+  result["mode"] = std::string(dd::engine::DecodeModeName(eo.mode));
   for (int64_t n : Ints(absl::GetFlag(FLAGS_prefill), "--prefill", 1)) {
     auto p = prompt_of(n);
     const auto t0 = Clock::now();

@@ -27,32 +27,25 @@
 #include "common/status_macros.h"
 #include "dd/backend/registry.h"
 #include "decode-worker/engine/engine.h"
+#include "decode-worker/service/engine_flags.h"
 #include "kv-pool/client/transfer_queue.h"
 #include "kv-pool/server/pool_process.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "Model path");
 ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"4096"}), "Context lengths");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "4"}),
           "Batch sizes; 'max' = the mode's largest batch under --device_memory");
-ABSL_FLAG(int64_t, budget, 1024, "Sparse budget in tokens");
 ABSL_FLAG(int32_t, steps, 12, "Timed decode steps per run");
 ABSL_FLAG(int32_t, rounds, 1,
           "Turns the modes of one store take at each link and batch: every mode runs steps/rounds timed "
           "steps, then the next mode, and again (a slow spell of a shared machine falls on every mode alike; "
           "but dualdecoder's steps measured slower interleaved than in one turn, cause not found: "
           "docs/decisions/0032-benchmark-methodology.md). 1 = each mode's steps in one turn");
-ABSL_FLAG(int32_t, threads, 0, "Compute threads per engine (0 = all cores); prefill uses them all");
 ABSL_FLAG(int32_t, decode_threads, -1,
           "Compute threads of the timed decode steps, every mode and link alike (0 = all of --threads; "
           "-1 = all but one, at least 1: the transfer thread or pool process gets a core of its own, as a "
           "GPU's copy engines do not take its compute; docs/decisions/0032-benchmark-methodology.md)");
 ABSL_FLAG(int64_t, max_batch_cap, 64, "Upper bound for 'max' batches (CPU time)");
-ABSL_FLAG(std::string, device_memory, "1GiB", "Device-memory budget every engine runs under");
-ABSL_FLAG(std::string, device, "cpu", "Compute device of every engine: cpu, sim, cuda or auto (--device of ddctl)");
-ABSL_FLAG(bool, cuda_graphs, false, "--device cuda: static segments as CUDA graphs (--cuda_graphs of ddctl)");
-ABSL_FLAG(bool, cuda_copy_engine_prefetch, false,
-          "--device cuda: prefetch gathers by the copy engines (--cuda_copy_engine_prefetch of ddctl)");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for prompts");
 ABSL_FLAG(std::string, out, "", "Output JSON path");
 ABSL_FLAG(std::vector<std::string>, stores, std::vector<std::string>({"inproc"}),
@@ -73,10 +66,9 @@ ABSL_FLAG(std::vector<std::string>, spec_heads, std::vector<std::string>({"conte
 ABSL_FLAG(std::vector<std::string>, modes, {},
           "Only these mode labels (e.g. dualdecoder,sparse; default: all). Without sparse-cached the pcie5 "
           "link is not calibrated and not run");
-ABSL_FLAG(std::vector<std::string>, spec_candidates, std::vector<std::string>({"default"}),
-          "dualdecoder: the speculative row's landmark candidates (× the budget, 0 = every chunk; default: the "
-          "engine's); the first for every dualdecoder run, each further value adds an in-process run of the first "
-          "head labelled dualdecoder-candN");
+ABSL_FLAG(std::vector<std::string>, candidate_runs, {},
+          "dualdecoder: further in-process runs of the first head, one per speculative-candidate count (x the "
+          "budget, 0 = every chunk), labelled dualdecoder-candN; --spec_candidates sets every other dualdecoder run's");
 ABSL_FLAG(bool, carry_ab, false,
           "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
           "labelled as it with -nocarry (models whose first layer is sparse have nothing to carry: not run)");
@@ -92,10 +84,6 @@ ABSL_FLAG(bool, pcie5_link, true,
           "Also run the sparse modes of the in-process store on the pcie5 link model (calibrated in the run). "
           "false: inmem only (on a GPU the in-process store's transfers are real PCIe copies already)");
 ABSL_FLAG(std::string, pool_memory, "16GiB", "Memory of the dd-kv-pool the pool stores start");
-ABSL_FLAG(bool, spec_resync, true,
-          "dualdecoder: after a speculative miss, speculate the context's continuation of the last two tokens, else "
-          "of the last one (EngineOptions::spec_resync)");
-
 namespace {
 using Clock = std::chrono::steady_clock;
 using dd::engine::DecodeMode;
@@ -196,22 +184,33 @@ struct Measurement {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  auto loaded = dd::model::LoadModel(absl::GetFlag(FLAGS_model));
+  auto loaded = dd::worker::LoadModelFromFlags();
   if (!loaded.ok()) {
     std::cerr << "modes_bench: " << loaded.status().message() << "\n";
     return 1;
   }
   const auto& model = **loaded;
   auto prompts = dd::bench::TextPrompts::Load(model, absl::GetFlag(FLAGS_text_file));
-  auto device_memory = dd::engine::ParseByteSize(absl::GetFlag(FLAGS_device_memory), "device_memory");
-  if (!prompts.ok() || !device_memory.ok()) {
-    std::cerr << "modes_bench: " << (prompts.ok() ? device_memory.status() : prompts.status()).message() << "\n";
+  // The engine's flags, resolved as ddctl and dd-decode-worker resolve them (the same defaults);
+  // each run then sets its mode, speculative head and store.
+  absl::StatusOr<dd::engine::EngineOptions> base = dd::worker::EngineOptionsFromFlags();
+  if (base.ok() && base->mode != DecodeMode::kFull) {
+    base = absl::InvalidArgumentError("--mode: this benchmark runs every mode (choose them with --modes)");
+  } else if (base.ok() && base->spec_head != dd::engine::SpecHead::kAuto) {
+    base = absl::InvalidArgumentError("--spec_head: this benchmark runs the heads of --spec_heads");
+  } else if (base.ok() && base->kv_store != "inproc://") {
+    base = absl::InvalidArgumentError("--kv_store: this benchmark starts its own pool (choose stores with --stores)");
+  } else if (base.ok() && base->prefix_block_tokens != 0) {
+    base = absl::InvalidArgumentError("--prefix_block: this benchmark runs without prefix reuse");
+  }
+  if (!prompts.ok() || !base.ok()) {
+    std::cerr << "modes_bench: " << (prompts.ok() ? base.status() : prompts.status()).message() << "\n";
     return 1;
   }
-  const int64_t V = model.config.n_vocab, budget = absl::GetFlag(FLAGS_budget);
-  std::string device_why;
-  const std::string device = dd::backend::ResolveDeviceName(absl::GetFlag(FLAGS_device), &device_why);
-  std::fprintf(stderr, "modes_bench: device %s (%s)\n", device.c_str(), device_why.c_str());
+  const int64_t device_memory = base->device_memory_bytes;
+  const int64_t V = model.config.n_vocab, budget = base->sparse.budget_tokens;
+  const std::string device = base->device;
+  std::fprintf(stderr, "modes_bench: device %s (%s)\n", device.c_str(), base->device_why.c_str());
   // The weights on the device (MemoryPlan's) and those a decode step reads (all but an untied
   // embedding table, of which it reads a row per token), for roofline figures.
   int64_t weight_bytes = 0, step_weight_bytes = 0;
@@ -234,8 +233,8 @@ int main(int argc, char** argv) {
         absl::StrCat("--steps ", steps, " --rounds ", rounds, ": need 1 <= rounds <= steps")));
   }
   std::unique_ptr<dd::kvpool::testing_util::PoolProcess> pool;  // started for the first pool store
-  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
-                                                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = base->threads > 0 ? base->threads
+                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int decode_threads = absl::GetFlag(FLAGS_decode_threads);
   if (decode_threads < -1 || decode_threads > threads) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--decode_threads ", decode_threads, ": must be -1, 0 or 1..",
@@ -250,16 +249,14 @@ int main(int argc, char** argv) {
                                    dd::kvpool::TransferQueue::kMaxLanes)) {
     lane_counts.push_back(static_cast<int>(n));
   }
-  std::vector<int64_t> candidate_counts;
-  for (const std::string& c : absl::GetFlag(FLAGS_spec_candidates)) {
-    int64_t n = dd::engine::SparseOptions{}.spec_candidates;
-    if (c != "default" && (!absl::SimpleAtoi(c, &n) || n < 0 || n > dd::engine::SparseOptions::kMaxSpecCandidates)) {
-      return fail(absl::InvalidArgumentError(absl::StrCat("--spec_candidates '", c, "': expected default or an integer in [0, ",
-                                                          dd::engine::SparseOptions::kMaxSpecCandidates, "]")));
+  // The speculative shortlist of the dualdecoder runs (--spec_candidates), then one extra run per
+  // --candidate_runs count.
+  std::vector<int64_t> candidate_counts = {base->sparse.spec_candidates};
+  if (const std::vector<std::string> runs = absl::GetFlag(FLAGS_candidate_runs); !runs.empty()) {
+    for (int64_t n : dd::bench::Ints(runs, "--candidate_runs", 0, dd::engine::SparseOptions::kMaxSpecCandidates)) {
+      candidate_counts.push_back(n);
     }
-    candidate_counts.push_back(n);
   }
-  if (candidate_counts.empty()) return fail(absl::InvalidArgumentError("--spec_candidates: empty list"));
   // Requested batches, parsed once; 0 stands for 'max' (each mode's largest).
   std::vector<int64_t> batch_req;
   for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
@@ -270,6 +267,9 @@ int main(int argc, char** argv) {
     batch_req.push_back(n);
   }
   const bool asks_max = std::find(batch_req.begin(), batch_req.end(), 0) != batch_req.end();
+  if (asks_max && device_memory <= 0) {
+    return fail(absl::InvalidArgumentError("--batches max needs --device_memory (the budget the largest batch fills)"));
+  }
   std::vector<dd::engine::SelectionModel> selections;
   for (const std::string& spec : absl::GetFlag(FLAGS_selection_models)) {
     auto m = dd::engine::SelectionModel::Parse(spec);
@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
       dd::engine::SpecHead head;
       std::string store;  // inproc, shm, ucx-tcp, ucx-sm
       int lanes = 1;           // a pool store's transfer lanes
-      int64_t spec_candidates = dd::engine::SparseOptions{}.spec_candidates;
+      int64_t spec_candidates = dd::engine::SparseOptions::kAutoSpecCandidates;
       bool carry = true;
     };
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
@@ -331,11 +331,11 @@ int main(int argc, char** argv) {
       }
       if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
         // Further speculative-candidate counts, with the first head.
-        const Variant base = *std::find_if(variants.begin(), variants.end(), [](const Variant& v) {
+        const Variant first = *std::find_if(variants.begin(), variants.end(), [](const Variant& v) {
           return v.mode == DecodeMode::kDualDecoder && v.store == "inproc";
         });
         for (size_t i = 1; i < candidate_counts.size(); ++i) {
-          Variant v = base;
+          Variant v = first;
           v.label = absl::StrCat("dualdecoder-cand", candidate_counts[i]);
           v.spec_candidates = candidate_counts[i];
           variants.push_back(v);
@@ -343,8 +343,8 @@ int main(int argc, char** argv) {
         // Only where there is something to carry: exact (sliding) layers before the first sparse
         // one (this bench sets neither --sparse_layers nor prefix reuse, which would change that).
         if (absl::GetFlag(FLAGS_carry_ab) && model.config.layer_is_swa[0]) {
-          Variant v = base;
-          v.label = base.label + "-nocarry";
+          Variant v = first;
+          v.label = first.label + "-nocarry";
           v.carry = false;
           variants.push_back(v);
         }
@@ -385,15 +385,11 @@ int main(int argc, char** argv) {
         const Variant& variant = variants[vi];
         const DecodeMode mode = variant.mode;
         const std::string& label = variant.label;
-        dd::engine::EngineOptions o;
+        dd::engine::EngineOptions o = *base;
         o.mode = mode;
-        o.device = device;
-        o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-        o.cuda_copy_engine_prefetch = absl::GetFlag(FLAGS_cuda_copy_engine_prefetch);
         o.spec_head = variant.head;
-        o.spec_resync = absl::GetFlag(FLAGS_spec_resync);
         o.sparse.spec_candidates = variant.spec_candidates;
-        o.spec_carry = variant.carry;
+        o.spec_carry = variant.carry && base->spec_carry;
         o.threads = threads;
         if (variant.store != "inproc") {
           if (!pool) {
@@ -414,15 +410,13 @@ int main(int argc, char** argv) {
           o.kv_store = (variant.store == "shm" ? "shm://" : "ucx://") + pool->address();
           o.kv_store_token = dd::kvpool::testing_util::kAlice;
         }
-        o.sparse.budget_tokens = budget;
-        o.device_memory_bytes = *device_memory;
         auto engine = Engine::Create(model, o);
         if (!engine.ok()) return fail(engine.status());
         Entry entry;
         entry.v = &variant;
         entry.engine = std::move(*engine);
         Engine& e = *entry.engine;
-        entry.max_batch = e.memory_plan().MaxBatch(*device_memory, ctx, total);
+        entry.max_batch = e.memory_plan().MaxBatch(device_memory, ctx, total);
         weight_bytes = e.memory_plan().weight_bytes();
         step_weight_bytes = weight_bytes - embd_bytes;
         max_batches.push_back({{"mode", label}, {"context", ctx},
@@ -430,7 +424,7 @@ int main(int argc, char** argv) {
                                {"kv_bytes_per_request", e.memory_plan().Request(ctx, total).kv}});
         std::fprintf(stderr, "%-11s ctx %6lld: max batch %lld in %s (%s per request); prefilling\n",
                      label.c_str(), static_cast<long long>(ctx), static_cast<long long>(entry.max_batch),
-                     dd::engine::MiB(*device_memory).c_str(),
+                     dd::engine::MiB(device_memory).c_str(),
                      dd::engine::MiB(e.memory_plan().Request(ctx, total).steady()).c_str());
         // Slot 0 is the prompt's source; it counts against the budget like one request.
         if (absl::Status st = e.Admit(0, ctx, total); !st.ok()) return fail(st);
@@ -565,12 +559,12 @@ int main(int argc, char** argv) {
     }
   }
   nlohmann::json doc = {{"model", model.config.name}, {"runs", runs}, {"pcie5_equivalent_gbps", pcie_gbps}, {"steps", steps},
-                        {"rounds", rounds}, {"spec_resync", absl::GetFlag(FLAGS_spec_resync)},
+                        {"rounds", rounds}, {"spec_resync", base->spec_resync},
                         {"spec_candidates", candidate_counts.front()},
                         {"threads", threads}, {"decode_threads", decode_threads},
-                        {"device_memory_bytes", *device_memory}, {"max_batch", max_batches},
-                        {"device", device}, {"cuda_graphs", absl::GetFlag(FLAGS_cuda_graphs)},
-                        {"cuda_copy_engine_prefetch", absl::GetFlag(FLAGS_cuda_copy_engine_prefetch)}, {"weight_bytes", weight_bytes}, {"synthetic_kv", synthetic_kv},
+                        {"device_memory_bytes", device_memory}, {"max_batch", max_batches},
+                        {"device", device}, {"cuda_graphs", base->cuda_graphs},
+                        {"cuda_copy_engine_prefetch", base->cuda_copy_engine_prefetch}, {"weight_bytes", weight_bytes}, {"synthetic_kv", synthetic_kv},
                         {"step_weight_bytes", step_weight_bytes}};
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) std::cout << doc.dump(2) << "\n";
