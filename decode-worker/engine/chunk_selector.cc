@@ -67,9 +67,8 @@ void ChunkSelector::Rank(const SeqScores& s, const Selection& cands, int64_t tak
 }
 
 absl::Status ChunkSelector::IdsToHost(absl::Span<DecodeRead> reads, bool predictions) {
-  if (device_.host_visible()) return absl::OkStatus();
   const int64_t n_kv = config_.n_head_kv;
-  bool any = false;
+  bool copied = false;
   for (DecodeRead& read : reads) {
     ReadPick& r = read.pick;
     if (predictions && !r.predict_pending) continue;
@@ -79,16 +78,14 @@ absl::Status ChunkSelector::IdsToHost(absl::Span<DecodeRead> reads, bool predict
     const int64_t used = (n_kv - 1) * s.id_stride +
                          std::min(static_cast<int64_t>(cands[n_kv - 1].size()), predictions ? k_sel() : r.take);
     r.ids_host.resize(used);
-    RETURN_IF_ERROR(device_.CopyToHost(backend::Queue::kCompute, s.buf, s.ids_offset, r.ids_host.data(),
-                                       used * static_cast<int64_t>(sizeof(int64_t))));
-    any = true;
+    ASSIGN_OR_RETURN(const void* ids, device_.ReadOnHost(backend::Queue::kCompute, s.buf, s.ids_offset,
+                                                         used * static_cast<int64_t>(sizeof(int64_t)),
+                                                         r.ids_host.data()));
+    r.ids = static_cast<const int64_t*>(ids);
+    copied = copied || r.ids == r.ids_host.data();
   }
-  return any ? device_.Synchronize(device_.Record(backend::Queue::kCompute)) : absl::OkStatus();
-}
-
-const int64_t* ChunkSelector::IdsOf(const ReadPick& r) const {
-  if (!device_.host_visible()) return r.ids_host.data();
-  return reinterpret_cast<const int64_t*>(static_cast<const char*>(r.scores->buf.data) + r.scores->ids_offset);
+  // Read in place (the cpu), the ids are ready; copied, once the copies are.
+  return copied ? device_.Synchronize(device_.Record(backend::Queue::kCompute)) : absl::OkStatus();
 }
 
 Selection ChunkSelector::Chosen(const int64_t* ids, int64_t stride, const Selection& cands, int64_t take,
@@ -138,7 +135,7 @@ void ChunkSelector::ScoreOwn(const SeqScores& s, const LayerRows& rows, const fl
 
 void ChunkSelector::ChooseOwn(bool spec_follows, ReadPick& r) const {
   const bool shortlist = spec_follows && options_.spec_candidates > 0;
-  r.sel = Chosen(IdsOf(r), r.scores->id_stride, r.cands, r.take, spec_follows && Ranks() ? &r.ranked : nullptr,
+  r.sel = Chosen(r.ids, r.scores->id_stride, r.cands, r.take, spec_follows && Ranks() ? &r.ranked : nullptr,
                  shortlist ? &r.shortlist : nullptr);
 }
 
@@ -167,7 +164,7 @@ void ChunkSelector::FinishPrediction(bool after_real, ReadPick& r) const {
   r.predict_pending = false;
   const bool union_of = options_.predictor == Predictor::kUnion;
   Selection ranked;
-  r.predicted = Chosen(IdsOf(r), r.scores->id_stride, r.spec_cands, k_sel(), union_of ? &ranked : nullptr, nullptr);
+  r.predicted = Chosen(r.ids, r.scores->id_stride, r.spec_cands, k_sel(), union_of ? &ranked : nullptr, nullptr);
   if (after_real && union_of) r.predicted = UnionOf(ranked, r.ranked, r.next);
 }
 

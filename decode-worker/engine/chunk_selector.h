@@ -43,8 +43,9 @@ class ChunkSelector {
   // from query `q` over `rows`' landmarks; `spec_follows`: a speculative row follows the
   // real row (it keeps a shortlist and, for the previous/union predictors, a ranking).
   void ScoreOwn(const SeqScores& s, const LayerRows& rows, const float* q, bool spec_follows, ReadPick& r);
-  // Every read's ids on the host (own selections, or the pending predictions): one copy per
-  // read and one sync where the host cannot read device memory, nothing otherwise.
+  // Every read's ids on the host (own selections, or the pending predictions) in ReadPick::ids:
+  // read in place where the host reads device memory (Device::ReadOnHost), else one copy per
+  // read and one sync.
   absl::Status IdsToHost(absl::Span<DecodeRead> reads, bool predictions);
   // The read's S (and its ranking and shortlist) from the ids ScoreOwn left.
   void ChooseOwn(bool spec_follows, ReadPick& r) const;
@@ -73,8 +74,6 @@ class ChunkSelector {
   // Enqueues the top chunks of the scores Score left (Ops::TopChunks, one list per KV head):
   // the best `take` per head, the best k first, in score order when `sorted`.
   void Rank(const SeqScores& s, const Selection& cands, int64_t take, bool sorted);
-  // Where read r's ids are on the host: in place, or its copy.
-  const int64_t* IdsOf(const ReadPick& r) const;
   // The selection from Rank's ids: top k per KV head, ascending; `ranked` (optional, sorted
   // ids) the same by score; `shortlist` (optional) all `take` ids.
   Selection Chosen(const int64_t* ids, int64_t stride, const Selection& cands, int64_t take, Selection* ranked,

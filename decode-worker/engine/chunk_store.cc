@@ -71,7 +71,7 @@ absl::Status ChunkStore::HostStaging::Ensure(backend::Device& device, int64_t by
 
 ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
                        backend::Device& device)
-    : config_(config), chunk_(chunk_tokens), store_(store), device_(device), host_visible_(device.host_visible()) {}
+    : config_(config), chunk_(chunk_tokens), store_(store), device_(device), caps_(device.caps()) {}
 
 ChunkStore::~ChunkStore() { ForgetMappings(); }
 
@@ -91,7 +91,7 @@ void ChunkStore::ForgetMappings() {
 }
 
 bool ChunkStore::DeviceGathers() {
-  if (host_visible_) return false;  // the transfer thread writes device memory itself
+  if (caps_.host_reads_device_memory) return false;  // the transfer thread writes device memory itself
   const int64_t generation = store_->MappingGeneration();
   if (refused_ || generation == generation_) return !regions_.empty();
   // Once per change of the mapping: the ranges not registered yet (ranges are only added,
@@ -260,8 +260,9 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     return absl::InternalError(absl::StrCat("a landing of ", refs.size(), " blocks into ", dsts.size(), " places"));
   }
   if (DeviceGathers()) return StartDeviceGather(id, refs, dsts, priority, l);
-  const bool direct = !host_visible_ && !direct_off_ && device_.cuda_memory() && store_->GathersToCudaMemory();
-  if (host_visible_ || direct) {
+  const bool in_place = caps_.host_reads_device_memory;
+  const bool direct = !in_place && !direct_off_ && caps_.transport_writes_device_memory && store_->WritesDeviceMemory();
+  if (in_place || direct) {
     // The store's transport writes the slots itself. Into device memory (GPUDirect) only after
     // the device's earlier readers of those slots: the host waits for the compute queue.
     if (direct) RETURN_IF_ERROR(device_.Synchronize(device_.Record(Queue::kCompute)));
@@ -270,7 +271,7 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
       ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
     }
     if (direct) {
-      absl::StatusOr<kvpool::TransferId> tid = store_->GatherToCuda(id, refs, ptrs, priority);
+      absl::StatusOr<kvpool::TransferId> tid = store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kDevice);
       if (!tid.ok()) return DirectFailed(tid.status());
       l->tid = *tid;
       l->direct = true;
@@ -314,7 +315,7 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   l.tid = 0;
   const absl::Status waited = tid == 0 ? absl::OkStatus() : store_->Wait(tid);
   if (!waited.ok()) return l.direct ? DirectFailed(waited) : waited;
-  if (host_visible_ || l.dsts.empty()) return absl::OkStatus();
+  if (caps_.host_reads_device_memory || l.dsts.empty()) return absl::OkStatus();
   // The blocks overwrite slots earlier attention calls read: after them. (Today the host has
   // synchronized with the compute queue since, to read the landmark scores; this wait keeps
   // the order when selection no longer makes it.)

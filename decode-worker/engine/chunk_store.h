@@ -20,8 +20,9 @@
 //    compute queue's earlier readers of those slots, and makes the compute queue wait for it.
 //    Where the device refuses to register the staging, a copy per block instead. But where
 //    the device's memory is CUDA memory and the store's transport writes it itself
-//    (KvStore::GathersToCudaMemory: a ucx:// pool over one-sided gets, UCX with CUDA,
-//    $DD_UCX_GPUDIRECT=on), the store gathers straight into the slots (GatherToCuda), after
+//    (MemoryCaps::transport_writes_device_memory and KvStore::WritesDeviceMemory: a ucx://
+//    pool over one-sided gets, UCX with CUDA, $DD_UCX_GPUDIRECT=on), the store gathers
+//    straight into the slots (GatherTo with DstMemory::kDevice), after
 //    the host has waited for the compute queue's earlier readers of them (GPUDirect; no
 //    staging, no device gather). After one such landing fails, staging from then on.
 //
@@ -125,7 +126,7 @@ class ChunkStore {
     std::vector<BlockDst> dsts;
     backend::Event copied;       // staging's copies (the staging is reused only after them), or the gather's
     bool on_device = false;      // the device gathers it from mapped host memory
-    bool direct = false;         // the store writes device memory itself (GatherToCuda)
+    bool direct = false;         // the store writes device memory itself (DstMemory::kDevice)
   };
   // Starts gathering `refs` of sequence `id` into `dsts` (one each) at `priority`.
   absl::Status StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
@@ -155,7 +156,7 @@ class ChunkStore {
   absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
-  const bool host_visible_;
+  const backend::MemoryCaps caps_;  // the device's, read once
   int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0, direct_chunks_ = 0;
   bool direct_off_ = false;  // a direct landing failed: staging from then on
   // Turns direct landings off (logged once) and returns `st`.

@@ -118,14 +118,14 @@ TEST(ChunkStoreTest, BlocksLandInDeviceMemoryOnEveryDevice) {
 }
 
 // A device whose memory the store's transport may write itself (cuda's, with GPUDirect): the
-// cpu device's memory, which the host can write, presented as not host-visible. It counts the
+// cpu device's memory, which the host can write, presented as memory the host does not read in
+// place but a transport writes itself (MemoryCaps). It counts the
 // host's synchronizations with the compute queue.
 class CudaMemoryDevice final : public backend::Device {
  public:
   explicit CudaMemoryDevice(ThreadPool& pool) : cpu_(0, pool) {}
   absl::string_view name() const override { return "cuda-memory"; }
-  bool host_visible() const override { return false; }
-  bool cuda_memory() const override { return true; }
+  backend::MemoryCaps caps() const override { return {.transport_writes_device_memory = true}; }
   absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag t, int64_t b) override { return cpu_.Allocate(t, b); }
   void Free(backend::DeviceBuffer& b) override { cpu_.Free(b); }
   int64_t budget() const override { return cpu_.budget(); }
@@ -183,11 +183,9 @@ class CudaDestinationStore final : public kvpool::KvStore {
     return inner_->Write(s, r, b);
   }
   absl::StatusOr<kvpool::TransferId> GatherTo(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
-                                              absl::Span<float* const> dsts, kvpool::Priority p) override {
-    return inner_->GatherTo(s, refs, dsts, p);
-  }
-  absl::StatusOr<kvpool::TransferId> GatherToCuda(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
-                                                  absl::Span<float* const> dsts, kvpool::Priority p) override {
+                                              absl::Span<float* const> dsts, kvpool::Priority p,
+                                              kvpool::DstMemory memory) override {
+    if (memory == kvpool::DstMemory::kHost) return inner_->GatherTo(s, refs, dsts, p);
     syncs_at_gather.push_back(device_.compute_syncs);
     if (fail_next) {
       fail_next = false;
@@ -201,7 +199,7 @@ class CudaDestinationStore final : public kvpool::KvStore {
   int64_t bytes_stored() const override { return inner_->bytes_stored(); }
   int64_t wait_ns() const override { return inner_->wait_ns(); }
   void SetLink(const kvpool::LinkModel& l) override { inner_->SetLink(l); }
-  bool GathersToCudaMemory() const override { return true; }
+  bool WritesDeviceMemory() const override { return true; }
 
   std::vector<int> syncs_at_gather;
   bool fail_next = false;

@@ -113,7 +113,8 @@ struct ReadPick {
   Window next{};                      // the next step's window (the prediction's)
   Selection spec_cands;               // the chunks scored for the prediction
   bool predict_pending = false;       // the prediction is scored, not chosen yet
-  std::vector<int64_t> ids_host;      // the ids, where the host cannot read them in place
+  const int64_t* ids = nullptr;       // the ranked ids on the host (ChunkSelector::IdsToHost)
+  std::vector<int64_t> ids_host;      // where they are copied, where the host cannot read them in place
   Selection predicted;                // the speculative row's P' for the next step
   Selection model_predicted;          // the selection model's P' (replaces `predicted`)
 };

@@ -160,14 +160,11 @@ absl::StatusOr<int32_t> ContextShortlist::Argmax(int32_t seq, const kernels::Wei
   const int64_t nc = static_cast<int64_t>(row_ptrs_.size());
   ops.DotRows(row_ptrs_, x, d, scores);
   ops.ScoreRows(output, uncached_, x, scores + nc);
-  const float* got = scores;
-  if (!dev.host_visible()) {
-    piece_scores_.resize(n);
-    RETURN_IF_ERROR(dev.CopyToHost(backend::Queue::kCompute, scores_, 0, piece_scores_.data(),
-                                   n * static_cast<int64_t>(sizeof(float))));
-    got = piece_scores_.data();
-  }
-  // Also what `hidden` must live for (the copy above reads it).
+  piece_scores_.resize(n);
+  ASSIGN_OR_RETURN(const void* read, dev.ReadOnHost(backend::Queue::kCompute, scores_, 0,
+                                                    n * static_cast<int64_t>(sizeof(float)), piece_scores_.data()));
+  const float* got = static_cast<const float*>(read);
+  // Also what `hidden` must live for (the copy to the device above reads it).
   RETURN_IF_ERROR(dev.Synchronize(dev.Record(backend::Queue::kCompute)));
   for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = got[j];
   for (size_t j = 0; j < uncached_at_.size(); ++j) score_[uncached_at_[j]] = got[nc + j];

@@ -50,7 +50,11 @@ int64_t Transformer::WorkspaceRowBytes(const ModelConfig& config) {
 }
 
 Transformer::Transformer(const LoadedModel& model, backend::Device& device, MatMulKind kind)
-    : model_(model), device_(device), ops_(device.ops()), kind_(kind) {}
+    : model_(model),
+      device_(device),
+      ops_(device.ops()),
+      kind_(kind),
+      logits_in_place_(device.caps().host_reads_device_memory) {}
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const LoadedModel& model, backend::Device& device,
                                                                  MatMulKind kind, int64_t rows) {
@@ -195,9 +199,7 @@ absl::Status Transformer::Logits(int64_t m, std::vector<float>* logits) {
   const ModelConfig& c = model_.config;
   const int64_t d = c.n_embd, V = c.n_vocab;
   logits->resize(m * V);
-  if (device_.host_visible()) {
-    // Device memory is host memory: the head writes straight into the caller's rows (no copy
-    // of n_vocab floats per row), the same bits.
+  if (logits_in_place_) {
     Linear(weights_->output, xn_, m, d, nullptr, logits->data(), V);
     if (c.final_logit_softcap > 0) ops_.Softcap(logits->data(), m * V, c.final_logit_softcap);
     return absl::OkStatus();

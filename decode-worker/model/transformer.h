@@ -113,6 +113,9 @@ class Transformer {
   backend::Device& device_;
   backend::Ops& ops_;
   MatMulKind kind_;
+  // The device's memory is host memory (MemoryCaps, read once): the LM head writes straight
+  // into the caller's rows (no copy of n_vocab floats per row), the same bits.
+  const bool logits_in_place_;
   std::unique_ptr<DeviceWeights> weights_;
   backend::DeviceBuffer workspace_;
   int64_t rows_ = 0;  // rows the workspace holds

@@ -99,6 +99,35 @@ TEST(CpuDeviceTest, CopiesAreCheckedAgainstTheBuffer) {
   dev.Free(*buf);
 }
 
+// A device result read on the host: in place on the cpu (no copy), copied into the caller's
+// staging on the simulated device; ranges checked either way.
+TEST(CpuDeviceTest, ReadOnHostReadsInPlaceOrCopiesIntoTheStaging) {
+  ThreadPool pool(1);
+  const char in[16] = "abcdefghijklmno";
+  for (const char* name : {"cpu", "sim"}) {
+    SCOPED_TRACE(name);
+    auto dev = CreateDevice(name, {.budget_bytes = 1 << 16, .pool = &pool});
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    Device& d = **dev;
+    auto buf = d.Allocate(MemoryTag::kWorkspace, 16);
+    ASSERT_TRUE(buf.ok());
+    ASSERT_TRUE(d.CopyToDevice(Queue::kCompute, in, *buf, 0, 16).ok());
+    char staging[8] = {};
+    auto read = d.ReadOnHost(Queue::kCompute, *buf, 4, 8, staging);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_TRUE(d.Synchronize(d.Record(Queue::kCompute)).ok());
+    const bool in_place = d.caps().host_reads_device_memory;
+    EXPECT_EQ(*read, in_place ? static_cast<const void*>(static_cast<const char*>(buf->data) + 4)
+                              : static_cast<const void*>(staging));
+    EXPECT_EQ(std::string(static_cast<const char*>(*read), 8), "efghijkl");
+    EXPECT_EQ(d.ReadOnHost(Queue::kCompute, *buf, 9, 8, staging).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(d.ReadOnHost(Queue::kCompute, *buf, 8, INT64_MAX, staging).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(d.Synchronize(d.Record(Queue::kCompute)).ok());
+    d.Free(*buf);
+  }
+}
+
 TEST(CpuDeviceTest, GathersCopyBlocksFromARegisteredRegionOrNothing) {
   ThreadPool pool(1);
   CpuDevice dev(0, pool);
@@ -163,7 +192,7 @@ TEST(DeviceRegistryTest, EachNameGetsADeviceOrSaysWhyNot) {
   const auto sim = CreateDevice("sim", {.budget_bytes = 8192, .pool = &pool});
   ASSERT_TRUE(sim.ok()) << sim.status();
   EXPECT_EQ((*sim)->name(), "sim");
-  EXPECT_FALSE((*sim)->host_visible());
+  EXPECT_FALSE((*sim)->caps().host_reads_device_memory);
   EXPECT_EQ((*sim)->budget(), 8192);
 }
 

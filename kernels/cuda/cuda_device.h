@@ -143,8 +143,7 @@ class CudaDevice final : public backend::Device {
   ~CudaDevice() override;
 
   absl::string_view name() const override { return "cuda"; }
-  bool host_visible() const override { return false; }
-  bool cuda_memory() const override { return true; }
+  backend::MemoryCaps caps() const override { return {.transport_writes_device_memory = true}; }
   absl::StatusOr<backend::DeviceBuffer> Allocate(backend::MemoryTag tag, int64_t bytes) override;
   void Free(backend::DeviceBuffer& buf) override;
   int64_t budget() const override { return budget_; }

@@ -83,7 +83,7 @@ class SimDevice final : public Device {
   explicit SimDevice(const SimOptions& options);
   ~SimDevice() override;  // drains the queues; CHECKs that every buffer was freed
 
-  bool host_visible() const override { return false; }
+  MemoryCaps caps() const override { return {}; }
   absl::string_view name() const override { return "sim"; }
   absl::StatusOr<DeviceBuffer> Allocate(MemoryTag tag, int64_t bytes) override;
   void Free(DeviceBuffer& buf) override;

@@ -29,7 +29,7 @@ class DataPath {
   virtual const uint8_t* Mapped(int64_t offset) const { return nullptr; }
   // The mapped region's size in bytes (0: nothing mapped).
   virtual int64_t mapped_bytes() const { return 0; }
-  // Whether Get may be given CUDA device memory as destinations (KvStore::GathersToCudaMemory).
+  // Whether Get may be given CUDA device memory as destinations (KvStore::WritesDeviceMemory).
   virtual bool cuda_destinations() const { return false; }
   // Raised by the store when it learns the pool is gone: waits in progress give up at once.
   void set_abort(const std::atomic<bool>* flag) { abort_ = flag; }

@@ -38,6 +38,10 @@ absl::StatusOr<TransferId> KvStore::Gather(SequenceId seq, absl::Span<const Chun
   return GatherTo(seq, refs, dsts, priority);
 }
 
+absl::Status NoDeviceWrites() {
+  return absl::UnimplementedError("this KV store cannot write device memory (KvStore::WritesDeviceMemory)");
+}
+
 absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts) {
   if (refs.size() == dsts.size()) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -94,8 +98,10 @@ class InProcessKvStore : public KvStore {
     return s->layout;
   }
 
+  using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
-                                      Priority priority) override {
+                                      Priority priority, DstMemory memory) override {
+    if (memory == DstMemory::kDevice) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     std::unique_lock<std::mutex> lock(mu_);
     const Seq* found = Find(seq);

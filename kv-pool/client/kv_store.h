@@ -55,6 +55,11 @@ struct LinkModel {
 using SequenceId = uint64_t;
 using TransferId = uint64_t;
 
+// What a gather's destinations are: host memory, or device memory that the store's transport
+// writes itself (KvStore::WritesDeviceMemory; the transport is told so: UCX cannot tell device
+// pointers from host ones by itself).
+enum class DstMemory { kHost, kDevice };
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
@@ -63,10 +68,17 @@ class KvStore {
   // Stores one block (block_floats() floats). InvalidArgument for an out-of-range ref.
   virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) = 0;
   // Copies block i of refs into dsts[i] (each block_floats() floats; the caller's memory, e.g.
-  // a slot of the engine's resident set). NotFound for a chunk never written; InvalidArgument
-  // when the sizes differ.
+  // a slot of the engine's resident set), which are `memory`: with kDevice the store never
+  // touches the bytes on the host, and UNIMPLEMENTED where WritesDeviceMemory is false.
+  // NotFound for a chunk never written; InvalidArgument when the sizes differ.
   virtual absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                              absl::Span<float* const> dsts, Priority priority) = 0;
+                                              absl::Span<float* const> dsts, Priority priority,
+                                              DstMemory memory) = 0;
+  // Into host memory.
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+                                      Priority priority) {
+    return GatherTo(seq, refs, dsts, priority, DstMemory::kHost);
+  }
   // Copies refs.size() blocks into dst in order (GatherTo with consecutive destinations).
   absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst, Priority priority);
   // The layout the sequence was opened with. NotFound for an unknown sequence.
@@ -116,17 +128,10 @@ class KvStore {
                                       std::vector<const void*>* out) {
     return absl::UnimplementedError("this KV store maps no blocks into the process");
   }
-  // Whether GatherToCuda works: the store's transport writes CUDA device memory itself (a
-  // ucx:// pool over one-sided gets whose UCX reports CUDA memory, with $DD_UCX_GPUDIRECT=on:
-  // GPUDirect RDMA where the NIC can, else UCX's CUDA copy).
-  virtual bool GathersToCudaMemory() const { return false; }
-  // GatherTo into CUDA device memory (the transport is told so: UCX cannot tell device
-  // pointers from host ones by itself); the store never touches the bytes on the host.
-  // UNIMPLEMENTED where GathersToCudaMemory is false.
-  virtual absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                                  absl::Span<float* const> dsts, Priority priority) {
-    return absl::UnimplementedError("this KV store cannot write CUDA device memory");
-  }
+  // Whether GatherTo takes DstMemory::kDevice: the store's transport writes device memory
+  // itself (a ucx:// pool over one-sided gets whose UCX reports CUDA memory, with
+  // $DD_UCX_GPUDIRECT=on: GPUDirect RDMA where the NIC can, else UCX's CUDA copy).
+  virtual bool WritesDeviceMemory() const { return false; }
 
   // Prefix reuse (docs/prefix-keys.md). `keys` are the chained keys of the sequence's first
   // keys.size() blocks, whose chunks are all written: they become findable and outlive the
@@ -169,5 +174,7 @@ absl::Status CheckChunkRef(const KvLayout& layout, const ChunkRef& ref);
 absl::Status NeverWritten(const ChunkRef& ref);
 absl::Status UnknownSequence(SequenceId seq);
 absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts);
+// UNIMPLEMENTED: a gather into device memory from a store whose transport cannot write it.
+absl::Status NoDeviceWrites();
 
 }  // namespace dd::kvpool

@@ -166,21 +166,11 @@ class PoolKvStore : public KvStore {
     return it->second.layout;
   }
 
+  using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
-                                      Priority priority) override {
-    return GatherInto(seq, refs, dsts, priority, /*cuda=*/false);
-  }
-
-  absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                          absl::Span<float* const> dsts, Priority priority) override {
-    if (!GathersToCudaMemory()) return KvStore::GatherToCuda(seq, refs, dsts, priority);
-    return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
-  }
-
- private:
-  // GatherTo (cuda false) and GatherToCuda (cuda true).
-  absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
-                                        Priority priority, bool cuda) {
+                                      Priority priority, DstMemory memory) override {
+    if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
+    const bool cuda = memory == DstMemory::kDevice;  // the data path's destinations are CUDA memory
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
@@ -206,7 +196,7 @@ class PoolKvStore : public KvStore {
   }
 
  public:
-  bool GathersToCudaMemory() const override {
+  bool WritesDeviceMemory() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return data_ != nullptr && data_->cuda_destinations();
   }

@@ -44,21 +44,10 @@ class ShardedKvStore : public KvStore {
     return s.layout;
   }
 
+  using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
-                                      Priority priority) override {
-    return GatherInto(seq, refs, dsts, priority, /*cuda=*/false);
-  }
-
-  absl::StatusOr<TransferId> GatherToCuda(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                          absl::Span<float* const> dsts, Priority priority) override {
-    if (!GathersToCudaMemory()) return KvStore::GatherToCuda(seq, refs, dsts, priority);
-    return GatherInto(seq, refs, dsts, priority, /*cuda=*/true);
-  }
-
- private:
-  // GatherTo (cuda false) and GatherToCuda (cuda true).
-  absl::StatusOr<TransferId> GatherInto(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
-                                        Priority priority, bool cuda) {
+                                      Priority priority, DstMemory memory) override {
+    if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     for (const ChunkRef& r : refs) RETURN_IF_ERROR(CheckChunkRef(s.layout, r));
@@ -66,8 +55,7 @@ class ShardedKvStore : public KvStore {
     const absl::Status st = ForEachShardRun(refs, [&](size_t k, size_t i, size_t j) -> absl::Status {
       const auto part_refs = refs.subspan(i, j - i);
       const auto part_dsts = dsts.subspan(i, j - i);
-      ASSIGN_OR_RETURN(TransferId id, cuda ? shards_[k]->GatherToCuda(s.ids[k], part_refs, part_dsts, priority)
-                                           : shards_[k]->GatherTo(s.ids[k], part_refs, part_dsts, priority));
+      ASSIGN_OR_RETURN(TransferId id, shards_[k]->GatherTo(s.ids[k], part_refs, part_dsts, priority, memory));
       parts.emplace_back(k, id);
       return absl::OkStatus();
     });
@@ -112,9 +100,9 @@ class ShardedKvStore : public KvStore {
   }
 
   // All or nothing, as the mapped ranges.
-  bool GathersToCudaMemory() const override {
+  bool WritesDeviceMemory() const override {
     for (const auto& s : shards_) {
-      if (!s->GathersToCudaMemory()) return false;
+      if (!s->WritesDeviceMemory()) return false;
     }
     return !shards_.empty();
   }

@@ -294,7 +294,7 @@ TEST_F(UcxConfigTest, AnEndpointNamesTheTransportOfItsActiveMessages) {
 
 // Gathers land in CUDA memory only over one-sided gets, only where UCX reports CUDA memory,
 // and not when the operator turned it off.
-TEST_F(UcxConfigTest, CudaDestinationsOnlyOverRmaWhereUcxReachesCudaMemory) {
+TEST_F(UcxConfigTest, DeviceDestinationsOnlyOverRmaWhereUcxReachesCuda) {
   const uint64_t host = UCS_BIT(UCS_MEMORY_TYPE_HOST), cuda = UCS_BIT(UCS_MEMORY_TYPE_CUDA);
   EXPECT_TRUE(UcxCudaDestinations(true, host | cuda, true));
   EXPECT_FALSE(UcxCudaDestinations(false, host | cuda, true)) << "active messages: eager replies are copied on the host";

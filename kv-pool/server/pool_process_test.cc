@@ -296,7 +296,7 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
   EXPECT_EQ(Sample(Scrape(pool.metrics()), R"(dd_pool_ucx_requests_total{op="get"})"), 0);
   // Gathers into CUDA memory (GPUDirect): off unless $DD_UCX_GPUDIRECT=on, then claimed exactly
   // where this UCX reports CUDA memory, and never over active messages or shared memory; a
-  // store that does not claim refuses GatherToCuda.
+  // store that does not claim refuses a gather into device memory.
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_RMA;
@@ -309,25 +309,25 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
     auto off = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
                                    .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
     ASSERT_TRUE(off.ok()) << off.status();
-    EXPECT_FALSE((*off)->GathersToCudaMemory());
+    EXPECT_FALSE((*off)->WritesDeviceMemory());
     auto seq2 = (*off)->Open(kLayout);
     ASSERT_TRUE(seq2.ok());
     ASSERT_TRUE((*off)->Write(*seq2, refs[0], BlockFor(3, refs[0]).data()).ok());
     float* one = dst.data();
-    EXPECT_EQ((*off)->GatherToCuda(*seq2, {&refs[0], 1}, {&one, 1}, Priority::kUrgent).status().code(),
+    EXPECT_EQ((*off)->GatherTo(*seq2, {&refs[0], 1}, {&one, 1}, Priority::kUrgent, DstMemory::kDevice).status().code(),
               absl::StatusCode::kUnimplemented);
   }
   ScopedEnv on("DD_UCX_GPUDIRECT", "on");
   auto rma = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = PoolTransport::kUcx,
                                  .ucx_path = UcxPath::kRma, .first_extent_chunks = 4});
   ASSERT_TRUE(rma.ok()) << rma.status();
-  EXPECT_EQ((*rma)->GathersToCudaMemory(), ucx_cuda);
+  EXPECT_EQ((*rma)->WritesDeviceMemory(), ucx_cuda);
   for (auto [transport, path] : {std::pair{PoolTransport::kUcx, UcxPath::kActiveMessages},
                                  std::pair{PoolTransport::kShm, UcxPath::kAuto}}) {
     auto other = ConnectPoolKvStore({.address = pool.address(), .token = kAlice, .transport = transport,
                                      .ucx_path = path, .first_extent_chunks = 4});
     ASSERT_TRUE(other.ok()) << other.status();
-    EXPECT_FALSE((*other)->GathersToCudaMemory());
+    EXPECT_FALSE((*other)->WritesDeviceMemory());
   }
 }
 

@@ -58,7 +58,7 @@ class CpuDevice final : public Device {
   CpuDevice(int64_t budget_bytes, ThreadPool& pool) : budget_(budget_bytes), ops_(pool) {}
   ~CpuDevice() override;  // CHECKs that every buffer was freed
 
-  bool host_visible() const override { return true; }
+  MemoryCaps caps() const override { return {.host_reads_device_memory = true}; }
   absl::string_view name() const override { return "cpu"; }
   absl::StatusOr<DeviceBuffer> Allocate(MemoryTag tag, int64_t bytes) override;
   void Free(DeviceBuffer& buf) override;

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
@@ -76,17 +77,40 @@ struct GatherBlock {
   int64_t dst = 0;
 };
 
+// What a device's memory is (Device::caps).
+struct MemoryCaps {
+  // The host may read and write device memory in place (the cpu device's is host memory): a
+  // result needs no copy to be read, and a store's transfer thread may write device slots.
+  bool host_reads_device_memory = false;
+  // Buffers are memory at their `data` addresses that a transport library may write itself
+  // when told so (CUDA memory, which UCX with CUDA support writes by GPUDirect RDMA or its CUDA
+  // copy: KvStore::WritesDeviceMemory).
+  bool transport_writes_device_memory = false;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
   virtual absl::string_view name() const = 0;
-  // Whether the host may dereference device memory (the cpu device's is host memory). Engine
-  // code that still reads device memory on the host runs only where this holds.
-  virtual bool host_visible() const = 0;
-  // Whether buffers are CUDA device memory at their `data` addresses, which libraries that
-  // take CUDA pointers may write themselves (UCX with CUDA support: GPUDirect RDMA or its CUDA
-  // copy). Only cuda.
-  virtual bool cuda_memory() const { return false; }
+  // What the device's memory is, fixed for the device's life: callers read it once, where they
+  // pick a data path (ChunkStore's landing, Transformer's logits), not per call.
+  virtual MemoryCaps caps() const = 0;
+  // For reading a device result on the host: where the host reads device memory in place
+  // (caps().host_reads_device_memory), the address of `bytes` of `src` at `offset`; elsewhere
+  // `staging` (at least `bytes`), into which a copy is enqueued on `q`. Either way readable once
+  // an event recorded on `q` after this call is complete.
+  [[nodiscard]] absl::StatusOr<const void*> ReadOnHost(Queue q, const DeviceBuffer& src, int64_t offset,
+                                                       int64_t bytes, void* staging) {
+    if (caps().host_reads_device_memory) {
+      if (offset < 0 || bytes < 0 || offset > src.bytes || bytes > src.bytes - offset) {
+        return absl::InvalidArgumentError(absl::StrCat("read of ", bytes, " bytes at ", offset, " outside a buffer of ",
+                                                       src.bytes));
+      }
+      return static_cast<const char*>(src.data) + offset;
+    }
+    if (absl::Status st = CopyToHost(q, src, offset, staging, bytes); !st.ok()) return st;
+    return static_cast<const void*>(staging);
+  }
 
   // ---- memory ----
   // `bytes` of device memory for `tag`, 64-byte aligned, contents unspecified.
