@@ -16,14 +16,12 @@
 #include "absl/flags/parse.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/sampler.h"
-#include "decode-worker/model/model_paths.h"
+#include "decode-worker/service/engine_flags.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "gemma", "Model: gemma, smollm2 or a path");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3", "Natural text for the prompt");
 ABSL_FLAG(int64_t, rows, 64, "Prompt positions whose logits are sampled");
 ABSL_FLAG(int64_t, reps, 5, "Passes over the rows per setting");
-ABSL_FLAG(int32_t, threads, 0, "Engine threads for the prompt's logits (0 = all)");
 
 namespace {
 
@@ -66,9 +64,13 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  const std::string arg = absl::GetFlag(FLAGS_model);
-  const std::string path = dd::model::ResolveModelArg(arg);
-  auto model = dd::model::LoadModel(path);
+  // The engine's flags (--model, --threads, ...), resolved as ddctl resolves them.
+  auto model = dd::worker::LoadModelFromFlags();
+  auto options = dd::worker::EngineOptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "dd-bench-sampler: " << options.status() << "\n";
+    return 1;
+  }
   if (!model.ok()) {
     std::cerr << "dd-bench-sampler: " << model.status() << "\n";
     return 1;
@@ -84,7 +86,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   ids.resize(rows);
-  auto engine = dd::engine::Engine::Create(**model, {.threads = absl::GetFlag(FLAGS_threads)});
+  auto engine = dd::engine::Engine::Create(**model, *options);
   if (!engine.ok()) {
     std::cerr << "dd-bench-sampler: " << engine.status() << "\n";
     return 1;

@@ -164,8 +164,8 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   l->copied = device_.Record(q);
   l->on_device = true;
   l->pending = true;
-  fetched_chunks_ += static_cast<int64_t>(refs.size());
-  device_gathered_ += static_cast<int64_t>(refs.size());
+  counts_.fetched += static_cast<int64_t>(refs.size());
+  counts_.device_gathered += static_cast<int64_t>(refs.size());
   return absl::OkStatus();
 }
 
@@ -275,7 +275,7 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
       if (!tid.ok()) return DirectFailed(tid.status());
       l->tid = *tid;
       l->direct = true;
-      direct_chunks_ += static_cast<int64_t>(refs.size());
+      counts_.direct += static_cast<int64_t>(refs.size());
     } else {
       ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
     }
@@ -284,11 +284,11 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     l->copied = {};
     RETURN_IF_ERROR(l->staging.Ensure(device_, static_cast<int64_t>(refs.size()) * block_bytes()));
     ASSIGN_OR_RETURN(l->tid, store_->Gather(id, refs, l->staging.data(), priority));
-    if (l->staging.registered()) staged_gathered_ += static_cast<int64_t>(refs.size());
+    if (l->staging.registered()) counts_.staged_gathered += static_cast<int64_t>(refs.size());
     l->dsts = std::move(dsts);
   }
   l->pending = true;
-  fetched_chunks_ += static_cast<int64_t>(refs.size());
+  counts_.fetched += static_cast<int64_t>(refs.size());
   return absl::OkStatus();
 }
 

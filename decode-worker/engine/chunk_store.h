@@ -64,12 +64,12 @@ class ChunkStore {
   int64_t block_bytes() const { return block_floats() * static_cast<int64_t>(sizeof(float)); }
   // Blocks gathered so far (every landing's), and those of them the device gathered itself
   // from mapped host memory.
-  int64_t fetched_chunks() const { return fetched_chunks_; }
-  int64_t device_gathered_chunks() const { return device_gathered_; }
+  int64_t fetched_chunks() const { return counts_.fetched; }
+  int64_t device_gathered_chunks() const { return counts_.device_gathered; }
   // Of the others, those moved by one device gather per buffer from registered staging.
-  int64_t staged_gathered_chunks() const { return staged_gathered_; }
+  int64_t staged_gathered_chunks() const { return counts_.staged_gathered; }
   // Those the store's transport wrote into device memory itself (GPUDirect).
-  int64_t direct_chunks() const { return direct_chunks_; }
+  int64_t direct_chunks() const { return counts_.direct; }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
   // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
@@ -157,7 +157,10 @@ class ChunkStore {
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const backend::MemoryCaps caps_;  // the device's, read once
-  int64_t fetched_chunks_ = 0, device_gathered_ = 0, staged_gathered_ = 0, direct_chunks_ = 0;
+  struct Counts {  // blocks landed: all, gathered by the device, moved from staging, written directly
+    int64_t fetched = 0, device_gathered = 0, staged_gathered = 0, direct = 0;
+  };
+  Counts counts_;
   bool direct_off_ = false;  // a direct landing failed: staging from then on
   // Turns direct landings off (logged once) and returns `st`.
   absl::Status DirectFailed(const absl::Status& st);

@@ -96,9 +96,9 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
     Note(r.seq, {&r.token, 1});
   }
   // With the context head, speculative rows skip the LM head and come back as hidden states.
-  std::vector<float>* hidden_out = UsesShortlist() ? &hidden_ : nullptr;
+  std::vector<float>* hidden_out = UsesShortlist() ? &step_.hidden : nullptr;
   // With the full head, only their greedy tokens leave the device, not n_vocab logits each.
-  std::vector<int32_t>* tokens_out = UsesShortlist() ? nullptr : &spec_tokens_;
+  std::vector<int32_t>* tokens_out = UsesShortlist() ? nullptr : &step_.spec_tokens;
   // The chain: slots without a speculative token pre-decode (their real token alone, an
   // uncommitted row); after a miss, the resync.
   std::vector<BatchRow> pre;
@@ -115,10 +115,10 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
     }
   }
   if (!pre.empty()) {
-    RETURN_IF_ERROR(transformer.Forward(pre, kv, &out_, hidden_out, nullptr, tokens_out));
+    RETURN_IF_ERROR(transformer.Forward(pre, kv, &step_.out, hidden_out, nullptr, tokens_out));
     for (size_t i = 0; i < pre.size(); ++i) {
-      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? -1 : spec_tokens_[i],
-                                           hidden_out ? &hidden_[i * d] : nullptr, pre[i].token, transformer);
+      spec_[pre[i].seq] = SpeculativeToken(pre[i].seq, pre[i].pos + 1, hidden_out ? -1 : step_.spec_tokens[i],
+                                           hidden_out ? &step_.hidden[i * d] : nullptr, pre[i].token, transformer);
     }
   }
   // Each real row, then its speculative row (none at the model's last position).
@@ -140,33 +140,33 @@ absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transfo
     if (spec) dual.push_back({r.seq, r.pos + 1, spec_[r.seq], true, /*speculative=*/true});
     spec_in_[r.seq] = spec ? spec_[r.seq] : -1;
   }
-  const model::Transformer::Carry carry{carry_layers, &carried_};
+  const model::Transformer::Carry carry{carry_layers, &step_.carried};
   RETURN_IF_ERROR(
-      transformer.Forward(dual, kv, &out_, hidden_out, carry_layers > 0 ? &carry : nullptr, tokens_out));
+      transformer.Forward(dual, kv, &step_.out, hidden_out, carry_layers > 0 ? &carry : nullptr, tokens_out));
   if (carry_layers > 0) {  // the speculative rows' states, for the next step
     for (size_t i = 0, c = 0; i < rows.size(); ++i) {
       carry_pos_[rows[i].seq] = has_spec[i] ? rows[i].pos + 1 : -1;
       if (has_spec[i]) {
-        carry_x_[rows[i].seq].assign(carried_.begin() + c * d, carried_.begin() + (c + 1) * d);
+        carry_x_[rows[i].seq].assign(step_.carried.begin() + c * d, step_.carried.begin() + (c + 1) * d);
         ++c;
       }
     }
   }
   // The demux: real rows' logits out; the speculative rows' give the next tokens.
   logits->resize(rows.size() * V);
-  size_t o = 0, h = 0;  // rows of out_ and of hidden_ or spec_tokens_ consumed
+  size_t o = 0, h = 0;  // rows of step_.out and of step_.hidden or step_.spec_tokens consumed
   for (size_t i = 0; i < rows.size(); ++i) {
-    std::copy(out_.begin() + o * V, out_.begin() + (o + 1) * V, logits->begin() + i * V);
+    std::copy(step_.out.begin() + o * V, step_.out.begin() + (o + 1) * V, logits->begin() + i * V);
     ++o;
     if (has_spec[i]) {
       // The next step's speculative token, for position pos + 2.
       const int32_t fallback = rows[i].token;  // only if the shortlist were empty
       if (hidden_out != nullptr) {
         spec_[rows[i].seq] =
-            SpeculativeToken(rows[i].seq, rows[i].pos + 2, -1, &hidden_[h++ * d], fallback, transformer);
+            SpeculativeToken(rows[i].seq, rows[i].pos + 2, -1, &step_.hidden[h++ * d], fallback, transformer);
       } else {
         spec_[rows[i].seq] =
-            SpeculativeToken(rows[i].seq, rows[i].pos + 2, spec_tokens_[h++], nullptr, fallback, transformer);
+            SpeculativeToken(rows[i].seq, rows[i].pos + 2, step_.spec_tokens[h++], nullptr, fallback, transformer);
       }
     }
   }

@@ -103,8 +103,11 @@ class DualTokenStep {
   uint64_t rng_state_ = 0x9E3779B97F4A7C15ULL;  // the random predictor's LCG, fixed seed
   int64_t resyncs_ = 0, carried_rows_ = 0;
   // Step's buffers, kept across steps.
-  std::vector<float> out_, hidden_, carried_;
-  std::vector<int32_t> spec_tokens_;  // the full head's greedy tokens of the speculative rows
+  struct StepScratch {
+    std::vector<float> out, hidden, carried;
+    std::vector<int32_t> spec_tokens;  // the full head's greedy tokens of the speculative rows
+  };
+  StepScratch step_;
 };
 
 }  // namespace dd::engine

@@ -141,36 +141,36 @@ absl::StatusOr<int32_t> ContextShortlist::Argmax(int32_t seq, const kernels::Wei
     ops.DequantizeRows(output, absl::MakeConstSpan(cached_).subspan(first_new), rows + first_new * d);
   }
   // Cached rows from the cache; rows past its cap are dequantized and scored one at a time.
-  score_.resize(n);
-  row_ptrs_.clear();
-  scored_.clear();
-  uncached_.clear();
-  uncached_at_.clear();
+  scratch_.score.resize(n);
+  scratch_.row_ptrs.clear();
+  scratch_.scored.clear();
+  scratch_.uncached.clear();
+  scratch_.uncached_at.clear();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t at = cache_index_[ids[i]];
     if (at >= 0) {
-      row_ptrs_.push_back(rows + static_cast<int64_t>(at) * d);
-      scored_.push_back(i);
+      scratch_.row_ptrs.push_back(rows + static_cast<int64_t>(at) * d);
+      scratch_.scored.push_back(i);
     } else {
-      uncached_.push_back(ids[i]);
-      uncached_at_.push_back(i);
+      scratch_.uncached.push_back(ids[i]);
+      scratch_.uncached_at.push_back(i);
     }
   }
   // Scores of the cached rows first, then of the others, side by side in scores_.
-  const int64_t nc = static_cast<int64_t>(row_ptrs_.size());
-  ops.DotRows(row_ptrs_, x, d, scores);
-  ops.ScoreRows(output, uncached_, x, scores + nc);
-  piece_scores_.resize(n);
+  const int64_t nc = static_cast<int64_t>(scratch_.row_ptrs.size());
+  ops.DotRows(scratch_.row_ptrs, x, d, scores);
+  ops.ScoreRows(output, scratch_.uncached, x, scores + nc);
+  scratch_.piece_scores.resize(n);
   ASSIGN_OR_RETURN(const void* read, dev.ReadOnHost(backend::Queue::kCompute, scores_, 0,
-                                                    n * static_cast<int64_t>(sizeof(float)), piece_scores_.data()));
+                                                    n * static_cast<int64_t>(sizeof(float)), scratch_.piece_scores.data()));
   const float* got = static_cast<const float*>(read);
   // Also what `hidden` must live for (the copy to the device above reads it).
   RETURN_IF_ERROR(dev.Synchronize(dev.Record(backend::Queue::kCompute)));
-  for (size_t j = 0; j < scored_.size(); ++j) score_[scored_[j]] = got[j];
-  for (size_t j = 0; j < uncached_at_.size(); ++j) score_[uncached_at_[j]] = got[nc + j];
+  for (size_t j = 0; j < scratch_.scored.size(); ++j) scratch_.score[scratch_.scored[j]] = got[j];
+  for (size_t j = 0; j < scratch_.uncached_at.size(); ++j) scratch_.score[scratch_.uncached_at[j]] = got[nc + j];
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
-    if (score_[i] > score_[best]) best = i;
+    if (scratch_.score[i] > scratch_.score[best]) best = i;
   }
   return ids[best];
 }

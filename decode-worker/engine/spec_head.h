@@ -90,11 +90,14 @@ class ContextShortlist {
   backend::DeviceBuffer hidden_;      // n_embd floats
   backend::DeviceBuffer scores_;      // a score per vocabulary id
   // Argmax's scratch, kept across calls: cached rows and their places, rows past the cap and
-  // their places, scores.
-  std::vector<const float*> row_ptrs_;
-  std::vector<int64_t> scored_, uncached_at_;
-  std::vector<int32_t> uncached_;
-  std::vector<float> piece_scores_, score_;  // host
+  // their places, scores (host).
+  struct ArgmaxScratch {
+    std::vector<const float*> row_ptrs;
+    std::vector<int64_t> scored, uncached_at;
+    std::vector<int32_t> uncached;
+    std::vector<float> piece_scores, score;
+  };
+  ArgmaxScratch scratch_;
 };
 
 }  // namespace dd::engine
