@@ -76,7 +76,7 @@ def ours_build(isa):
 
 def ours_run(model, contexts, batches, steps, threads, isa):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [str(ours_build(isa)), "--model", model,
+        cmd = [str(ours_build(isa)), "--model", model, "--device", "cpu",
                "--prefill", ",".join(map(str, contexts)), "--contexts", ",".join(map(str, contexts)),
                "--batches", ",".join(map(str, batches)), "--decode_steps", str(steps),
                "--threads", str(threads), "--out", f.name]

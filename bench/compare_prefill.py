@@ -32,7 +32,8 @@ DEFAULT_LENGTHS = {"gemma": [1024, 8192, 16384, 32000], "smollm2": [1024, 4096, 
 def ours_run(model, length, threads):
     """One dd-bench-model process; its own peak RSS comes from wait4."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f, tempfile.TemporaryFile(mode="w+") as err:
-        cmd = [str(REPO / "build" / "bin" / "dd-bench-model"), "--model", model, "--prefill", str(length),
+        cmd = [str(REPO / "build" / "bin" / "dd-bench-model"), "--model", model, "--device", "cpu",
+               "--prefill", str(length),
                "--contexts=", "--decode_steps", "1", "--threads", str(threads), "--out", f.name]
         t0 = time.time()
         proc = subprocess.Popen(cmd, stderr=err)

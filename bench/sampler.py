@@ -51,7 +51,8 @@ def main():
             f.write(text[:6000])  # about 1300 tokens
         for m in MODELS:
             print(f"sampler: {m}: the sampler alone", file=sys.stderr)
-            r = subprocess.run([os.path.join(a.bin, "dd-bench-sampler"), "--model", m, "--text_file", a.text_file,
+            r = subprocess.run([os.path.join(a.bin, "dd-bench-sampler"), "--model", m, "--device", "cpu",
+                                "--text_file", a.text_file,
                                 "--rows", "64", "--reps", "5"], capture_output=True, text=True, timeout=900)
             if r.returncode != 0:
                 raise RuntimeError(r.stderr[-2000:])

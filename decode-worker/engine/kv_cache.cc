@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
       return absl::InvalidArgumentError("prefix reuse in a sparse mode needs offload_sliding (Engine::Normalized)");
     }
   }
-  std::unique_ptr<KvCache> kv(new KvCache(config, std::move(options), device));
+  std::unique_ptr<KvCache> kv(new KvCache(config, std::move(options)));
   const KvCacheOptions& o = kv->options_;
   if (o.mode != DecodeMode::kFull || B > 0) {
     ASSIGN_OR_RETURN(kv->store_, kvpool::OpenKvStore(o.kv_store, o.kv_store_token, o.link, o.prefix_cache_bytes,

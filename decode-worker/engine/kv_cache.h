@@ -43,11 +43,10 @@ struct KvCacheOptions {
 class KvCache : public model::AttentionBackend {
  public:
   // `config` and `device` (the engine's) must outlive the cache. In sparse modes, and in `full`
-  // with prefix reuse, opens the store (options.kv_store). Prefix reuse turns
-  // SparseOptions::offload_sliding on (options() tells).
+  // with prefix reuse, opens the store (options.kv_store). Prefix reuse in a sparse mode needs
+  // SparseOptions::offload_sliding, which Engine::Normalized sets.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const model::ModelConfig& config, KvCacheOptions options,
                                                          backend::Device& device);
-  const KvCacheOptions& options() const { return options_; }
 
   absl::Status Attend(const model::AttentionCall& call) override { return manager().Attend(call); }
 
@@ -104,8 +103,8 @@ class KvCache : public model::AttentionBackend {
   int64_t device_gathered_chunks() const { return sparse_ != nullptr ? sparse_->device_gathered_chunks() : 0; }
 
  private:
-  KvCache(const model::ModelConfig& config, KvCacheOptions options, backend::Device& device)
-      : config_(config), options_(std::move(options)), device_(device) {}
+  KvCache(const model::ModelConfig& config, KvCacheOptions options)
+      : config_(config), options_(std::move(options)) {}
   // The manager of the mode: exactly one of dense_ and sparse_ is set.
   KvManager& manager() { return sparse_ != nullptr ? static_cast<KvManager&>(*sparse_) : *dense_; }
   const KvManager& manager() const {
@@ -115,7 +114,6 @@ class KvCache : public model::AttentionBackend {
 
   const model::ModelConfig& config_;
   KvCacheOptions options_;
-  backend::Device& device_;
   std::unique_ptr<kvpool::KvStore> store_;
   std::unique_ptr<DenseKvCache> dense_;
   std::unique_ptr<SparseKvCache> sparse_;
