@@ -156,6 +156,18 @@ void CpuOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
   kernels::AttentionScores(q, nq, head_dim, keys, nk, s, ld);
 }
 
+void CpuOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+  thread_local std::vector<double> sum;
+  for (int64_t c = 0; c < n; ++c) {
+    sum.assign(kv_dim, 0.0);
+    for (int64_t t = 0; t < chunk; ++t) {
+      const float* r = rows[c * chunk + t];
+      for (int64_t j = 0; j < kv_dim; ++j) sum[j] += r[j];
+    }
+    for (int64_t j = 0; j < kv_dim; ++j) out[c * kv_dim + j] = static_cast<float>(sum[j] / static_cast<double>(chunk));
+  }
+}
+
 void CpuOps::DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) {
   const int64_t n = static_cast<int64_t>(ids.size()), d = w.cols;
   auto fill = [&](int64_t b, int64_t e) {

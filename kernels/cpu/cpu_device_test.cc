@@ -438,5 +438,30 @@ TEST(CpuOpsTest, TopChunksPicksTheBestByMaxScoreWithTiesToTheLowerChunk) {
   }
 }
 
+// A chunk's rows may lie anywhere (sinks apart, a ring's wrap): each landmark element is the
+// mean of its rows' elements, summed in double in row order and rounded once.
+TEST(CpuOpsTest, ChunkMeansAreTheRowsMeanSummedInDouble) {
+  ThreadPool pool(1);
+  CpuOps ops(pool);
+  constexpr int64_t kChunk = 8, kDim = 48, kChunks = 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  std::vector<float> keys(kChunks * kChunk * kDim);
+  for (float& x : keys) x = nd(rng);
+  // Rows in scattered places: row i of the list is row (i × 7) mod n of `keys`.
+  const int64_t n = kChunks * kChunk;
+  std::vector<const float*> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = &keys[(i * 7 % n) * kDim];
+  std::vector<float> out(kChunks * kDim, -1.0f);
+  ops.ChunkMeans(rows.data(), kChunks, kChunk, kDim, out.data());
+  for (int64_t c = 0; c < kChunks; ++c) {
+    for (int64_t j = 0; j < kDim; ++j) {
+      double sum = 0;
+      for (int64_t t = 0; t < kChunk; ++t) sum += rows[c * kChunk + t][j];
+      ASSERT_EQ(out[c * kDim + j], static_cast<float>(sum / kChunk)) << "chunk " << c << " element " << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dd::backend

@@ -110,6 +110,7 @@ class CudaOps final : public backend::Ops {
                     float scale) override;
   void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                  int64_t ld) override;
+  void ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) override;
   void TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t k) override;
   void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;

@@ -126,6 +126,16 @@ __global__ void DotRowsKernel(const float* const* rows, int64_t n, const float* 
   if (lane == 0) out[i] = acc;
 }
 
+// One thread per landmark element; the chunk's rows added in order, in double.
+__global__ void ChunkMeansKernel(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * kv_dim) return;
+  const int64_t c = i / kv_dim, j = i % kv_dim;
+  double sum = 0.0;
+  for (int64_t t = 0; t < chunk; ++t) sum = __dadd_rn(sum, static_cast<double>(rows[c * chunk + t][j]));
+  out[i] = __double2float_rn(__ddiv_rn(sum, static_cast<double>(chunk)));
+}
+
 __global__ void ScoreRowsKernel(DevWeights w, const int32_t* ids, int64_t n, const float* x, float* out) {
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -244,6 +254,13 @@ cudaError_t Softcap(float* x, int64_t n, float cap, cudaStream_t s) {
 cudaError_t DotRows(const float* const* rows, int64_t n, const float* x, int64_t d, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   DotRowsKernel<<<Blocks(n * 32, kThreads), kThreads, 0, s>>>(rows, n, x, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
+                       cudaStream_t s) {
+  if (n <= 0 || kv_dim <= 0) return cudaSuccess;
+  ChunkMeansKernel<<<Blocks(n * kv_dim, kThreads), kThreads, 0, s>>>(rows, n, chunk, kv_dim, out);
   return cudaGetLastError();
 }
 

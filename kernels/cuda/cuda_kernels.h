@@ -50,6 +50,10 @@ cudaError_t Add(float* x, const float* y, int64_t n, cudaStream_t s);
 cudaError_t Softcap(float* x, int64_t n, float cap, cudaStream_t s);
 // out[i] = rows[i] · x over d floats.
 cudaError_t DotRows(const float* const* rows, int64_t n, const float* x, int64_t d, float* out, cudaStream_t s);
+// out[c × kv_dim + j] = the mean of element j of rows[c × chunk + t], t < chunk, for n chunks:
+// summed in double in row order, rounded once (the CPU's bits).
+cudaError_t ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
+                       cudaStream_t s);
 // out[r] = the first index of the largest of row r's n floats (x + r × n), NaNs never winning,
 // 0 for a NaN first element (kernels::ArgmaxFirst): one block per row; the answer (the least
 // index holding the largest value) does not depend on the order of the comparisons.

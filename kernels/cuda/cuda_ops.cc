@@ -316,6 +316,22 @@ void CudaOps::DotRows(absl::Span<const float* const> rows, const float* x, int64
   dev_.Report(cuda::DotRows(r, n, x, d, out, dev_.stream(backend::Queue::kCompute)), "DotRows");
 }
 
+void CudaOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+  if (n <= 0 || chunk <= 0) return;
+  // As many chunks per launch as one part of the argument ring holds (a restored prefix or a
+  // prompt pass may complete thousands).
+  const int64_t per_launch =
+      std::max<int64_t>(1, dev_.args().part_bytes() / (chunk * static_cast<int64_t>(sizeof(const float*))) - 1);
+  for (int64_t c0 = 0; c0 < n; c0 += per_launch) {
+    const int64_t m = std::min(per_launch, n - c0);
+    Args a(dev_, "ChunkMeans", SizeOf<const float*>(m * chunk));
+    const float* const* r = a.Put(rows + c0 * chunk, m * chunk);
+    if (!a.Flush()) return;
+    dev_.Report(cuda::ChunkMeans(r, m, chunk, kv_dim, out + c0 * kv_dim, dev_.stream(backend::Queue::kCompute)),
+                "ChunkMeans");
+  }
+}
+
 void CudaOps::ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {
   const int64_t n = static_cast<int64_t>(ids.size());
   Args a(dev_, "ScoreRows", SizeOf<int32_t>(n));

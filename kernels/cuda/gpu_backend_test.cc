@@ -422,6 +422,25 @@ TEST_F(GpuBackendTest, ListAttentionMatchesTheCpuAndAGroupsBitsDoNotDependOnTheO
   }
 }
 
+// Landmarks where the keys are: the CPU's bits (double sums in row order), rows scattered.
+TEST_F(GpuBackendTest, ChunkMeansGiveTheCpusBits) {
+  const int64_t chunk = 8, dim = 256, chunks = 700, n = chunk * chunks;
+  const std::vector<float> keys = Normal(n * dim, 5);
+  const float* dkeys = In(keys);
+  std::vector<const float*> hrows(n), drows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (i * 7919) % n;
+    hrows[i] = &keys[at * dim];
+    drows[i] = dkeys + at * dim;
+  }
+  std::vector<float> want(chunks * dim);
+  cpu_.ChunkMeans(hrows.data(), chunks, chunk, dim, want.data());
+  float* out = Out<float>(chunks * dim);
+  dev_->ops().ChunkMeans(drows.data(), chunks, chunk, dim, out);
+  const std::vector<float> got = Get(out, chunks * dim);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+}
+
 TEST_F(GpuBackendTest, KeyScoresDotRowsAndTopChunksMatchTheCpu) {
   const int64_t hd = 128, nq = 4, nk = 3000;
   const std::vector<float> q = Normal(nq * hd, 1), keys = Normal(nk * hd, 2);

@@ -4,10 +4,12 @@
 // run, naming what did it.
 #include "dd/backend/sim_device.h"
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "dd/backend/cpu_device.h"
 #include "dd/backend/ops.h"
 #include "gtest/gtest.h"
 
@@ -203,6 +205,33 @@ TEST_F(SimDeviceTest, BudgetAndRangesAreCheckedLikeTheCpuDevice) {
   EXPECT_EQ(dev->bytes_in_use(MemoryTag::kWeights), 6000);
   dev->Free(*a);
   EXPECT_EQ(CreateSimDevice({}).status().code(), absl::StatusCode::kInvalidArgument);  // no pool
+}
+
+// Landmarks computed where the keys are: the cpu's bits, from rows in device memory.
+TEST_F(SimDeviceTest, ChunkMeansGiveTheCpusBits) {
+  auto dev = Make();
+  constexpr int64_t kChunk = 8, kDim = 32, kChunks = 3, kRows = kChunk * kChunks;
+  std::vector<float> keys(kRows * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  auto rows = dev->Allocate(MemoryTag::kKv, kRows * kDim * 4);
+  auto marks = dev->Allocate(MemoryTag::kLandmarks, kChunks * kDim * 4);
+  ASSERT_TRUE(rows.ok() && marks.ok());
+  ASSERT_TRUE(dev->CopyToDevice(Queue::kCompute, keys.data(), *rows, 0, kRows * kDim * 4).ok());
+  std::vector<const float*> on_device(kRows), on_host(kRows);
+  for (int64_t i = 0; i < kRows; ++i) {
+    const int64_t at = kRows - 1 - i;  // in reverse: any place will do
+    on_device[i] = static_cast<const float*>(rows->data) + at * kDim;
+    on_host[i] = keys.data() + at * kDim;
+  }
+  dev->ops().ChunkMeans(on_device.data(), kChunks, kChunk, kDim, static_cast<float*>(marks->data));
+  std::vector<float> got(kChunks * kDim), want(kChunks * kDim);
+  ASSERT_TRUE(dev->CopyToHost(Queue::kCompute, *marks, 0, got.data(), kChunks * kDim * 4).ok());
+  ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kCompute)).ok());
+  ThreadPool pool(1);
+  CpuOps(pool).ChunkMeans(on_host.data(), kChunks, kChunk, kDim, want.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
+  dev->Free(*rows);
+  dev->Free(*marks);
 }
 
 }  // namespace

@@ -196,6 +196,15 @@ void SimOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
                  [this, q, nq, head_dim, k, nk, s, ld] { cpu_.KeyScores(q, nq, head_dim, k.data(), nk, s, ld); });
 }
 
+void SimOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+  Accesses acc;
+  for (int64_t i = 0; i < n * chunk; ++i) acc.Read(rows[i], kv_dim * kF);
+  acc.Write(out, n * kv_dim * kF);
+  std::vector<const float*> list(rows, rows + n * chunk);
+  device_.Submit(Queue::kCompute, "ChunkMeans", std::move(acc),
+                 [this, list, n, chunk, kv_dim, out] { cpu_.ChunkMeans(list.data(), n, chunk, kv_dim, out); });
+}
+
 void SimOps::TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) {
   // Deep copies: the lists and their chunk ids (host memory, read when the work runs).
   struct Copy {

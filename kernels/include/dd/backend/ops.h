@@ -138,6 +138,11 @@ class Ops {
   // several threads at once.
   virtual void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk,
                          float* s, int64_t ld) = 0;
+  // Landmarks of n chunks of `chunk` key rows: out[c × kv_dim + j] = the mean of element j of
+  // rows[c × chunk + t] over t < chunk (each row kv_dim floats), summed in double in row order
+  // from zero and rounded once, so every backend writes the same bits. Computed where the keys
+  // are: no copy to the host.
+  virtual void ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) = 0;
 
   // ---- chunk selection ----
   // Top-k per list: a chunk's score is the max over the rows; the order is higher first, ties
