@@ -89,8 +89,8 @@ using Clock = std::chrono::steady_clock;
 using dd::engine::DecodeMode;
 using dd::engine::Engine;
 
-using Totals = dd::engine::SparseKvCache::LayerStats;
-Totals Sum(const Engine& e) { return e.sparse_cache() ? e.sparse_cache()->total_stats() : Totals(); }
+using Totals = dd::engine::KvLayerStats;
+Totals Sum(const Engine& e) { return e.kv().total_stats(); }
 
 struct RunSpec {
   std::string label;  // the mode's name, or a variant's (dualdecoder-fullhead, -cand N, -nocarry)
@@ -153,7 +153,7 @@ struct Measurement {
     for (double x : step_ms) total_ms += x;
     const std::vector<double> in_order = step_ms;
     std::sort(step_ms.begin(), step_ms.end());
-    const int64_t bb = e->sparse_cache() ? e->sparse_cache()->block_bytes() : 0;
+    const int64_t bb = e->kv().block_bytes();
     const RunSpec& r = spec;
     return nlohmann::json{
         {"mode", r.label}, {"context", r.ctx}, {"batch", r.batch},

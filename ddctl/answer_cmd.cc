@@ -247,7 +247,7 @@ absl::Status AnswerGroup(engine::Engine& e, absl::Span<const Question> group, in
         j["text"] = streams[m].text();
         j["tokens"] = streams[m].tokens();
         j["stop_reason"] = reason[m];
-        if (dual && e.sparse_cache() != nullptr) j["hit_rate_after_first"] = e.sparse_cache()->SeqHitRate(qslot[m]);
+        if (dual) j["hit_rate_after_first"] = e.kv().SeqHitRate(qslot[m]);
       }
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     }

@@ -123,7 +123,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     nlohmann::json j;
     j["model"] = model->config.name;
     j["mode"] = mode_name;
-    if (const engine::SparseKvCache* sc = engine.sparse_cache()) {
+    if (const engine::KvCache* sc = &engine.kv(); sc->selects_chunks()) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
       j["fetched_chunks"] = engine.fetched_chunks();
       j["device_gathered_chunks"] = engine.device_gathered_chunks();

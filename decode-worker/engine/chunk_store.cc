@@ -170,22 +170,12 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
 }
 
 absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
-                                     const float* v, float* landmarks) {
+                                     const float* v) {
   const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
   block_.resize(block_floats());
   for (int64_t c = c0; c < c1; ++c) {
     const float* kr = k + (c - c0) * C * kv_dim;
     const float* vr = v + (c - c0) * C * kv_dim;
-    if (landmarks != nullptr) {
-      for (int64_t g = 0; g < n_kv; ++g) {
-        mean_.assign(hd, 0.0);
-        for (int64_t t = 0; t < C; ++t) {
-          for (int64_t i = 0; i < hd; ++i) mean_[i] += kr[t * kv_dim + g * hd + i];
-        }
-        float* mark = landmarks + ((c - c0) * n_kv + g) * hd;
-        for (int64_t i = 0; i < hd; ++i) mark[i] = static_cast<float>(mean_[i] / C);
-      }
-    }
     for (int32_t g = 0; g < n_kv; ++g) {
       PackKvBlock(C, hd, g, [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; },
                   block_.data());

@@ -1,7 +1,6 @@
 // The host side of a sparse cache's offloaded KV (docs/architecture.md, "The compute-backend
-// seam"): the KV store's sequences, full chunks written as one [K | V] block per KV head with
-// their landmarks computed on the host, blocks landing in device memory, and a fork's copy of
-// the blocks. It calls no kernel and names no backend: every device gets the same host-side
+// seam"): the KV store's sequences, full chunks written as one [K | V] block per KV head,
+// blocks landing in device memory, and a fork's copy of the blocks. It calls no kernel and names no backend: every device gets the same host-side
 // logic, and SparseKvCache keeps only what lives in device memory and the attention plan.
 //
 // Landing: blocks gathered from the store into device slots, three ways.
@@ -72,11 +71,9 @@ class ChunkStore {
   int64_t direct_chunks() const { return counts_.direct; }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
-  // from position c0 × chunk on): one block per KV head written to sequence `id`, and, when
-  // `landmarks` is not null, each chunk's landmark per KV head (the mean of its keys, summed in
-  // double) into (c1 − c0) × n_head_kv × head_dim floats.
+  // from position c0 × chunk on): one block per KV head written to sequence `id`.
   absl::Status WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
-                           const float* v, float* landmarks);
+                           const float* v);
   // Every block of `from` below chunks_per_layer[l] chunks of layer l, written to `to` (a fork),
   // read in gathers of up to 256 blocks.
   absl::Status CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId to, absl::Span<const int64_t> chunks_per_layer);
@@ -100,6 +97,7 @@ class ChunkStore {
     // cannot be mapped.
     absl::Status Ensure(backend::Device& device, int64_t bytes);
     float* data() const { return static_cast<float*>(data_); }
+    int64_t bytes() const { return bytes_; }
     bool registered() const { return registered_; }
     const backend::HostRegion& region() const { return region_; }
     backend::Event last_read;  // the device's last read of it (a copy or gather)
@@ -174,7 +172,6 @@ class ChunkStore {
   std::vector<int> ranges_;                         // the index in regions_ of each (-1: none)
   std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks
   std::vector<float> block_;        // one [K | V] block being written
-  std::vector<double> mean_;        // a landmark being summed
 };
 
 }  // namespace dd::engine

@@ -1,5 +1,5 @@
 // ChunkStore, the sparse cache's host side: chunks written as blocks come back as the same
-// rows, each landmark is its chunk's mean key per KV head, a fork's blocks are a copy, blocks
+// rows, a fork's blocks are a copy, blocks
 // land in device memory on a device the host cannot read (sim) as on the cpu, and a store that
 // writes CUDA memory itself lands them with no copy, after the slots' readers.
 #include "decode-worker/engine/chunk_store.h"
@@ -11,6 +11,7 @@
 #include "common/thread_pool.h"
 #include "dd/backend/cpu_device.h"
 #include "dd/backend/sim_device.h"
+#include "decode-worker/engine/engine_test_util.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine {
@@ -18,16 +19,7 @@ namespace {
 
 constexpr int64_t kChunk = 8;
 
-model::ModelConfig Config() {
-  model::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 16;
-  c.n_ctx_train = 4096;
-  c.layer_is_swa.assign(c.n_layer, false);
-  return c;
-}
+model::ModelConfig Config() { return testing_util::SmallConfig({false, false}, /*head_dim=*/16); }
 
 std::vector<float> Rows(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -37,7 +29,7 @@ std::vector<float> Rows(int64_t n, uint32_t seed) {
   return v;
 }
 
-TEST(ChunkStoreTest, WrittenChunksReadBackWithTheirMeanKeysAsLandmarks) {
+TEST(ChunkStoreTest, WrittenChunksReadBackAsTheSameRows) {
   const model::ModelConfig c = Config();
   const int64_t kv_dim = c.n_head_kv * c.head_dim, chunks = 3;
   ThreadPool pool(1);
@@ -47,17 +39,7 @@ TEST(ChunkStoreTest, WrittenChunksReadBackWithTheirMeanKeysAsLandmarks) {
   auto id = cs.Open();
   ASSERT_TRUE(id.ok()) << id.status();
   const std::vector<float> k = Rows(chunks * kChunk * kv_dim, 1), v = Rows(chunks * kChunk * kv_dim, 2);
-  std::vector<float> marks(chunks * kv_dim);
-  ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, chunks, k.data(), v.data(), marks.data()).ok());
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    for (int64_t g = 0; g < c.n_head_kv; ++g) {
-      for (int64_t i = 0; i < c.head_dim; ++i) {
-        double sum = 0;
-        for (int64_t t = 0; t < kChunk; ++t) sum += k[(ch * kChunk + t) * kv_dim + g * c.head_dim + i];
-        ASSERT_EQ(marks[(ch * c.n_head_kv + g) * c.head_dim + i], static_cast<float>(sum / kChunk));
-      }
-    }
-  }
+  ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, chunks, k.data(), v.data()).ok());
   std::vector<float> k2, v2;
   ASSERT_TRUE(cs.ReadRows(*id, 1, 1, chunks, &k2, &v2).ok());
   EXPECT_EQ(k2, std::vector<float>(k.begin() + kChunk * kv_dim, k.end()));
@@ -92,7 +74,7 @@ TEST(ChunkStoreTest, BlocksLandInDeviceMemoryOnEveryDevice) {
     auto id = cs.Open();
     ASSERT_TRUE(id.ok());
     const std::vector<float> k = Rows(2 * kChunk * kv_dim, 5), v = Rows(2 * kChunk * kv_dim, 6);
-    ASSERT_TRUE(cs.WriteChunks(*id, 0, 0, 2, k.data(), v.data(), nullptr).ok());
+    ASSERT_TRUE(cs.WriteChunks(*id, 0, 0, 2, k.data(), v.data()).ok());
     auto slots = device->Allocate(backend::MemoryTag::kResidentSlots, 4 * cs.block_bytes());
     ASSERT_TRUE(slots.ok());
     // Chunk 1 head 1 into slot 0, chunk 0 head 0 into slot 3.
@@ -219,7 +201,7 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
   auto id = cs.Open();
   ASSERT_TRUE(id.ok());
   const std::vector<float> k = Rows(2 * kChunk * kv_dim, 7), v = Rows(2 * kChunk * kv_dim, 8);
-  ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, 2, k.data(), v.data(), nullptr).ok());
+  ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, 2, k.data(), v.data()).ok());
   auto slots = device.Allocate(backend::MemoryTag::kResidentSlots, 2 * cs.block_bytes());
   ASSERT_TRUE(slots.ok());
   const std::vector<kvpool::ChunkRef> refs = {{1, 0, 1}, {1, 1, 0}};

@@ -1,20 +1,19 @@
 // The sparse manager's write path: a sparse layer's new rows go onto its device rows, and every
-// chunk they complete goes to the store as one [K | V] block per KV head, its landmarks (the mean
-// of the chunk's post-RoPE keys per KV head) computed by ChunkStore::WriteChunks and copied to the
-// layer's landmark buffer. With prefix reuse, sliding layers' completed chunks are written too.
+// chunk they complete gets its landmark per KV head (the mean of the chunk's post-RoPE keys,
+// Ops::ChunkMeans, computed where the keys are) and goes to the store as one [K | V] block per
+// KV head through the write-back (write_back.h), or at once from host rows that start a chunk
+// (a restored prefix, random KV).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "dd/backend/device.h"
 #include "decode-worker/engine/chunk_store.h"
-#include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/sparse_options.h"
 #include "decode-worker/engine/sparse_rows.h"
+#include "decode-worker/engine/write_back.h"
 #include "decode-worker/model/attention.h"
 
 namespace dd::engine {
@@ -23,17 +22,19 @@ class ChunkWriter {
  public:
   ChunkWriter(const model::ModelConfig& config, const SparseOptions& options, backend::Device& device,
               SparseRows& rows, ChunkStore& chunks)
-      : config_(config), options_(options), device_(device), rows_(rows), chunks_(chunks) {}
+      : config_(config), options_(options), device_(device), rows_(rows), chunks_(chunks),
+        write_back_(config, options.chunk_tokens, device, rows, chunks) {}
 
   // Appends rows for positions [pos, pos + n) of store sequence `id`'s layer `layer` (k, v: n
   // rows, device memory in src_buf, or host memory when it is empty); every chunk they
   // complete gets its landmarks and goes to the store.
   absl::Status Append(LayerRows& st, kvpool::SequenceId id, int64_t layer, const backend::DeviceBuffer& src_buf,
                       const float* k, const float* v, int64_t pos, int64_t n);
-  // A sliding layer's call: writes the chunks its real rows completed, read back from `dense`,
-  // into each row's store sequence (`store_of`).
-  absl::Status OffloadSliding(DenseKvCache& dense, const model::AttentionCall& call,
-                              absl::FunctionRef<absl::StatusOr<kvpool::SequenceId>(int32_t)> store_of);
+  // Completed chunks still on their way, written to the store now (WriteBack::Flush); or dropped
+  // (the store is gone).
+  absl::Status Flush() { return write_back_.Flush(); }
+  void Discard() { write_back_.Discard(); }
+  bool writing_back() const { return write_back_.pending(); }
 
  private:
   const model::ModelConfig& config_;
@@ -41,8 +42,8 @@ class ChunkWriter {
   backend::Device& device_;
   SparseRows& rows_;
   ChunkStore& chunks_;
-  std::vector<float> k_, v_;       // the completed chunks' rows, on the host
-  std::vector<float> landmarks_;   // their landmarks, until the next sync of the compute queue
+  WriteBack write_back_;
+  std::vector<const float*> keys_;  // the completed chunks' key rows, for ChunkMeans
 };
 
 }  // namespace dd::engine

@@ -8,25 +8,17 @@
 
 namespace dd::engine {
 
-absl::StatusOr<kvpool::SequenceId> DensePrefixStore::SeqOf(int32_t seq) {
-  if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
-  if (seq >= static_cast<int32_t>(seqs_.size())) seqs_.resize(seq + 1, 0);
-  if (seqs_[seq] == 0) {
-    ASSIGN_OR_RETURN(seqs_[seq], chunks_.Open());
-  }
-  return seqs_[seq];
-}
-
-absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
+absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, kvpool::SequenceId own,
+                                       int64_t tokens) {
   const int64_t C = chunk_, kv_dim = config_.n_head_kv * config_.head_dim;
   if (tokens <= 0 || tokens % C != 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
   }
   if (dense_.Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
-  ASSIGN_OR_RETURN(const kvpool::SequenceId own, SeqOf(seq));
   constexpr int64_t kBatch = 64;  // chunks per gather
   std::vector<float> k, v, krows, vrows;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (!layers_[l]) continue;
     // A sliding layer needs only the rows its decode-time ring keeps.
     const int64_t keep_from = config_.layer_is_swa[l] ? std::max<int64_t>(0, tokens - config_.sliding_window - 1) : 0;
     const int64_t first = keep_from / C * C, chunks = tokens / C;
@@ -35,7 +27,7 @@ absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, i
     for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
       const int64_t c1 = std::min(chunks, c0 + kBatch);
       RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
-      RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data(), nullptr));
+      RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
       for (int64_t pos = std::max(first, c0 * C); pos < c1 * C; ++pos) {
         std::memcpy(&krows[(pos - first) * kv_dim], &k[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
         std::memcpy(&vrows[(pos - first) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
@@ -46,28 +38,17 @@ absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, i
   return absl::OkStatus();
 }
 
-absl::Status DensePrefixStore::Offload(int32_t seq, int64_t from, int64_t to) {
+absl::Status DensePrefixStore::Offload(int32_t seq, kvpool::SequenceId own, int64_t from, int64_t to) {
   const int64_t C = chunk_, kv_dim = config_.n_head_kv * config_.head_dim;
   const int64_t c0 = from / C, c1 = to / C;  // the chunks this pass completed
   if (c1 <= c0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const kvpool::SequenceId own, SeqOf(seq));
   std::vector<float> k((c1 - c0) * C * kv_dim), v(k.size());
   for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (!layers_[l]) continue;
     RETURN_IF_ERROR(dense_.ReadRows(seq, l, c0 * C, c1 * C, k.data(), v.data()));
-    RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data(), nullptr));
+    RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
   }
   return absl::OkStatus();
-}
-
-absl::Status DensePrefixStore::Commit(int32_t seq, absl::Span<const uint64_t> keys, uint64_t owner) {
-  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || seqs_[seq] == 0) return absl::OkStatus();
-  return chunks_.CommitPrefix(seqs_[seq], keys, owner);
-}
-
-void DensePrefixStore::Release(int32_t seq) {
-  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || seqs_[seq] == 0) return;
-  chunks_.Release(seqs_[seq]);
-  seqs_[seq] = 0;
 }
 
 }  // namespace dd::engine

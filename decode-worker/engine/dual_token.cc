@@ -88,7 +88,7 @@ int32_t DualTokenStep::SpeculativeToken(int32_t seq, int64_t pos, int32_t greedy
   return greedy;
 }
 
-absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transformer& transformer, SparseKvCache& kv,
+absl::Status DualTokenStep::Step(absl::Span<const BatchRow> rows, model::Transformer& transformer, KvCache& kv,
                                  std::vector<float>* logits) {
   const int64_t V = model_.config.n_vocab, d = model_.config.n_embd;
   for (const BatchRow& r : rows) {

@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "decode-worker/engine/sparse_kv_cache.h"
+#include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/spec_head.h"
 #include "decode-worker/engine/token_history.h"
 #include "decode-worker/model/transformer.h"
@@ -60,9 +60,8 @@ class DualTokenStep {
   void SetOracle(int32_t seq, int64_t first_pos, std::vector<int32_t> tokens);
 
   // One step of real rows `rows` (one per slot, want_logits) through `transformer` on the
-  // sparse cache `kv` (which keeps speculative KV for the carry). `logits` gets n_vocab per
-  // real row.
-  absl::Status Step(absl::Span<const model::BatchRow> rows, model::Transformer& transformer, SparseKvCache& kv,
+  // KV `kv` (which keeps speculative KV for the carry). `logits` gets n_vocab per real row.
+  absl::Status Step(absl::Span<const model::BatchRow> rows, model::Transformer& transformer, KvCache& kv,
                     std::vector<float>* logits);
 
   // Since construction: speculative tokens replaced by the resync; real rows that started

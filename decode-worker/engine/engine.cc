@@ -22,8 +22,6 @@ EngineOptions Engine::Normalized(EngineOptions o, const model::ModelConfig& conf
   // did, the context head's does not (docs/decisions/0009-speculative-row-cost.md).
   o.sparse.spec_candidates = o.sparse.SpecCandidatesFor(o.spec_head == SpecHead::kFull);
   if (o.prefill_chunk <= 0) o.prefill_chunk = 512;
-  // Prefix reuse restores sliding layers from the store too, so the sparse cache offloads them.
-  if (o.prefix_block_tokens > 0) o.sparse.offload_sliding = true;
   return o;
 }
 
@@ -427,7 +425,7 @@ absl::Status Engine::DecodeStep(absl::Span<const int32_t> seqs, absl::Span<const
     reservations_[s].prefilling = false;
   }
   if (dual_ == nullptr) return transformer_->Forward(rows, *kv_, logits);
-  return dual_->Step(rows, *transformer_, *kv_->sparse(), logits);
+  return dual_->Step(rows, *transformer_, *kv_, logits);
 }
 
 absl::StatusOr<GenerateResult> Engine::Generate(absl::Span<const int32_t> prompt, const GenerateOptions& options,

@@ -144,7 +144,7 @@ class Engine {
   // next step on (SparseOptions::selection_model); nothing in full mode.
   void SetSelectionModel(const SelectionModel& m) {
     options_.sparse.selection_model = m;
-    if (kv_->sparse() != nullptr) kv_->sparse()->SetSelectionModel(m);
+    kv_->SetSelectionModel(m);
   }
   // Compute threads used from now on (1..options' threads; <= 0: all). Same results with any
   // count (ThreadPool::SetActive); the benchmarks prefill with all and decode with one fewer.
@@ -162,8 +162,8 @@ class Engine {
   int64_t carried_rows() const { return dual_ != nullptr ? dual_->carried_rows() : 0; }
   // Time the compute thread spent waiting for KV transfers.
   int64_t transfer_wait_ns() const { return kv_->transfer_wait_ns(); }
-  // The sparse KV manager's statistics (null in `full` mode).
-  const SparseKvCache* sparse_cache() const { return kv_->sparse(); }
+  // The KV: its selection and transfer statistics (KvCache::total_stats and the others).
+  const KvCache& kv() const { return *kv_; }
   // Prompt tokens restored from committed prefixes instead of prefilled, since construction.
   int64_t prefix_reused_tokens() const { return kv_->prefix_reused_tokens(); }
 

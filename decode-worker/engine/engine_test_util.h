@@ -1,4 +1,5 @@
-// Checks shared by the real-model engine tests (engine_test.cc, smollm2_engine_test.cc).
+// Checks shared by the real-model engine tests (engine_test.cc, smollm2_engine_test.cc), and the
+// small model shape of the tests that drive the KV side without a model.
 #pragma once
 
 #include <cstring>
@@ -10,6 +11,36 @@
 #include "gtest/gtest.h"
 
 namespace dd::engine::testing_util {
+
+// 4 query heads and 2 KV heads of `head_dim`, a 4096-token context, a 64-token sliding window;
+// layer l is a sliding-window layer where swa[l].
+// One layer's attention call (softmax scale 0.2) over rows whose q, k, v and out are row-major in
+// host vectors.
+inline model::AttentionCall AttentionCallOf(int64_t layer, const std::vector<model::BatchRow>& rows,
+                                            std::vector<float>& q, std::vector<float>& k, std::vector<float>& v,
+                                            std::vector<float>& out) {
+  model::AttentionCall call;
+  call.layer = layer;
+  call.scale = 0.2f;
+  call.rows = rows;
+  call.q = q.data();
+  call.k = k.data();
+  call.v = v.data();
+  call.out = out.data();
+  return call;
+}
+
+inline model::ModelConfig SmallConfig(std::vector<bool> swa, int64_t head_dim = 32) {
+  model::ModelConfig c;
+  c.n_layer = static_cast<int64_t>(swa.size());
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.head_dim = head_dim;
+  c.n_ctx_train = 4096;
+  c.sliding_window = 64;
+  c.layer_is_swa = std::move(swa);
+  return c;
+}
 
 // The engine for options a test expects to work (Engine::Create); a test binary that cannot
 // have it stops there with the reason.

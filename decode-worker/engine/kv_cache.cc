@@ -1,7 +1,10 @@
 #include "decode-worker/engine/kv_cache.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "decode-worker/engine/random_kv.h"
 #include "glog/logging.h"
 #include "kv-pool/client/pool_kv_store.h"
 
@@ -11,16 +14,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
                                                          backend::Device& device) {
   const int64_t B = options.prefix_block_tokens, C = options.sparse.chunk_tokens;
   if (B != 0) {
-    if (options.mode != DecodeMode::kFull && options.sparse.sparse_layers.any()) {
-      // Layers kept dense are not offloaded: a committed prefix would lack their KV.
-      return absl::InvalidArgumentError("prefix reuse needs every global layer sparse (no --sparse_layers)");
-    }
     if (B < 0 || C <= 0 || B % C != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("prefix_block_tokens must be a positive multiple of the chunk (", C, "), got ", B));
-    }
-    if (options.mode != DecodeMode::kFull && !options.sparse.offload_sliding) {
-      return absl::InvalidArgumentError("prefix reuse in a sparse mode needs offload_sliding (Engine::Normalized)");
     }
   }
   std::unique_ptr<KvCache> kv(new KvCache(config, std::move(options)));
@@ -29,20 +25,97 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
     ASSIGN_OR_RETURN(kv->store_, kvpool::OpenKvStore(o.kv_store, o.kv_store_token, o.link, o.prefix_cache_bytes,
                                                      std::max<int64_t>(0, o.prefix_cache_tenant_bytes)));
   }
-  if (o.mode == DecodeMode::kFull) {
-    kv->dense_ = std::make_unique<DenseKvCache>(config, device);
-    if (kv->prefix_reuse()) {
-      kv->dense_prefix_ = std::make_unique<DensePrefixStore>(config, C, kv->store_.get(), device, *kv->dense_);
-    }
-  } else {
+  if (o.mode != DecodeMode::kFull) {
     ASSIGN_OR_RETURN(kv->sparse_, SparseKvCache::Create(config, o.sparse, kv->store_.get(), device));
+  }
+  kv->dense_ = std::make_unique<DenseKvCache>(config, device);
+  if (kv->prefix_reuse()) {
+    kv->dense_prefix_ =
+        std::make_unique<DensePrefixStore>(config, C, kv->store_.get(), device, *kv->dense_, kv->DenseLayers());
   }
   return kv;
 }
 
+std::vector<bool> KvCache::DenseLayers() const {
+  std::vector<bool> dense(config_.n_layer);
+  for (int64_t l = 0; l < config_.n_layer; ++l) dense[l] = sparse_ == nullptr || !sparse_->Holds(l);
+  return dense;
+}
+
+absl::Status KvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
+  if (sparse_ == nullptr) return dense_->Reserve(seq, prompt_tokens, total_tokens, pass_rows);
+  const std::vector<bool> dense = DenseLayers();
+  RETURN_IF_ERROR(dense_->ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, &dense));
+  absl::Status st = sparse_->Reserve(seq, prompt_tokens, total_tokens, pass_rows);
+  if (!st.ok()) dense_->Reset(seq);
+  return st;
+}
+
+absl::Status KvCache::FinishPrefill(int32_t seq) {
+  RETURN_IF_ERROR(dense_->FinishPrefill(seq));
+  return sparse_ != nullptr ? sparse_->FinishPrefill(seq) : absl::OkStatus();
+}
+
+absl::Status KvCache::Copy(int32_t src, int32_t dst) {
+  RETURN_IF_ERROR(dense_->Copy(src, dst));
+  if (sparse_ == nullptr) return absl::OkStatus();
+  absl::Status st = sparse_->Copy(src, dst);
+  if (!st.ok()) dense_->Reset(dst);
+  return st;
+}
+
+int64_t KvCache::Length(int32_t seq) const {
+  return std::max(dense_->Length(seq), sparse_ != nullptr ? sparse_->Length(seq) : int64_t{0});
+}
+
+absl::Status KvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t seed) {
+  if (sparse_ == nullptr) return dense_->FillRandom(seq, tokens, seed);
+  if (tokens <= 0) return absl::InvalidArgumentError(absl::StrCat("random KV of ", tokens, " tokens"));
+  if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
+  RETURN_IF_ERROR(sparse_->FillRandom(seq, tokens, seed));
+  const RandomKv rows(seed, config_.n_head_kv * config_.head_dim);
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (!sparse_->Holds(l)) RETURN_IF_ERROR(dense_->FillRandomLayer(seq, l, tokens, rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::KeepSpeculative(int32_t seq, int64_t layers) {
+  if (layers > carry_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("keep speculative KV in ", layers, " layers: only the first ",
+                                                   carry_layers(), " attend densely"));
+  }
+  return dense_->KeepSpeculative(seq, layers);
+}
+
+const std::vector<KvLayerStats>& KvCache::layer_stats() const {
+  static const std::vector<KvLayerStats>* const kNone = new std::vector<KvLayerStats>();
+  return sparse_ != nullptr ? sparse_->layer_stats() : *kNone;
+}
+
+absl::StatusOr<kvpool::SequenceId> KvCache::StoreSequence(int32_t seq) {
+  if (sparse_ != nullptr) return sparse_->StoreSequence(seq);
+  if (seq < 0) return absl::InvalidArgumentError(absl::StrCat("negative sequence slot ", seq));
+  if (seq >= static_cast<int32_t>(own_seq_.size())) own_seq_.resize(seq + 1, 0);
+  if (own_seq_[seq] == 0) {
+    ASSIGN_OR_RETURN(own_seq_[seq], dense_prefix_->chunks().Open());
+  }
+  return own_seq_[seq];
+}
+
+absl::Status KvCache::AfterPrefill(int32_t seq, int64_t from, int64_t to) {
+  if (dense_prefix_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const kvpool::SequenceId own, StoreSequence(seq));
+  return dense_prefix_->Offload(seq, own, from, to);
+}
+
 void KvCache::Release(int32_t seq) {
-  manager().Reset(seq);
-  if (dense_prefix_ != nullptr) dense_prefix_->Release(seq);
+  dense_->Reset(seq);
+  if (sparse_ != nullptr) sparse_->Reset(seq);
+  if (seq >= 0 && seq < static_cast<int32_t>(own_seq_.size()) && own_seq_[seq] != 0) {
+    dense_prefix_->chunks().Release(own_seq_[seq]);
+    own_seq_[seq] = 0;
+  }
   if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
 }
 
@@ -74,12 +147,16 @@ int64_t KvCache::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, in
   }
   if (match->blocks == 0) return 0;
   const int64_t restored = match->blocks * B;
-  absl::Status st = sparse_ != nullptr ? sparse_->RestorePrefix(seq, match->seq, restored)
-                                       : dense_prefix_->Restore(seq, match->seq, restored);
+  absl::Status st = sparse_ != nullptr ? sparse_->RestorePrefix(seq, match->seq, restored) : absl::OkStatus();
+  if (st.ok()) {
+    auto own = StoreSequence(seq);
+    st = own.ok() ? dense_prefix_->Restore(seq, match->seq, *own, restored) : own.status();
+  }
   (void)store_->Release(match->seq);
   if (!st.ok()) {
     LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
-    manager().Reset(seq);
+    dense_->Reset(seq);
+    if (sparse_ != nullptr) sparse_->Reset(seq);
     return 0;
   }
   prefix_reused_tokens_ += restored;
@@ -91,8 +168,12 @@ void KvCache::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
   const kvpool::PrefixNamespace ns = NamespaceOf(seq);
   const std::vector<uint64_t> keys = kvpool::PrefixKeys(ns, tokens);
   if (keys.empty()) return;
-  absl::Status st = sparse_ != nullptr ? sparse_->CommitPrefix(seq, keys, ns.tenant_salt)
-                                       : dense_prefix_->Commit(seq, keys, ns.tenant_salt);
+  if (sparse_ == nullptr && (seq < 0 || seq >= static_cast<int32_t>(own_seq_.size()) || own_seq_[seq] == 0)) {
+    return;  // `full` mode: the slot has written no blocks
+  }
+  absl::Status st = sparse_ != nullptr ? sparse_->Flush() : absl::OkStatus();  // every block written
+  auto own = StoreSequence(seq);
+  if (st.ok()) st = own.ok() ? store_->CommitPrefix(*own, keys, ns.tenant_salt) : own.status();
   if (!st.ok()) LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
 }
 

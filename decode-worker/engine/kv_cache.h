@@ -1,10 +1,13 @@
 // The engine's KV: one coordinator over the KV managers of the decode mode, the KV store and
 // prefix reuse (docs/architecture.md, "KV caches, landmarks and selection"). The engine asks it
 // to reserve, prefill, restore, commit and release a slot and runs attention through it; the
-// engine itself does no store I/O.
-//   `full`:  a DenseKvCache for every layer, and with prefix reuse a DensePrefixStore that
-//            offloads completed chunks to the store and restores committed prefixes;
-//   sparse modes: a SparseKvCache (its global layers sparse, the others dense) over the store.
+// engine itself does no store I/O. Two managers side by side, each holding some layers:
+//   DenseKvCache:  every layer in `full` mode; the sliding and kept-dense layers in the others;
+//   SparseKvCache: the sparse modes' sparse layers (global layers), over the store.
+// Each layer's attention call goes to the manager that holds the layer. With prefix reuse a
+// DensePrefixStore offloads the dense manager's completed chunks to the slot's store sequence
+// (the sparse manager's, in the sparse modes, which offloads its own as it attends) and restores
+// them from a committed prefix.
 // Created by Create, which refuses what cannot work (the store cannot be opened, options that
 // contradict) with the reason. Not thread-safe; used from the engine's compute thread.
 #pragma once
@@ -43,26 +46,36 @@ struct KvCacheOptions {
 class KvCache : public model::AttentionBackend {
  public:
   // `config` and `device` (the engine's) must outlive the cache. In sparse modes, and in `full`
-  // with prefix reuse, opens the store (options.kv_store). Prefix reuse in a sparse mode needs
-  // SparseOptions::offload_sliding, which Engine::Normalized sets.
+  // with prefix reuse, opens the store (options.kv_store).
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const model::ModelConfig& config, KvCacheOptions options,
                                                          backend::Device& device);
 
-  absl::Status Attend(const model::AttentionCall& call) override { return manager().Attend(call); }
-
-  // Slots. Reserve: device memory for a request (KvManager::Reserve). Open: starts the slot's
-  // store sequence now (sparse modes), so a full pool fails this request alone at admission.
-  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
-    return manager().Reserve(seq, prompt_tokens, total_tokens, pass_rows);
+  // To the manager that holds the call's layer.
+  absl::Status Attend(const model::AttentionCall& call) override {
+    return sparse_ != nullptr && sparse_->Holds(call.layer) ? sparse_->Attend(call) : dense_->Attend(call);
   }
+
+  // Slots. Reserve: device memory for a request (KvManager::Reserve), in both managers or in
+  // neither. Open: starts the slot's store sequence now (sparse modes), so a full pool fails
+  // this request alone at admission.
+  absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows);
   absl::Status Open(int32_t seq) { return sparse_ != nullptr ? sparse_->Open(seq) : absl::OkStatus(); }
-  absl::Status FinishPrefill(int32_t seq) { return manager().FinishPrefill(seq); }
+  absl::Status FinishPrefill(int32_t seq);
   // Frees the slot's KV and its store sequence (a committed prefix stays with the store).
   void Release(int32_t seq);
-  absl::Status Copy(int32_t src, int32_t dst) { return manager().Copy(src, dst); }
-  int64_t Length(int32_t seq) const { return manager().Length(seq); }
-  int64_t device_bytes() const { return manager().device_bytes(); }
-  absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) { return manager().FillRandom(seq, tokens, seed); }
+  absl::Status Copy(int32_t src, int32_t dst);
+  int64_t Length(int32_t seq) const;
+  int64_t device_bytes() const {
+    return dense_->device_bytes() + (sparse_ != nullptr ? sparse_->device_bytes() : 0);
+  }
+  absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed);
+
+  // The dual-token step's carry: layers [0, carry_layers()) attend densely and exactly (sliding
+  // windows, global layers kept dense) up to the first sparse layer, so a speculative row's
+  // state through them is the next real row's when the tokens match. 0 in `full` mode.
+  int64_t carry_layers() const { return sparse_ != nullptr ? sparse_->carry_layers() : 0; }
+  // Keeps slot `seq`'s last speculative KV in layers [0, layers) (DenseKvCache::KeepSpeculative).
+  absl::Status KeepSpeculative(int32_t seq, int64_t layers);
 
   // Prefix reuse (prefix_block_tokens > 0): `salt` scopes a slot's prefixes to its tenant
   // (kvpool::TenantSalt; 0: none) from SetPrefixSalt until Release.
@@ -72,11 +85,10 @@ class KvCache : public model::AttentionBackend {
   // number of tokens restored (0 when none, or on a store error, which is logged: the caller
   // prefills them instead).
   int64_t RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, int64_t limit);
-  // After a prefill pass wrote positions [from, to) of slot `seq`: `full` mode offloads the
-  // chunks it completed (the sparse cache offloads as it attends).
-  absl::Status AfterPrefill(int32_t seq, int64_t from, int64_t to) {
-    return dense_prefix_ != nullptr ? dense_prefix_->Offload(seq, from, to) : absl::OkStatus();
-  }
+  // After a prefill pass wrote positions [from, to) of slot `seq`, with prefix reuse: the
+  // dense manager's chunks it completed go to the slot's store sequence (the sparse manager
+  // offloads its own as it attends).
+  absl::Status AfterPrefill(int32_t seq, int64_t from, int64_t to);
   // Commits the slot's prompt blocks of `tokens` (its prompt but the last token) for reuse; a
   // store error is logged (the request goes on).
   void CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens);
@@ -96,30 +108,46 @@ class KvCache : public model::AttentionBackend {
   // device forgets the store's mapped memory, then the store reconnects (KvStore::Recover).
   absl::Status RecoverStore();
 
-  // The sparse manager, for its statistics and the dual-token step; null in `full` mode.
-  const SparseKvCache* sparse() const { return sparse_.get(); }
-  SparseKvCache* sparse() { return sparse_.get(); }
+  // Statistics of the sparse manager's selection and transfers; none (zeros) in `full` mode.
+  bool selects_chunks() const { return sparse_ != nullptr; }
+  const std::vector<KvLayerStats>& layer_stats() const;  // per model layer (empty in `full`)
+  KvLayerStats total_stats() const { return sparse_ != nullptr ? sparse_->total_stats() : KvLayerStats(); }
+  // Slot `seq`'s own hit rate and bytes moved (SparseKvCache::SeqHitRate, SeqTransfers).
+  double SeqHitRate(int32_t seq) const { return sparse_ != nullptr ? sparse_->SeqHitRate(seq) : 0.0; }
+  SparseKvCache::SeqKvBytes SeqTransfers(int32_t seq) const {
+    return sparse_ != nullptr ? sparse_->SeqTransfers(seq) : SparseKvCache::SeqKvBytes();
+  }
+  int64_t block_bytes() const { return sparse_ != nullptr ? sparse_->block_bytes() : 0; }
+  // Blocks landed on the device, and how (ChunkStore).
   int64_t fetched_chunks() const { return sparse_ != nullptr ? sparse_->fetched_chunks() : 0; }
   int64_t device_gathered_chunks() const { return sparse_ != nullptr ? sparse_->device_gathered_chunks() : 0; }
+  int64_t staged_gathered_chunks() const { return sparse_ != nullptr ? sparse_->staged_gathered_chunks() : 0; }
+  int64_t direct_chunks() const { return sparse_ != nullptr ? sparse_->direct_chunks() : 0; }
+  // Benchmarks: the selection model from the next step on (no effect in `full` mode).
+  void SetSelectionModel(const SelectionModel& m) {
+    if (sparse_ != nullptr) sparse_->SetSelectionModel(m);
+  }
 
  private:
   KvCache(const model::ModelConfig& config, KvCacheOptions options)
       : config_(config), options_(std::move(options)) {}
-  // The manager of the mode: exactly one of dense_ and sparse_ is set.
-  KvManager& manager() { return sparse_ != nullptr ? static_cast<KvManager&>(*sparse_) : *dense_; }
-  const KvManager& manager() const {
-    return sparse_ != nullptr ? static_cast<const KvManager&>(*sparse_) : *dense_;
-  }
   kvpool::PrefixNamespace NamespaceOf(int32_t seq) const;
+  // The slot's store sequence for prefix reuse: the sparse manager's, or in `full` mode its own
+  // (opened on first use).
+  absl::StatusOr<kvpool::SequenceId> StoreSequence(int32_t seq);
+  // The layers the dense manager holds, one flag per model layer.
+  std::vector<bool> DenseLayers() const;
 
   const model::ModelConfig& config_;
   KvCacheOptions options_;
   std::unique_ptr<kvpool::KvStore> store_;
-  std::unique_ptr<DenseKvCache> dense_;
-  std::unique_ptr<SparseKvCache> sparse_;
-  // `full` with prefix reuse: the slots' blocks in the store (the sparse cache keeps its own).
+  std::unique_ptr<DenseKvCache> dense_;    // always
+  std::unique_ptr<SparseKvCache> sparse_;  // sparse modes
+  // With prefix reuse: the dense manager's blocks in the store.
   std::unique_ptr<DensePrefixStore> dense_prefix_;
-  std::vector<uint64_t> prefix_salt_;  // per slot, 0 = none
+  // Per slot: the prefix salt (0 = none), and in `full` mode its store sequence (0 = none yet).
+  std::vector<uint64_t> prefix_salt_;
+  std::vector<kvpool::SequenceId> own_seq_;
   int64_t prefix_reused_tokens_ = 0;
 };
 

@@ -154,7 +154,7 @@ TEST_F(SelectionModelEngineTest, EverySparseModeAttendsTheModelsChunks) {
       all.insert(all.end(), logits.begin(), logits.end());
       for (int s = 0; s < 2; ++s) tokens[s] = Argmax(&logits[s * V], V);
     }
-    *stats = (*e)->sparse_cache()->total_stats();
+    *stats = (*e)->kv().total_stats();
     return all;
   };
   SparseKvCache::LayerStats plain, sparse, cached, dual;

@@ -253,7 +253,7 @@ TEST_F(SmolLM2EngineTest, SpecResyncPutsTheChainBackInStepAfterAJump) {
       EXPECT_TRUE(engine.DecodeStep({&seq, 1}, {&t, 1}, &step).ok());
       r.logits.insert(r.logits.end(), step.begin(), step.begin() + V);
     }
-    r.hits = engine.sparse_cache()->total_stats().hits;
+    r.hits = engine.kv().total_stats().hits;
     r.resyncs = engine.spec_resyncs();
     return r;
   };

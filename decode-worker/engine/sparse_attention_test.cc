@@ -7,36 +7,17 @@
 
 #include "dd/backend/cpu_device.h"
 #include "decode-worker/engine/dense_kv_cache.h"
+#include "decode-worker/engine/engine_test_util.h"
+#include "decode-worker/engine/kv_cache.h"
 #include "decode-worker/engine/sparse_kv_cache.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine {
 namespace {
 
-model::ModelConfig TinyConfig() {
-  model::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_head_kv = 2;
-  c.head_dim = 32;
-  c.n_ctx_train = 4096;
-  c.layer_is_swa.assign(c.n_layer, false);
-  return c;
-}
+model::ModelConfig TinyConfig() { return testing_util::SmallConfig({false, false}); }
 
-// One layer's attention call over rows whose q, k, v and out are row-major in the vectors.
-model::AttentionCall CallOf(int64_t layer, const std::vector<model::BatchRow>& rows, std::vector<float>& q,
-                            std::vector<float>& k, std::vector<float>& v, std::vector<float>& out) {
-  model::AttentionCall call;
-  call.layer = layer;
-  call.scale = 0.2f;
-  call.rows = rows;
-  call.q = q.data();
-  call.k = k.data();
-  call.v = v.data();
-  call.out = out.data();
-  return call;
-}
+using testing_util::AttentionCallOf;
 
 // Options as Engine::Normalized leaves them (the speculative shortlist resolved for a full head).
 SparseOptions Resolved(SparseOptions o = {}) {
@@ -47,7 +28,7 @@ SparseOptions Resolved(SparseOptions o = {}) {
 // Feeds identical real rows to each cache; returns the real rows' attention outputs.
 class Driver {
  public:
-  Driver(const model::ModelConfig& c, KvManager* cache, bool dual) : c_(c), cache_(cache), dual_(dual) {}
+  Driver(const model::ModelConfig& c, model::AttentionBackend* cache, bool dual) : c_(c), cache_(cache), dual_(dual) {}
 
   // One forward: `rows` real rows for `seq` (from rng_real), plus a speculative row in dual mode.
   std::vector<float> Step(int32_t seq, int64_t pos, int64_t n_rows, std::mt19937& rng_real, std::mt19937& rng_spec,
@@ -67,7 +48,7 @@ class Driver {
     for (int64_t r = 0; r < n_rows; ++r) fill(r, rng_real);
     if (with_spec) fill(n_rows, rng_spec);
     for (int64_t layer = 0; layer < c_.n_layer; ++layer) {
-      EXPECT_TRUE(cache_->Attend(CallOf(layer, rows, q, k, v, out)).ok());
+      EXPECT_TRUE(cache_->Attend(AttentionCallOf(layer, rows, q, k, v, out)).ok());
     }
     out.resize(n_rows * q_dim);  // the real rows only
     return out;
@@ -88,7 +69,7 @@ class Driver {
 
  private:
   const model::ModelConfig& c_;
-  KvManager* cache_;
+  model::AttentionBackend* cache_;
   bool dual_;
 };
 
@@ -152,7 +133,7 @@ TEST(SparseAttentionTest, OnDemandFetchRefusesSpeculativeRows) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   std::vector<float> q(2 * q_dim, 0.5f), k(2 * kv_dim, 0.5f), v(2 * kv_dim, 0.5f), out(2 * q_dim);
   const std::vector<model::BatchRow> rows = {{0, 200, 0, false}, {0, 201, 0, false, true}};
-  const absl::Status st = (*cache)->Attend(CallOf(0, rows, q, k, v, out));
+  const absl::Status st = (*cache)->Attend(AttentionCallOf(0, rows, q, k, v, out));
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("resident"), std::string::npos) << st;
 }
@@ -268,11 +249,10 @@ TEST(SparseAttentionTest, CopyContinuesLikeTheOriginal) {
   c.sliding_window = 64;
   ThreadPool pool(1);
   backend::CpuDevice device(0, pool);
-  auto store = kvpool::NewInProcessKvStore();
-  SparseOptions o = Resolved();
-  o.budget_tokens = 64;
-  auto cache = SparseKvCache::Create(c, o, store.get(), device);
-  ASSERT_TRUE(cache.ok());
+  KvCacheOptions o{.mode = DecodeMode::kSparse, .sparse = Resolved()};  // the sliding layer beside the sparse one
+  o.sparse.budget_tokens = 64;
+  auto cache = KvCache::Create(c, o, device);
+  ASSERT_TRUE(cache.ok()) << cache.status();
   Driver d(c, cache->get(), false);
   std::mt19937 real(1), spec(2);
   d.Step(0, 0, 200, real, spec, false);

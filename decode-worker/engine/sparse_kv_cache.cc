@@ -1,10 +1,10 @@
 #include "decode-worker/engine/sparse_kv_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "decode-worker/engine/attention_ops.h"
 #include "decode-worker/engine/random_kv.h"
 
@@ -16,7 +16,7 @@ void SparseKvCache::SkipWaitForTesting(SkipWait skip) {
 SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
                              backend::Device& device)
     : config_(config), options_(options), device_(device), chunks_(config, options.chunk_tokens, store, device),
-      dense_(config, device), stats_(config.n_layer), rows_(config, options_, device),
+      stats_(config.n_layer), rows_(config, options_, device),
       selector_(config, options_, device), writer_(config, options_, device, rows_, chunks_),
       fetch_(MakeFetchPolicy({config, options_, device, chunks_, stats_})) {
   map_.index.assign(config.n_layer, -1);
@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
 }
 
 SparseKvCache::~SparseKvCache() {
+  writer_.Discard();  // the copies waited for; the store is not written any more
   for (size_t i = 0; i < seqs_.size(); ++i) {
     if (seqs_[i].open) fetch_->WaitAll(static_cast<int32_t>(i));
   }
@@ -70,10 +71,16 @@ void SparseKvCache::FreeSeq(int32_t seq) {
   fetch_->Release(seq);
 }
 
+absl::StatusOr<kvpool::SequenceId> SparseKvCache::StoreSequence(int32_t seq) {
+  ASSIGN_OR_RETURN(const Seq* s, GetSeq(seq));
+  return s->store_id;
+}
+
 void SparseKvCache::Reset(int32_t seq) {
-  dense_.Reset(seq);
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return;
   if (seqs_[seq].open) {
+    // The chunks still on their way, every slot's: none may still read the rows about to go.
+    if (absl::Status st = writer_.Flush(); !st.ok()) LOG(WARNING) << "KV write-back failed: " << st;
     fetch_->WaitAll(seq);  // no transfer may still write into buffers about to be freed
     (void)device_.Synchronize(device_.Record(backend::Queue::kCompute));  // nor queued work read them
     FreeSeq(seq);
@@ -93,21 +100,8 @@ SparseKvCache::SeqKvBytes SparseKvCache::SeqTransfers(int32_t seq) const {
   return {c.prefetched * block_bytes(), c.urgent * block_bytes(), c.wasted * block_bytes()};
 }
 
-int64_t SparseKvCache::carry_layers() const {
-  if (options_.offload_sliding || map_.layers.empty()) return 0;
-  return map_.layers.front();
-}
-
-absl::Status SparseKvCache::KeepSpeculative(int32_t seq, int64_t layers) {
-  if (layers > carry_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("keep speculative KV in ", layers, " layers: only the first ",
-                                                   carry_layers(), " attend densely"));
-  }
-  return dense_.KeepSpeculative(seq, layers);
-}
-
 int64_t SparseKvCache::Length(int32_t seq) const {
-  int64_t n = dense_.Length(seq);
+  int64_t n = 0;
   if (seq >= 0 && seq < static_cast<int32_t>(seqs_.size())) {
     for (const LayerRows& st : seqs_[seq].layers) n = std::max(n, st.length);
   }
@@ -115,7 +109,7 @@ int64_t SparseKvCache::Length(int32_t seq) const {
 }
 
 int64_t SparseKvCache::device_bytes() const {
-  int64_t total = dense_.device_bytes() + fetch_->device_bytes();
+  int64_t total = fetch_->device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerRows& st : s.layers) total += rows_.bytes(st);
     total += s.scores.buf.bytes;
@@ -126,7 +120,7 @@ int64_t SparseKvCache::device_bytes() const {
 absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   if (src == dst) return absl::OkStatus();
   Reset(dst);
-  RETURN_IF_ERROR(dense_.Copy(src, dst));
+  RETURN_IF_ERROR(writer_.Flush());  // every block of `src` in the store before the copy
   ASSIGN_OR_RETURN(Seq * from, GetSeq(src));
   fetch_->WaitAll(src);
   ASSIGN_OR_RETURN(Seq * to, GetSeq(dst));  // `from` stays valid (a deque)
@@ -159,14 +153,8 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
   if (Length(seq) != 0 || (seq < static_cast<int32_t>(seqs_.size()) && seqs_[seq].reserved)) {
     return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is in use"));
   }
-  std::vector<bool> dense_layers(config_.n_layer);
-  for (int64_t l = 0; l < config_.n_layer; ++l) dense_layers[l] = map_.index[l] < 0;
-  RETURN_IF_ERROR(dense_.ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, &dense_layers));
   auto s = GetSeq(seq);
-  if (!s.ok()) {
-    dense_.Reset(seq);
-    return s.status();
-  }
+  if (!s.ok()) return s.status();
   (*s)->reserved = true;
   (*s)->total = total_tokens;
   absl::Status status;
@@ -180,7 +168,6 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
 }
 
 absl::Status SparseKvCache::FinishPrefill(int32_t seq) {
-  RETURN_IF_ERROR(dense_.FinishPrefill(seq));
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || !seqs_[seq].open) return absl::OkStatus();
   Seq& s = seqs_[seq];
   for (int64_t l : map_.layers) {
@@ -189,44 +176,23 @@ absl::Status SparseKvCache::FinishPrefill(int32_t seq) {
   return absl::OkStatus();
 }
 
-absl::Status SparseKvCache::CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys, uint64_t owner) {
-  ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
-  return chunks_.CommitPrefix(s->store_id, keys, owner);
-}
-
 absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {
-  const int64_t C = options_.chunk_tokens, kv_dim = config_.n_head_kv * config_.head_dim;
+  const int64_t C = options_.chunk_tokens;
   if (tokens <= 0 || tokens % C != 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefix of ", tokens, " tokens is not a positive multiple of ", C));
   }
   if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
   const int64_t chunks = tokens / C, batch = 64;  // chunks per gather
-  std::vector<float> k, v, krows, vrows;
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    const bool sliding = config_.layer_is_swa[l];
-    // Sliding layers keep the last window + 1 positions on the device.
-    const int64_t keep_from = sliding ? std::max<int64_t>(0, tokens - config_.sliding_window - 1) : 0;
-    if (sliding) {
-      krows.assign((tokens - keep_from) * kv_dim, 0.0f);
-      vrows.assign((tokens - keep_from) * kv_dim, 0.0f);
-    }
+  std::vector<float> k, v;
+  for (int64_t l : map_.layers) {
     for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
       const int64_t c1 = std::min(chunks, c0 + batch);
       RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
-      if (sliding) {
-        // The slot's own store sequence gets the blocks; the device the rows it keeps.
-        RETURN_IF_ERROR(chunks_.WriteChunks(s->store_id, l, c0, c1, k.data(), v.data(), nullptr));
-        for (int64_t pos = std::max(keep_from, c0 * C); pos < c1 * C; ++pos) {
-          std::memcpy(&krows[(pos - keep_from) * kv_dim], &k[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
-          std::memcpy(&vrows[(pos - keep_from) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
-        }
-      } else {  // landmarks and offload as in prefill
-        RETURN_IF_ERROR(writer_.Append(s->layers[l], s->store_id, l, backend::DeviceBuffer{}, k.data(), v.data(), c0 * C,
-                                        (c1 - c0) * C));
-      }
+      // Device rows, landmarks and the slot's own blocks, as in prefill.
+      RETURN_IF_ERROR(writer_.Append(s->layers[l], s->store_id, l, backend::DeviceBuffer{}, k.data(), v.data(), c0 * C,
+                                      (c1 - c0) * C));
     }
-    if (sliding) RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - keep_from));
   }
   return absl::OkStatus();
 }
@@ -241,11 +207,7 @@ absl::Status SparseKvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t see
   // rows do (device rows, landmarks, blocks to the store).
   const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 20) / kv_dim / C) * C;
   std::vector<float> k, v;
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    if (map_.index[l] < 0) {  // sliding, or a global layer kept dense (not offloaded)
-      RETURN_IF_ERROR(dense_.FillRandomLayer(seq, l, tokens, rows));
-      continue;
-    }
+  for (int64_t l : map_.layers) {
     for (int64_t p0 = 0; p0 < tokens; p0 += piece) {
       const int64_t p1 = std::min(tokens, p0 + piece);
       k.resize((p1 - p0) * kv_dim);

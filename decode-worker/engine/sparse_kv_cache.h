@@ -8,8 +8,9 @@
 //   ChunkWriter    (chunk_writer.h)    new rows to the device, completed chunks to the store;
 //   ChunkStore     (chunk_store.h)     the store's side: offloads, landmarks, landings, copies;
 //   AttentionPlan  (attention_plan.h)  one attention call per layer for the whole batch;
-//   SparseStats    (sparse_stats.h)    per-layer and per-request counts;
-// and the sliding (and kept-dense) layers' DenseKvCache.
+//   SparseStats    (sparse_stats.h)    per-layer and per-request counts.
+// It holds the sparse layers only (Holds): KvCache (kv_cache.h) runs the sliding and kept-dense
+// layers' DenseKvCache beside it and routes each layer's attention call to its manager.
 //
 // For each sparse layer (global-attention layers; sliding-window layers stay dense) and each
 // sequence, the device keeps the attention sinks, the local window and one landmark per full
@@ -41,7 +42,6 @@
 #include "decode-worker/engine/chunk_selector.h"
 #include "decode-worker/engine/chunk_store.h"
 #include "decode-worker/engine/chunk_writer.h"
-#include "decode-worker/engine/dense_kv_cache.h"
 #include "decode-worker/engine/fetch_policy.h"
 #include "decode-worker/engine/kv_manager.h"
 #include "decode-worker/engine/sparse_options.h"
@@ -69,29 +69,29 @@ class SparseKvCache : public KvManager {
   // Opens the slot's sequence in the store now rather than at its first row, so that a full
   // pool fails this request alone (at admission) instead of a whole forward pass.
   absl::Status Open(int32_t seq) { return GetSeq(seq).status(); }
-  // The dual-token step's carry: layers [0, carry_layers()) attend densely and exactly
-  // (sliding windows, global layers kept dense) up to the first sparse layer, so a speculative
-  // row's state through them is the next real row's when the tokens match. 0 when the first
-  // layer is sparse, or when sliding layers are offloaded (a kept row would skip that).
-  int64_t carry_layers() const;
-  // Keeps slot `seq`'s last speculative KV in those layers (DenseKvCache::KeepSpeculative).
-  absl::Status KeepSpeculative(int32_t seq, int64_t layers);
+  // The slot's sequence in the store (opened if need be): where KvCache offloads the blocks of
+  // the layers this manager does not hold, so that a committed prefix has every layer. Flush
+  // before committing it: completed chunks still on their way are written then.
+  absl::StatusOr<kvpool::SequenceId> StoreSequence(int32_t seq);
+  absl::Status Flush() { return writer_.Flush(); }
+  // Whether model layer `layer` is one of its sparse layers; Attend refuses the others.
+  bool Holds(int64_t layer) const { return layer >= 0 && layer < config_.n_layer && map_.index[layer] >= 0; }
+  // The layers before the first sparse one (0 when there is none): they attend densely and
+  // exactly, so the dual-token step may carry a speculative row's state through them
+  // (KvCache::carry_layers).
+  int64_t carry_layers() const { return map_.layers.empty() ? 0 : map_.layers.front(); }
   void Reset(int32_t seq) override;
   absl::Status Copy(int32_t src, int32_t dst) override;
   int64_t Length(int32_t seq) const override;
   int64_t device_bytes() const override;
   absl::Status Attend(const model::AttentionCall& call) override;
 
-  // Prefix reuse. RestorePrefix makes empty slot `seq` hold the state a prefill of the first
-  // `tokens` positions (a multiple of the chunk) would have left, reading every layer's blocks
-  // from `handle` (a store sequence, e.g. from LookupPrefix) and copying them into the slot's
-  // own store sequence; the prefill then continues at `tokens`, bit-identical to a whole one.
+  // Prefix reuse. RestorePrefix makes empty slot `seq` hold, in its sparse layers, the state a
+  // prefill of the first `tokens` positions (a multiple of the chunk) would have left, reading
+  // their blocks from `handle` (a store sequence, e.g. from LookupPrefix) and copying them into
+  // the slot's own store sequence (KvCache restores the other layers).
   absl::Status RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens);
-  // Commits the slot's first keys.size() prefix blocks under their keys, for `owner`
-  // (KvStore::CommitPrefix).
-  absl::Status CommitPrefix(int32_t seq, absl::Span<const uint64_t> keys, uint64_t owner);
-  // Sliding layers' blocks are not written to the store (offload_sliding is for prefix reuse,
-  // which random KV cannot serve).
+  // Its sparse layers only (KvCache fills the others).
   absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) override;
   kvpool::KvLayout store_layout() const { return chunks_.layout(); }
 
@@ -115,20 +115,23 @@ class SparseKvCache : public KvManager {
   // landing's registered host staging (the in-process store, ucx://).
   int64_t staged_gathered_chunks() const { return chunks_.staged_gathered_chunks(); }
   int64_t direct_chunks() const { return chunks_.direct_chunks(); }
-  // Before the store's Recover: the device unregisters the store's mapped memory (after the
-  // gathers from it), to register the new mapping at the next landing.
-  void ForgetStoreMappings() { chunks_.ForgetMappings(); }
+  // Before the store's Recover: what is on its way to the lost store is dropped, and the device
+  // unregisters the store's mapped memory (after the gathers from it), to register the new
+  // mapping at the next landing.
+  void ForgetStoreMappings() {
+    writer_.Discard();
+    chunks_.ForgetMappings();
+  }
   // Benchmarks: the selection model from the next step on (SparseOptions::selection_model).
   void SetSelectionModel(const SelectionModel& m) { selector_.set_model(m); }
 
   // Device memory for slot `seq` (empty) for a request of `prompt_tokens` growing to
-  // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse and
-  // dense layers will use, so that a decode step allocates nothing and the allocator's totals
+  // `total_tokens`, prefilled `pass_rows` rows per pass at most: every buffer the sparse
+  // layers will use, so that a decode step allocates nothing and the allocator's totals
   // are MemoryPlan's (tested). RESOURCE_EXHAUSTED (nothing kept) when the device cannot hold
   // it. A slot used without Reserve allocates as it goes (tests).
   absl::Status Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) override;
-  // The prompt is in: the prefill's linear rows become the decode window's ring, and the
-  // sliding layers' rings shrink (DenseKvCache::FinishPrefill).
+  // The prompt is in: the prefill's linear rows become the decode window's ring.
   absl::Status FinishPrefill(int32_t seq) override;
 
  private:
@@ -174,8 +177,7 @@ class SparseKvCache : public KvManager {
   const model::ModelConfig& config_;
   SparseOptions options_;
   backend::Device& device_;
-  ChunkStore chunks_;   // the store's side: offloads, landmarks, landings, fork copies
-  DenseKvCache dense_;  // the dense (sliding-window and kept-dense) layers
+  ChunkStore chunks_;  // the store's side: offloads, landmarks, landings, fork copies
   SparseStats stats_;
   SparseRows rows_;
   ChunkSelector selector_;

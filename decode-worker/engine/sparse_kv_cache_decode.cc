@@ -17,16 +17,14 @@
 namespace dd::engine {
 
 absl::Status SparseKvCache::Attend(const model::AttentionCall& call) {
-  if (config_.layer_is_swa[call.layer]) {
-    RETURN_IF_ERROR(dense_.Attend(call));
-    if (!options_.offload_sliding) return absl::OkStatus();
-    return writer_.OffloadSliding(dense_, call, [&](int32_t seq) -> absl::StatusOr<kvpool::SequenceId> {
-      ASSIGN_OR_RETURN(const Seq* s, GetSeq(seq));
-      return s->store_id;
-    });
+  if (!Holds(call.layer)) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", call.layer, " is not a sparse layer (KvCache routes it)"));
   }
-  if (map_.index[call.layer] < 0) return dense_.Attend(call);  // a global layer kept dense (sparse_layers)
+  // The previous pass's completed chunks to the store (their copies long done; WriteBack).
+  if (call.layer == map_.layers.front()) RETURN_IF_ERROR(writer_.Flush());
   absl::Status status = StartReads(call);
+  // A window shorter than a chunk lets a prediction name the chunk just completed: written first.
+  if (status.ok() && options_.window_tokens <= options_.chunk_tokens) status = writer_.Flush();
   if (status.ok()) status = SelectAndStart(call);
   if (status.ok()) status = AttendDecodeReads(call);
   if (!status.ok()) AbandonReads();

@@ -58,6 +58,17 @@ class SparseModeTest : public ModelFixture {
     }
     return all;
   }
+  // Run on the sim device with a 32-token budget: the device gathers every block itself from
+  // the in-process store's arena (registered with it), as from a shm:// pool.
+  std::vector<float> RunOnSim(DecodeMode mode) {
+    EngineOptions o{.mode = mode, .device = "sim"};
+    o.sparse.budget_tokens = 32;
+    auto e = testing_util::NewEngine(*this->model_, o);
+    std::vector<float> logits = Run(*e, 2, 200, 150);
+    EXPECT_GT(e->kv().fetched_chunks(), 0);
+    EXPECT_EQ(e->kv().device_gathered_chunks(), e->kv().fetched_chunks());
+    return logits;
+  }
   // Greedy-decodes `steps` tokens for two sequences that share a prompt of > 4K tokens (one
   // prefill, then a fork: an all-global model prefills ~100 tokens/s on 2 cores) and diverge
   // from the first generated token (the top token for one, the runner-up for the other).
@@ -197,7 +208,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   const auto b = this->RunForked(**dual, kSteps, SlowLinkFrom(**dual, kSlowFrom));
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
-  const auto t = (*dual)->sparse_cache()->total_stats();
+  const auto t = (*dual)->kv().total_stats();
   const int64_t layers = this->SparseLayers(), heads = this->KvHeads();
   EXPECT_EQ(t.selected, kSteps * 2 * layers * heads * kChunks);
   EXPECT_EQ(t.predicted_for, t.selected);  // every step had a prediction (pre-decoding seeds it)
@@ -207,7 +218,7 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   EXPECT_GT(t.hits, t.selected / 2) << "hit rate " << t.hit_rate();
   // The carry (EngineOptions::spec_carry) ran where the model has exact layers before its
   // first sparse one (Gemma 3: 5 sliding layers; SmolLM2's first layer is sparse).
-  if ((*dual)->sparse_cache()->carry_layers() > 0) {
+  if ((*dual)->kv().carry_layers() > 0) {
     EXPECT_GT((*dual)->carried_rows(), 0);
   } else {
     EXPECT_EQ((*dual)->carried_rows(), 0);
@@ -216,18 +227,18 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
   std::printf("carried rows: %lld of %d\n", static_cast<long long>((*dual)->carried_rows()), (kSteps - 1) * 2);
 
   // sparse-cached: the resident set without predictions.
-  const int64_t sparse_chunks = (*sparse)->sparse_cache()->fetched_chunks();
-  const int64_t dual_chunks = (*dual)->sparse_cache()->fetched_chunks();
+  const int64_t sparse_chunks = (*sparse)->kv().fetched_chunks();
+  const int64_t dual_chunks = (*dual)->kv().fetched_chunks();
   sparse->reset();
   o.mode = DecodeMode::kSparseCached;
   auto cached = Engine::Create(*this->model_, o);
   ASSERT_TRUE(cached.ok()) << cached.status();
   const auto c = this->RunForked(**cached, kSteps, SlowLinkFrom(**cached, kSlowFrom));
   EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
-  const auto tc = (*cached)->sparse_cache()->total_stats();
+  const auto tc = (*cached)->kv().total_stats();
   EXPECT_EQ(tc.urgent + tc.reused, tc.selected);
   EXPECT_EQ(tc.selected, t.selected);
-  const int64_t cached_chunks = (*cached)->sparse_cache()->fetched_chunks();
+  const int64_t cached_chunks = (*cached)->kv().fetched_chunks();
   // Chunks moved (prefill restore excluded: none here), and what the prediction takes off the
   // critical path. Figures in docs/decisions/0012-resident-set.md.
   EXPECT_LT(cached_chunks, sparse_chunks * 3 / 4) << cached_chunks << " vs " << sparse_chunks;
@@ -238,58 +249,48 @@ TYPED_TEST(SparseModeTest, DualDecoderRealRowsAreBitIdenticalToSparse) {
 }
 
 // The sparse modes on the simulated device (the hash test compares every mode's logits with
-// the cpu device's): attention must wait for the blocks copied to the device; leaving that
+// the cpu device's): attention waits for the blocks copied to the device, and leaving that
 // wait out aborts, naming the hazard, on every run (the checker follows the program order).
-TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionMustWaitForItsBlocks) {
+// Each death test is a test of its own: its child process runs the test's body again up to it.
+TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAttentionWaitsForItsBlocks) {
+  EXPECT_FALSE(this->RunOnSim(DecodeMode::kSparseCached).empty());
+  EXPECT_FALSE(this->RunOnSim(DecodeMode::kSparse).empty());
+}
+
+TYPED_TEST(SparseModeTest, OnTheSimulatedDeviceAMissingWaitForBlocksAborts) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const auto run = [&] {
-    EngineOptions o{.mode = DecodeMode::kSparse, .device = "sim"};
-    o.sparse.budget_tokens = 32;
-    auto e_owner = testing_util::NewEngine(*this->model_, o);
-    return this->Run(*e_owner, 2, 200, 150);
-  };
-  {
-    // With the wait. The device gathers every block itself from the in-process store's arena
-    // (registered with it), as from a shm:// pool.
-    EngineOptions o{.mode = DecodeMode::kSparseCached, .device = "sim"};
-    o.sparse.budget_tokens = 32;
-    auto e_owner = testing_util::NewEngine(*this->model_, o);
-    Engine& e = *e_owner;
-    EXPECT_FALSE(this->Run(e, 2, 200, 150).empty());
-    EXPECT_GT(e.sparse_cache()->fetched_chunks(), 0);
-    EXPECT_EQ(e.sparse_cache()->device_gathered_chunks(), e.sparse_cache()->fetched_chunks());
-  }
-  EXPECT_FALSE(run().empty());
   EXPECT_DEATH(
       {
         SparseKvCache::SkipWaitForTesting(SparseKvCache::SkipWait::kComputeWaitsForLanding);
-        run();
+        this->RunOnSim(DecodeMode::kSparse);
       },
       "hazard: compute #[0-9]+ \\(AttendGroups\\) reads workspace bytes .* which urgent #[0-9]+ \\(gather into "
       "workspace\\) writes, without waiting for it");
 }
 
+// A sparse engine's options with a 64-token budget: on the cpu with the in-process store, or on
+// the sim device with its KV in the pool at `address` (shm://).
+EngineOptions PoolOptions(DecodeMode mode, bool on_sim, const std::string& address) {
+  EngineOptions o{.mode = mode};
+  o.sparse.budget_tokens = 64;
+  if (on_sim) {
+    o.device = "sim";
+    o.kv_store = "shm://" + address;
+    o.kv_store_token = kvpool::testing_util::kAlice;
+  }
+  return o;
+}
+
 // KV in a shm:// pool, on the simulated device (which the host cannot write): the device
 // gathers every block itself from the pool's region, mapped here and registered with it (no
 // host copy); over ucx:// through registered staging; the logits are the cpu's with the
-// in-process store, bit for bit; and leaving out the compute queue's wait for a gather aborts,
-// naming the hazard (every sparse mode).
+// in-process store, bit for bit.
 TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   kvpool::testing_util::PoolProcess pool(30000, "1GiB");
   ASSERT_FALSE(pool.address().empty());
-  const auto options = [&](DecodeMode mode, bool on_sim) {
-    EngineOptions o{.mode = mode};
-    o.sparse.budget_tokens = 64;
-    if (on_sim) {
-      o.device = "sim";
-      o.kv_store = "shm://" + pool.address();
-      o.kv_store_token = kvpool::testing_util::kAlice;
-    }
-    return o;
-  };
+  const auto options = [&](DecodeMode mode, bool on_sim) { return PoolOptions(mode, on_sim, pool.address()); };
   // sparse-cached gathers urgent misses into resident slots, dualdecoder also prefetches on the
-  // prefetch queue; sparse (urgent gathers into the workspace) runs in the death test below.
+  // prefetch queue; sparse (urgent gathers into the workspace) runs in the death tests below.
   for (DecodeMode mode : {DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
     SCOPED_TRACE(std::string(DecodeModeName(mode)));
     auto cpu_or = Engine::Create(*this->model_, options(mode, false));
@@ -300,10 +301,10 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
     const std::vector<float> want = this->Run(cpu, 4, 200, 150), got = this->Run(sim, 4, 200, 150);
     ASSERT_EQ(want.size(), got.size());
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
-    const SparseKvCache* c = sim.sparse_cache();
+    const KvCache* c = &sim.kv();
     EXPECT_GT(c->fetched_chunks(), 0);
     EXPECT_EQ(c->device_gathered_chunks(), c->fetched_chunks());
-    EXPECT_EQ(cpu.sparse_cache()->device_gathered_chunks(), 0);
+    EXPECT_EQ(cpu.kv().device_gathered_chunks(), 0);
     // ucx://, which maps nothing: each landing goes through its own registered host staging,
     // moved by one device gather per buffer; the same bits.
     EngineOptions u = options(mode, true);
@@ -313,11 +314,20 @@ TYPED_TEST(SparseModeTest, FromAShmPoolTheDeviceGathersTheBlocksItself) {
     Engine& over_ucx = **over_ucx_or;
     const std::vector<float> via_staging = this->Run(over_ucx, 4, 200, 150);
     EXPECT_EQ(0, std::memcmp(want.data(), via_staging.data(), want.size() * sizeof(float)));
-    const SparseKvCache* uc = over_ucx.sparse_cache();
+    const KvCache* uc = &over_ucx.kv();
     EXPECT_GT(uc->fetched_chunks(), 0);
     EXPECT_EQ(uc->staged_gathered_chunks(), uc->fetched_chunks());
     EXPECT_EQ(uc->device_gathered_chunks(), 0);
   }
+}
+
+// Leaving out the compute queue's wait for a gather aborts, naming the hazard, from a shm://
+// pool and through ucx://'s registered staging (a test of its own: see above).
+TYPED_TEST(SparseModeTest, FromAPoolAMissingWaitForAGatherAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  kvpool::testing_util::PoolProcess pool(30000, "1GiB");
+  ASSERT_FALSE(pool.address().empty());
+  const auto options = [&](DecodeMode mode, bool on_sim) { return PoolOptions(mode, on_sim, pool.address()); };
   EXPECT_DEATH(
       {
         ChunkStore::SkipComputeWaitForTesting(true);

@@ -41,9 +41,6 @@ struct SparseOptions {
   int64_t chunk_tokens = 8;
   int64_t sink_tokens = 16;
   int64_t window_tokens = 64;
-  // Also write sliding-window layers' full chunks to the store (prefix reuse needs every
-  // layer's KV of a committed prefix).
-  bool offload_sliding = false;
   Predictor predictor = Predictor::kSpeculative;
   // dualdecoder: the speculative row after a real row scores only the landmarks of the real
   // row's best `spec_candidates` × budget chunks per KV head (plus chunks that became

@@ -54,6 +54,11 @@ absl::Status SparseRows::Reserve(LayerRows& st, int64_t prompt_tokens, int64_t t
   return absl::OkStatus();
 }
 
+absl::Status SparseRows::Idle() {
+  device_.Wait(Queue::kCompute, device_.Record(Queue::kWriteBack));
+  return device_.Synchronize(device_.Record(Queue::kCompute));
+}
+
 void SparseRows::Free(LayerRows& st) {
   for (DeviceBuffer* b : {&st.sink_k, &st.sink_v, &st.k, &st.v, &st.landmarks}) device_.Free(*b);
   st.sink_cap = st.cap = st.ring = st.landmark_cap = 0;
@@ -116,9 +121,9 @@ absl::Status SparseRows::Resize(LayerRows& st, int64_t cap, bool ring) {
     status.Update(device_.Copy(Queue::kCompute, st.v, RowOf(st, a) * row, n.v, to * row, len * row));
     a += len;
   }
-  if (status.ok() && st.cap > 0) status = device_.Synchronize(device_.Record(Queue::kCompute));
+  if (status.ok() && st.cap > 0) status = Idle();
   if (!status.ok()) {
-    (void)device_.Synchronize(device_.Record(Queue::kCompute));
+    (void)Idle();
     device_.Free(n.k);
     device_.Free(n.v);
     return status;
@@ -141,7 +146,7 @@ absl::Status SparseRows::Ensure(LayerRows& st, int64_t end) {
     if (st.sink_cap > 0) {
       status.Update(device_.Copy(Queue::kCompute, st.sink_k, 0, k, 0, st.sink_cap * row));
       status.Update(device_.Copy(Queue::kCompute, st.sink_v, 0, v, 0, st.sink_cap * row));
-      status.Update(device_.Synchronize(device_.Record(Queue::kCompute)));
+      status.Update(Idle());
     }
     device_.Free(st.sink_k);
     device_.Free(st.sink_v);
@@ -161,7 +166,7 @@ absl::Status SparseRows::EnsureLandmarks(LayerRows& st, int64_t chunks) {
   ASSIGN_OR_RETURN(DeviceBuffer n, AllocateOrEmpty(device_, MemoryTag::kLandmarks, cap * per_chunk));
   if (st.landmark_cap > 0) {
     absl::Status status = device_.Copy(Queue::kCompute, st.landmarks, 0, n, 0, st.landmark_cap * per_chunk);
-    status.Update(device_.Synchronize(device_.Record(Queue::kCompute)));
+    status.Update(Idle());
     if (!status.ok()) {
       device_.Free(n);
       return status;
@@ -197,15 +202,15 @@ absl::Status SparseRows::Store(LayerRows& st, int64_t p0, int64_t p1, const Devi
   return absl::OkStatus();
 }
 
-absl::Status SparseRows::ToHost(const LayerRows& st, int64_t p0, int64_t p1, float* k, float* v) {
+absl::Status SparseRows::ToHost(Queue q, const LayerRows& st, int64_t p0, int64_t p1, float* k, float* v) {
   const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
   RowRun runs[3];
   const int n = RunsOf(st, p0, p1, runs);
   for (int i = 0; i < n; ++i) {
     const RowRun& r = runs[i];
     const int64_t j = (r.pos - p0) * kv_dim;
-    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, r.sink ? st.sink_k : st.k, r.row * row, k + j, r.len * row));
-    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, r.sink ? st.sink_v : st.v, r.row * row, v + j, r.len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_k : st.k, r.row * row, k + j, r.len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_v : st.v, r.row * row, v + j, r.len * row));
   }
   return absl::OkStatus();
 }

@@ -48,8 +48,9 @@ class SparseRows {
   // empty, host memory (complete when the caller synchronizes).
   absl::Status Store(LayerRows& st, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf, const float* k,
                      const float* v);
-  // Enqueues copies of positions [p0, p1) into host rows k and v (complete after a sync).
-  absl::Status ToHost(const LayerRows& st, int64_t p0, int64_t p1, float* k, float* v);
+  // Enqueues on `q` copies of positions [p0, p1) into host rows k and v (complete after an
+  // event recorded on `q` after them).
+  absl::Status ToHost(backend::Queue q, const LayerRows& st, int64_t p0, int64_t p1, float* k, float* v);
   // The first decode row: the prompt's linear rows become the window's ring (for a sequence
   // that may reach `total` positions; 0: unknown).
   absl::Status StartDecoding(LayerRows& st, int64_t total);
@@ -66,6 +67,9 @@ class SparseRows {
   }
 
  private:
+  // Waits until no queue reads the rows any more (the compute queue's work, and the
+  // write-back's copies), so that buffers may be freed or replaced.
+  absl::Status Idle();
   int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
   int64_t RingRows(int64_t total) const;
   int64_t RowOf(const LayerRows& st, int64_t pos) const {

@@ -53,7 +53,7 @@ ABSL_FLAG(std::string, kv_store, "inproc://",
 ABSL_FLAG(int64_t, prefix_block, -1,
           "Prefix reuse, every mode: key prompts in blocks of this many tokens (a multiple of 8); a prompt starting "
           "with a stored prefix restores it instead of prefilling it. 0 = off; -1 (default) = 64 when serving "
-          "(ddctl serve, dd-decode-worker) unless --sparse_layers is set, else off");
+          "(ddctl serve, dd-decode-worker), else off");
 ABSL_FLAG(std::string, prefix_cache, "1GiB",
           "Prefix reuse with --kv_store inproc://: bytes of committed prefixes kept after their requests end, "
           "least recently used evicted first (a pool's cache is bounded by its tenant quota)");
@@ -186,7 +186,6 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
     o.sparse.sparse_layers.set(l);
   }
   // The serving default steps aside for --sparse_layers (layers kept dense are not offloaded).
-  if (absl::GetFlag(FLAGS_prefix_block) == -1 && o.sparse.sparse_layers.any()) o.prefix_block_tokens = 0;
   if (o.prefix_block_tokens < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--prefix_block must be >= 0 (or -1, the default), got ",
                                                    o.prefix_block_tokens));

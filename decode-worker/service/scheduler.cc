@@ -162,7 +162,7 @@ absl::Span<const int32_t> Scheduler::PrefillPrompt(const RequestSpec& spec) cons
   const int64_t original = n - static_cast<int64_t>(spec.resumed.size());
   // Full attention: a decode row's KV is a prefill row's, bit for bit, so prefilling the
   // resumed tokens too is exact (and one pass instead of a step each).
-  if (engine_.sparse_cache() == nullptr || original <= 0) return spec.prompt;
+  if (!engine_.kv().selects_chunks() || original <= 0) return spec.prompt;
   return absl::MakeConstSpan(spec.prompt).first(original);
 }
 
@@ -498,9 +498,9 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
     if (fresh > 1) e.tpot_s = std::chrono::duration<double>(r.last_token - r.first_token).count() / (fresh - 1);
   }
   // The request's own hit rate (its slot is still held here: Reap frees it).
-  if (const engine::SparseKvCache* sc = engine_.sparse_cache(); sc != nullptr && r.slot >= 0) {
-    e.hit_rate = sc->SeqHitRate(r.slot);
-    const engine::SparseKvCache::SeqKvBytes moved = sc->SeqTransfers(r.slot);
+  if (const engine::KvCache& kv = engine_.kv(); kv.selects_chunks() && r.slot >= 0) {
+    e.hit_rate = kv.SeqHitRate(r.slot);
+    const engine::SparseKvCache::SeqKvBytes moved = kv.SeqTransfers(r.slot);
     e.kv_prefetch_bytes = moved.prefetched;
     e.kv_urgent_bytes = moved.urgent;
     e.kv_wasted_bytes = moved.wasted;
@@ -623,19 +623,19 @@ void Scheduler::Reap() {
 void Scheduler::PublishStats() {
   int64_t tokens = 0;
   for (const auto& r : active_) tokens += engine_.Length(r->slot);
-  const engine::SparseKvCache* sc = engine_.sparse_cache();
+  const engine::KvCache& kv = engine_.kv();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.active_tokens = tokens;
   PublishMemoryLocked();
-  stats_.hit_rate = sc ? sc->total_stats().hit_rate() : 0;
+  stats_.hit_rate = kv.total_stats().hit_rate();
   stats_.transfer_wait_ns = engine_.transfer_wait_ns();
   stats_.spec_resyncs = engine_.spec_resyncs();
-  if (sc) {
-    const engine::SparseKvCache::LayerStats t = sc->total_stats();
-    stats_.kv_prefetch_bytes = t.prefetched * sc->block_bytes();
-    stats_.kv_urgent_bytes = t.urgent * sc->block_bytes();
-    stats_.kv_wasted_bytes = t.wasted * sc->block_bytes();
-    stats_.kv_layers = sc->layer_stats();
+  if (kv.selects_chunks()) {
+    const engine::KvLayerStats t = kv.total_stats();
+    stats_.kv_prefetch_bytes = t.prefetched * kv.block_bytes();
+    stats_.kv_urgent_bytes = t.urgent * kv.block_bytes();
+    stats_.kv_wasted_bytes = t.wasted * kv.block_bytes();
+    stats_.kv_layers = kv.layer_stats();
   }
 }
 

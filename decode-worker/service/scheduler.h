@@ -123,7 +123,7 @@ struct SchedulerStats {
   int64_t transfer_wait_ns = 0;
   int64_t spec_resyncs = 0;  // dualdecoder: Engine::spec_resyncs()
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
-  std::vector<engine::SparseKvCache::LayerStats> kv_layers;  // sparse modes: per model layer
+  std::vector<engine::KvLayerStats> kv_layers;  // sparse modes: per model layer
 };
 
 // Callbacks for metrics, run on the scheduler thread.

@@ -134,7 +134,7 @@ TEST_F(SchedulerTest, HitRateIsTheRequestsOwn) {
   auto eng = engine::Engine::Create(*model_, eo);
   ASSERT_TRUE(eng.ok()) << eng.status();
   Scheduler sched(**eng, {});
-  const engine::SparseKvCache& sc = *(*eng)->sparse_cache();
+  const engine::KvCache& sc = (*eng)->kv();
   for (int i : {3, 1}) {
     const auto before = sc.total_stats();
     RequestSpec s = Spec("h" + std::to_string(i), Prompts()[i], 16);

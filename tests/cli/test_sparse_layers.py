@@ -50,7 +50,6 @@ def test_one_sparse_layer_at_a_time(tmp_path):
     (("--sparse_layers", "4"), "is not a global layer of this model"),
     (("--sparse_layers", "5,5"), "listed twice"),
     (("--sparse_layers", "x"), "is not a layer index"),
-    (("--sparse_layers", "5", "--prefix_block", "256"), "prefix reuse needs every global layer sparse"),
     (("--each_sparse_layer", "4"), "is not a global layer of this model"),
 ])
 def test_bad_sparse_layers_are_named(tmp_path, flags, message):
