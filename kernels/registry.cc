@@ -1,25 +1,25 @@
 // The only place that decides, at compile time, whether the CUDA backend exists.
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dd/backend/cpu_device.h"
 #include "dd/backend/registry.h"
 #include "dd/backend/sim_device.h"
-#include "dd/kernels/backend.h"
 
 #if DD_HAVE_CUDA
 #include "cuda/cuda_entry.h"
 #endif
 
-namespace dd::kernels {
+namespace dd::backend {
 
 std::vector<BackendInfo> ListBackends() {
   std::vector<BackendInfo> out;
   out.push_back({"cpu", true, true, "always available"});
 #if DD_HAVE_CUDA
   BackendInfo cuda{"cuda", true, false, ""};
-  cuda.usable = cuda::ProbeDevice(&cuda.detail);
+  cuda.usable = kernels::cuda::ProbeDevice(&cuda.detail);
   out.push_back(cuda);
 #else
   out.push_back({"cuda", false, false, "not compiled (nvcc not found at build time)"});
@@ -30,24 +30,11 @@ std::vector<BackendInfo> ListBackends() {
 bool CudaUsable() {
 #if DD_HAVE_CUDA
   std::string detail;
-  return cuda::ProbeDevice(&detail);
+  return kernels::cuda::ProbeDevice(&detail);
 #else
   return false;
 #endif
 }
-
-absl::Status CudaDequantizeRows(DType t, const void* src, int64_t rows, int64_t cols, float* dst) {
-#if DD_HAVE_CUDA
-  if (!CudaUsable()) return absl::UnavailableError("no usable CUDA device");
-  return cuda::DequantizeRows(t, src, rows, cols, dst);
-#else
-  return absl::UnavailableError("built without CUDA");
-#endif
-}
-
-}  // namespace dd::kernels
-
-namespace dd::backend {
 
 absl::StatusOr<std::unique_ptr<Device>> CreateDevice(absl::string_view name, const DeviceOptions& options) {
   if (name == "auto") return CreateDevice(ResolveDeviceName(name), options);
@@ -86,7 +73,7 @@ std::string ResolveDeviceName(absl::string_view name, std::string* why) {
     if (why != nullptr) *why = "auto: sim stands for the GPU ($DD_AUTO_DEVICE_CANDIDATE, for tests)";
     return "sim";
   }
-  for (const kernels::BackendInfo& b : kernels::ListBackends()) {
+  for (const BackendInfo& b : ListBackends()) {
     if (b.name != "cuda") continue;
     if (why != nullptr) *why = absl::StrCat("auto: ", b.usable ? "CUDA device " : "cuda not usable, ", b.detail);
     return b.usable ? "cuda" : "cpu";

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "dd/kernels/backend.h"
+#include "dd/backend/registry.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
@@ -76,7 +76,7 @@ TEST_F(GemmaTest, AnUnknownFaultOrABadToleranceIsAnErrorNotAVerdict) {
 }
 
 TEST_F(GemmaTest, ADeviceThatCannotRunReturnsItsOwnError) {
-  if (kernels::CudaUsable()) GTEST_SKIP() << "a CUDA device is usable here";
+  if (backend::CudaUsable()) GTEST_SKIP() << "a CUDA device is usable here";
   auto r = CheckDevice(*model_, On("cuda", DecodeMode::kFull));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();

@@ -26,9 +26,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "dd/backend/registry.h"
 #include "decode-worker/engine/engine.h"
 #include "decode-worker/engine/gemma_test_fixture.h"
-#include "dd/kernels/backend.h"
 #include "gtest/gtest.h"
 
 namespace dd::engine {
@@ -242,7 +242,7 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
 // On a GPU the bits differ from the cpu's (other reduction orders), so there the checks are
 // the ones between modes and batches, and the greedy tokens of `full` against the cpu's.
 TYPED_TEST(LogitsHashTest, OnTheCudaDeviceTheModesAgreeBitForBit) {
-  if (!kernels::CudaUsable()) GTEST_SKIP() << "no usable CUDA device: the engine's CUDA runs are not done here";
+  if (!backend::CudaUsable()) GTEST_SKIP() << "no usable CUDA device: the engine's CUDA runs are not done here";
   std::map<std::string, StepHashes> got;
   for (DecodeMode m : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
     for (int b : {1, 4}) {

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "dd/backend/registry.h"
-#include "dd/kernels/backend.h"
 #include "dd/kernels/cpu_ops.h"
 #include "gtest/gtest.h"
 
@@ -171,6 +170,16 @@ TEST(CpuDeviceTest, EventsAreOrderedPerQueue) {
   EXPECT_TRUE(dev.Synchronize(b).ok());
 }
 
+TEST(DeviceRegistryTest, TheCpuBackendIsAlwaysThereAndCudaSaysWhatItIs) {
+  const std::vector<BackendInfo> backends = ListBackends();
+  ASSERT_EQ(backends.size(), 2u);
+  EXPECT_EQ(backends[0].name, "cpu");
+  EXPECT_TRUE(backends[0].compiled && backends[0].usable);
+  EXPECT_EQ(backends[1].name, "cuda");
+  EXPECT_EQ(backends[1].usable, CudaUsable());
+  EXPECT_FALSE(backends[1].detail.empty());  // the device's name, or why not
+}
+
 TEST(DeviceRegistryTest, EachNameGetsADeviceOrSaysWhyNot) {
   ThreadPool pool(1);
   auto cpu = CreateDevice("cpu", {.budget_bytes = 4096, .pool = &pool});
@@ -182,7 +191,7 @@ TEST(DeviceRegistryTest, EachNameGetsADeviceOrSaysWhyNot) {
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("cpu, sim, cuda"), std::string::npos) << unknown.status();
   const auto cuda = CreateDevice("cuda", {.budget_bytes = 1 << 20, .pool = &pool});
-  if (kernels::CudaUsable()) {
+  if (CudaUsable()) {
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     EXPECT_EQ((*cuda)->name(), "cuda");
   } else {  // not compiled, no device or no driver: the reason, not a crash

@@ -9,7 +9,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "dd/backend/device.h"
-#include "dd/kernels/dtype.h"
 
 namespace dd::kernels::cuda {
 
@@ -21,7 +20,5 @@ bool ProbeDevice(std::string* detail);
 // when `copy_engine_prefetch`.
 absl::StatusOr<std::unique_ptr<backend::Device>> CreateCudaDevice(int64_t budget_bytes, bool graphs,
                                                                   bool copy_engine_prefetch);
-
-absl::Status DequantizeRows(DType t, const void* src, int64_t rows, int64_t cols, float* dst);
 
 }  // namespace dd::kernels::cuda

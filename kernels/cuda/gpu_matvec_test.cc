@@ -17,7 +17,7 @@
 namespace dd::kernels::cuda {
 namespace {
 
-// Random Q4_K rows with finite, small super-block scales (as gpu_kernels_test does).
+// Random Q4_K rows with finite, small super-block scales.
 std::vector<uint8_t> RandomQ4K(int64_t n, int64_t k, uint32_t seed) {
   std::vector<uint8_t> w(n * (k / 256) * 144);
   std::mt19937 rng(seed);

@@ -1,10 +1,12 @@
-// Creating a compute device by name ("cpu", "sim", "cuda"); kernels/registry.cc holds the only
-// #if that decides whether the CUDA backend exists.
+// The compute backends: which this build has and which the machine can run, and creating a
+// device by name ("cpu", "sim", "cuda"). kernels/registry.cc holds the only #if that decides
+// whether the CUDA backend exists.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -12,6 +14,19 @@
 #include "dd/backend/device.h"
 
 namespace dd::backend {
+
+// A backend of this build. The cpu backend is always present and usable; the CUDA backend is
+// compiled when the build found nvcc, and usable only when a device answers at run time (any
+// CUDA error while probing counts as no device: without a driver, cudaGetDeviceCount answers
+// cudaErrorInsufficientDriver).
+struct BackendInfo {
+  std::string name;    // "cpu" or "cuda"
+  bool compiled = false;
+  bool usable = false;
+  std::string detail;  // the device's name, or why it is unusable
+};
+std::vector<BackendInfo> ListBackends();
+bool CudaUsable();
 
 struct DeviceOptions {
   int64_t budget_bytes = 0;     // device memory budget (0 = unlimited)
