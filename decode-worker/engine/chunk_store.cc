@@ -70,8 +70,9 @@ absl::Status ChunkStore::HostStaging::Ensure(backend::Device& device, int64_t by
 }
 
 ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
-                       backend::Device& device)
-    : config_(config), chunk_(chunk_tokens), store_(store), device_(device), caps_(device.caps()) {}
+                       backend::Device& device, bool device_gathers)
+    : config_(config), chunk_(chunk_tokens), store_(store), device_(device), caps_(device.caps()),
+      device_gathers_(device_gathers) {}
 
 ChunkStore::~ChunkStore() { ForgetMappings(); }
 
@@ -92,6 +93,7 @@ void ChunkStore::ForgetMappings() {
 
 bool ChunkStore::DeviceGathers() {
   if (caps_.host_reads_device_memory) return false;  // the transfer thread writes device memory itself
+  if (!device_gathers_) return false;
   const int64_t generation = store_->MappingGeneration();
   if (refused_ || generation == generation_) return !regions_.empty();
   // Once per change of the mapping: the ranges not registered yet (ranges are only added,

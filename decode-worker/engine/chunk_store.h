@@ -43,8 +43,12 @@ namespace dd::engine {
 
 class ChunkStore {
  public:
-  // `store` and `device` outlive this.
-  ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store, backend::Device& device);
+  // `store` and `device` outlive this. Without `device_gathers`, a store for host I/O only
+  // (DensePrefixStore: writes and reads rows, lands nothing): it never registers the store's
+  // memory with the device, which a second registration of the same memory would refuse (CUDA)
+  // to the store that lands the blocks.
+  ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store, backend::Device& device,
+             bool device_gathers = true);
   ~ChunkStore();  // waits for the device's gathers, then unregisters the mapped ranges
   ChunkStore(const ChunkStore&) = delete;
   ChunkStore& operator=(const ChunkStore&) = delete;
@@ -69,6 +73,8 @@ class ChunkStore {
   int64_t staged_gathered_chunks() const { return counts_.staged_gathered; }
   // Those the store's transport wrote into device memory itself (GPUDirect).
   int64_t direct_chunks() const { return counts_.direct; }
+  // Host regions of the store's mapped memory registered with the device (tests).
+  int64_t registered_regions() const { return static_cast<int64_t>(regions_.size()); }
 
   // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
   // from position c0 × chunk on): one block per KV head written to sequence `id`.
@@ -155,6 +161,7 @@ class ChunkStore {
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
 
   const backend::MemoryCaps caps_;  // the device's, read once
+  const bool device_gathers_;       // false: host I/O only, nothing registered
   struct Counts {  // blocks landed: all, gathered by the device, moved from staging, written directly
     int64_t fetched = 0, device_gathered = 0, staged_gathered = 0, direct = 0;
   };

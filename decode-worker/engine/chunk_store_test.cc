@@ -99,6 +99,30 @@ TEST(ChunkStoreTest, BlocksLandInDeviceMemoryOnEveryDevice) {
   }
 }
 
+// Two stores over one KV store on a device that gathers from the store's mapped memory: the
+// one that lands blocks registers that memory, a host-I/O-only one (the dense layers' prefix
+// store) never does, so it cannot take the registration from the other (CUDA refuses a second).
+TEST(ChunkStoreTest, AHostOnlyStoreRegistersNothingWithTheDevice) {
+  const model::ModelConfig c = Config();
+  const int64_t kv_dim = c.n_head_kv * c.head_dim;
+  ThreadPool pool(2);
+  auto device = backend::CreateSimDevice({.pool = &pool});
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto store = kvpool::NewInProcessKvStore();
+  ChunkStore host_only(c, kChunk, store.get(), **device, /*device_gathers=*/false);
+  auto id = host_only.Open();
+  ASSERT_TRUE(id.ok()) << id.status();
+  const std::vector<float> k = Rows(2 * kChunk * kv_dim, 5), v = Rows(2 * kChunk * kv_dim, 6);
+  ASSERT_TRUE(host_only.WriteChunks(*id, 0, 0, 2, k.data(), v.data()).ok());
+  EXPECT_EQ(host_only.registered_regions(), 0);
+  ChunkStore lands(c, kChunk, store.get(), **device);
+  auto other = lands.Open();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_GT(lands.registered_regions(), 0) << "the in-process store's arena, registered at admission";
+  host_only.Release(*id);
+  lands.Release(*other);
+}
+
 // A device whose memory the store's transport may write itself (cuda's, with GPUDirect): the
 // cpu device's memory, which the host can write, presented as memory the host does not read in
 // place but a transport writes itself (MemoryCaps). It counts the
