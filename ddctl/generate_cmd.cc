@@ -125,8 +125,8 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     j["mode"] = mode_name;
     if (const engine::KvCache* sc = &engine.kv(); sc->selects_chunks()) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
-      j["fetched_chunks"] = engine.fetched_chunks();
-      j["device_gathered_chunks"] = engine.device_gathered_chunks();
+      j["fetched_chunks"] = sc->fetched_chunks();
+      j["device_gathered_chunks"] = sc->device_gathered_chunks();
       j["staged_gathered_chunks"] = sc->staged_gathered_chunks();
       j["direct_chunks"] = sc->direct_chunks();
       nlohmann::json per_layer = nlohmann::json::array();

@@ -34,7 +34,6 @@ class ChunkWriter {
   // (the store is gone).
   absl::Status Flush() { return write_back_.Flush(); }
   void Discard() { write_back_.Discard(); }
-  bool writing_back() const { return write_back_.pending(); }
 
  private:
   const model::ModelConfig& config_;

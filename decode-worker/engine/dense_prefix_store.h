@@ -20,11 +20,11 @@ namespace dd::engine {
 
 class DensePrefixStore {
  public:
-  // `store`, `device` and `dense` (the engine's) must outlive it. `layers`: one flag per model
-  // layer, set for the layers `dense` holds.
+  // `store`, `device`, `dense` and `layers` (the KvCache's) must outlive it. `layers`: one flag
+  // per model layer, set for the layers `dense` holds.
   DensePrefixStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
-                   backend::Device& device, DenseKvCache& dense, std::vector<bool> layers)
-      : config_(config), chunk_(chunk_tokens), dense_(dense), layers_(std::move(layers)),
+                   backend::Device& device, DenseKvCache& dense, const std::vector<bool>& layers)
+      : config_(config), chunk_(chunk_tokens), dense_(dense), layers_(layers),
         chunks_(config, chunk_tokens, store, device, /*device_gathers=*/false) {}
 
   // The store's side, for the slots' own sequences in `full` mode.
@@ -41,7 +41,7 @@ class DensePrefixStore {
   const model::ModelConfig& config_;
   const int64_t chunk_;
   DenseKvCache& dense_;
-  const std::vector<bool> layers_;
+  const std::vector<bool>& layers_;
   ChunkStore chunks_;
 };
 

@@ -134,10 +134,6 @@ class Engine {
                                                         const EngineOptions& options);
   // The options as the engine runs them (Normalized).
   const EngineOptions& options() const { return options_; }
-  // Chunks fetched by the sparse cache (0 in full mode); per-layer prefetch statistics.
-  int64_t fetched_chunks() const { return kv_->fetched_chunks(); }
-  // Of those, the chunks the device gathered itself from the store's mapped memory.
-  int64_t device_gathered_chunks() const { return kv_->device_gathered_chunks(); }
   // Changes the simulated link for transfers issued from now on (sparse modes).
   void SetLink(const kvpool::LinkModel& link) { kv_->SetLink(link); }
   // Benchmarks on synthetic weights: the chunks of the sparse modes' steps follow `m` from the

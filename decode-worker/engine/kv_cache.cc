@@ -29,23 +29,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
     ASSIGN_OR_RETURN(kv->sparse_, SparseKvCache::Create(config, o.sparse, kv->store_.get(), device));
   }
   kv->dense_ = std::make_unique<DenseKvCache>(config, device);
+  kv->dense_layers_.resize(config.n_layer);
+  for (int64_t l = 0; l < config.n_layer; ++l) kv->dense_layers_[l] = kv->sparse_ == nullptr || !kv->sparse_->Holds(l);
   if (kv->prefix_reuse()) {
     kv->dense_prefix_ =
-        std::make_unique<DensePrefixStore>(config, C, kv->store_.get(), device, *kv->dense_, kv->DenseLayers());
+        std::make_unique<DensePrefixStore>(config, C, kv->store_.get(), device, *kv->dense_, kv->dense_layers_);
   }
   return kv;
 }
 
-std::vector<bool> KvCache::DenseLayers() const {
-  std::vector<bool> dense(config_.n_layer);
-  for (int64_t l = 0; l < config_.n_layer; ++l) dense[l] = sparse_ == nullptr || !sparse_->Holds(l);
-  return dense;
-}
-
 absl::Status KvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t total_tokens, int64_t pass_rows) {
   if (sparse_ == nullptr) return dense_->Reserve(seq, prompt_tokens, total_tokens, pass_rows);
-  const std::vector<bool> dense = DenseLayers();
-  RETURN_IF_ERROR(dense_->ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, &dense));
+  RETURN_IF_ERROR(dense_->ReserveLayers(seq, prompt_tokens, total_tokens, pass_rows, &dense_layers_));
   absl::Status st = sparse_->Reserve(seq, prompt_tokens, total_tokens, pass_rows);
   if (!st.ok()) dense_->Reset(seq);
   return st;
@@ -75,7 +70,7 @@ absl::Status KvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t seed) {
   RETURN_IF_ERROR(sparse_->FillRandom(seq, tokens, seed));
   const RandomKv rows(seed, config_.n_head_kv * config_.head_dim);
   for (int64_t l = 0; l < config_.n_layer; ++l) {
-    if (!sparse_->Holds(l)) RETURN_IF_ERROR(dense_->FillRandomLayer(seq, l, tokens, rows));
+    if (dense_layers_[l]) RETURN_IF_ERROR(dense_->FillRandomLayer(seq, l, tokens, rows));
   }
   return absl::OkStatus();
 }
@@ -110,8 +105,7 @@ absl::Status KvCache::AfterPrefill(int32_t seq, int64_t from, int64_t to) {
 }
 
 void KvCache::Release(int32_t seq) {
-  dense_->Reset(seq);
-  if (sparse_ != nullptr) sparse_->Reset(seq);
+  ResetManagers(seq);
   if (seq >= 0 && seq < static_cast<int32_t>(own_seq_.size()) && own_seq_[seq] != 0) {
     dense_prefix_->chunks().Release(own_seq_[seq]);
     own_seq_[seq] = 0;
@@ -155,8 +149,7 @@ int64_t KvCache::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, in
   (void)store_->Release(match->seq);
   if (!st.ok()) {
     LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
-    dense_->Reset(seq);
-    if (sparse_ != nullptr) sparse_->Reset(seq);
+    ResetManagers(seq);
     return 0;
   }
   prefix_reused_tokens_ += restored;

@@ -135,14 +135,18 @@ class KvCache : public model::AttentionBackend {
   // The slot's store sequence for prefix reuse: the sparse manager's, or in `full` mode its own
   // (opened on first use).
   absl::StatusOr<kvpool::SequenceId> StoreSequence(int32_t seq);
-  // The layers the dense manager holds, one flag per model layer.
-  std::vector<bool> DenseLayers() const;
+  // Empties slot `seq` in both managers.
+  void ResetManagers(int32_t seq) {
+    dense_->Reset(seq);
+    if (sparse_ != nullptr) sparse_->Reset(seq);
+  }
 
   const model::ModelConfig& config_;
   KvCacheOptions options_;
   std::unique_ptr<kvpool::KvStore> store_;
   std::unique_ptr<DenseKvCache> dense_;    // always
   std::unique_ptr<SparseKvCache> sparse_;  // sparse modes
+  std::vector<bool> dense_layers_;          // per model layer: held by dense_ (every one in `full`)
   // With prefix reuse: the dense manager's blocks in the store.
   std::unique_ptr<DensePrefixStore> dense_prefix_;
   // Per slot: the prefix salt (0 = none), and in `full` mode its store sequence (0 = none yet).

@@ -123,7 +123,7 @@ TYPED_TEST(SparseModeTest, BudgetCoveringContextIsBitIdenticalToFull) {
   const auto b = this->Run(**sparse, 6);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
-  EXPECT_GT((*sparse)->fetched_chunks(), 0);  // chunks really came from the store
+  EXPECT_GT((*sparse)->kv().fetched_chunks(), 0);  // chunks really came from the store
 }
 
 // Prompt pieces of one token (the scheduler cuts them where its step budget runs out; a
@@ -178,7 +178,7 @@ TYPED_TEST(SparseModeTest, SmallBudgetFetchesExactlyTheBudgetAndSavesDeviceMemor
   const auto a = this->Run(full, 4);
   const auto b = this->Run(**sparse, 4);
   // 4 steps × 2 sequences × sparse layers × KV heads × 16 chunks.
-  EXPECT_EQ((*sparse)->fetched_chunks(), 4 * 2 * this->SparseLayers() * this->KvHeads() * 16);
+  EXPECT_EQ((*sparse)->kv().fetched_chunks(), 4 * 2 * this->SparseLayers() * this->KvHeads() * 16);
   EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));  // it is sparse
   EXPECT_LT((*sparse)->kv_bytes(), full.kv_bytes());
 }
