@@ -123,6 +123,8 @@ absl::Status RunGenerate(const CliConfig& cfg) {
     nlohmann::json j;
     j["model"] = model->config.name;
     j["mode"] = mode_name;
+    j["kv_dtype"] = std::string(KvDtypeName(cfg.engine.kv_dtype));
+    j["kv_saturated_values"] = engine.kv_saturated_values();
     if (const engine::KvCache* sc = &engine.kv(); sc->selects_chunks()) {
       j["budget_tokens"] = cfg.engine.sparse.budget_tokens;
       j["fetched_chunks"] = sc->fetched_chunks();

@@ -15,8 +15,9 @@ class AttentionPlan {
  public:
   // Room for `keys` keys in all and `groups` groups of `heads` lists and at most two rows each.
   void Begin(int64_t keys, int64_t groups, int64_t heads);
-  // Appends a key-value pair (device addresses of head_dim floats each) to the open list.
-  void Add(const float* k, const float* v) {
+  // Appends a key-value pair (device addresses of head_dim elements of the KV type each) to the
+  // open list.
+  void Add(const void* k, const void* v) {
     keys_[next_] = k;
     values_[next_] = v;
     ++next_;
@@ -28,7 +29,7 @@ class AttentionPlan {
   void Run(backend::Ops& ops, const backend::AttentionShape& shape, float scale) const;
 
  private:
-  std::vector<const float*> keys_, values_;
+  std::vector<const void*> keys_, values_;
   std::vector<backend::KeyValueList> lists_;
   std::vector<backend::ListQuery> rows_;
   std::vector<backend::AttentionGroup> groups_;

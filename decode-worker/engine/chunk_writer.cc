@@ -27,7 +27,8 @@ absl::Status ChunkWriter::Append(LayerRows& st, kvpool::SequenceId id, int64_t l
     RETURN_IF_ERROR(rows_.EnsureLandmarks(st, c1));
     keys_.resize((c1 - c0) * C);
     for (int64_t p = c0 * C; p < c1 * C; ++p) keys_[p - c0 * C] = rows_.K(st, p);
-    device_.ops().ChunkMeans(keys_.data(), c1 - c0, C, kv_dim, static_cast<float*>(st.landmarks.data) + c0 * kv_dim);
+    device_.ops().ChunkMeans(keys_.data(), KvDtype::kF32, c1 - c0, C, kv_dim,
+                             static_cast<float*>(st.landmarks.data) + c0 * kv_dim);
     if (host_rows && c0 * C == pos) {
       // Host rows from a chunk's start (a restored prefix, random KV): written from them now.
       RETURN_IF_ERROR(chunks_.WriteChunks(id, layer, c0, c1, k, v));

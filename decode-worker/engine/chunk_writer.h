@@ -42,7 +42,7 @@ class ChunkWriter {
   SparseRows& rows_;
   ChunkStore& chunks_;
   WriteBack write_back_;
-  std::vector<const float*> keys_;  // the completed chunks' key rows, for ChunkMeans
+  std::vector<const void*> keys_;  // the completed chunks' key rows, for ChunkMeans
 };
 
 }  // namespace dd::engine

@@ -12,8 +12,8 @@ namespace dd::engine {
 using backend::MemoryTag;
 using backend::Queue;
 
-DenseKvCache::DenseKvCache(const model::ModelConfig& config, backend::Device& device)
-    : config_(config), device_(device) {}
+DenseKvCache::DenseKvCache(const model::ModelConfig& config, backend::Device& device, KvDtype kv)
+    : config_(config), device_(device), kv_(kv) {}
 
 DenseKvCache::~DenseKvCache() {
   for (size_t s = 0; s < slots_.size(); ++s) Reset(static_cast<int32_t>(s));
@@ -116,7 +116,10 @@ absl::Status DenseKvCache::StoreRows(Layer& L, int64_t p0, int64_t p1, const bac
     int64_t len = p1 - a;
     if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
     const int64_t dst = RowOf(L, a) * row, i = (a - p0) * kv_dim;
-    if (src_buf) {
+    if (kv_ != KvDtype::kF32) {  // narrowed on the compute queue, straight into the rows
+      device_.ops().StoreKv(k + i, len * kv_dim, kv_, static_cast<char*>(L.k.data) + dst);
+      device_.ops().StoreKv(v + i, len * kv_dim, kv_, static_cast<char*>(L.v.data) + dst);
+    } else if (src_buf) {
       const auto offset = [&](const float* p) {
         return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(src_buf.data));
       };
@@ -126,6 +129,19 @@ absl::Status DenseKvCache::StoreRows(Layer& L, int64_t p0, int64_t p1, const bac
       RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, k + i, L.k, dst, len * row));
       RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, v + i, L.v, dst, len * row));
     }
+    a += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseKvCache::CopyRowsIn(Layer& L, int64_t p0, int64_t p1, const void* k, const void* v) {
+  const int64_t row = RowBytes();
+  for (int64_t a = p0; a < p1;) {
+    int64_t len = p1 - a;
+    if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
+    const int64_t dst = RowOf(L, a) * row, i = (a - p0) * row;
+    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(k) + i, L.k, dst, len * row));
+    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(v) + i, L.v, dst, len * row));
     a += len;
   }
   return absl::OkStatus();
@@ -195,21 +211,20 @@ int64_t DenseKvCache::device_bytes() const {
   return total;
 }
 
-const float* DenseKvCache::KRow(int32_t seq, int64_t layer, int64_t pos) const {
+const void* DenseKvCache::KRow(int32_t seq, int64_t layer, int64_t pos) const {
   if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || slots_[seq].layers.empty()) return nullptr;
   const Layer& L = slots_[seq].layers[layer];
   if (L.cap == 0 || pos < 0 || pos >= L.length || (L.ring > 0 && pos < L.length - L.ring)) return nullptr;
-  return static_cast<const float*>(L.k.data) + RowOf(L, pos) * config_.n_head_kv * config_.head_dim;
+  return static_cast<const char*>(L.k.data) + RowOf(L, pos) * RowBytes();
 }
 
-const float* DenseKvCache::VRow(int32_t seq, int64_t layer, int64_t pos) const {
-  const float* k = KRow(seq, layer, pos);
-  if (k == nullptr) return nullptr;
+const void* DenseKvCache::VRow(int32_t seq, int64_t layer, int64_t pos) const {
+  if (KRow(seq, layer, pos) == nullptr) return nullptr;
   const Layer& L = slots_[seq].layers[layer];
-  return static_cast<const float*>(L.v.data) + RowOf(L, pos) * config_.n_head_kv * config_.head_dim;
+  return static_cast<const char*>(L.v.data) + RowOf(L, pos) * RowBytes();
 }
 
-absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v,
+absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, const void* k, const void* v,
                                     int64_t n) {
   if (seq < 0 || layer < 0 || layer >= config_.n_layer || n < 0 || n > length) {
     return absl::InvalidArgumentError(
@@ -225,8 +240,8 @@ absl::Status DenseKvCache::LoadRows(int32_t seq, int64_t layer, int64_t length, 
   if (L.cap < need || (L.ring > 0) != sliding) RETURN_IF_ERROR(Resize(L, std::max(need, L.cap), sliding, length));
   L.length = length;
   const int64_t first = std::max(length - n, sliding ? length - L.ring : 0);
-  const int64_t skip = (first - (length - n)) * config_.n_head_kv * config_.head_dim;
-  RETURN_IF_ERROR(StoreRows(L, first, length, backend::DeviceBuffer{}, k + skip, v + skip));
+  const int64_t skip = (first - (length - n)) * RowBytes();
+  RETURN_IF_ERROR(CopyRowsIn(L, first, length, static_cast<const char*>(k) + skip, static_cast<const char*>(v) + skip));
   return device_.Synchronize(device_.Record(Queue::kCompute));  // the host rows may change after
 }
 
@@ -245,10 +260,11 @@ absl::Status DenseKvCache::FillRandomLayer(int32_t seq, int64_t layer, int64_t t
   std::vector<float> k(n * kv_dim), v(n * kv_dim);
   rows.Rows(layer, /*values=*/false, tokens - n, tokens, k.data());
   rows.Rows(layer, /*values=*/true, tokens - n, tokens, v.data());
-  return LoadRows(seq, layer, tokens, k.data(), v.data(), n);
+  const KvRows kr = NarrowRows(k.data(), n * kv_dim, kv_), vr = NarrowRows(v.data(), n * kv_dim, kv_);
+  return LoadRows(seq, layer, tokens, kr.data(), vr.data(), n);
 }
 
-absl::Status DenseKvCache::ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v) {
+absl::Status DenseKvCache::ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, void* k, void* v) {
   if (seq < 0 || seq >= static_cast<int32_t>(slots_.size()) || layer < 0 || layer >= config_.n_layer ||
       slots_[seq].layers.empty() || p0 > p1 || KRow(seq, layer, p0) == nullptr ||
       (p1 > p0 && KRow(seq, layer, p1 - 1) == nullptr)) {
@@ -256,12 +272,13 @@ absl::Status DenseKvCache::ReadRows(int32_t seq, int64_t layer, int64_t p0, int6
                                               p0, ", ", p1, ")"));
   }
   const Layer& L = slots_[seq].layers[layer];
-  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+  const int64_t row = RowBytes();
   for (int64_t a = p0; a < p1;) {
     int64_t len = p1 - a;
     if (L.ring > 0) len = std::min(len, L.ring - a % L.ring);
-    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.k, RowOf(L, a) * row, k + (a - p0) * kv_dim, len * row));
-    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.v, RowOf(L, a) * row, v + (a - p0) * kv_dim, len * row));
+    const int64_t at = (a - p0) * row;
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.k, RowOf(L, a) * row, static_cast<char*>(k) + at, len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(Queue::kCompute, L.v, RowOf(L, a) * row, static_cast<char*>(v) + at, len * row));
     a += len;
   }
   return device_.Synchronize(device_.Record(Queue::kCompute));
@@ -331,12 +348,12 @@ void DenseKvCache::AttendDecodeRows(const model::AttentionCall& call) {
   plan_.Begin(keys, static_cast<int64_t>(decode_.size()), n_kv);
   for (const DecodeRows& d : decode_) {
     const Layer& L = slots_[d.seq].layers[call.layer];
-    const float* K = static_cast<const float*>(L.k.data);
-    const float* V = static_cast<const float*>(L.v.data);
-    const int64_t lo = lo_of(d), hi = call.rows[d.r1 - 1].pos;
+    const char* K = static_cast<const char*>(L.k.data);
+    const char* V = static_cast<const char*>(L.v.data);
+    const int64_t lo = lo_of(d), hi = call.rows[d.r1 - 1].pos, eb = KvDtypeBytes(kv_);
     for (int64_t g = 0; g < n_kv; ++g) {
       for (int64_t p = lo; p <= hi; ++p) {
-        const int64_t row = RowOf(L, p) * kv_dim + g * hd;
+        const int64_t row = (RowOf(L, p) * kv_dim + g * hd) * eb;
         plan_.Add(K + row, V + row);
       }
       plan_.EndList();
@@ -347,7 +364,7 @@ void DenseKvCache::AttendDecodeRows(const model::AttentionCall& call) {
     plan_.EndGroup(absl::MakeConstSpan(rows, d.r1 - d.r0));
   }
   decode_.clear();
-  plan_.Run(device_.ops(), ShapeOf(config_), call.scale);
+  plan_.Run(device_.ops(), ShapeOf(config_, kv_), call.scale);
 }
 
 absl::Status DenseKvCache::MakeRoom(Layer& L, bool sliding, int64_t window, int64_t p0, int64_t p1) {
@@ -380,10 +397,11 @@ absl::Status DenseKvCache::AttendGroup(const model::AttentionCall& call, Slot& s
   const int64_t n_keys = p1 + 1 - lo;
   const int64_t a0 = RowOf(L, lo);
   const int64_t len_a = L.ring > 0 ? std::min(n_keys, L.ring - a0) : n_keys;
-  const float* K = static_cast<const float*>(L.k.data);
-  const float* V = static_cast<const float*>(L.v.data);
-  const backend::KvRun runs[2] = {{K + a0 * kv_dim, V + a0 * kv_dim, len_a}, {K, V, n_keys - len_a}};
-  device_.ops().AttendCausal(CausalRows(call, config_, r0, r1, lo, runs, &positions_));
+  const char* K = static_cast<const char*>(L.k.data);
+  const char* V = static_cast<const char*>(L.v.data);
+  const int64_t at = a0 * RowBytes();
+  const backend::KvRun runs[2] = {{K + at, V + at, len_a}, {K, V, n_keys - len_a}};
+  device_.ops().AttendCausal(CausalRows(call, config_, kv_, r0, r1, lo, runs, &positions_));
   return absl::OkStatus();
 }
 

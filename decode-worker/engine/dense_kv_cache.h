@@ -25,7 +25,8 @@ namespace dd::engine {
 class DenseKvCache : public KvManager {
  public:
   // `device` (the engine's) must outlive the cache.
-  DenseKvCache(const model::ModelConfig& config, backend::Device& device);
+  // KV rows are kept in `kv` (docs/decisions/0049-kv-storage-type.md).
+  DenseKvCache(const model::ModelConfig& config, backend::Device& device, KvDtype kv = KvDtype::kF32);
   ~DenseKvCache() override;
 
   // Allocates empty slot `seq` for a request of `prompt_tokens` growing to `total_tokens`,
@@ -57,23 +58,25 @@ class DenseKvCache : public KvManager {
 
   // K and V rows (n_head_kv × head_dim, device memory) of a stored position still held (a
   // sliding layer holds the last window positions only); nullptr otherwise.
-  const float* KRow(int32_t seq, int64_t layer, int64_t pos) const;
-  const float* VRow(int32_t seq, int64_t layer, int64_t pos) const;
+  const void* KRow(int32_t seq, int64_t layer, int64_t pos) const;
+  const void* VRow(int32_t seq, int64_t layer, int64_t pos) const;
   // Makes `layer` of slot `seq` hold `length` positions, of which the rows of positions
-  // [length - n, length) are given in host memory (k and v: n × n_head_kv × head_dim): the
-  // state after a prefill of `length` tokens, for a sliding layer when n >= min(length,
-  // window). Complete when it returns.
-  absl::Status LoadRows(int32_t seq, int64_t layer, int64_t length, const float* k, const float* v, int64_t n);
+  // [length - n, length) are given in host memory (k and v: n × n_head_kv × head_dim elements
+  // of the cache's KV type): the state after a prefill of `length` tokens, for a sliding layer
+  // when n >= min(length, window). Complete when it returns.
+  absl::Status LoadRows(int32_t seq, int64_t layer, int64_t length, const void* k, const void* v, int64_t n);
   // Copies the K and V rows of positions [p0, p1) of `layer` to host memory (k and v: (p1 - p0)
-  // × n_head_kv × head_dim floats); complete when it returns. OUT_OF_RANGE unless all are held.
-  absl::Status ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, float* k, float* v);
+  // × n_head_kv × head_dim elements of the KV type); complete when it returns. OUT_OF_RANGE
+  // unless all are held.
+  absl::Status ReadRows(int32_t seq, int64_t layer, int64_t p0, int64_t p1, void* k, void* v);
+  KvDtype kv_dtype() const { return kv_; }
   absl::Status FillRandom(int32_t seq, int64_t tokens, uint64_t seed) override;
   // One layer of FillRandom (SparseKvCache fills its dense layers with it).
   absl::Status FillRandomLayer(int32_t seq, int64_t layer, int64_t tokens, const RandomKv& rows);
 
  private:
   struct Layer {
-    backend::DeviceBuffer k, v;  // cap rows of n_head_kv × head_dim floats each
+    backend::DeviceBuffer k, v;  // cap rows of n_head_kv × head_dim elements of the KV type each
     int64_t cap = 0;
     int64_t ring = 0;      // sliding layers: ring size in positions (== cap); 0 = linear
     int64_t length = 0;    // positions stored
@@ -82,7 +85,7 @@ class DenseKvCache : public KvManager {
   struct Slot {
     std::vector<Layer> layers;
   };
-  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
+  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * KvDtypeBytes(kv_); }
   static int64_t RowOf(const Layer& L, int64_t pos) { return L.ring > 0 ? pos % L.ring : pos; }
   Slot& GetSlot(int32_t seq);
   // Gives `L` new buffers of `cap` rows (a ring of `cap` positions when `ring`), keeping the
@@ -91,9 +94,12 @@ class DenseKvCache : public KvManager {
   // Makes room for positions [p0, p1] of layer `layer` (geometric growth; the lazy ring shrink
   // of a slot without FinishPrefill).
   absl::Status MakeRoom(Layer& L, bool sliding, int64_t window, int64_t p0, int64_t p1);
-  // Copies positions [p0, p1) from host or device rows `src` (row i = position p0 + i) into L.
+  // Stores positions [p0, p1) from the forward pass's f32 rows k, v (row i = position p0 + i;
+  // in `src_buf`, or host memory when it is empty) into L, in the KV type.
   absl::Status StoreRows(Layer& L, int64_t p0, int64_t p1, const backend::DeviceBuffer& src_buf, const float* k,
                          const float* v);
+  // Copies positions [p0, p1) from host rows already in the KV type into L.
+  absl::Status CopyRowsIn(Layer& L, int64_t p0, int64_t p1, const void* k, const void* v);
   void FreeLayer(Layer& L);
   // Prompt rows [r0, r1) of one sequence: stored, then attended causally (one Ops call).
   absl::Status AttendGroup(const model::AttentionCall& call, Slot& slot, int64_t r0, int64_t r1);
@@ -109,6 +115,7 @@ class DenseKvCache : public KvManager {
 
   const model::ModelConfig& config_;
   backend::Device& device_;
+  const KvDtype kv_;
   std::vector<Slot> slots_;
   std::vector<int64_t> positions_;  // AttendGroup's rows' positions
   std::vector<DecodeRows> decode_;  // the call's decode rows, stored, not yet attended

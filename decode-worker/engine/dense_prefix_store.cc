@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "decode-worker/engine/kv_block.h"
 
 namespace dd::engine {
 
@@ -33,7 +34,11 @@ absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, k
         std::memcpy(&vrows[(pos - first) * kv_dim], &v[(pos - c0 * C) * kv_dim], kv_dim * sizeof(float));
       }
     }
-    RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - first));
+    // Blocks hold f32 (the store's type): the dense layers' own type is exact for what it wrote.
+    const int64_t n = (tokens - first) * kv_dim;
+    const KvDtype t = dense_.kv_dtype();
+    const KvRows kr = NarrowRows(krows.data(), n, t), vr = NarrowRows(vrows.data(), n, t);
+    RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, kr.data(), vr.data(), tokens - first));
   }
   return absl::OkStatus();
 }
@@ -42,10 +47,15 @@ absl::Status DensePrefixStore::Offload(int32_t seq, kvpool::SequenceId own, int6
   const int64_t C = chunk_, kv_dim = config_.n_head_kv * config_.head_dim;
   const int64_t c0 = from / C, c1 = to / C;  // the chunks this pass completed
   if (c1 <= c0) return absl::OkStatus();
-  std::vector<float> k((c1 - c0) * C * kv_dim), v(k.size());
+  const int64_t n = (c1 - c0) * C * kv_dim;
+  const KvDtype t = dense_.kv_dtype();
+  std::vector<float> k(n), v(n);
+  KvRows kr(n * KvDtypeBytes(t)), vr(kr.size());
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     if (!layers_[l]) continue;
-    RETURN_IF_ERROR(dense_.ReadRows(seq, l, c0 * C, c1 * C, k.data(), v.data()));
+    RETURN_IF_ERROR(dense_.ReadRows(seq, l, c0 * C, c1 * C, kr.data(), vr.data()));
+    WidenRows(kr.data(), n, t, k.data());
+    WidenRows(vr.data(), n, t, v.data());
     RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
   }
   return absl::OkStatus();

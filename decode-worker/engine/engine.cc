@@ -29,7 +29,7 @@ Engine::Engine(const model::LoadedModel& model, const EngineOptions& normalized)
     : model_(model),
       options_(normalized),
       pool_(normalized.threads),
-      plan_(model, normalized.mode, normalized.sparse, normalized.prefill_chunk) {}
+      plan_(model, normalized.mode, normalized.sparse, normalized.prefill_chunk, normalized.kv_dtype) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel& model, const EngineOptions& options) {
   if (options.device_memory_bytes < 0) {
@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel&
                                             .prefix_block_tokens = o.prefix_block_tokens,
                                             .prefix_cache_bytes = o.prefix_cache_bytes,
                                             .prefix_cache_tenant_bytes = o.prefix_cache_tenant_bytes,
-                                            .model_fingerprint = o.prefix_block_tokens > 0 ? ModelFingerprint(model) : 0},
+                                            .model_fingerprint = o.prefix_block_tokens > 0 ? ModelFingerprint(model) : 0,
+                                            .kv_dtype = o.kv_dtype},
                                            *e->device_));
   return e;
 }

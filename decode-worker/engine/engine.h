@@ -59,6 +59,8 @@ struct EngineOptions {
   // runs) instead of the gather kernel, leaving the SMs to compute; urgent ones keep the kernel.
   bool cuda_copy_engine_prefetch = false;
   SparseOptions sparse{};     // used when mode != kFull
+  // The type KV is kept in (docs/decisions/0049-kv-storage-type.md): f32, or f16 (full mode).
+  KvDtype kv_dtype = KvDtype::kF32;
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"
   // (a dd-kv-pool on this host, authenticated with kv_store_token).
@@ -168,6 +170,8 @@ class Engine {
   absl::string_view device_name() const { return device_->name(); }
   // The compute device: its allocator holds the weights, the workspace and (full mode) the KV.
   const backend::Device& device() const { return *device_; }
+  // KV values an f16 cache saturated at ±65504 (Ops::KvOverflows).
+  int64_t kv_saturated_values() { return device_->ops().KvOverflows(); }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
 
   // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the

@@ -133,6 +133,16 @@ TEST_F(GemmaEngineTest, DecodeIsBatchInvariant) {
   testing_util::ExpectDecodeBatchInvariant(*model_, prompts, 5);
 }
 
+// The same with KV kept in f16 (docs/decisions/0049-kv-storage-type.md): the narrowing is per
+// element, so a row's bits still depend on its own keys only.
+TEST_F(GemmaEngineTest, DecodeIsBatchInvariantWithF16Kv) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : {"The capital of France is", "Once upon a time", "1, 2, 3, 4,", "Water boils at"}) {
+    prompts.push_back(Encode(p));
+  }
+  testing_util::ExpectDecodeBatchInvariant(*model_, prompts, 2, {.kv_dtype = KvDtype::kF16});
+}
+
 // Several prompts prefilled in shared forward passes give the logits of separate prefills.
 TEST_F(GemmaEngineTest, BatchedPrefillMatchesSeparate) {
   const std::vector<std::vector<int32_t>> prompts = {Encode("The capital of France is"),

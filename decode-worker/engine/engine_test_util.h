@@ -56,9 +56,10 @@ inline std::unique_ptr<Engine> NewEngine(const model::LoadedModel& model, const 
 // `replay` alone on an engine with a different thread count and compares the last step's
 // logits bit for bit.
 inline void ExpectDecodeBatchInvariant(const model::LoadedModel& model,
-                                       const std::vector<std::vector<int32_t>>& prompts, size_t replay) {
+                                       const std::vector<std::vector<int32_t>>& prompts, size_t replay,
+                                       EngineOptions options = {}) {
   const int64_t V = model.config.n_vocab;
-  auto batched_owner = NewEngine(model, {});
+  auto batched_owner = NewEngine(model, options);
   Engine& batched = *batched_owner;
   std::vector<int32_t> seqs, tokens;
   for (size_t s = 0; s < prompts.size(); ++s) {
@@ -72,7 +73,8 @@ inline void ExpectDecodeBatchInvariant(const model::LoadedModel& model,
     ASSERT_TRUE(batched.DecodeStep(seqs, tokens, &batch_logits).ok());
     for (size_t s = 0; s < prompts.size(); ++s) tokens[s] = Argmax(&batch_logits[s * V], V);
   }
-  auto alone_owner = NewEngine(model, {.threads = 1});
+  options.threads = 1;
+  auto alone_owner = NewEngine(model, options);
   Engine& alone = *alone_owner;
   auto l = alone.Prefill(0, prompts[replay]);
   ASSERT_TRUE(l.ok()) << l.status();

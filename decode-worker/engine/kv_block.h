@@ -5,8 +5,37 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "common/kv_dtype.h"
+#include "dd/kernels/dtype.h"
 
 namespace dd::engine {
+
+// Host rows in a KV type, as bytes.
+using KvRows = std::vector<uint8_t>;
+
+// n floats as host rows of type t (f16: rounded to nearest even, finite values beyond ±65504
+// saturated, as Ops::StoreKv does).
+inline KvRows NarrowRows(const float* x, int64_t n, KvDtype t) {
+  KvRows out(static_cast<size_t>(n * KvDtypeBytes(t)));
+  if (t == KvDtype::kF32) {
+    std::memcpy(out.data(), x, out.size());
+  } else {
+    kernels::F32ToF16Saturating(x, n, reinterpret_cast<uint16_t*>(out.data()));
+  }
+  return out;
+}
+
+// n elements of type t at `rows` as floats (exact: every f16 is an f32).
+inline void WidenRows(const void* rows, int64_t n, KvDtype t, float* out) {
+  if (t == KvDtype::kF32) {
+    std::memcpy(out, rows, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(rows);
+  for (int64_t i = 0; i < n; ++i) out[i] = kernels::F16ToF32(h[i]);
+}
 
 // block ← head g of the C rows k(t), v(t) (t = 0..C-1: pointers to whole rows).
 template <typename KRow, typename VRow>

@@ -41,6 +41,9 @@ struct KvCacheOptions {
   int64_t prefix_cache_bytes = int64_t{1} << 30;
   int64_t prefix_cache_tenant_bytes = -1;
   uint64_t model_fingerprint = 0;   // ModelFingerprint: prefixes are keyed per model
+  // The type KV is kept in (docs/decisions/0049-kv-storage-type.md); f16 in `full` mode only
+  // so far.
+  KvDtype kv_dtype = KvDtype::kF32;
 };
 
 class KvCache : public model::AttentionBackend {

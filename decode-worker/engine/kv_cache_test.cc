@@ -3,6 +3,8 @@
 // options it refuses with the reason.
 #include "decode-worker/engine/kv_cache.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -87,7 +89,10 @@ TEST_F(KvCacheTest, EachModeGetsItsManagersAndAStoreOnlyWhereItNeedsOne) {
 TEST_F(KvCacheTest, ARestoredPrefixContinuesAsTheWholePromptDid) {
   KvCacheOptions kept_dense = Options(DecodeMode::kSparse, 64);
   kept_dense.sparse.sparse_layers.set(2);  // layer 1 stays dense, layer 2 is sparse
+  KvCacheOptions full16 = Options(DecodeMode::kFull, 64);
+  full16.kv_dtype = KvDtype::kF16;
   const std::pair<const char*, KvCacheOptions> cases[] = {{"full", Options(DecodeMode::kFull, 64)},
+                                                          {"full, f16 KV", full16},
                                                           {"sparse", Options(DecodeMode::kSparse, 64)},
                                                           {"dualdecoder", Options(DecodeMode::kDualDecoder, 64)},
                                                           {"sparse, layer 1 kept dense", kept_dense}};
@@ -127,6 +132,25 @@ TEST_F(KvCacheTest, ARestoredPrefixContinuesAsTheWholePromptDid) {
   }
 }
 
+// KV in f16: half the device bytes of f32 for the same positions, outputs within f16's rounding
+// of the f32 cache's (the same q, k, v).
+TEST_F(KvCacheTest, F16KvHalvesTheBytesWithinF16sRounding) {
+  KvCacheOptions o16 = Options(DecodeMode::kFull, 0);
+  o16.kv_dtype = KvDtype::kF16;
+  auto kv32 = KvCache::Create(config_, Options(DecodeMode::kFull, 0), device_);
+  auto kv16 = KvCache::Create(config_, o16, device_);
+  ASSERT_TRUE(kv32.ok() && kv16.ok());
+  for (KvCache* kv : {kv32->get(), kv16->get()}) ASSERT_TRUE(kv->Reserve(0, 100, 100, 128).ok());
+  const std::vector<float> out32 = Forward(**kv32, 0, 0, 100);
+  const std::vector<float> out16 = Forward(**kv16, 0, 0, 100);
+  EXPECT_EQ((*kv16)->device_bytes() * 2, (*kv32)->device_bytes());
+  ASSERT_EQ(out32.size(), out16.size());
+  double worst = 0;
+  for (size_t i = 0; i < out32.size(); ++i) worst = std::max(worst, std::fabs(double{out32[i]} - out16[i]));
+  EXPECT_GT(worst, 0.0) << "f16 rounding changes nothing: the cache is not narrowing";
+  EXPECT_LT(worst, 1e-2);
+}
+
 // A slot reserved, filled and released through the coordinator: the manager's bytes come and go.
 TEST_F(KvCacheTest, ReleaseFreesWhatReserveHeld) {
   for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse}) {
@@ -157,6 +181,11 @@ TEST_F(KvCacheTest, ContradictoryOptionsAreRefusedWithTheReason) {
   KvCacheOptions unresolved = Options(DecodeMode::kDualDecoder, 0);
   unresolved.sparse.spec_candidates = SparseOptions::kAutoSpecCandidates;
   refused(unresolved, "speculative candidates unresolved");
+  KvCacheOptions sparse16 = Options(DecodeMode::kSparse, 0);
+  sparse16.kv_dtype = KvDtype::kF16;
+  auto f16 = KvCache::Create(config_, sparse16, device_);
+  ASSERT_FALSE(f16.ok());
+  EXPECT_NE(f16.status().message().find("--kv_dtype f16 runs in full mode only"), std::string::npos) << f16.status();
   KvCacheOptions bad_store = Options(DecodeMode::kSparse, 0);
   bad_store.kv_store = "ftp://somewhere";
   auto kv = KvCache::Create(config_, bad_store, device_);

@@ -38,11 +38,12 @@ int64_t WeightBytes(const model::LoadedModel& m) {
 }  // namespace
 
 MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
-                       int64_t prefill_chunk)
+                       int64_t prefill_chunk, KvDtype kv)
     : config_(model.config),
       mode_(mode),
       sparse_(sparse),
       prefill_chunk_(prefill_chunk),
+      kv_(kv),
       weight_bytes_(WeightBytes(model)),
       // The forward workspace as the engine creates it: a prefill pass, the logits rows.
       shared_workspace_(model::Transformer::WorkspaceBytes(model.config, std::max<int64_t>(prefill_chunk, 1))) {
@@ -52,7 +53,7 @@ MemoryPlan::MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const S
 }
 
 KvBytes MemoryPlan::DecodeKv(int64_t length) const {
-  const int64_t row = 2 * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
+  const int64_t row = 2 * config_.n_head_kv * config_.head_dim * KvDtypeBytes(kv_);
   const int64_t C = sparse_.chunk_tokens;
   KvBytes b;
   int64_t sparse_layers = 0;
@@ -79,7 +80,7 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   // The forward workspace past the transformer's initial one (shared: a prefill pass and the
   // logits of kLogitRows rows) grows by at most this much a row.
   r.workspace = rows * model::Transformer::WorkspaceRowBytes(c);
-  const int64_t row = 2 * c.n_head_kv * c.head_dim * static_cast<int64_t>(sizeof(float));
+  const int64_t row = 2 * c.n_head_kv * c.head_dim * KvDtypeBytes(kv_);
   if (mode_ != DecodeMode::kFull) r.workspace += ChunkSelector::ScoresBytes(c, sparse_, total_tokens);
   if (mode_ != DecodeMode::kFull && !Resident()) {
     // Without resident slots a layer's selected blocks land in a buffer of the request's own

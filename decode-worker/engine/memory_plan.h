@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/byte_size.h"
+#include "common/kv_dtype.h"
 #include "decode-worker/engine/chunk_selector.h"
 #include "decode-worker/engine/sparse_options.h"
 #include "decode-worker/model/weights.h"
@@ -56,8 +57,9 @@ struct RequestBytes {
 
 class MemoryPlan {
  public:
+  // `kv`: the type the caches keep KV rows in (landmarks stay f32).
   MemoryPlan(const model::LoadedModel& model, DecodeMode mode, const SparseOptions& sparse,
-             int64_t prefill_chunk = 512);
+             int64_t prefill_chunk = 512, KvDtype kv = KvDtype::kF32);
 
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t shared_workspace_bytes() const { return shared_workspace_; }
@@ -85,6 +87,7 @@ class MemoryPlan {
   DecodeMode mode_;
   SparseOptions sparse_;
   int64_t prefill_chunk_;
+  KvDtype kv_;
   int64_t weight_bytes_ = 0;
   int64_t shared_workspace_ = 0;
 };

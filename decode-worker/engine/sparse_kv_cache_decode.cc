@@ -93,7 +93,7 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
   const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
   const backend::KvRun runs[2] = {{static_cast<const float*>(st.sink_k.data), static_cast<const float*>(st.sink_v.data), n_sink},
                                   {static_cast<const float*>(st.k.data), static_cast<const float*>(st.v.data), n_keys - n_sink}};
-  device_.ops().AttendCausal(CausalRows(call, config_, r0, r1, /*lo=*/0, runs, &prefill_positions_));
+  device_.ops().AttendCausal(CausalRows(call, config_, KvDtype::kF32, r0, r1, /*lo=*/0, runs, &prefill_positions_));
 }
 
 absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
@@ -137,7 +137,7 @@ absl::Status SparseKvCache::AttendDecodeReads(const model::AttentionCall& call) 
   if (reads_.n == 0) return absl::OkStatus();
   for (DecodeRead& r : reads_.used()) RETURN_IF_ERROR(fetch_->Finish(FetchOf(r.seq), call.layer, r.real_row >= 0, r));
   PlanAttention(call);
-  plan_.Run(device_.ops(), ShapeOf(config_), call.scale);
+  plan_.Run(device_.ops(), ShapeOf(config_, KvDtype::kF32), call.scale);
   const absl::Span<DecodeRead> done = reads_.used();
   reads_.n = 0;  // every transfer has been waited for
   for (DecodeRead& r : done) {

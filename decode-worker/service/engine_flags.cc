@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
+#include "common/kv_dtype.h"
 #include "dd/backend/registry.h"
 #include "decode-worker/engine/device_check.h"
 #include "glog/logging.h"
@@ -43,6 +44,9 @@ ABSL_FLAG(std::string, mode, "full",
           "Decode mode: full (all KV attended), sparse (top-k chunks fetched on demand), sparse-cached (the same, "
           "chunks kept resident across steps: only misses fetched) or dualdecoder (sparse with speculative-token "
           "prefetch)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "The type KV is kept in: f32, or f16 (half the bytes, widened to f32 in the kernels; full mode only so "
+          "far). docs/decisions/0049-kv-storage-type.md");
 ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
 ABSL_FLAG(std::string, device_memory, "0",
           "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "
@@ -145,6 +149,9 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   auto mode = engine::ParseDecodeMode(absl::GetFlag(FLAGS_mode));
   if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("--mode: ", mode.status().message()));
   o.mode = *mode;
+  auto kv_dtype = ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype), "kv_dtype");
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  o.kv_dtype = *kv_dtype;
   o.sparse.budget_tokens = absl::GetFlag(FLAGS_budget);
   auto device_memory = engine::ParseByteSize(absl::GetFlag(FLAGS_device_memory), "device_memory");
   if (!device_memory.ok()) return device_memory.status();

@@ -28,7 +28,7 @@ std::vector<StreamEvent> RequestStream::Wait(std::chrono::milliseconds timeout) 
 
 Scheduler::Scheduler(engine::Engine& engine, const SchedulerOptions& options, SchedulerObserver* observer)
     : engine_(engine),
-      full_plan_(engine.model(), engine::DecodeMode::kFull, {}),
+      full_plan_(engine.model(), engine::DecodeMode::kFull, {}, 512, engine.options().kv_dtype),
       options_(options),
       observer_(observer) {
   options_.max_batch = std::max(1, options_.max_batch);

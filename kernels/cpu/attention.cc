@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "dd/kernels/cpu_ops.h"
+#include "dd/kernels/dtype.h"
 
 namespace dd::kernels {
 namespace {
@@ -28,6 +30,36 @@ constexpr int kLanes = 16;
 
 inline V16 Load(const float* p) { return *reinterpret_cast<const V16*>(p); }
 inline void Store(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
+
+// KV elements are float or uint16_t (f16 bits, KvDtype::kF16): widened to f32 exactly on load,
+// so an f16 kernel gives the f32 kernel's bits on the widened rows.
+inline float Widen(float x) { return x; }
+inline float Widen(uint16_t h) { return F16ToF32(h); }
+inline V16 Load(const uint16_t* p) {
+  V16 r;
+#if defined(__AVX512F__)
+  const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&r, &w, sizeof(r));
+#else
+  float w[kLanes];
+  for (int i = 0; i < kLanes; ++i) w[i] = F16ToF32(p[i]);
+  std::memcpy(&r, w, sizeof(r));
+#endif
+  return r;
+}
+// Row j of a pointer list as elements of T (lists hold typed or untyped pointers).
+template <typename T, typename P>
+inline const T* RowOf(const P* list, int64_t j) {
+  return static_cast<const T*>(list[j]);
+}
+// Dot(key, q) with the key widened first (the scalar path for head sizes not a multiple of 16).
+inline float DotKey(const float* k, const float* q, int64_t hd) { return Dot(k, q, hd); }
+inline float DotKey(const uint16_t* k, const float* q, int64_t hd) {
+  thread_local std::vector<float> w;
+  w.resize(hd);
+  for (int64_t e = 0; e < hd; ++e) w[e] = F16ToF32(k[e]);
+  return Dot(w.data(), q, hd);
+}
 
 // One tree level for two accumulators: first + second halves of each w-lane group, packed
 // (__builtin_shufflevector: constant lane indices, GCC >= 12 and clang alike).
@@ -64,10 +96,12 @@ inline V16 ReduceSixteen(const V16 (&acc)[16]) {
 // Scores of 4 queries × 4 keys; out[4 * i + c] = Dot(q_i, key_c) bit for bit. hd is a
 // multiple of 16 (other sizes go pair by pair through Dot, whose scalar tail the compiler may
 // contract differently here).
-inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, float out[16]) {
+template <typename T, typename P>
+inline void Scores4x4(const float* q, int64_t hd, const P* keys, float out[16]) {
   V16 acc[16] = {};
   for (int64_t e = 0; e < hd; e += kLanes) {
-    const V16 k0 = Load(keys[0] + e), k1 = Load(keys[1] + e), k2 = Load(keys[2] + e), k3 = Load(keys[3] + e);
+    const V16 k0 = Load(RowOf<T>(keys, 0) + e), k1 = Load(RowOf<T>(keys, 1) + e);
+    const V16 k2 = Load(RowOf<T>(keys, 2) + e), k3 = Load(RowOf<T>(keys, 3) + e);
     for (int i = 0; i < 4; ++i) {
       const V16 qv = Load(q + i * hd + e);
       acc[4 * i + 0] += k0 * qv;
@@ -83,8 +117,10 @@ inline void Scores4x4(const float* q, int64_t hd, const float* const* keys, floa
 // cache; a pass's first sweep over a tile asks for the rows kPrefetchRows ahead, lines [e0, e1)
 // (a hint only: no bits change).
 constexpr int64_t kPrefetchRows = 16;
-inline void PrefetchRow(const float* row, int64_t e0, int64_t e1) {
-  for (int64_t e = e0; e < e1; e += kLanes) _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T0);
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t e0, int64_t e1) {
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements per cache line
+  for (int64_t e = e0; e < e1; e += kLine) _mm_prefetch(reinterpret_cast<const char*>(row + e), _MM_HINT_T0);
 }
 // What a weighted-sum sweep prefetches: rows below nk (none when nk = 0), elements [e0, e1).
 struct Ahead {
@@ -94,8 +130,11 @@ struct Ahead {
 // The AVX2 kernels below also serve AVX-512 machines: on an AMD EPYC Zen 4 they decoded
 // faster than the 16-lane generic kernels (SmolLM2 full mode at 8000 tokens, alternating
 // binaries: batch 1 1.14-1.32x, batch 8 1.19x; Gemma at 4096 not slower). Same bits.
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DD_ATTENTION_AVX2 1
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 // Four 16-lane accumulators, each as halves lo[p] (lanes 0-7) and hi[p] (8-15), reduced by
 // Dot's tree (lane i += lane i + w for w = 8, 4, 2, 1) together: out[p] is accumulator p's sum.
 inline void ReduceFour(const __m256 (&lo)[4], const __m256 (&hi)[4], float out[4]) {
@@ -124,12 +163,15 @@ inline void ReduceFour(const __m256 (&lo)[4], const __m256 (&hi)[4], float out[4
 // multiply-added over the head dimension like Dot's, then reduced by the same tree (lane i +=
 // lane i + w for w = 8, 4, 2, 1) for the 4 pairs together. Scores4x4's 16 accumulators
 // would take 32 of AVX2's 16 registers.
-inline void Scores2x2(const float* q, int64_t hd, const float* const* keys, float out[4]) {
+template <typename T, typename P>
+inline void Scores2x2(const float* q, int64_t hd, const P* keys, float out[4]) {
+  const T* key0 = RowOf<T>(keys, 0);
+  const T* key1 = RowOf<T>(keys, 1);
   __m256 lo[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 hi[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t e = 0; e < hd; e += kLanes) {
-    const __m256 k0l = _mm256_loadu_ps(keys[0] + e), k0h = _mm256_loadu_ps(keys[0] + e + 8);
-    const __m256 k1l = _mm256_loadu_ps(keys[1] + e), k1h = _mm256_loadu_ps(keys[1] + e + 8);
+    const __m256 k0l = Load8(key0 + e), k0h = Load8(key0 + e + 8);
+    const __m256 k1l = Load8(key1 + e), k1h = Load8(key1 + e + 8);
     for (int i = 0; i < 2; ++i) {
       const __m256 ql = _mm256_loadu_ps(q + i * hd + e), qh = _mm256_loadu_ps(q + i * hd + e + 8);
       lo[2 * i] = _mm256_fmadd_ps(k0l, ql, lo[2 * i]);
@@ -143,14 +185,15 @@ inline void Scores2x2(const float* q, int64_t hd, const float* const* keys, floa
 
 // Scores of 1 query × 4 keys, out[c] = Dot(q, key_c) bit for bit (Scores2x2's accumulators and
 // tree, for a group's odd last query).
-inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, float out[4]) {
+template <typename T, typename P>
+inline void Scores1x4(const float* q, int64_t hd, const P* keys, float out[4]) {
   __m256 lo[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256 hi[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t e = 0; e < hd; e += kLanes) {
     const __m256 ql = _mm256_loadu_ps(q + e), qh = _mm256_loadu_ps(q + e + 8);
     for (int c = 0; c < 4; ++c) {
-      lo[c] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[c] + e), ql, lo[c]);
-      hi[c] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[c] + e + 8), qh, hi[c]);
+      lo[c] = _mm256_fmadd_ps(Load8(RowOf<T>(keys, c) + e), ql, lo[c]);
+      hi[c] = _mm256_fmadd_ps(Load8(RowOf<T>(keys, c) + e + 8), qh, hi[c]);
     }
   }
   ReduceFour(lo, hi, out);
@@ -163,15 +206,16 @@ inline void Scores1x4(const float* q, int64_t hd, const float* const* keys, floa
 // One vector (16 output elements, starting at `e`) of 4 queries, over keys [j0, j1), continuing
 // the sums already in `outs` unless `first` (then from zero). A float stored and reloaded keeps
 // its bits, so splitting the keys into tiles changes nothing.
-inline void WeightedSum4(const float* const* p, int nq, const float* const* values, int64_t j0, int64_t j1,
-                         int64_t e, float* const* outs, bool first, const Ahead& ahead = {}) {
+template <typename T, typename P>
+inline void WeightedSum4(const float* const* p, int nq, const P* values, int64_t j0, int64_t j1, int64_t e,
+                         float* const* outs, bool first, const Ahead& ahead = {}) {
   V16 acc[4] = {};
   if (!first) {
     for (int i = 0; i < 4; ++i) acc[i] = Load(outs[i] + e);
   }
   for (int64_t j = j0; j < j1; ++j) {
-    if (j + kPrefetchRows < ahead.nk) PrefetchRow(values[j + kPrefetchRows], ahead.e0, ahead.e1);
-    const V16 v = Load(values[j] + e);
+    if (j + kPrefetchRows < ahead.nk) PrefetchRow(RowOf<T>(values, j + kPrefetchRows), ahead.e0, ahead.e1);
+    const V16 v = Load(RowOf<T>(values, j) + e);
     for (int i = 0; i < 4; ++i) acc[i] += (V16{} + p[i][j]) * v;
   }
   for (int i = 0; i < nq; ++i) Store(outs[i] + e, acc[i]);
@@ -184,8 +228,8 @@ inline void WeightedSum4(const float* const* p, int nq, const float* const* valu
 // lowers the 16-float generic vectors above to stack traffic on AVX2 (40% of a prefill in
 // perf). Up to 6 queries fit (12 accumulators, 2 value halves, 1 broadcast), so a group of 3
 // (SmolLM2's decode) or 6 (its dual step) runs unpadded.
-template <int NQ>
-inline void WeightedSumAvx2(const float* const* p, const float* const* values, int64_t j0, int64_t j1, int64_t e,
+template <int NQ, typename T, typename P>
+inline void WeightedSumAvx2(const float* const* p, const P* values, int64_t j0, int64_t j1, int64_t e,
                             float* const* outs, bool first, const Ahead& ahead) {
   __m256 lo[NQ], hi[NQ];
   for (int i = 0; i < NQ; ++i) {
@@ -193,8 +237,9 @@ inline void WeightedSumAvx2(const float* const* p, const float* const* values, i
     hi[i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + e + 8);
   }
   for (int64_t j = j0; j < j1; ++j) {
-    if (j + kPrefetchRows < ahead.nk) PrefetchRow(values[j + kPrefetchRows], ahead.e0, ahead.e1);
-    const __m256 vl = _mm256_loadu_ps(values[j] + e), vh = _mm256_loadu_ps(values[j] + e + 8);
+    if (j + kPrefetchRows < ahead.nk) PrefetchRow(RowOf<T>(values, j + kPrefetchRows), ahead.e0, ahead.e1);
+    const T* row = RowOf<T>(values, j);
+    const __m256 vl = Load8(row + e), vh = Load8(row + e + 8);
     for (int i = 0; i < NQ; ++i) {
       const __m256 pb = _mm256_broadcast_ss(p[i] + j);
       lo[i] = _mm256_fmadd_ps(pb, vl, lo[i]);
@@ -207,15 +252,16 @@ inline void WeightedSumAvx2(const float* const* p, const float* const* values, i
   }
 }
 
-inline void WeightedSumAvx2(int nq, const float* const* p, const float* const* values, int64_t j0, int64_t j1,
-                            int64_t e, float* const* outs, bool first, const Ahead& ahead) {
+template <typename T, typename P>
+inline void WeightedSumAvx2(int nq, const float* const* p, const P* values, int64_t j0, int64_t j1, int64_t e,
+                            float* const* outs, bool first, const Ahead& ahead) {
   switch (nq) {
-    case 1: return WeightedSumAvx2<1>(p, values, j0, j1, e, outs, first, ahead);
-    case 2: return WeightedSumAvx2<2>(p, values, j0, j1, e, outs, first, ahead);
-    case 3: return WeightedSumAvx2<3>(p, values, j0, j1, e, outs, first, ahead);
-    case 4: return WeightedSumAvx2<4>(p, values, j0, j1, e, outs, first, ahead);
-    case 5: return WeightedSumAvx2<5>(p, values, j0, j1, e, outs, first, ahead);
-    default: return WeightedSumAvx2<6>(p, values, j0, j1, e, outs, first, ahead);
+    case 1: return WeightedSumAvx2<1, T>(p, values, j0, j1, e, outs, first, ahead);
+    case 2: return WeightedSumAvx2<2, T>(p, values, j0, j1, e, outs, first, ahead);
+    case 3: return WeightedSumAvx2<3, T>(p, values, j0, j1, e, outs, first, ahead);
+    case 4: return WeightedSumAvx2<4, T>(p, values, j0, j1, e, outs, first, ahead);
+    case 5: return WeightedSumAvx2<5, T>(p, values, j0, j1, e, outs, first, ahead);
+    default: return WeightedSumAvx2<6, T>(p, values, j0, j1, e, outs, first, ahead);
   }
 }
 constexpr int kSumQueries = 6;  // queries per weighted-sum block
@@ -226,13 +272,11 @@ constexpr int kSumQueries = 4;
 // Keys per tile: ~32 KiB of keys or values, reused from L1/L2 by every query quad.
 inline int64_t KeyTile(int64_t hd) { return std::max<int64_t>(4, (8192 / std::max<int64_t>(hd, 16)) / 4 * 4); }
 
-}  // namespace
-
-void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
-                     int64_t ld) {
+template <typename T, typename P>
+void Scores(const float* q, int64_t nq, int64_t hd, const P* keys, int64_t nk, float* s, int64_t ld) {
   if (hd % kLanes != 0) {  // pair by pair (see Scores4x4)
     for (int64_t i = 0; i < nq; ++i)
-      for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+      for (int64_t j = 0; j < nk; ++j) s[i * ld + j] = DotKey(RowOf<T>(keys, j), q + i * hd, hd);
     return;
   }
 #if DD_ATTENTION_AVX2
@@ -245,11 +289,11 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
     for (int64_t i = 0; i < nq2; i += 2) {
       for (int64_t j = jt; j < je; j += 2) {
         if (i == 0 && j + 1 + kPrefetchRows < nk) {
-          PrefetchRow(keys[j + kPrefetchRows], 0, hd);
-          PrefetchRow(keys[j + 1 + kPrefetchRows], 0, hd);
+          PrefetchRow(RowOf<T>(keys, j + kPrefetchRows), 0, hd);
+          PrefetchRow(RowOf<T>(keys, j + 1 + kPrefetchRows), 0, hd);
         }
         float out[4];
-        Scores2x2(q + i * hd, hd, keys + j, out);
+        Scores2x2<T>(q + i * hd, hd, keys + j, out);
         s[i * ld + j] = out[0];
         s[i * ld + j + 1] = out[1];
         s[(i + 1) * ld + j] = out[2];
@@ -261,14 +305,14 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
     const int64_t nk4 = nk / 4 * 4;
     for (int64_t j = 0; j < nk4; j += 4) {
       if (nq2 == 0 && j + 3 + kPrefetchRows < nk) {
-        for (int c = 0; c < 4; ++c) PrefetchRow(keys[j + c + kPrefetchRows], 0, hd);
+        for (int c = 0; c < 4; ++c) PrefetchRow(RowOf<T>(keys, j + c + kPrefetchRows), 0, hd);
       }
-      Scores1x4(q + nq2 * hd, hd, keys + j, s + nq2 * ld + j);
+      Scores1x4<T>(q + nq2 * hd, hd, keys + j, s + nq2 * ld + j);
     }
-    for (int64_t j = nk4; j < nk; ++j) s[nq2 * ld + j] = Dot(keys[j], q + nq2 * hd, hd);
+    for (int64_t j = nk4; j < nk; ++j) s[nq2 * ld + j] = DotKey(RowOf<T>(keys, j), q + nq2 * hd, hd);
   }
   for (int64_t i = 0; i < nq2; ++i) {
-    for (int64_t j = nk2; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+    for (int64_t j = nk2; j < nk; ++j) s[i * ld + j] = DotKey(RowOf<T>(keys, j), q + i * hd, hd);
   }
   return;
 #endif
@@ -291,20 +335,21 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
       const int rows = partial ? static_cast<int>(rem) : 4;
       for (int64_t j = jt; j < je; j += 4) {
         if (quad == 0 && j + 3 + kPrefetchRows < nk) {  // scattered keys: ask ahead, as on AVX2
-          for (int c = 0; c < 4; ++c) PrefetchRow(keys[j + c + kPrefetchRows], 0, hd);
+          for (int c = 0; c < 4; ++c) PrefetchRow(RowOf<T>(keys, j + c + kPrefetchRows), 0, hd);
         }
         float out[16];
-        Scores4x4(qq, hd, keys + j, out);
+        Scores4x4<T>(qq, hd, keys + j, out);
         for (int r = 0; r < rows; ++r) std::memcpy(s + (i + r) * ld + j, out + 4 * r, 4 * sizeof(float));
       }
     }
   }
   for (int64_t i = 0; i < nq; ++i)
-    for (int64_t j = nk4; j < nk; ++j) s[i * ld + j] = Dot(keys[j], q + i * hd, hd);
+    for (int64_t j = nk4; j < nk; ++j) s[i * ld + j] = DotKey(RowOf<T>(keys, j), q + i * hd, hd);
 }
 
-void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
-                          int64_t e0, int64_t e1, float* const* outs) {
+template <typename T, typename P>
+void WeightedSum(const float* p, int64_t ld, int64_t nq, const P* values, int64_t nk, int64_t e0, int64_t e1,
+                 float* const* outs) {
   const int64_t tile = KeyTile(e1 - e0);
   for (int64_t jt = 0; jt < nk || jt == 0; jt += tile) {  // tile outer: values reused by every block
     const int64_t je = std::min(nk, jt + tile);
@@ -326,9 +371,9 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
         // The first sweep over the tile fetches the whole rows' slice ahead of use.
         const Ahead ahead = b == 0 && e == e0 ? Ahead{nk, e0, e1} : Ahead{};
 #if DD_ATTENTION_AVX2
-        WeightedSumAvx2(n, pr, values, jt, je, e, o, first, ahead);
+        WeightedSumAvx2<T>(n, pr, values, jt, je, e, o, first, ahead);
 #else
-        WeightedSum4(pr, n, values, jt, je, e, o, first, ahead);
+        WeightedSum4<T>(pr, n, values, jt, je, e, o, first, ahead);
 #endif
       }
       for (; e < e1; ++e) {  // scalar tail, same per-element order
@@ -338,9 +383,9 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
           // may otherwise vectorize the products and add them one by one (seen on AVX2).
           for (int64_t j = jt; j < je; ++j) {
 #if defined(__FMA__)
-            a = std::fma(pr[r][j], values[j][e], a);
+            a = std::fma(pr[r][j], Widen(RowOf<T>(values, j)[e]), a);
 #else
-            a += pr[r][j] * values[j][e];
+            a += pr[r][j] * Widen(RowOf<T>(values, j)[e]);
 #endif
           }
           o[r][e] = a;
@@ -349,6 +394,30 @@ void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* c
       i += n;
     }
   }
+}
+
+}  // namespace
+
+void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const* keys, int64_t nk, float* s,
+                     int64_t ld) {
+  Scores<float>(q, nq, hd, keys, nk, s, ld);
+}
+
+void AttentionScores(const float* q, int64_t nq, int64_t hd, const void* const* keys, KvDtype t, int64_t nk, float* s,
+                     int64_t ld) {
+  if (t == KvDtype::kF16) return Scores<uint16_t>(q, nq, hd, keys, nk, s, ld);
+  Scores<float>(q, nq, hd, keys, nk, s, ld);
+}
+
+void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
+                          int64_t e0, int64_t e1, float* const* outs) {
+  WeightedSum<float>(p, ld, nq, values, nk, e0, e1, outs);
+}
+
+void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const void* const* values, KvDtype t, int64_t nk,
+                          int64_t e0, int64_t e1, float* const* outs) {
+  if (t == KvDtype::kF16) return WeightedSum<uint16_t>(p, ld, nq, values, nk, e0, e1, outs);
+  WeightedSum<float>(p, ld, nq, values, nk, e0, e1, outs);
 }
 
 }  // namespace dd::kernels

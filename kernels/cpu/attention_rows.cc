@@ -71,7 +71,7 @@ void AttendFewRows(const CausalAttention& a, int64_t nr, int64_t n_keys, ThreadP
     for (int64_t t = b; t < e; ++t) {
       const int64_t g = t / n_tiles, jt = (t % n_tiles) * kKeyTile;
       kernels::AttentionScores(&scratch->q[g * nq * hd], nq, hd, scratch->keys.data() + g * n_keys + jmin + jt,
-                               std::min(kKeyTile, ld - jt), &scratch->scores[g * nq * ld + jt], ld);
+                               a.shape.kv, std::min(kKeyTile, ld - jt), &scratch->scores[g * nq * ld + jt], ld);
     }
   });
   pool.ParallelFor(n_kv * nq, [&](int64_t b, int64_t e) {
@@ -86,8 +86,8 @@ void AttendFewRows(const CausalAttention& a, int64_t nr, int64_t n_keys, ThreadP
     for (int64_t t = b; t < e; ++t) {
       const int64_t g = t / n_pieces, e0 = (t % n_pieces) * piece;
       kernels::AttentionWeightedSum(&scratch->scores[g * nq * ld], ld, nq,
-                                    scratch->values.data() + g * n_keys + jmin, ld, e0, std::min(hd, e0 + piece),
-                                    &scratch->outs[g * nq]);
+                                    scratch->values.data() + g * n_keys + jmin, a.shape.kv, ld, e0,
+                                    std::min(hd, e0 + piece), &scratch->outs[g * nq]);
     }
   });
 }
@@ -96,6 +96,7 @@ void AttendFewRows(const CausalAttention& a, int64_t nr, int64_t n_keys, ThreadP
 void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* scratch) {
   const int64_t hd = a.shape.head_dim, n_kv = a.shape.n_head_kv, gs = a.shape.n_head / n_kv;
   const int64_t kv_dim = n_kv * hd, nr = static_cast<int64_t>(a.positions.size());
+  const int64_t eb = KvDtypeBytes(a.shape.kv);
   int64_t n_keys = 0;
   for (const KvRun& run : a.runs) n_keys += run.len;
   // Key j of the concatenation, per KV head g: keys[g * n_keys + j].
@@ -104,8 +105,9 @@ void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* 
   for (int64_t g = 0, j = 0; g < n_kv; ++g) {
     for (const KvRun& run : a.runs) {
       for (int64_t t = 0; t < run.len; ++t, ++j) {
-        scratch->keys[j] = run.k + t * kv_dim + g * hd;
-        scratch->values[j] = run.v + t * kv_dim + g * hd;
+        const int64_t at = (t * kv_dim + g * hd) * eb;
+        scratch->keys[j] = static_cast<const char*>(run.k) + at;
+        scratch->values[j] = static_cast<const char*>(run.v) + at;
       }
     }
   }
@@ -133,13 +135,14 @@ void AttendCausal(const CausalAttention& a, ThreadPool& pool, AttentionScratch* 
       s.resize(nq * ld);
       outs.resize(nq);
       GroupQueries(a, g, ra, rb, q.data(), outs.data());
-      const float* const* keys = scratch->keys.data() + g * n_keys + jmin;
-      kernels::AttentionScores(q.data(), nq, hd, keys, ld, s.data(), ld);
+      const void* const* keys = scratch->keys.data() + g * n_keys + jmin;
+      kernels::AttentionScores(q.data(), nq, hd, keys, a.shape.kv, ld, s.data(), ld);
       for (int64_t qi = 0; qi < nq; ++qi) {
         const int64_t r = qi / gs;
         SoftmaxVisible(&s[qi * ld], ld, j0[r] - jmin, j1[r] - jmin, a.scale);
       }
-      kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, ld, 0, hd, outs.data());
+      kernels::AttentionWeightedSum(s.data(), ld, nq, scratch->values.data() + g * n_keys + jmin, a.shape.kv, ld, 0,
+                                    hd, outs.data());
     }
   });
 }
@@ -202,7 +205,7 @@ void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape&
       const int64_t p = pair_of(first_tile, t);
       const KeyValueList& list = groups[p / n_kv].lists[p % n_kv];
       const int64_t j = (t - first_tile[p]) * kKeyTile, nq = first_query[p + 1] - first_query[p];
-      kernels::AttentionScores(scratch->group_q[p], nq, hd, list.keys + j, std::min(kKeyTile, list.n - j),
+      kernels::AttentionScores(scratch->group_q[p], nq, hd, list.keys + j, shape.kv, std::min(kKeyTile, list.n - j),
                                &scratch->scores[offset[p] + j], list.n);
     }
   });
@@ -221,7 +224,7 @@ void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape&
       const int64_t p = t / n_pieces, e0 = (t % n_pieces) * piece;
       const KeyValueList& list = groups[p / n_kv].lists[p % n_kv];
       const int64_t nq = first_query[p + 1] - first_query[p];
-      kernels::AttentionWeightedSum(&scratch->scores[offset[p]], list.n, nq, list.values, list.n, e0,
+      kernels::AttentionWeightedSum(&scratch->scores[offset[p]], list.n, nq, list.values, shape.kv, list.n, e0,
                                     std::min(hd, e0 + piece), &scratch->outs[first_query[p]]);
     }
   });

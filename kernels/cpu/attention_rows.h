@@ -14,7 +14,7 @@ namespace dd::backend::cpu {
 
 // Reused across calls (one at a time): key pointers and the few-rows path's buffers.
 struct AttentionScratch {
-  std::vector<const float*> keys, values;  // per KV head, one pointer per key position
+  std::vector<const void*> keys, values;   // per KV head, one pointer per key position
   std::vector<float> q, scores;            // the few-rows path (decode)
   std::vector<float*> outs;
   std::vector<int64_t> offsets, first_tiles, first_queries;  // AttendGroups' per-pair prefix sums

@@ -156,16 +156,31 @@ void CpuOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
   kernels::AttentionScores(q, nq, head_dim, keys, nk, s, ld);
 }
 
-void CpuOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+void CpuOps::ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
   thread_local std::vector<double> sum;
   for (int64_t c = 0; c < n; ++c) {
     sum.assign(kv_dim, 0.0);
-    for (int64_t t = 0; t < chunk; ++t) {
-      const float* r = rows[c * chunk + t];
-      for (int64_t j = 0; j < kv_dim; ++j) sum[j] += r[j];
+    for (int64_t i = 0; i < chunk; ++i) {
+      const void* r = rows[c * chunk + i];
+      if (t == KvDtype::kF16) {
+        const auto* h = static_cast<const uint16_t*>(r);
+        for (int64_t j = 0; j < kv_dim; ++j) sum[j] += kernels::F16ToF32(h[j]);
+      } else {
+        const auto* f = static_cast<const float*>(r);
+        for (int64_t j = 0; j < kv_dim; ++j) sum[j] += f[j];
+      }
     }
     for (int64_t j = 0; j < kv_dim; ++j) out[c * kv_dim + j] = static_cast<float>(sum[j] / static_cast<double>(chunk));
   }
+}
+
+void CpuOps::StoreKv(const float* x, int64_t n, KvDtype t, void* out) {
+  if (t == KvDtype::kF32) {
+    if (out != x) std::memcpy(out, x, n * sizeof(float));
+    return;
+  }
+  const int64_t saturated = kernels::F32ToF16Saturating(x, n, static_cast<uint16_t*>(out));
+  if (saturated > 0) kv_overflows_.fetch_add(saturated, std::memory_order_relaxed);
 }
 
 void CpuOps::DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) {

@@ -313,7 +313,7 @@ TEST(CpuOpsTest, RowsToListsInOnePassEqualOneRowAtATime) {
       std::normal_distribution<float> nd;
       // KV head g holds 300 + 97 g keys (beyond one key tile), the last one the second row's own.
       std::vector<std::vector<float>> kv(n_kv);
-      std::vector<std::vector<const float*>> keys(n_kv), values(n_kv);
+      std::vector<std::vector<const void*>> keys(n_kv), values(n_kv);
       std::vector<KeyValueList> all(n_kv), first_row(n_kv);
       for (int64_t g = 0; g < n_kv; ++g) {
         const int64_t n = 300 + 97 * g;
@@ -358,7 +358,7 @@ TEST(CpuOpsTest, GroupsInOneCallEqualEachGroupAlone) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
   std::vector<std::vector<float>> kv(kGroups * n_kv);
-  std::vector<std::vector<const float*>> keys(kGroups * n_kv), values(kGroups * n_kv);
+  std::vector<std::vector<const void*>> keys(kGroups * n_kv), values(kGroups * n_kv);
   std::vector<KeyValueList> lists(kGroups * n_kv);
   for (int64_t p = 0; p < kGroups * n_kv; ++p) {
     const int64_t n = 40 + 61 * p;  // some beyond one key tile
@@ -461,8 +461,9 @@ TEST(CpuOpsTest, ChunkMeansAreTheRowsMeanSummedInDouble) {
   const int64_t n = kChunks * kChunk;
   std::vector<const float*> rows(n);
   for (int64_t i = 0; i < n; ++i) rows[i] = &keys[(i * 7 % n) * kDim];
+  const std::vector<const void*> untyped(rows.begin(), rows.end());
   std::vector<float> out(kChunks * kDim, -1.0f);
-  ops.ChunkMeans(rows.data(), kChunks, kChunk, kDim, out.data());
+  ops.ChunkMeans(untyped.data(), KvDtype::kF32, kChunks, kChunk, kDim, out.data());
   for (int64_t c = 0; c < kChunks; ++c) {
     for (int64_t j = 0; j < kDim; ++j) {
       double sum = 0;
@@ -470,6 +471,45 @@ TEST(CpuOpsTest, ChunkMeansAreTheRowsMeanSummedInDouble) {
       ASSERT_EQ(out[c * kDim + j], static_cast<float>(sum / kChunk)) << "chunk " << c << " element " << j;
     }
   }
+}
+
+// Landmarks of an f16 cache: the means of the widened rows, the f32 path's bits on them; and how
+// rows enter such a cache (StoreKv): rounded, saturated and counted.
+TEST(CpuOpsTest, F16RowsLandmarksAndStoresKeepTheF32PathsBits) {
+  constexpr int64_t kChunk = 8, kDim = 40, kChunks = 3, n = kChunk * kChunks;
+  ThreadPool pool(1);
+  CpuOps ops(pool);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 50.0f);
+  std::vector<float> x(n * kDim);
+  for (float& v : x) v = nd(rng);
+  x[3] = 1e6f;    // saturates
+  x[5] = -7e4f;   // saturates
+  x[9] = INFINITY;  // passes through, uncounted
+  std::vector<uint16_t> half(x.size());
+  ops.StoreKv(x.data(), n * kDim, KvDtype::kF16, half.data());
+  EXPECT_EQ(ops.KvOverflows(), 2);
+  std::vector<float> wide(x.size());
+  for (size_t i = 0; i < x.size(); ++i) wide[i] = kernels::F16ToF32(half[i]);
+  EXPECT_EQ(wide[3], 65504.0f);
+  EXPECT_EQ(wide[5], -65504.0f);
+  EXPECT_TRUE(std::isinf(wide[9]));
+  std::vector<float> copy(x.size());
+  ops.StoreKv(x.data(), n * kDim, KvDtype::kF32, copy.data());
+  EXPECT_EQ(0, std::memcmp(copy.data(), x.data(), x.size() * sizeof(float)));
+  EXPECT_EQ(ops.KvOverflows(), 2) << "f32 stores count nothing";
+  x[9] = 1.0f;  // finite landmarks below
+  half[9] = kernels::F32ToF16(1.0f);
+  wide[9] = 1.0f;
+  std::vector<const void*> rows16(n), rows32(n);
+  for (int64_t i = 0; i < n; ++i) {
+    rows16[i] = &half[i * kDim];
+    rows32[i] = &wide[i * kDim];
+  }
+  std::vector<float> got(kChunks * kDim), want(kChunks * kDim);
+  ops.ChunkMeans(rows16.data(), KvDtype::kF16, kChunks, kChunk, kDim, got.data());
+  ops.ChunkMeans(rows32.data(), KvDtype::kF32, kChunks, kChunk, kDim, want.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
 }
 
 }  // namespace

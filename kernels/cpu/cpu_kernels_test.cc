@@ -420,6 +420,81 @@ TEST(AttentionKernelTest, BlockedScoresAndSumsEqualPairAtATime) {
   }
 }
 
+// KV kept in f16 (KvDtype::kF16): the kernels widen each element on load, so scores and sums
+// over f16 rows are the f32 kernels' bits over the widened rows — every head size path (vector,
+// scalar tail), query count and tile seam of the test above, values with large magnitudes.
+TEST(AttentionKernelTest, F16RowsGiveTheBitsOfTheirWidenedF32Rows) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int64_t hd : {64, 256, 16, 72, 5}) {
+    for (auto [nq, nk] : {std::pair<int64_t, int64_t>{1, 37}, {3, 300}, {4, 130}, {7, 37}, {12, 301}}) {
+      const int64_t ld = nk + 1;
+      std::vector<float> q(nq * hd), kv(2 * nk * hd);
+      for (auto& v : q) v = nd(rng);
+      for (auto& v : kv) v = nd(rng) * (rng() % 8 == 0 ? 1000.0f : 1.0f);
+      std::vector<uint16_t> half(kv.size());
+      ASSERT_EQ(F32ToF16Saturating(kv.data(), static_cast<int64_t>(kv.size()), half.data()), 0);
+      std::vector<float> wide(kv.size());
+      for (size_t i = 0; i < kv.size(); ++i) wide[i] = F16ToF32(half[i]);
+      std::vector<const float*> keys(nk), values(nk);
+      std::vector<const void*> keys16(nk), values16(nk);
+      for (int64_t j = 0; j < nk; ++j) {
+        keys[j] = &wide[j * hd];
+        values[j] = &wide[(nk + j) * hd];
+        keys16[j] = &half[j * hd];
+        values16[j] = &half[(nk + j) * hd];
+      }
+      std::vector<float> s32(nq * ld, -7.0f), s16(nq * ld, -7.0f);
+      AttentionScores(q.data(), nq, hd, keys.data(), nk, s32.data(), ld);
+      AttentionScores(q.data(), nq, hd, keys16.data(), KvDtype::kF16, nk, s16.data(), ld);
+      ASSERT_EQ(0, std::memcmp(s32.data(), s16.data(), s32.size() * sizeof(float))) << hd << " " << nq;
+      for (float& x : s32) x = std::fabs(x) * 1e-3f;
+      std::vector<float> out32(nq * hd), out16(nq * hd);
+      std::vector<float*> o32(nq), o16(nq);
+      for (int64_t i = 0; i < nq; ++i) {
+        o32[i] = &out32[i * hd];
+        o16[i] = &out16[i * hd];
+      }
+      AttentionWeightedSum(s32.data(), ld, nq, values.data(), nk, 0, hd, o32.data());
+      AttentionWeightedSum(s32.data(), ld, nq, values16.data(), KvDtype::kF16, nk, 0, hd, o16.data());
+      ASSERT_EQ(0, std::memcmp(out32.data(), out16.data(), out32.size() * sizeof(float))) << hd << " " << nq;
+      // The untyped f32 entry points are the typed ones.
+      const std::vector<const void*> untyped(values.begin(), values.end());
+      AttentionWeightedSum(s32.data(), ld, nq, untyped.data(), KvDtype::kF32, nk, 0, hd, o16.data());
+      ASSERT_EQ(0, std::memcmp(out32.data(), out16.data(), out32.size() * sizeof(float))) << hd << " " << nq;
+    }
+  }
+}
+
+// How K and V enter an f16 cache: F32ToF16's bits, except that a finite value beyond ±65504
+// saturates there (and is counted) instead of becoming ±inf; infinities and NaNs pass through.
+// Lengths that leave a scalar tail after the 8-wide loop.
+TEST(DTypeTest, SaturatingF16ConversionCountsWhatItClamps) {
+  std::mt19937 rng(5);
+  for (int64_t n : {1, 7, 8, 9, 64, 1001}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng),
+                                      std::uniform_int_distribution<int>(-26, 17)(rng));
+    int64_t want = 0;
+    const int64_t specials = std::min<int64_t>(n, 4);
+    const float special[4] = {70000.0f, -1e30f, INFINITY, std::nanf("")};
+    for (int64_t i = 0; i < specials; ++i) x[i * (n / specials)] = special[i];
+    for (float v : x) want += std::isfinite(v) && std::fabs(v) > 65504.0f ? 1 : 0;
+    std::vector<uint16_t> out(n);
+    EXPECT_EQ(F32ToF16Saturating(x.data(), n, out.data()), want) << n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      if (std::isnan(v)) {
+        EXPECT_TRUE(std::isnan(F16ToF32(out[i]))) << i;
+      } else if (std::isfinite(v) && std::fabs(v) > 65504.0f) {
+        EXPECT_EQ(F16ToF32(out[i]), v > 0 ? 65504.0f : -65504.0f) << v;
+      } else {
+        EXPECT_EQ(out[i], F32ToF16(v)) << v;
+      }
+    }
+  }
+}
+
 // ArgmaxFirst's vector path against the plain scan it replaced: first index of the largest, NaN
 // never wins, a NaN at index 0 gives 0; ties across lanes and in the tail.
 TEST(ArgmaxTest, TheFirstLargestAsTheScan) {

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,34 @@ uint16_t F32ToF16(float f) {
 #else
   return F32ToF16Portable(f);
 #endif
+}
+
+int64_t F32ToF16Saturating(const float* x, int64_t n, uint16_t* out) {
+  constexpr float kMax = 65504.0f;
+  int64_t saturated = 0;
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+  const __m256 hi = _mm256_set1_ps(kMax), lo = _mm256_set1_ps(-kMax), inf = _mm256_set1_ps(INFINITY);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 a = _mm256_andnot_ps(sign, v);
+    // Finite and beyond the largest f16: |v| > max and |v| < inf (NaN compares false).
+    const __m256 over = _mm256_and_ps(_mm256_cmp_ps(a, hi, _CMP_GT_OQ), _mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+    const __m256 clamped = _mm256_blendv_ps(v, _mm256_min_ps(_mm256_max_ps(v, lo), hi), over);
+    saturated += __builtin_popcount(_mm256_movemask_ps(over));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(clamped, _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; i < n; ++i) {
+    float v = x[i];
+    if (std::isfinite(v) && std::fabs(v) > kMax) {
+      v = v > 0 ? kMax : -kMax;
+      ++saturated;
+    }
+    out[i] = F32ToF16(v);
+  }
+  return saturated;
 }
 
 }  // namespace dd::kernels

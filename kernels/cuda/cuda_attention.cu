@@ -10,6 +10,7 @@
 // over 64-bit keys (the CPU's: the score's order bits inverted, above the chunk id; integer
 // histogram counts, so atomics change nothing), the keys at or above it are collected, and
 // each is written at its rank among them: best to worst, the CPU's order.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -20,6 +21,10 @@ namespace dd::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+
+// KV elements: f32, or f16 bits (DevShape::kv_f16) widened exactly.
+__device__ inline float Widen(float x) { return x; }
+__device__ inline float Widen(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static_assert(2 * kThreads >= kMaxHeadDim, "two output dims per thread");
 
 __device__ float BlockMax(float v, float* red) {
@@ -43,16 +48,18 @@ __device__ float BlockSum(float v, float* red) {
 }
 
 // Keys of a causal row: position first + i, in the runs holding positions from lo on.
+template <typename T>
 struct RunKeys {
+  using Elem = T;
   const DevRun* runs;
   int32_t n_runs;
   int64_t lo, first, kv_dim, head_off;
-  __device__ void At(int64_t i, const float** k, const float** v) const {
+  __device__ void At(int64_t i, const T** k, const T** v) const {
     int64_t idx = first + i - lo;
     for (int r = 0; r < n_runs; ++r) {
       if (idx < runs[r].len || r == n_runs - 1) {
-        *k = runs[r].k + idx * kv_dim + head_off;
-        *v = runs[r].v + idx * kv_dim + head_off;
+        *k = static_cast<const T*>(runs[r].k) + idx * kv_dim + head_off;
+        *v = static_cast<const T*>(runs[r].v) + idx * kv_dim + head_off;
         return;
       }
       idx -= runs[r].len;
@@ -61,17 +68,20 @@ struct RunKeys {
 };
 
 // Keys of a list: runs of keys at a stride (key_segments.h).
+template <typename T>
 struct ListKeys {
+  using Elem = T;
   const KeySeg* segs;
   int64_t n_segs;
-  __device__ void At(int64_t i, const float** k, const float** v) const { KeySegAt(segs, n_segs, i, k, v); }
+  __device__ void At(int64_t i, const T** k, const T** v) const { KeySegAt(segs, n_segs, i, k, v); }
 };
 
 template <typename Keys>
 __device__ void AttendKeys(const float* q, float* out, int hd, float scale, int64_t n, const Keys& keys) {
+  using T = typename Keys::Elem;
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float p_s[kThreads];
-  __shared__ const float* v_s[kThreads];
+  __shared__ const T* v_s[kThreads];
   __shared__ float red[kThreads / 32];
   const int tid = threadIdx.x;
   for (int d = tid; d < hd; d += kThreads) q_s[d] = q[d];
@@ -80,12 +90,12 @@ __device__ void AttendKeys(const float* q, float* out, int hd, float scale, int6
   for (int64_t t0 = 0; t0 < n; t0 += kThreads) {
     const int64_t i = t0 + tid;
     float s = -INFINITY;
-    const float* vp = nullptr;
+    const T* vp = nullptr;
     if (i < n) {
-      const float* kp;
+      const T* kp;
       keys.At(i, &kp, &vp);
       float dot = 0.0f;
-      for (int d = 0; d < hd; ++d) dot = fmaf(q_s[d], kp[d], dot);
+      for (int d = 0; d < hd; ++d) dot = fmaf(q_s[d], Widen(kp[d]), dot);
       s = dot * scale;
     }
     const float m_new = fmaxf(m, BlockMax(s, red));
@@ -99,9 +109,9 @@ __device__ void AttendKeys(const float* q, float* out, int hd, float scale, int6
     const int count = static_cast<int>(n - t0 < kThreads ? n - t0 : kThreads);
     for (int j = 0; j < count; ++j) {
       const float pj = p_s[j];
-      const float* vj = v_s[j];
-      if (tid < hd) acc0 = fmaf(pj, vj[tid], acc0);
-      if (tid + kThreads < hd) acc1 = fmaf(pj, vj[tid + kThreads], acc1);
+      const T* vj = v_s[j];
+      if (tid < hd) acc0 = fmaf(pj, Widen(vj[tid]), acc0);
+      if (tid + kThreads < hd) acc1 = fmaf(pj, Widen(vj[tid + kThreads]), acc1);
     }
     m = m_new;
     __syncthreads();  // p_s and v_s are rewritten by the next tile
@@ -111,6 +121,7 @@ __device__ void AttendKeys(const float* q, float* out, int hd, float scale, int6
   if (tid + kThreads < hd) out[tid + kThreads] = acc1 * inv;
 }
 
+template <typename T>
 __global__ void AttendCausalKernel(DevShape shape, float scale, bool sliding, int64_t window, const float* q,
                                    float* out, const int64_t* positions, int64_t lo, const DevRun* runs,
                                    int32_t n_runs) {
@@ -120,19 +131,20 @@ __global__ void AttendCausalKernel(DevShape shape, float scale, bool sliding, in
   const int64_t pos = positions[r];
   int64_t first = sliding ? pos - window + 1 : 0;
   if (first < 0) first = 0;
-  const RunKeys keys{runs, n_runs, lo, first, static_cast<int64_t>(shape.n_head_kv) * hd,
+  const RunKeys<T> keys{runs, n_runs, lo, first, static_cast<int64_t>(shape.n_head_kv) * hd,
                      static_cast<int64_t>(h / group) * hd};
   const int64_t q_dim = static_cast<int64_t>(shape.n_head) * hd;
   AttendKeys(q + r * q_dim + h * hd, out + r * q_dim + h * hd, hd, scale, pos - first + 1, keys);
 }
 
+template <typename T>
 __global__ void AttendListsKernel(DevShape shape, float scale, const DevListRow* rows, const DevList* lists,
                                   const KeySeg* segs) {
   const DevListRow row = rows[blockIdx.x];
   const int h = static_cast<int>(blockIdx.y);
   const int hd = shape.head_dim, group = shape.n_head / shape.n_head_kv;
   const DevList list = lists[row.first_list + h / group];
-  const ListKeys keys{segs + list.seg_offset, list.n_segs};
+  const ListKeys<T> keys{segs + list.seg_offset, list.n_segs};
   AttendKeys(row.q + h * hd, row.out + h * hd, hd, scale, list.n - row.hidden_tail, keys);
 }
 
@@ -157,7 +169,7 @@ struct SegKey {
   int64_t n_segs;
   __device__ const float* operator()(int64_t j) const {
     const float *k, *unused;
-    KeySegAt(segs, n_segs, j, &k, &unused);
+    KeySegAt<float>(segs, n_segs, j, &k, &unused);
     return k;
   }
 };
@@ -249,8 +261,14 @@ cudaError_t AttendCausal(const DevShape& shape, float scale, bool sliding, int64
       shape.n_head > 65535) {
     return cudaErrorInvalidValue;
   }
-  AttendCausalKernel<<<dim3(static_cast<unsigned>(n_rows), static_cast<unsigned>(shape.n_head)), kThreads, 0, s>>>(
-      shape, scale, sliding, window, q, out, positions, lo, runs, n_runs);
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(shape.n_head));
+  if (shape.kv_f16 != 0) {
+    AttendCausalKernel<uint16_t><<<grid, kThreads, 0, s>>>(shape, scale, sliding, window, q, out, positions, lo, runs,
+                                                          n_runs);
+  } else {
+    AttendCausalKernel<float><<<grid, kThreads, 0, s>>>(shape, scale, sliding, window, q, out, positions, lo, runs,
+                                                       n_runs);
+  }
   return cudaGetLastError();
 }
 
@@ -261,8 +279,12 @@ cudaError_t AttendLists(const DevShape& shape, float scale, const DevListRow* ro
       shape.n_head > 65535) {
     return cudaErrorInvalidValue;
   }
-  AttendListsKernel<<<dim3(static_cast<unsigned>(n_rows), static_cast<unsigned>(shape.n_head)), kThreads, 0, s>>>(
-      shape, scale, rows, lists, segs);
+  const dim3 grid(static_cast<unsigned>(n_rows), static_cast<unsigned>(shape.n_head));
+  if (shape.kv_f16 != 0) {
+    AttendListsKernel<uint16_t><<<grid, kThreads, 0, s>>>(shape, scale, rows, lists, segs);
+  } else {
+    AttendListsKernel<float><<<grid, kThreads, 0, s>>>(shape, scale, rows, lists, segs);
+  }
   return cudaGetLastError();
 }
 

@@ -90,6 +90,7 @@ class ArgRing {
 class CudaOps final : public backend::Ops {
  public:
   explicit CudaOps(CudaDevice& device) : dev_(device) {}
+  ~CudaOps() override;
   void Embed(const WeightView& table, absl::Span<const int32_t> tokens, float scale, float* x) override;
   void RopeAngles(const float* inv_freq, int64_t half, absl::Span<const int64_t> positions, float* cos,
                   float* sin) override;
@@ -110,7 +111,10 @@ class CudaOps final : public backend::Ops {
                     float scale) override;
   void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                  int64_t ld) override;
-  void ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) override;
+  void ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim,
+                  float* out) override;
+  void StoreKv(const float* x, int64_t n, KvDtype t, void* out) override;
+  int64_t KvOverflows() override;
   void TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t k) override;
   void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;
@@ -131,6 +135,10 @@ class CudaOps final : public backend::Ops {
   std::vector<KeySeg> segs_, group_segs_;
   std::vector<const backend::ChunkScores*> batch_;
   std::vector<DevChunkList> chunk_lists_;
+  // StoreKv's saturation count: mapped host memory the kernel adds to (allocated at the first
+  // f16 store), read by the host without a copy.
+  unsigned long long* saturated_ = nullptr;
+  unsigned long long* saturated_dev_ = nullptr;
 };
 
 class CudaDevice final : public backend::Device {

@@ -1,5 +1,6 @@
 // The CUDA backend's per-element and per-row kernels (cuda_kernels.h). Reductions (norms, dot
 // products) run in one block or warp per row with a fixed tree: the same order for every batch.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -127,13 +128,29 @@ __global__ void DotRowsKernel(const float* const* rows, int64_t n, const float* 
 }
 
 // One thread per landmark element; the chunk's rows added in order, in double.
-__global__ void ChunkMeansKernel(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+__device__ inline float RowElem(const void* row, int64_t j, bool f16) {
+  return f16 ? __half2float(__ushort_as_half(static_cast<const uint16_t*>(row)[j])) : static_cast<const float*>(row)[j];
+}
+
+__global__ void ChunkMeansKernel(const void* const* rows, bool f16, int64_t n, int64_t chunk, int64_t kv_dim,
+                                 float* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * kv_dim) return;
   const int64_t c = i / kv_dim, j = i % kv_dim;
   double sum = 0.0;
-  for (int64_t t = 0; t < chunk; ++t) sum = __dadd_rn(sum, static_cast<double>(rows[c * chunk + t][j]));
+  for (int64_t t = 0; t < chunk; ++t) sum = __dadd_rn(sum, static_cast<double>(RowElem(rows[c * chunk + t], j, f16)));
   out[i] = __double2float_rn(__ddiv_rn(sum, static_cast<double>(chunk)));
+}
+
+__global__ void StoreF16Kernel(const float* x, int64_t n, uint16_t* out, unsigned long long* saturated) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  float v = x[i];
+  if (isfinite(v) && fabsf(v) > 65504.0f) {
+    v = copysignf(65504.0f, v);
+    atomicAdd(saturated, 1ull);
+  }
+  out[i] = __half_as_ushort(__float2half_rn(v));
 }
 
 __global__ void ScoreRowsKernel(DevWeights w, const int32_t* ids, int64_t n, const float* x, float* out) {
@@ -257,10 +274,16 @@ cudaError_t DotRows(const float* const* rows, int64_t n, const float* x, int64_t
   return cudaGetLastError();
 }
 
-cudaError_t ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
+cudaError_t ChunkMeans(const void* const* rows, bool f16, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
                        cudaStream_t s) {
   if (n <= 0 || kv_dim <= 0) return cudaSuccess;
-  ChunkMeansKernel<<<Blocks(n * kv_dim, kThreads), kThreads, 0, s>>>(rows, n, chunk, kv_dim, out);
+  ChunkMeansKernel<<<Blocks(n * kv_dim, kThreads), kThreads, 0, s>>>(rows, f16, n, chunk, kv_dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t StoreF16(const float* x, int64_t n, uint16_t* out, unsigned long long* saturated, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  StoreF16Kernel<<<Blocks(n, kThreads), kThreads, 0, s>>>(x, n, out, saturated);
   return cudaGetLastError();
 }
 

@@ -51,9 +51,12 @@ cudaError_t Softcap(float* x, int64_t n, float cap, cudaStream_t s);
 // out[i] = rows[i] · x over d floats.
 cudaError_t DotRows(const float* const* rows, int64_t n, const float* x, int64_t d, float* out, cudaStream_t s);
 // out[c × kv_dim + j] = the mean of element j of rows[c × chunk + t], t < chunk, for n chunks:
-// summed in double in row order, rounded once (the CPU's bits).
-cudaError_t ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
+// summed in double in row order, rounded once (the CPU's bits); rows are f16 bits when f16.
+cudaError_t ChunkMeans(const void* const* rows, bool f16, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
                        cudaStream_t s);
+// out = x's n floats as f16 bits (round to nearest even); a finite value beyond ±65504 becomes
+// ±65504 and adds one to *saturated (memory the device may write: mapped host memory).
+cudaError_t StoreF16(const float* x, int64_t n, uint16_t* out, unsigned long long* saturated, cudaStream_t s);
 // out[r] = the first index of the largest of row r's n floats (x + r × n), NaNs never winning,
 // 0 for a NaN first element (kernels::ArgmaxFirst): one block per row; the answer (the least
 // index holding the largest value) does not depend on the order of the comparisons.
@@ -81,12 +84,13 @@ cudaError_t LinearF32(const DevWeights& w, const float* x, int64_t rows, int64_t
                       float* y, int64_t y_stride, cudaStream_t s);
 
 // ---- attention (cuda_attention.cu) ----
+// kv_f16: keys and values are f16 bits (KvDtype::kF16), else f32.
 struct DevShape {
-  int32_t n_head, n_head_kv, head_dim;
+  int32_t n_head, n_head_kv, head_dim, kv_f16;
 };
 struct DevRun {
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
   int64_t len;
 };
 // ops.h CausalAttention with positions and runs in device memory.

@@ -193,7 +193,7 @@ void CudaOps::AttendCausal(const backend::CausalAttention& c) {
   const DevRun* r = a.Put(runs_.data(), n_runs);
   if (!a.Flush()) return;
   const DevShape shape{static_cast<int32_t>(c.shape.n_head), static_cast<int32_t>(c.shape.n_head_kv),
-                       static_cast<int32_t>(c.shape.head_dim)};
+                       static_cast<int32_t>(c.shape.head_dim), c.shape.kv == KvDtype::kF16 ? 1 : 0};
   dev_.Report(cuda::AttendCausal(shape, c.scale, c.sliding, c.window, c.q, c.out, p, n, c.lo, r,
                                  static_cast<int32_t>(n_runs), dev_.stream(backend::Queue::kCompute)),
               "AttendCausal");
@@ -202,7 +202,8 @@ void CudaOps::AttendCausal(const backend::CausalAttention& c) {
 void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, const backend::AttentionShape& shape,
                            float scale) {
   const DevShape dshape{static_cast<int32_t>(shape.n_head), static_cast<int32_t>(shape.n_head_kv),
-                        static_cast<int32_t>(shape.head_dim)};
+                        static_cast<int32_t>(shape.head_dim), shape.kv == KvDtype::kF16 ? 1 : 0};
+  const int64_t elem = KvDtypeBytes(shape.kv);
   auto bytes = [&] {
     return SizeOf<DevListRow>(static_cast<int64_t>(rows_.size())) + SizeOf<DevList>(static_cast<int64_t>(lists_.size())) +
            SizeOf<KeySeg>(static_cast<int64_t>(segs_.size()));
@@ -229,7 +230,7 @@ void CudaOps::AttendGroups(absl::Span<const backend::AttentionGroup> groups, con
     group_lists_.clear();
     for (const backend::KeyValueList& l : g.lists) {
       const int64_t first = static_cast<int64_t>(group_segs_.size());
-      const int64_t n_segs = AppendKeySegments(l.keys, l.values, l.n, &group_segs_);
+      const int64_t n_segs = AppendKeySegments(l.keys, l.values, l.n, elem, &group_segs_);
       group_lists_.push_back({first, n_segs, l.n});
     }
     const int64_t extra = static_cast<int64_t>(g.rows.size() * sizeof(DevListRow) + g.lists.size() * sizeof(DevList) +
@@ -258,7 +259,8 @@ void CudaOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const floa
   // which are smaller. (Per thread: callers may score from several threads at once.)
   thread_local std::vector<KeySeg> segs;
   segs.clear();
-  const int64_t n_segs = AppendKeySegments(keys, nullptr, nk, &segs);
+  const int64_t n_segs = AppendKeySegments(keys, static_cast<const float* const*>(nullptr), nk,
+                                           static_cast<int64_t>(sizeof(float)), &segs);
   const bool runs = SizeOf<KeySeg>(n_segs) <= SizeOf<const float*>(nk);
   Args a(dev_, "KeyScores", runs ? SizeOf<KeySeg>(n_segs) : SizeOf<const float*>(nk));
   const KeySeg* k = runs ? a.Put(segs.data(), n_segs) : nullptr;
@@ -316,20 +318,56 @@ void CudaOps::DotRows(absl::Span<const float* const> rows, const float* x, int64
   dev_.Report(cuda::DotRows(r, n, x, d, out, dev_.stream(backend::Queue::kCompute)), "DotRows");
 }
 
-void CudaOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+void CudaOps::ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
   if (n <= 0 || chunk <= 0) return;
   // As many chunks per launch as one part of the argument ring holds (a restored prefix or a
   // prompt pass may complete thousands).
   const int64_t per_launch =
-      std::max<int64_t>(1, dev_.args().part_bytes() / (chunk * static_cast<int64_t>(sizeof(const float*))) - 1);
+      std::max<int64_t>(1, dev_.args().part_bytes() / (chunk * static_cast<int64_t>(sizeof(const void*))) - 1);
   for (int64_t c0 = 0; c0 < n; c0 += per_launch) {
     const int64_t m = std::min(per_launch, n - c0);
-    Args a(dev_, "ChunkMeans", SizeOf<const float*>(m * chunk));
-    const float* const* r = a.Put(rows + c0 * chunk, m * chunk);
+    Args a(dev_, "ChunkMeans", SizeOf<const void*>(m * chunk));
+    const void* const* r = a.Put(rows + c0 * chunk, m * chunk);
     if (!a.Flush()) return;
-    dev_.Report(cuda::ChunkMeans(r, m, chunk, kv_dim, out + c0 * kv_dim, dev_.stream(backend::Queue::kCompute)),
+    dev_.Report(cuda::ChunkMeans(r, t == KvDtype::kF16, m, chunk, kv_dim, out + c0 * kv_dim,
+                                 dev_.stream(backend::Queue::kCompute)),
                 "ChunkMeans");
   }
+}
+
+CudaOps::~CudaOps() {
+  if (saturated_ != nullptr) cudaFreeHost(saturated_);
+}
+
+void CudaOps::StoreKv(const float* x, int64_t n, KvDtype t, void* out) {
+  dev_.FlushSegment();
+  const cudaStream_t s = dev_.stream(backend::Queue::kCompute);
+  if (t == KvDtype::kF32) {
+    if (out != x) {
+      dev_.Report(cudaMemcpyAsync(out, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s), "StoreKv");
+    }
+    return;
+  }
+  if (saturated_ == nullptr) {
+    void* host = nullptr;
+    void* dev = nullptr;
+    cudaError_t e = cudaHostAlloc(&host, sizeof(unsigned long long), cudaHostAllocMapped);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(&dev, host, 0);
+    if (e != cudaSuccess) {
+      if (host != nullptr) cudaFreeHost(host);
+      dev_.Report(e, "StoreKv");
+      return;
+    }
+    saturated_ = static_cast<unsigned long long*>(host);
+    *saturated_ = 0;
+    saturated_dev_ = static_cast<unsigned long long*>(dev);
+  }
+  dev_.Report(cuda::StoreF16(x, n, static_cast<uint16_t*>(out), saturated_dev_, s), "StoreKv");
+}
+
+int64_t CudaOps::KvOverflows() {
+  if (saturated_ == nullptr) return 0;
+  return static_cast<int64_t>(*static_cast<volatile unsigned long long*>(saturated_));
 }
 
 void CudaOps::ScoreRows(const WeightView& w, absl::Span<const int32_t> ids, const float* x, float* out) {

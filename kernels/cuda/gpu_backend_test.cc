@@ -44,6 +44,17 @@ double MaxRelErr(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() ? e : INFINITY;
 }
 
+// KV values in type t, as bytes (f16: each float rounded, the bits a cache would hold).
+std::vector<uint8_t> AsKv(const std::vector<float>& x, KvDtype t) {
+  std::vector<uint8_t> out(x.size() * KvDtypeBytes(t));
+  if (t == KvDtype::kF32) {
+    std::memcpy(out.data(), x.data(), out.size());
+  } else {
+    F32ToF16Saturating(x.data(), static_cast<int64_t>(x.size()), reinterpret_cast<uint16_t*>(out.data()));
+  }
+  return out;
+}
+
 std::vector<float> Normal(int64_t n, uint32_t seed, float sd = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, sd);
@@ -333,9 +344,11 @@ constexpr AttnShape kAttnShapes[] = {{4, 1, 256}, {9, 3, 64}, {32, 8, 128}};
 
 TEST_F(GpuBackendTest, CausalAttentionMatchesTheCpu) {
   for (const AttnShape& s : kAttnShapes) {
-    const backend::AttentionShape shape{s.n_head, s.n_head_kv, s.head_dim};
+   for (KvDtype t : {KvDtype::kF32, KvDtype::kF16}) {
+    const backend::AttentionShape shape{s.n_head, s.n_head_kv, s.head_dim, t};
     const int64_t kv_dim = s.n_head_kv * s.head_dim, q_dim = s.n_head * s.head_dim, n_keys = 700;
-    const std::vector<float> k = Normal(n_keys * kv_dim, 1), v = Normal(n_keys * kv_dim, 2);
+    const int64_t eb = KvDtypeBytes(t);
+    const std::vector<uint8_t> k = AsKv(Normal(n_keys * kv_dim, 1), t), v = AsKv(Normal(n_keys * kv_dim, 2), t);
     for (bool sliding : {false, true}) {
       // Every row's first key at or after lo (a window of 64 from lo + 63 on).
       const int64_t lo = sliding ? 40 : 0;
@@ -344,10 +357,11 @@ TEST_F(GpuBackendTest, CausalAttentionMatchesTheCpu) {
       const std::vector<float> q = Normal(rows * q_dim, 3);
       // The keys from lo on, in three runs (as a sparse layer's sinks, ring and wrap).
       const int64_t cut1 = 100, cut2 = 400;
-      auto runs_at = [&](const float* kb, const float* vb) {
-        return std::vector<backend::KvRun>{{kb + lo * kv_dim, vb + lo * kv_dim, cut1 - lo},
-                                           {kb + cut1 * kv_dim, vb + cut1 * kv_dim, cut2 - cut1},
-                                           {kb + cut2 * kv_dim, vb + cut2 * kv_dim, n_keys - cut2}};
+      auto runs_at = [&](const uint8_t* kb, const uint8_t* vb) {
+        const int64_t row = kv_dim * eb;
+        return std::vector<backend::KvRun>{{kb + lo * row, vb + lo * row, cut1 - lo},
+                                           {kb + cut1 * row, vb + cut1 * row, cut2 - cut1},
+                                           {kb + cut2 * row, vb + cut2 * row, n_keys - cut2}};
       };
       backend::CausalAttention a{shape, 0.125f, sliding, 64, q.data(), nullptr, positions, lo, {}};
       std::vector<float> want(rows * q_dim);
@@ -355,29 +369,32 @@ TEST_F(GpuBackendTest, CausalAttentionMatchesTheCpu) {
       a.out = want.data();
       a.runs = host_runs;
       cpu_.AttendCausal(a);
-      const float* dk = In(k);
-      const float* dv = In(v);
+      const uint8_t* dk = In(k);
+      const uint8_t* dv = In(v);
       const auto dev_runs = runs_at(dk, dv);
       a.q = In(q);
       a.out = Out<float>(rows * q_dim);
       a.runs = dev_runs;
       dev_->ops().AttendCausal(a);
-      EXPECT_LT(MaxRelErr(Get(a.out, rows * q_dim), want), 1e-5) << s.n_head << "/" << s.n_head_kv << " sliding " << sliding;
+      EXPECT_LT(MaxRelErr(Get(a.out, rows * q_dim), want), 1e-5)
+          << s.n_head << "/" << s.n_head_kv << " sliding " << sliding << " " << KvDtypeName(t);
     }
+   }
   }
 }
 
 TEST_F(GpuBackendTest, ListAttentionMatchesTheCpuAndAGroupsBitsDoNotDependOnTheOthers) {
   for (const AttnShape& s : kAttnShapes) {
-    const backend::AttentionShape shape{s.n_head, s.n_head_kv, s.head_dim};
-    const int64_t hd = s.head_dim, q_dim = s.n_head * hd, n_keys = 300;
-    const std::vector<float> keys = Normal(n_keys * hd, 1), vals = Normal(n_keys * hd, 2);
-    const float* dk = In(keys);
-    const float* dvv = In(vals);
+   for (KvDtype t : {KvDtype::kF32, KvDtype::kF16}) {
+    const backend::AttentionShape shape{s.n_head, s.n_head_kv, s.head_dim, t};
+    const int64_t hd = s.head_dim, q_dim = s.n_head * hd, n_keys = 300, row = hd * KvDtypeBytes(t);
+    const std::vector<uint8_t> keys = AsKv(Normal(n_keys * hd, 1), t), vals = AsKv(Normal(n_keys * hd, 2), t);
+    const uint8_t* dk = In(keys);
+    const uint8_t* dvv = In(vals);
     // Group i: two rows (real, speculative with the last key hidden from the real one) over
     // lists of 20 + 37 i keys per KV head, picked with a stride.
     const int n_groups = 5;
-    std::vector<std::vector<const float*>> hk(n_groups * s.n_head_kv), hv(hk.size()), dkp(hk.size()), dvp(hk.size());
+    std::vector<std::vector<const void*>> hk(n_groups * s.n_head_kv), hv(hk.size()), dkp(hk.size()), dvp(hk.size());
     const std::vector<float> q = Normal(n_groups * 2 * q_dim, 3);
     const float* dq = In(q);
     float* dout = Out<float>(n_groups * 2 * q_dim);
@@ -390,10 +407,10 @@ TEST_F(GpuBackendTest, ListAttentionMatchesTheCpuAndAGroupsBitsDoNotDependOnTheO
         const size_t li = i * s.n_head_kv + g;
         for (int64_t j = 0; j < 20 + 37 * i; ++j) {
           const int64_t key = (j * 7 + g + i) % n_keys;
-          hk[li].push_back(&keys[key * hd]);
-          hv[li].push_back(&vals[key * hd]);
-          dkp[li].push_back(dk + key * hd);
-          dvp[li].push_back(dvv + key * hd);
+          hk[li].push_back(&keys[key * row]);
+          hv[li].push_back(&vals[key * row]);
+          dkp[li].push_back(dk + key * row);
+          dvp[li].push_back(dvv + key * row);
         }
         const int64_t n = static_cast<int64_t>(hk[li].size());
         hl[i].push_back({hk[li].data(), hv[li].data(), n});
@@ -419,6 +436,7 @@ TEST_F(GpuBackendTest, ListAttentionMatchesTheCpuAndAGroupsBitsDoNotDependOnTheO
     const std::vector<backend::AttentionGroup> one = {{solo, dl[3]}};
     dev_->ops().AttendGroups(one, shape, 0.1f);
     EXPECT_EQ(Get(alone, 2 * q_dim), std::vector<float>(got.begin() + 6 * q_dim, got.begin() + 8 * q_dim));
+   }
   }
 }
 
@@ -427,18 +445,25 @@ TEST_F(GpuBackendTest, ChunkMeansGiveTheCpusBits) {
   const int64_t chunk = 8, dim = 256, chunks = 700, n = chunk * chunks;
   const std::vector<float> keys = Normal(n * dim, 5);
   const float* dkeys = In(keys);
-  std::vector<const float*> hrows(n), drows(n);
+  const std::vector<uint8_t> keys16 = AsKv(keys, KvDtype::kF16);
+  const uint8_t* dkeys16 = In(keys16);
+  std::vector<const void*> hrows(n), drows(n), hrows16(n), drows16(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = (i * 7919) % n;
     hrows[i] = &keys[at * dim];
     drows[i] = dkeys + at * dim;
+    hrows16[i] = &keys16[at * dim * 2];
+    drows16[i] = dkeys16 + at * dim * 2;
   }
-  std::vector<float> want(chunks * dim);
-  cpu_.ChunkMeans(hrows.data(), chunks, chunk, dim, want.data());
-  float* out = Out<float>(chunks * dim);
-  dev_->ops().ChunkMeans(drows.data(), chunks, chunk, dim, out);
-  const std::vector<float> got = Get(out, chunks * dim);
-  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  for (KvDtype t : {KvDtype::kF32, KvDtype::kF16}) {
+    const bool f16 = t == KvDtype::kF16;
+    std::vector<float> want(chunks * dim);
+    cpu_.ChunkMeans(f16 ? hrows16.data() : hrows.data(), t, chunks, chunk, dim, want.data());
+    float* out = Out<float>(chunks * dim);
+    dev_->ops().ChunkMeans(f16 ? drows16.data() : drows.data(), t, chunks, chunk, dim, out);
+    const std::vector<float> got = Get(out, chunks * dim);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << KvDtypeName(t);
+  }
 }
 
 TEST_F(GpuBackendTest, KeyScoresDotRowsAndTopChunksMatchTheCpu) {

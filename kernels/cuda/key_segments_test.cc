@@ -14,7 +14,8 @@ void ExpectRoundTrip(const std::vector<const float*>& keys, const std::vector<co
                      int64_t want_runs = -1) {
   std::vector<KeySeg> segs = {{nullptr, nullptr, 0, 0}};  // something before: runs are appended
   const int64_t n = static_cast<int64_t>(keys.size());
-  const int64_t runs = AppendKeySegments(keys.data(), values.empty() ? nullptr : values.data(), n, &segs);
+  const int64_t runs = AppendKeySegments(keys.data(), values.empty() ? nullptr : values.data(), n,
+                                          static_cast<int64_t>(sizeof(float)), &segs);
   ASSERT_EQ(static_cast<int64_t>(segs.size()), 1 + runs);
   if (want_runs >= 0) {
     EXPECT_EQ(runs, want_runs);

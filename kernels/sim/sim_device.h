@@ -66,7 +66,10 @@ class SimOps final : public Ops {
   void AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale) override;
   void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk, float* s,
                  int64_t ld) override;
-  void ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) override;
+  void ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim,
+                  float* out) override;
+  void StoreKv(const float* x, int64_t n, KvDtype t, void* out) override;
+  int64_t KvOverflows() override;
   void TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) override;
   void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;

@@ -217,18 +217,18 @@ TEST_F(SimDeviceTest, ChunkMeansGiveTheCpusBits) {
   auto marks = dev->Allocate(MemoryTag::kLandmarks, kChunks * kDim * 4);
   ASSERT_TRUE(rows.ok() && marks.ok());
   ASSERT_TRUE(dev->CopyToDevice(Queue::kCompute, keys.data(), *rows, 0, kRows * kDim * 4).ok());
-  std::vector<const float*> on_device(kRows), on_host(kRows);
+  std::vector<const void*> on_device(kRows), on_host(kRows);
   for (int64_t i = 0; i < kRows; ++i) {
     const int64_t at = kRows - 1 - i;  // in reverse: any place will do
     on_device[i] = static_cast<const float*>(rows->data) + at * kDim;
     on_host[i] = keys.data() + at * kDim;
   }
-  dev->ops().ChunkMeans(on_device.data(), kChunks, kChunk, kDim, static_cast<float*>(marks->data));
+  dev->ops().ChunkMeans(on_device.data(), KvDtype::kF32, kChunks, kChunk, kDim, static_cast<float*>(marks->data));
   std::vector<float> got(kChunks * kDim), want(kChunks * kDim);
   ASSERT_TRUE(dev->CopyToHost(Queue::kCompute, *marks, 0, got.data(), kChunks * kDim * 4).ok());
   ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kCompute)).ok());
   ThreadPool pool(1);
-  CpuOps(pool).ChunkMeans(on_host.data(), kChunks, kChunk, kDim, want.data());
+  CpuOps(pool).ChunkMeans(on_host.data(), KvDtype::kF32, kChunks, kChunk, kDim, want.data());
   EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
   dev->Free(*rows);
   dev->Free(*marks);

@@ -116,12 +116,12 @@ void SimOps::Softcap(float* x, int64_t n, float cap) {
 
 void SimOps::AttendCausal(const CausalAttention& a) {
   const int64_t q_dim = a.shape.n_head * a.shape.head_dim, kv_dim = a.shape.n_head_kv * a.shape.head_dim;
-  const int64_t n = static_cast<int64_t>(a.positions.size());
+  const int64_t n = static_cast<int64_t>(a.positions.size()), eb = KvDtypeBytes(a.shape.kv);
   Accesses acc;
   acc.Read(a.q, n * q_dim * kF);
   for (const KvRun& run : a.runs) {
-    acc.Read(run.k, run.len * kv_dim * kF);
-    acc.Read(run.v, run.len * kv_dim * kF);
+    acc.Read(run.k, run.len * kv_dim * eb);
+    acc.Read(run.v, run.len * kv_dim * eb);
   }
   acc.Write(a.out, n * q_dim * kF);
   std::vector<int64_t> positions(a.positions.begin(), a.positions.end());
@@ -145,11 +145,11 @@ void SimOps::AttendCausal(const CausalAttention& a) {
 }
 
 void SimOps::AttendGroups(absl::Span<const AttentionGroup> groups, const AttentionShape& shape, float scale) {
-  const int64_t hd = shape.head_dim, q_dim = shape.n_head * hd;
+  const int64_t hd = shape.head_dim, q_dim = shape.n_head * hd, eb = KvDtypeBytes(shape.kv);
   // Deep copies: rows, lists and their key / value pointer arrays.
   struct Copy {
     std::vector<std::vector<ListQuery>> rows;
-    std::vector<std::vector<const float*>> keys, values;
+    std::vector<std::vector<const void*>> keys, values;
     std::vector<std::vector<KeyValueList>> lists;
   };
   auto copy = std::make_shared<Copy>();
@@ -173,8 +173,8 @@ void SimOps::AttendGroups(absl::Span<const AttentionGroup> groups, const Attenti
       copy->values.emplace_back(l.values, l.values + l.n);
       copy->lists.back().push_back({copy->keys.back().data(), copy->values.back().data(), l.n});
       for (int64_t j = 0; j < l.n; ++j) {
-        acc.Read(l.keys[j], hd * kF);
-        acc.Read(l.values[j], hd * kF);
+        acc.Read(l.keys[j], hd * eb);
+        acc.Read(l.values[j], hd * eb);
       }
     }
   }
@@ -196,14 +196,23 @@ void SimOps::KeyScores(const float* q, int64_t nq, int64_t head_dim, const float
                  [this, q, nq, head_dim, k, nk, s, ld] { cpu_.KeyScores(q, nq, head_dim, k.data(), nk, s, ld); });
 }
 
-void SimOps::ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
+void SimOps::ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim, float* out) {
   Accesses acc;
-  for (int64_t i = 0; i < n * chunk; ++i) acc.Read(rows[i], kv_dim * kF);
+  for (int64_t i = 0; i < n * chunk; ++i) acc.Read(rows[i], kv_dim * KvDtypeBytes(t));
   acc.Write(out, n * kv_dim * kF);
-  std::vector<const float*> list(rows, rows + n * chunk);
+  std::vector<const void*> list(rows, rows + n * chunk);
   device_.Submit(Queue::kCompute, "ChunkMeans", std::move(acc),
-                 [this, list, n, chunk, kv_dim, out] { cpu_.ChunkMeans(list.data(), n, chunk, kv_dim, out); });
+                 [this, list, t, n, chunk, kv_dim, out] { cpu_.ChunkMeans(list.data(), t, n, chunk, kv_dim, out); });
 }
+
+void SimOps::StoreKv(const float* x, int64_t n, KvDtype t, void* out) {
+  Accesses acc;
+  acc.Read(x, n * kF);
+  acc.Write(out, n * KvDtypeBytes(t));
+  device_.Submit(Queue::kCompute, "StoreKv", std::move(acc), [this, x, n, t, out] { cpu_.StoreKv(x, n, t, out); });
+}
+
+int64_t SimOps::KvOverflows() { return cpu_.KvOverflows(); }
 
 void SimOps::TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) {
   // Deep copies: the lists and their chunk ids (host memory, read when the work runs).

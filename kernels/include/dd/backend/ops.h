@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "common/kv_dtype.h"
 #include "dd/kernels/dtype.h"
 
 namespace dd::backend {
@@ -25,16 +26,18 @@ enum class LinearKind { kInt8, kF32 };
 
 enum class GatedActivation { kGeluTanh, kSilu };
 
-// Attention heads: n_head query heads in n_head_kv groups (GQA), head_dim floats each.
+// Attention heads: n_head query heads in n_head_kv groups (GQA), head_dim elements each; keys
+// and values are kept in `kv` (widened to f32 in registers), queries and outputs are f32.
 struct AttentionShape {
   int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  KvDtype kv = KvDtype::kF32;
 };
 
-// `len` consecutive positions stored as consecutive rows of n_head_kv × head_dim floats; k and
-// v point at the first position's row.
+// `len` consecutive positions stored as consecutive rows of n_head_kv × head_dim elements of
+// the shape's KV type; k and v point at the first position's row.
 struct KvRun {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
   int64_t len = 0;
 };
 
@@ -55,11 +58,11 @@ struct CausalAttention {
   absl::Span<const KvRun> runs;
 };
 
-// One KV head's keys for decode rows, one pointer per key (and its value), in the order the
-// weighted sum adds them (ascending logical position).
+// One KV head's keys for decode rows, one pointer per key (and its value, head_dim elements of
+// the shape's KV type), in the order the weighted sum adds them (ascending logical position).
 struct KeyValueList {
-  const float* const* keys = nullptr;
-  const float* const* values = nullptr;
+  const void* const* keys = nullptr;
+  const void* const* values = nullptr;
   int64_t n = 0;
 };
 
@@ -138,11 +141,19 @@ class Ops {
   // several threads at once.
   virtual void KeyScores(const float* q, int64_t nq, int64_t head_dim, const float* const* keys, int64_t nk,
                          float* s, int64_t ld) = 0;
-  // Landmarks of n chunks of `chunk` key rows: out[c × kv_dim + j] = the mean of element j of
-  // rows[c × chunk + t] over t < chunk (each row kv_dim floats), summed in double in row order
-  // from zero and rounded once, so every backend writes the same bits. Computed where the keys
-  // are: no copy to the host.
-  virtual void ChunkMeans(const float* const* rows, int64_t n, int64_t chunk, int64_t kv_dim, float* out) = 0;
+  // Landmarks of n chunks of `chunk` key rows: out[c × kv_dim + j] (f32) = the mean of element
+  // j of rows[c × chunk + t] over t < chunk (each row kv_dim elements of type t), summed in
+  // double in row order from zero and rounded once, so every backend writes the same bits.
+  // Computed where the keys are: no copy to the host.
+  virtual void ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim,
+                          float* out) = 0;
+  // out = n floats of x in type t: a copy for f32; f16 rounds to nearest even, and a finite
+  // value beyond ±65504 saturates there and is counted in KvOverflows() (infinities and NaNs
+  // pass through uncounted). How K and V rows enter a cache.
+  virtual void StoreKv(const float* x, int64_t n, KvDtype t, void* out) = 0;
+  // Finite values StoreKv saturated so far, counted as the compute queue runs them (a metric:
+  // read without waiting, so work still queued may not be in it yet).
+  virtual int64_t KvOverflows() = 0;
 
   // ---- chunk selection ----
   // Top-k per list: a chunk's score is the max over the rows; the order is higher first, ties

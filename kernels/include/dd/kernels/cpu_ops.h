@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/kv_dtype.h"
 #include "common/thread_pool.h"
 #include "dd/kernels/dtype.h"
 
@@ -56,6 +57,12 @@ void AttentionScores(const float* q, int64_t nq, int64_t hd, const float* const*
 // accumulated from zero exactly as repeated Axpy calls would (a zero probability adds nothing
 // for finite values). Element ranges are independent, so threads may split them.
 void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const float* const* values, int64_t nk,
+                          int64_t e0, int64_t e1, float* const* outs);
+// The same over KV rows of type `t` given by untyped pointers: f16 rows are widened to f32
+// exactly on load, so the bits equal the f32 functions' on the widened rows.
+void AttentionScores(const float* q, int64_t nq, int64_t hd, const void* const* keys, KvDtype t, int64_t nk, float* s,
+                     int64_t ld);
+void AttentionWeightedSum(const float* p, int64_t ld, int64_t nq, const void* const* values, KvDtype t, int64_t nk,
                           int64_t e0, int64_t e1, float* const* outs);
 
 float GeluTanh(float x);

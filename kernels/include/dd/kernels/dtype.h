@@ -56,6 +56,10 @@ uint16_t F32ToF16(float f);
 // The conversion of builds without F16C (round to nearest even, subnormals included); exposed
 // so that tests compare it with F16C's on machines that have both.
 uint16_t F32ToF16Portable(float f);
+// out[i] = F32ToF16(x[i]) for i < n, except that a finite value beyond ±65504 (the largest
+// f16) becomes ±65504 instead of ±inf; returns how many did. Infinities and NaNs convert as
+// they are.
+int64_t F32ToF16Saturating(const float* x, int64_t n, uint16_t* out);
 inline float BF16ToF32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
