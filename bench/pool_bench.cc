@@ -243,7 +243,7 @@ class Target {
   static absl::StatusOr<std::unique_ptr<Target>> Create(const std::string& transport, const Setting& setting) {
     std::unique_ptr<Target> t(new Target(setting));
     if (transport == "memcpy" || transport == "cma") {
-      t->plain_.assign(setting.max_threads, std::vector<float>(setting.chunks * setting.layout.block_floats(), 1.0f));
+      t->plain_.assign(setting.max_threads, std::vector<float>(setting.chunks * setting.layout.block_bytes() / 4, 1.0f));
       if (transport == "cma" && !t->ForkHolder()) return absl::InternalError("pipe or fork failed");
       return t;
     }
@@ -270,7 +270,7 @@ class Target {
     }
     if (!s.ok()) return s.status();
     t->store_ = std::move(*s);
-    std::vector<float> block(setting.layout.block_floats());
+    std::vector<float> block(setting.layout.block_bytes() / 4);
     for (int i = 0; i < setting.max_threads; ++i) {
       auto id = t->store_->Open(setting.layout);
       if (!id.ok()) return id.status();
@@ -297,7 +297,7 @@ class Target {
 
   // Gatherer t's gather of `refs` into `dst`; false on error.
   bool Gather(int t, const std::vector<ChunkRef>& refs, float* dst) {
-    const int64_t floats = setting_.layout.block_floats();
+    const int64_t floats = setting_.layout.block_bytes() / 4;
     const auto bytes = static_cast<size_t>(setting_.block_bytes);
     if (holder_ > 0) {  // one process_vm_readv per gather, an iov entry per block
       std::vector<iovec> local(refs.size()), remote(refs.size());
@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int64_t hd = absl::GetFlag(FLAGS_head_dim), chunks = absl::GetFlag(FLAGS_chunks);
   const dd::kvpool::KvLayout layout{.n_layers = 1, .n_kv_heads = 1, .head_dim = hd, .chunk_tokens = 8};
-  const int64_t block_bytes = layout.block_floats() * static_cast<int64_t>(sizeof(float));
+  const int64_t block_bytes = layout.block_bytes();
   // Bounds: a gather request carries at most 4096 blocks; gatherers are threads.
   const auto blocks_list = dd::bench::Ints(absl::GetFlag(FLAGS_blocks), "--blocks", 1, 4096);
   const auto conc_list = dd::bench::Ints(absl::GetFlag(FLAGS_concurrency), "--concurrency", 1, 64);

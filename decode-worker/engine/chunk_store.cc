@@ -70,9 +70,9 @@ absl::Status ChunkStore::HostStaging::Ensure(backend::Device& device, int64_t by
 }
 
 ChunkStore::ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
-                       backend::Device& device, bool device_gathers)
+                       backend::Device& device, bool device_gathers, KvDtype kv)
     : config_(config), chunk_(chunk_tokens), store_(store), device_(device), caps_(device.caps()),
-      device_gathers_(device_gathers) {}
+      device_gathers_(device_gathers), kv_(kv) {}
 
 ChunkStore::~ChunkStore() { ForgetMappings(); }
 
@@ -171,15 +171,15 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   return absl::OkStatus();
 }
 
-absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
-                                     const float* v) {
-  const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
-  block_.resize(block_floats());
+absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const void* k,
+                                     const void* v) {
+  const int64_t C = chunk_, hb = head_bytes(), n_kv = config_.n_head_kv, row = n_kv * hb;
+  block_.resize(block_bytes());
   for (int64_t c = c0; c < c1; ++c) {
-    const float* kr = k + (c - c0) * C * kv_dim;
-    const float* vr = v + (c - c0) * C * kv_dim;
+    const uint8_t* kr = static_cast<const uint8_t*>(k) + (c - c0) * C * row;
+    const uint8_t* vr = static_cast<const uint8_t*>(v) + (c - c0) * C * row;
     for (int32_t g = 0; g < n_kv; ++g) {
-      PackKvBlock(C, hd, g, [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; },
+      PackKvBlock(C, hb, g, [&](int64_t t) { return kr + t * row; }, [&](int64_t t) { return vr + t * row; },
                   block_.data());
       RETURN_IF_ERROR(store_->Write(id, {static_cast<int32_t>(layer), g, c}, block_.data()));
     }
@@ -196,15 +196,15 @@ absl::Status ChunkStore::CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId 
   // Up to kBatch blocks per transfer (one gather per block made a 32K-token fork cost seconds
   // over a pool).
   constexpr size_t kBatch = 256;
-  const size_t floats = static_cast<size_t>(block_floats());
+  const size_t bytes = static_cast<size_t>(block_bytes());
   std::vector<kvpool::ChunkRef> refs;
-  std::vector<float> blocks;
+  std::vector<uint8_t> blocks;
   auto flush = [&]() -> absl::Status {
     if (refs.empty()) return absl::OkStatus();
-    blocks.resize(refs.size() * floats);
+    blocks.resize(refs.size() * bytes);
     ASSIGN_OR_RETURN(kvpool::TransferId t, store_->Gather(from, refs, blocks.data(), kvpool::Priority::kBackground));
     RETURN_IF_ERROR(store_->Wait(t));
-    for (size_t i = 0; i < refs.size(); ++i) RETURN_IF_ERROR(store_->Write(to, refs[i], &blocks[i * floats]));
+    for (size_t i = 0; i < refs.size(); ++i) RETURN_IF_ERROR(store_->Write(to, refs[i], &blocks[i * bytes]));
     refs.clear();
     return absl::OkStatus();
   };
@@ -222,19 +222,19 @@ absl::Status ChunkStore::CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId 
 }
 
 absl::Status ChunkStore::ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1,
-                                  std::vector<float>* k, std::vector<float>* v) {
-  const int64_t C = chunk_, hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
-  std::vector<float> blocks;
+                                  std::vector<uint8_t>* k, std::vector<uint8_t>* v) {
+  const int64_t C = chunk_, hb = head_bytes(), n_kv = config_.n_head_kv, row = n_kv * hb;
+  std::vector<uint8_t> blocks;
   RETURN_IF_ERROR(GatherLayerChunks(*store_, handle, static_cast<int32_t>(layer), c0, c1, static_cast<int32_t>(n_kv),
-                                    C, hd, &blocks));
-  k->resize((c1 - c0) * C * kv_dim);
-  v->resize((c1 - c0) * C * kv_dim);
+                                    block_bytes(), &blocks));
+  k->resize((c1 - c0) * C * row);
+  v->resize((c1 - c0) * C * row);
   for (int64_t c = c0; c < c1; ++c) {
-    float* kr = k->data() + (c - c0) * C * kv_dim;
-    float* vr = v->data() + (c - c0) * C * kv_dim;
+    uint8_t* kr = k->data() + (c - c0) * C * row;
+    uint8_t* vr = v->data() + (c - c0) * C * row;
     for (int64_t g = 0; g < n_kv; ++g) {
-      UnpackKvBlock(C, hd, g, &blocks[((c - c0) * n_kv + g) * block_floats()],
-                    [&](int64_t t) { return kr + t * kv_dim; }, [&](int64_t t) { return vr + t * kv_dim; });
+      UnpackKvBlock(C, hb, g, &blocks[((c - c0) * n_kv + g) * block_bytes()],
+                    [&](int64_t t) { return kr + t * row; }, [&](int64_t t) { return vr + t * row; });
     }
   }
   return absl::OkStatus();
@@ -258,10 +258,8 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     // The store's transport writes the slots itself. Into device memory (GPUDirect) only after
     // the device's earlier readers of those slots: the host waits for the compute queue.
     if (direct) RETURN_IF_ERROR(device_.Synchronize(device_.Record(Queue::kCompute)));
-    std::vector<float*> ptrs(dsts.size());
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      ptrs[i] = reinterpret_cast<float*>(static_cast<char*>(dsts[i].buf.data) + dsts[i].offset);
-    }
+    std::vector<void*> ptrs(dsts.size());
+    for (size_t i = 0; i < dsts.size(); ++i) ptrs[i] = static_cast<char*>(dsts[i].buf.data) + dsts[i].offset;
     if (direct) {
       absl::StatusOr<kvpool::TransferId> tid = store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kDevice);
       if (!tid.ok()) return DirectFailed(tid.status());
@@ -326,7 +324,7 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
     }
   } else {
     for (size_t i = 0; i < n && moved.ok(); ++i) {
-      moved = device_.CopyToDevice(q, l.staging.data() + i * block_floats(), l.dsts[i].buf, l.dsts[i].offset,
+      moved = device_.CopyToDevice(q, l.staging.data() + i * block_bytes(), l.dsts[i].buf, l.dsts[i].offset,
                                    block_bytes());
     }
   }

@@ -47,13 +47,15 @@ class ChunkStore {
   // (DensePrefixStore: writes and reads rows, lands nothing): it never registers the store's
   // memory with the device, which a second registration of the same memory would refuse (CUDA)
   // to the store that lands the blocks.
+  // Blocks hold elements of `kv` (the caches' KV type).
   ChunkStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store, backend::Device& device,
-             bool device_gathers = true);
+             bool device_gathers = true, KvDtype kv = KvDtype::kF32);
   ~ChunkStore();  // waits for the device's gathers, then unregisters the mapped ranges
   ChunkStore(const ChunkStore&) = delete;
   ChunkStore& operator=(const ChunkStore&) = delete;
 
-  kvpool::KvLayout layout() const { return {config_.n_layer, config_.n_head_kv, config_.head_dim, chunk_}; }
+  kvpool::KvLayout layout() const { return {config_.n_layer, config_.n_head_kv, config_.head_dim, chunk_, kv_}; }
+  KvDtype kv_dtype() const { return kv_; }
   // A sequence of the store. Also registers the store's mapped memory with the device here, at
   // admission, rather than at the first landing of a decode step (registering pins it: slow).
   absl::StatusOr<kvpool::SequenceId> Open();
@@ -62,9 +64,9 @@ class ChunkStore {
     return store_->CommitPrefix(id, keys, owner);
   }
 
-  // Floats and bytes of one block (one KV head of one chunk).
-  int64_t block_floats() const { return 2 * chunk_ * config_.head_dim; }
-  int64_t block_bytes() const { return block_floats() * static_cast<int64_t>(sizeof(float)); }
+  // Bytes of one block (one KV head of one chunk), and of one head's row in it.
+  int64_t block_bytes() const { return layout().block_bytes(); }
+  int64_t head_bytes() const { return config_.head_dim * KvDtypeBytes(kv_); }
   // Blocks gathered so far (every landing's), and those of them the device gathered itself
   // from mapped host memory.
   int64_t fetched_chunks() const { return counts_.fetched; }
@@ -76,17 +78,18 @@ class ChunkStore {
   // Host regions of the store's mapped memory registered with the device (tests).
   int64_t registered_regions() const { return static_cast<int64_t>(regions_.size()); }
 
-  // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim floats per position,
-  // from position c0 × chunk on): one block per KV head written to sequence `id`.
-  absl::Status WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const float* k,
-                           const float* v);
+  // Chunks [c0, c1) of `layer` from host rows k, v (n_head_kv × head_dim elements of the KV
+  // type per position, from position c0 × chunk on): one block per KV head written to `id`.
+  absl::Status WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const void* k,
+                           const void* v);
   // Every block of `from` below chunks_per_layer[l] chunks of layer l, written to `to` (a fork),
   // read in gathers of up to 256 blocks.
   absl::Status CopyBlocks(kvpool::SequenceId from, kvpool::SequenceId to, absl::Span<const int64_t> chunks_per_layer);
   // Chunks [c0, c1) of `layer` of `handle` (e.g. a committed prefix), every KV head, as rows k
-  // and v (n_head_kv × head_dim floats per position from c0 × chunk on), read urgently.
-  absl::Status ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1, std::vector<float>* k,
-                        std::vector<float>* v);
+  // and v (n_head_kv × head_dim elements of the KV type per position from c0 × chunk on, as
+  // bytes), read urgently.
+  absl::Status ReadRows(kvpool::SequenceId handle, int64_t layer, int64_t c0, int64_t c1, std::vector<uint8_t>* k,
+                        std::vector<uint8_t>* v);
 
   // A landing's host staging (see above). A copy starts without staging of its own (a
   // landing's staging is never shared); destroying or replacing it first waits for the
@@ -102,7 +105,7 @@ class ChunkStore {
     // At least `bytes`, registered with `device` where it takes it. INTERNAL if the memory
     // cannot be mapped.
     absl::Status Ensure(backend::Device& device, int64_t bytes);
-    float* data() const { return static_cast<float*>(data_); }
+    uint8_t* data() const { return static_cast<uint8_t*>(data_); }
     int64_t bytes() const { return bytes_; }
     bool registered() const { return registered_; }
     const backend::HostRegion& region() const { return region_; }
@@ -162,6 +165,7 @@ class ChunkStore {
 
   const backend::MemoryCaps caps_;  // the device's, read once
   const bool device_gathers_;       // false: host I/O only, nothing registered
+  const KvDtype kv_;
   struct Counts {  // blocks landed: all, gathered by the device, moved from staging, written directly
     int64_t fetched = 0, device_gathered = 0, staged_gathered = 0, direct = 0;
   };
@@ -178,7 +182,7 @@ class ChunkStore {
   std::vector<const void*> addrs_;                  // a gather's block addresses
   std::vector<int> ranges_;                         // the index in regions_ of each (-1: none)
   std::vector<backend::GatherBlock> gather_;        // one Device::Gather call's blocks
-  std::vector<float> block_;        // one [K | V] block being written
+  std::vector<uint8_t> block_;      // one [K | V] block being written
 };
 
 }  // namespace dd::engine

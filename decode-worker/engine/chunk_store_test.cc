@@ -4,6 +4,7 @@
 // writes CUDA memory itself lands them with no copy, after the slots' readers.
 #include "decode-worker/engine/chunk_store.h"
 
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -16,6 +17,13 @@
 
 namespace dd::engine {
 namespace {
+
+// Host rows as the store's bytes (f32 layout).
+std::vector<uint8_t> BytesOf(const std::vector<float>& x) {
+  std::vector<uint8_t> b(x.size() * sizeof(float));
+  std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
 
 constexpr int64_t kChunk = 8;
 
@@ -40,17 +48,17 @@ TEST(ChunkStoreTest, WrittenChunksReadBackAsTheSameRows) {
   ASSERT_TRUE(id.ok()) << id.status();
   const std::vector<float> k = Rows(chunks * kChunk * kv_dim, 1), v = Rows(chunks * kChunk * kv_dim, 2);
   ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, chunks, k.data(), v.data()).ok());
-  std::vector<float> k2, v2;
+  std::vector<uint8_t> k2, v2;
   ASSERT_TRUE(cs.ReadRows(*id, 1, 1, chunks, &k2, &v2).ok());
-  EXPECT_EQ(k2, std::vector<float>(k.begin() + kChunk * kv_dim, k.end()));
-  EXPECT_EQ(v2, std::vector<float>(v.begin() + kChunk * kv_dim, v.end()));
+  EXPECT_EQ(k2, BytesOf(std::vector<float>(k.begin() + kChunk * kv_dim, k.end())));
+  EXPECT_EQ(v2, BytesOf(std::vector<float>(v.begin() + kChunk * kv_dim, v.end())));
   // A fork: layer 1's first two chunks copied, the third not.
   auto fork = cs.Open();
   ASSERT_TRUE(fork.ok());
   const std::vector<int64_t> per_layer = {0, 2};
   ASSERT_TRUE(cs.CopyBlocks(*id, *fork, per_layer).ok());
   ASSERT_TRUE(cs.ReadRows(*fork, 1, 0, 2, &k2, &v2).ok());
-  EXPECT_EQ(k2, std::vector<float>(k.begin(), k.begin() + 2 * kChunk * kv_dim));
+  EXPECT_EQ(k2, BytesOf(std::vector<float>(k.begin(), k.begin() + 2 * kChunk * kv_dim)));
   EXPECT_FALSE(cs.ReadRows(*fork, 1, 2, 3, &k2, &v2).ok()) << "a chunk the fork did not copy";
   cs.Release(*id);
   cs.Release(*fork);
@@ -83,14 +91,14 @@ TEST(ChunkStoreTest, BlocksLandInDeviceMemoryOnEveryDevice) {
     ChunkStore::Landing landing;
     ASSERT_TRUE(cs.StartLanding(*id, refs, dsts, kvpool::Priority::kUrgent, &landing).ok());
     ASSERT_TRUE(cs.FinishLanding(landing, backend::Queue::kUrgent).ok());
-    std::vector<float> got(4 * cs.block_floats());
+    std::vector<float> got(4 * (cs.block_bytes() / 4));
     ASSERT_TRUE(device->CopyToHost(backend::Queue::kCompute, *slots, 0, got.data(), slots->bytes).ok());
     ASSERT_TRUE(device->Synchronize(device->Record(backend::Queue::kCompute)).ok());
     const int64_t hd = c.head_dim;
     for (int64_t t = 0; t < kChunk; ++t) {
       for (int64_t i = 0; i < hd; ++i) {
         ASSERT_EQ(got[t * hd + i], k[(kChunk + t) * kv_dim + hd + i]) << name;  // slot 0: K of chunk 1, head 1
-        ASSERT_EQ(got[3 * cs.block_floats() + (kChunk + t) * hd + i], v[t * kv_dim + i]) << name;  // slot 3: V
+        ASSERT_EQ(got[3 * (cs.block_bytes() / 4) + (kChunk + t) * hd + i], v[t * kv_dim + i]) << name;  // slot 3: V
       }
     }
     EXPECT_EQ(cs.fetched_chunks(), 2);
@@ -185,11 +193,11 @@ class CudaDestinationStore final : public kvpool::KvStore {
  public:
   explicit CudaDestinationStore(const CudaMemoryDevice& device) : device_(device) {}
   absl::StatusOr<kvpool::SequenceId> Open(const kvpool::KvLayout& l) override { return inner_->Open(l); }
-  absl::Status Write(kvpool::SequenceId s, const kvpool::ChunkRef& r, const float* b) override {
+  absl::Status Write(kvpool::SequenceId s, const kvpool::ChunkRef& r, const void* b) override {
     return inner_->Write(s, r, b);
   }
   absl::StatusOr<kvpool::TransferId> GatherTo(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
-                                              absl::Span<float* const> dsts, kvpool::Priority p,
+                                              absl::Span<void* const> dsts, kvpool::Priority p,
                                               kvpool::DstMemory memory) override {
     if (memory == kvpool::DstMemory::kHost) return inner_->GatherTo(s, refs, dsts, p);
     syncs_at_gather.push_back(device_.compute_syncs);
@@ -242,13 +250,13 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
   EXPECT_EQ(cs.direct_chunks(), 4);
   EXPECT_EQ(cs.fetched_chunks(), 4);
   EXPECT_EQ(cs.staged_gathered_chunks(), 0);
-  std::vector<float> got(2 * cs.block_floats());
+  std::vector<float> got(2 * (cs.block_bytes() / 4));
   ASSERT_TRUE(device.CopyToHost(backend::Queue::kCompute, *slots, 0, got.data(), slots->bytes).ok());
   const int64_t hd = c.head_dim;
   for (int64_t t = 0; t < kChunk; ++t) {
     for (int64_t i = 0; i < hd; ++i) {
       ASSERT_EQ(got[t * hd + i], k[(kChunk + t) * kv_dim + i]);  // slot 0: K of chunk 1, head 0
-      ASSERT_EQ(got[cs.block_floats() + (kChunk + t) * hd + i], v[t * kv_dim + hd + i]);  // slot 1: V, chunk 0, head 1
+      ASSERT_EQ(got[(cs.block_bytes() / 4) + (kChunk + t) * hd + i], v[t * kv_dim + hd + i]);  // slot 1: V, chunk 0, head 1
     }
   }
   // A gather into CUDA memory that fails turns direct landings off: the error reaches the
@@ -258,7 +266,7 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
   EXPECT_EQ(cs.StartLanding(*id, refs, {{*slots, 0}, {*slots, cs.block_bytes()}}, kvpool::Priority::kUrgent, &failed)
                 .code(),
             absl::StatusCode::kUnavailable);
-  std::vector<float> zero(2 * cs.block_floats(), 0.0f);
+  std::vector<float> zero(2 * (cs.block_bytes() / 4), 0.0f);
   ASSERT_TRUE(device.CopyToDevice(backend::Queue::kCompute, zero.data(), *slots, 0, slots->bytes).ok());
   ChunkStore::Landing staged;
   ASSERT_TRUE(cs.StartLanding(*id, refs, {{*slots, 0}, {*slots, cs.block_bytes()}}, kvpool::Priority::kUrgent, &staged)
@@ -267,7 +275,7 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
   EXPECT_EQ(store.syncs_at_gather.size(), 3u) << "no further gather into CUDA memory";
   EXPECT_EQ(cs.direct_chunks(), 4);
   EXPECT_GT(device.copies, copies_before + 1) << "the staging moved the blocks";
-  std::vector<float> again(2 * cs.block_floats());
+  std::vector<float> again(2 * (cs.block_bytes() / 4));
   ASSERT_TRUE(device.CopyToHost(backend::Queue::kCompute, *slots, 0, again.data(), slots->bytes).ok());
   EXPECT_EQ(again, got);
   device.Free(*slots);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "decode-worker/engine/attention_ops.h"
+#include "decode-worker/engine/kv_block.h"
 #include "glog/logging.h"
 
 namespace dd::engine {

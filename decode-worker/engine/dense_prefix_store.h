@@ -25,7 +25,7 @@ class DensePrefixStore {
   DensePrefixStore(const model::ModelConfig& config, int64_t chunk_tokens, kvpool::KvStore* store,
                    backend::Device& device, DenseKvCache& dense, const std::vector<bool>& layers)
       : config_(config), chunk_(chunk_tokens), dense_(dense), layers_(layers),
-        chunks_(config, chunk_tokens, store, device, /*device_gathers=*/false) {}
+        chunks_(config, chunk_tokens, store, device, /*device_gathers=*/false, dense.kv_dtype()) {}
 
   // The store's side, for the slots' own sequences in `full` mode.
   ChunkStore& chunks() { return chunks_; }

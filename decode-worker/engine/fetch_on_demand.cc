@@ -45,12 +45,12 @@ class OnDemandFetch final : public FetchPolicy {
 
   absl::Status Finish(const FetchSeq& s, int64_t layer, bool real, DecodeRead& r) override {
     RETURN_IF_ERROR(ctx_.chunks.FinishLanding(r.fetch.urgent, backend::Queue::kUrgent));
-    const float* base = static_cast<const float*>(urgent_[s.slot].data);
-    const int64_t block_floats = ctx_.chunks.block_floats();
+    const uint8_t* base = static_cast<const uint8_t*>(urgent_[s.slot].data);
+    const int64_t block_bytes = ctx_.chunks.block_bytes();
     r.fetch.blocks.clear();
     int64_t n = 0;
     for (const auto& v : r.pick.sel) n += static_cast<int64_t>(v.size());
-    for (int64_t i = 0; i < n; ++i) r.fetch.blocks.push_back(base + i * block_floats);
+    for (int64_t i = 0; i < n; ++i) r.fetch.blocks.push_back(base + i * block_bytes);
     if (real) ctx_.stats.Urgent(*s.counts, layer, n);
     return absl::OkStatus();
   }

@@ -194,14 +194,14 @@ absl::Status ResidentFetch::Finish(const FetchSeq& s, int64_t layer, bool, Decod
   }
   RETURN_IF_ERROR(status);
   const int64_t stamp = ++st.stamp;
-  const float* base = static_cast<const float*>(st.slots.data);
-  const int64_t block_floats = ctx_.chunks.block_floats();
+  const uint8_t* base = static_cast<const uint8_t*>(st.slots.data);
+  const int64_t block_bytes = ctx_.chunks.block_bytes();
   r.fetch.blocks.clear();
   for (size_t g = 0; g < r.pick.sel.size(); ++g) {
     for (int64_t c : r.pick.sel[g]) {
       const int32_t slot = res.Find(static_cast<int64_t>(g), c);
       res.Touch(static_cast<int64_t>(g), slot, stamp);
-      r.fetch.blocks.push_back(base + res.BlockIndex(static_cast<int64_t>(g), slot) * block_floats);
+      r.fetch.blocks.push_back(base + res.BlockIndex(static_cast<int64_t>(g), slot) * block_bytes);
     }
   }
   ctx_.stats.Urgent(*s.counts, layer, r.fetch.count_urgent);

@@ -19,11 +19,6 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
           absl::StrCat("prefix_block_tokens must be a positive multiple of the chunk (", C, "), got ", B));
     }
   }
-  if (options.kv_dtype != KvDtype::kF32 && options.mode != DecodeMode::kFull) {
-    return absl::UnimplementedError(absl::StrCat("--kv_dtype ", KvDtypeName(options.kv_dtype), " runs in full mode only ",
-                                                 "so far (the sparse modes keep f32 KV): use --kv_dtype f32 with --mode ",
-                                                 DecodeModeName(options.mode)));
-  }
   std::unique_ptr<KvCache> kv(new KvCache(config, std::move(options)));
   const KvCacheOptions& o = kv->options_;
   if (o.mode != DecodeMode::kFull || B > 0) {
@@ -31,7 +26,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
                                                      std::max<int64_t>(0, o.prefix_cache_tenant_bytes)));
   }
   if (o.mode != DecodeMode::kFull) {
-    ASSIGN_OR_RETURN(kv->sparse_, SparseKvCache::Create(config, o.sparse, kv->store_.get(), device));
+    ASSIGN_OR_RETURN(kv->sparse_, SparseKvCache::Create(config, o.sparse, o.kv_dtype, kv->store_.get(), device));
   }
   kv->dense_ = std::make_unique<DenseKvCache>(config, device, o.kv_dtype);
   kv->dense_layers_.resize(config.n_layer);
@@ -127,9 +122,8 @@ void KvCache::SetPrefixSalt(int32_t seq, uint64_t salt) {
 kvpool::PrefixNamespace KvCache::NamespaceOf(int32_t seq) const {
   kvpool::PrefixNamespace ns{.model_fingerprint = options_.model_fingerprint,
                              .layout = {config_.n_layer, config_.n_head_kv, config_.head_dim,
-                                        options_.sparse.chunk_tokens},
-                             .block_tokens = options_.prefix_block_tokens,
-                             .kv_dtype = options_.kv_dtype};
+                                        options_.sparse.chunk_tokens, options_.kv_dtype},
+                             .block_tokens = options_.prefix_block_tokens};
   if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) ns.tenant_salt = prefix_salt_[seq];
   return ns;
 }

@@ -89,10 +89,14 @@ TEST_F(KvCacheTest, EachModeGetsItsManagersAndAStoreOnlyWhereItNeedsOne) {
 TEST_F(KvCacheTest, ARestoredPrefixContinuesAsTheWholePromptDid) {
   KvCacheOptions kept_dense = Options(DecodeMode::kSparse, 64);
   kept_dense.sparse.sparse_layers.set(2);  // layer 1 stays dense, layer 2 is sparse
-  KvCacheOptions full16 = Options(DecodeMode::kFull, 64);
-  full16.kv_dtype = KvDtype::kF16;
+  const auto f16 = [](KvCacheOptions o) {
+    o.kv_dtype = KvDtype::kF16;
+    return o;
+  };
   const std::pair<const char*, KvCacheOptions> cases[] = {{"full", Options(DecodeMode::kFull, 64)},
-                                                          {"full, f16 KV", full16},
+                                                          {"full, f16 KV", f16(Options(DecodeMode::kFull, 64))},
+                                                          {"sparse, f16 KV", f16(Options(DecodeMode::kSparse, 64))},
+                                                          {"dualdecoder, f16 KV", f16(Options(DecodeMode::kDualDecoder, 64))},
                                                           {"sparse", Options(DecodeMode::kSparse, 64)},
                                                           {"dualdecoder", Options(DecodeMode::kDualDecoder, 64)},
                                                           {"sparse, layer 1 kept dense", kept_dense}};
@@ -132,23 +136,37 @@ TEST_F(KvCacheTest, ARestoredPrefixContinuesAsTheWholePromptDid) {
   }
 }
 
-// KV in f16: half the device bytes of f32 for the same positions, outputs within f16's rounding
-// of the f32 cache's (the same q, k, v).
+// KV in f16: half the bytes of f32 for the same positions (the dense manager's rows; the
+// sparse manager's store blocks), outputs within f16's rounding of the f32 cache's (the same q,
+// k, v), prompt rows and a decode row.
 TEST_F(KvCacheTest, F16KvHalvesTheBytesWithinF16sRounding) {
-  KvCacheOptions o16 = Options(DecodeMode::kFull, 0);
-  o16.kv_dtype = KvDtype::kF16;
-  auto kv32 = KvCache::Create(config_, Options(DecodeMode::kFull, 0), device_);
-  auto kv16 = KvCache::Create(config_, o16, device_);
-  ASSERT_TRUE(kv32.ok() && kv16.ok());
-  for (KvCache* kv : {kv32->get(), kv16->get()}) ASSERT_TRUE(kv->Reserve(0, 100, 100, 128).ok());
-  const std::vector<float> out32 = Forward(**kv32, 0, 0, 100);
-  const std::vector<float> out16 = Forward(**kv16, 0, 0, 100);
-  EXPECT_EQ((*kv16)->device_bytes() * 2, (*kv32)->device_bytes());
-  ASSERT_EQ(out32.size(), out16.size());
-  double worst = 0;
-  for (size_t i = 0; i < out32.size(); ++i) worst = std::max(worst, std::fabs(double{out32[i]} - out16[i]));
-  EXPECT_GT(worst, 0.0) << "f16 rounding changes nothing: the cache is not narrowing";
-  EXPECT_LT(worst, 1e-2);
+  for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse}) {
+    SCOPED_TRACE(mode == DecodeMode::kFull ? "full" : "sparse");
+    KvCacheOptions o16 = Options(mode, 0);
+    o16.kv_dtype = KvDtype::kF16;
+    auto kv32 = KvCache::Create(config_, Options(mode, 0), device_);
+    auto kv16 = KvCache::Create(config_, o16, device_);
+    ASSERT_TRUE(kv32.ok() && kv16.ok());
+    for (KvCache* kv : {kv32->get(), kv16->get()}) {
+      ASSERT_TRUE(kv->Reserve(0, 100, 101, 128).ok());
+      ASSERT_TRUE(kv->Open(0).ok());
+    }
+    std::vector<float> out32 = Forward(**kv32, 0, 0, 100), out16 = Forward(**kv16, 0, 0, 100);
+    for (KvCache* kv : {kv32->get(), kv16->get()}) ASSERT_TRUE(kv->FinishPrefill(0).ok());
+    const std::vector<float> step32 = Forward(**kv32, 0, 100, 101), step16 = Forward(**kv16, 0, 100, 101);
+    out32.insert(out32.end(), step32.begin(), step32.end());
+    out16.insert(out16.end(), step16.begin(), step16.end());
+    if (mode == DecodeMode::kFull) {
+      EXPECT_EQ((*kv16)->device_bytes() * 2, (*kv32)->device_bytes());
+    } else {
+      EXPECT_EQ((*kv16)->block_bytes() * 2, (*kv32)->block_bytes());
+    }
+    ASSERT_EQ(out32.size(), out16.size());
+    double worst = 0;
+    for (size_t i = 0; i < out32.size(); ++i) worst = std::max(worst, std::fabs(double{out32[i]} - out16[i]));
+    EXPECT_GT(worst, 0.0) << "f16 rounding changes nothing: the cache is not narrowing";
+    EXPECT_LT(worst, 1e-2);
+  }
 }
 
 // A slot reserved, filled and released through the coordinator: the manager's bytes come and go.
@@ -181,11 +199,6 @@ TEST_F(KvCacheTest, ContradictoryOptionsAreRefusedWithTheReason) {
   KvCacheOptions unresolved = Options(DecodeMode::kDualDecoder, 0);
   unresolved.sparse.spec_candidates = SparseOptions::kAutoSpecCandidates;
   refused(unresolved, "speculative candidates unresolved");
-  KvCacheOptions sparse16 = Options(DecodeMode::kSparse, 0);
-  sparse16.kv_dtype = KvDtype::kF16;
-  auto f16 = KvCache::Create(config_, sparse16, device_);
-  ASSERT_FALSE(f16.ok());
-  EXPECT_NE(f16.status().message().find("--kv_dtype f16 runs in full mode only"), std::string::npos) << f16.status();
   KvCacheOptions bad_store = Options(DecodeMode::kSparse, 0);
   bad_store.kv_store = "ftp://somewhere";
   auto kv = KvCache::Create(config_, bad_store, device_);

@@ -13,6 +13,10 @@
 // Every case runs on the simulated device as well, against the same lines: a device must not
 // change a bit, and the sim aborts on any missing wait.
 //
+// KV kept in f16 (--kv_dtype f16) has lines of its own (names ending in /f16), recorded on an
+// AVX-512 host at the commit that added the type; an f16 case without a line skips the
+// comparison the same way.
+//
 // Re-record: DD_RECORD_LOGITS_HASHES=1 build/bin/logits_hash_test, then commit the file.
 #include <cstdint>
 #include <cstdlib>
@@ -60,9 +64,11 @@ struct Case {
   bool slow_link;
   std::string device = "cpu";
   bool graphs = false;  // cuda: static segments as CUDA graphs
+  KvDtype kv = KvDtype::kF32;
   // The recorded line's name (the same for every device).
   std::string Name() const {
-    return absl::StrCat(DecodeModeName(mode), "/b", batch, slow_link ? "/slow-link" : "");
+    return absl::StrCat(DecodeModeName(mode), "/b", batch, slow_link ? "/slow-link" : "",
+                        kv == KvDtype::kF32 ? "" : absl::StrCat("/", KvDtypeName(kv)));
   }
   std::string Label() const {
     return device == "cpu" ? Name() : absl::StrCat(Name(), "@", device, graphs ? "+graphs" : "");
@@ -120,6 +126,7 @@ class LogitsHashTest : public ModelFixture {
     o.threads = 2;
     o.device = c.device;
     o.cuda_graphs = c.graphs;
+    o.kv_dtype = c.kv;
     o.sparse.budget_tokens = 32;  // 4 of ~30 selectable chunks: selection matters
     if (c.slow_link) o.link = kvpool::LinkModel{.bandwidth_gbps = 0.1, .latency_us = 50};
     auto e = Engine::Create(*this->model_, o);
@@ -159,21 +166,23 @@ class LogitsHashTest : public ModelFixture {
 // Between modes, on any device and kernel path (cases by Name()): the sparse modes give the
 // same bits (cached or prefetched chunks are attended exactly as fetched ones), and a row alone
 // gives the bits it gives as row 0 of a batch.
-void ExpectModesAgree(std::map<std::string, StepHashes>& got, const std::string& device) {
+// `t`: the names' KV type suffix ("" for f32, "/f16").
+void ExpectModesAgree(std::map<std::string, StepHashes>& got, const std::string& device, const std::string& t = "") {
   for (int b : {1, 4}) {
-    const std::string sparse = absl::StrCat("sparse/b", b);
-    EXPECT_EQ(got[sparse], got[absl::StrCat("sparse-cached/b", b)]) << device << ": sparse-cached != sparse at batch " << b;
-    EXPECT_EQ(got[sparse], got[absl::StrCat("dualdecoder/b", b)]) << device << ": dualdecoder != sparse at batch " << b;
+    const std::string sparse = absl::StrCat("sparse/b", b, t);
+    EXPECT_EQ(got[sparse], got[absl::StrCat("sparse-cached/b", b, t)])
+        << device << ": sparse-cached != sparse at batch " << b << t;
+    EXPECT_EQ(got[sparse], got[absl::StrCat("dualdecoder/b", b, t)]) << device << ": dualdecoder != sparse at batch " << b << t;
   }
-  EXPECT_EQ(got["sparse/b4"], got["dualdecoder/b4/slow-link"]) << device << ": dualdecoder over a slow link != sparse";
+  EXPECT_EQ(got["sparse/b4" + t], got["dualdecoder/b4/slow-link" + t]) << device << ": dualdecoder over a slow link != sparse" << t;
   for (const char* mode : {"full", "sparse"}) {
     for (int i = 0; i < kSteps; ++i) {
-      EXPECT_EQ(got[absl::StrCat(mode, "/b1")][i][0], got[absl::StrCat(mode, "/b4")][i][0])
-          << device << " " << mode << ": row 0 alone != row 0 of a batch of 4 at step " << i;
+      EXPECT_EQ(got[absl::StrCat(mode, "/b1", t)][i][0], got[absl::StrCat(mode, "/b4", t)][i][0])
+          << device << " " << mode << t << ": row 0 alone != row 0 of a batch of 4 at step " << i;
     }
   }
   // Full attention must differ from a 32-token budget, or the sparse cases test nothing.
-  EXPECT_NE(got["full/b4"], got["sparse/b4"]) << device;
+  EXPECT_NE(got["full/b4" + t], got["sparse/b4" + t]) << device << t;
 }
 
 using Models = ::testing::Types<testing_util::GemmaTest, testing_util::SmolLM2Test>;
@@ -186,20 +195,28 @@ class ModelNames {
 };
 TYPED_TEST_SUITE(LogitsHashTest, Models, ModelNames);
 
-TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
-  const std::string model = ModelNames::GetName<TypeParam>(0);
+// Every mode at batch 1 and 4 and dualdecoder over a slow link, KV kept in `kv`, on the cpu
+// device; again on the simulated device (every case, or with `sim_dual_only` the dual-token
+// step at batch 4, where a narrow type adds its own writes).
+std::vector<Case> CasesOf(KvDtype kv, bool sim_dual_only) {
   std::vector<Case> cases;
   for (DecodeMode m : {DecodeMode::kFull, DecodeMode::kSparse, DecodeMode::kSparseCached, DecodeMode::kDualDecoder}) {
-    for (int b : {1, 4}) cases.push_back({m, b, false});
+    for (int b : {1, 4}) cases.push_back({.mode = m, .batch = b, .slow_link = false, .kv = kv});
   }
-  cases.push_back({DecodeMode::kDualDecoder, 4, true});
-  // Every case again on the simulated device.
+  cases.push_back({.mode = DecodeMode::kDualDecoder, .batch = 4, .slow_link = true, .kv = kv});
   const size_t on_cpu = cases.size();
   for (size_t i = 0; i < on_cpu; ++i) {
     Case c = cases[i];
+    if (sim_dual_only && !(c.mode == DecodeMode::kDualDecoder && c.batch == 4 && !c.slow_link)) continue;
     c.device = "sim";
     cases.push_back(c);
   }
+  return cases;
+}
+
+TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
+  const std::string model = ModelNames::GetName<TypeParam>(0);
+  const std::vector<Case> cases = CasesOf(KvDtype::kF32, /*sim_dual_only=*/false);
 
   std::map<std::string, StepHashes> got;
   for (const Case& c : cases) {
@@ -237,6 +254,45 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
                  << " (the checks between modes ran); record them with DD_RECORD_LOGITS_HASHES=1";
   }
   EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some cases of " << isa << "/" << model << " are not recorded";
+}
+
+// KV kept in f16 (docs/decisions/0049-kv-storage-type.md): the same exactness between modes and
+// batches within the type, and hashes of its own, recorded like the f32 ones.
+TYPED_TEST(LogitsHashTest, F16KvKeepsTheModesExactAndReproducesItsHashes) {
+  const std::string model = ModelNames::GetName<TypeParam>(0);
+  const std::vector<Case> cases = CasesOf(KvDtype::kF16, /*sim_dual_only=*/true);
+  std::map<std::string, StepHashes> got;
+  for (const Case& c : cases) {
+    got[c.Label()] = this->Run(c);
+    ASSERT_EQ(got[c.Label()].size(), static_cast<size_t>(kSteps)) << c.Label();
+  }
+  for (const Case& c : cases) {
+    if (c.device != "cpu") {
+      EXPECT_EQ(got[c.Label()], got[c.Name()]) << c.Label() << " != the cpu device's bits";
+    }
+  }
+  ExpectModesAgree(got, "cpu", "/f16");
+  // f16 rounding changes the logits: the type is in effect.
+  const Case f32{DecodeMode::kFull, 1, false};
+  EXPECT_NE(this->Run(f32), got["full/b1/f16"]) << "f16 KV gives f32's logits";
+  const std::string isa = KernelIsa();
+  if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
+    std::ofstream f(GoldenPath(), std::ios::app);
+    for (const Case& c : cases) {
+      if (c.device == "cpu") f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
+    }
+    GTEST_SKIP() << "recorded the f16 lines for " << isa << "/" << model << " in " << GoldenPath();
+  }
+  const auto golden = ReadGolden();
+  int compared = 0;
+  for (const Case& c : cases) {
+    const auto it = golden.find(absl::StrCat(isa, "/", model, "/", c.Name()));
+    if (it == golden.end()) continue;
+    ++compared;
+    EXPECT_EQ(it->second, Format(got[c.Label()])) << c.Label() << ": logits differ from the recorded ones";
+  }
+  if (compared == 0) GTEST_SKIP() << "no f16 hashes recorded for kernel path " << isa << " (the checks between modes ran)";
+  EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some f16 cases of " << isa << "/" << model << " are not recorded";
 }
 
 // On a GPU the bits differ from the cpu's (other reduction orders), so there the checks are

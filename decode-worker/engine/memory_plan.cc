@@ -82,6 +82,8 @@ RequestBytes MemoryPlan::Request(int64_t prompt_tokens, int64_t total_tokens) co
   r.workspace = rows * model::Transformer::WorkspaceRowBytes(c);
   const int64_t row = 2 * c.n_head_kv * c.head_dim * KvDtypeBytes(kv_);
   if (mode_ != DecodeMode::kFull) r.workspace += ChunkSelector::ScoresBytes(c, sparse_, total_tokens);
+  // A narrow KV type: the speculative row's own K and V rows, narrowed (SparseKvCache::Seq::own).
+  if (mode_ != DecodeMode::kFull && kv_ != KvDtype::kF32) r.workspace += row;
   if (mode_ != DecodeMode::kFull && !Resident()) {
     // Without resident slots a layer's selected blocks land in a buffer of the request's own
     // until the batch's attention call has read them.

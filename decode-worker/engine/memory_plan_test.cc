@@ -39,11 +39,16 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
                                                           {DecodeMode::kSparseCached, true},
                                                           {DecodeMode::kDualDecoder, true}};
   using backend::MemoryTag;
-  for (const char* device_name : {"cpu", "sim"}) {
+  // f32 on both devices; f16 (half the rows' and blocks' bytes) on the cpu.
+  const std::vector<std::pair<const char*, KvDtype>> runs = {
+      {"cpu", KvDtype::kF32}, {"sim", KvDtype::kF32}, {"cpu", KvDtype::kF16}};
+  for (auto [device_name, kv] : runs) {
   for (auto [mode, resident] : modes) {
-    SCOPED_TRACE(std::string(device_name) + ": " + std::string(DecodeModeName(mode)));
+    SCOPED_TRACE(std::string(device_name) + ", " + std::string(KvDtypeName(kv)) + ": " +
+                 std::string(DecodeModeName(mode)));
     EngineOptions o = Options(mode);
     o.device = device_name;
+    o.kv_dtype = kv;
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
@@ -63,13 +68,14 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     const RequestBytes r = plan.Request(1300, 1310);
     // Everything is allocated at admission: exactly the plan, the prompt's rows included.
     expect_tags(plan.DecodeKv(1310), r.prefill_extra);
-    // The request's own workspace (sparse modes): its landmark scores and, without a resident
-    // set, its urgent blocks.
-    const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * 4;
+    // The request's own workspace (sparse modes): its landmark scores, without a resident set
+    // its urgent blocks, and in a narrow KV type a speculative row's own K and V.
+    const int64_t row = 2 * model_->config.n_head_kv * model_->config.head_dim * KvDtypeBytes(kv);
     const bool sparse = mode != DecodeMode::kFull;
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWorkspace) - idle_workspace,
               (sparse ? ChunkSelector::ScoresBytes(model_->config, o.sparse, 1310) : 0) +
-                  (sparse && !resident ? o.sparse.budget_tokens * row : 0));
+                  (sparse && !resident ? o.sparse.budget_tokens * row : 0) +
+                  (sparse && kv != KvDtype::kF32 ? row : 0));
     EXPECT_EQ((*e)->options().sparse.fetch == KvFetch::kResident, resident && sparse);
     auto logits = (*e)->Prefill(0, prompt);
     ASSERT_TRUE(logits.ok()) << logits.status();
@@ -102,10 +108,13 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
 // A decode step allocates nothing: with passes of 2 rows, a dualdecoder step of 3 requests
 // (6 rows) finds its workspace grown at admission, and the device's bytes do not move.
 TEST_F(MemoryPlanTest, ADecodeStepAllocatesNothing) {
-  for (const char* device_name : {"cpu", "sim"}) {
-    SCOPED_TRACE(device_name);
+  const std::vector<std::pair<const char*, KvDtype>> runs = {
+      {"cpu", KvDtype::kF32}, {"sim", KvDtype::kF32}, {"cpu", KvDtype::kF16}};
+  for (auto [device_name, kv] : runs) {
+    SCOPED_TRACE(std::string(device_name) + ", " + std::string(KvDtypeName(kv)));
     EngineOptions o = Options(DecodeMode::kDualDecoder);
     o.device = device_name;
+    o.kv_dtype = kv;
     o.prefill_chunk = 2;
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();

@@ -38,12 +38,12 @@ uint64_t ModelFingerprint(const model::LoadedModel& model) {
 }
 
 absl::Status GatherLayerChunks(kvpool::KvStore& store, kvpool::SequenceId handle, int32_t layer, int64_t c0,
-                               int64_t c1, int32_t n_kv, int64_t chunk, int64_t head_dim, std::vector<float>* blocks) {
+                               int64_t c1, int32_t n_kv, int64_t block_bytes, std::vector<uint8_t>* blocks) {
   std::vector<kvpool::ChunkRef> refs;
   for (int64_t c = c0; c < c1; ++c) {
     for (int32_t g = 0; g < n_kv; ++g) refs.push_back({layer, g, c});
   }
-  blocks->resize(refs.size() * 2 * chunk * head_dim);
+  blocks->resize(refs.size() * block_bytes);
   ASSIGN_OR_RETURN(kvpool::TransferId tid, store.Gather(handle, refs, blocks->data(), kvpool::Priority::kUrgent));
   return store.Wait(tid);
 }

@@ -17,9 +17,9 @@ namespace dd::engine {
 uint64_t ModelFingerprint(const model::LoadedModel& model);
 
 // Gathers chunks [c0, c1) of `layer`, every one of its n_kv KV heads, from stored sequence
-// `handle` into `blocks` (chunk-major, then head: one [K | V] block of chunk × head_dim floats
-// each), urgently, and waits for them. Restores read a committed prefix this way.
+// `handle` into `blocks` (chunk-major, then head: one [K | V] block of block_bytes each),
+// urgently, and waits for them. Restores read a committed prefix this way.
 absl::Status GatherLayerChunks(kvpool::KvStore& store, kvpool::SequenceId handle, int32_t layer, int64_t c0,
-                               int64_t c1, int32_t n_kv, int64_t chunk, int64_t head_dim, std::vector<float>* blocks);
+                               int64_t c1, int32_t n_kv, int64_t block_bytes, std::vector<uint8_t>* blocks);
 
 }  // namespace dd::engine

@@ -143,7 +143,7 @@ TEST_F(PrefixReuseTest, TheInProcessStoreKeepsPrefixesInEveryMode) {
 TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   const uint64_t fp = ModelFingerprint(*model_);
   EXPECT_EQ(fp, ModelFingerprint(*model_));
-  kvpool::PrefixNamespace ns{fp, {18, 1, 256, 8}, 256, 0, KvDtype::kF32};
+  kvpool::PrefixNamespace ns{fp, {18, 1, 256, 8, KvDtype::kF32}, 256, 0};
   const std::vector<int32_t> t = Text(0, 600);
   const auto k1 = kvpool::PrefixKeys(ns, t);
   ASSERT_EQ(k1.size(), 2u);
@@ -153,7 +153,7 @@ TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   ns.model_fingerprint ^= 1;
   EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], k1[0]);
   ns.model_fingerprint ^= 1;
-  ns.kv_dtype = KvDtype::kF16;  // a prefix stored from one KV type is never restored into another
+  ns.layout.dtype = KvDtype::kF16;  // a prefix stored from one KV type is never restored into another
   EXPECT_NE(kvpool::PrefixKeys(ns, t)[0], k1[0]);
   EXPECT_TRUE(Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 256)).ok());
   for (DecodeMode mode : {DecodeMode::kFull, DecodeMode::kSparse}) {
@@ -171,7 +171,7 @@ TEST(TenantSaltTest, EachTenantHasItsOwnStableSalt) {
   EXPECT_NE(a, b);
   EXPECT_EQ(a, kvpool::TenantSalt("team-a"));
   EXPECT_EQ(a, 0xfe2456a0a55ecbe9ULL) << std::hex << a;
-  kvpool::PrefixNamespace ns{1, {18, 1, 256, 8}, 64, 0, KvDtype::kF32};
+  kvpool::PrefixNamespace ns{1, {18, 1, 256, 8, KvDtype::kF32}, 64, 0};
   const std::vector<int32_t> t(200, 7);
   const auto open = kvpool::PrefixKeys(ns, t);
   ns.tenant_salt = a;

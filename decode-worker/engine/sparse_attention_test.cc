@@ -81,7 +81,7 @@ TEST(SparseAttentionTest, FullBudgetSparseEqualsDense) {
   auto store = kvpool::NewInProcessKvStore();
   SparseOptions o = Resolved();
   o.budget_tokens = 2048;
-  auto sparse = SparseKvCache::Create(c, o, store.get(), device);
+  auto sparse = SparseKvCache::Create(c, o, KvDtype::kF32, store.get(), device);
   ASSERT_TRUE(sparse.ok());
   const auto a = Driver(c, &dense, false).Run(30);
   const auto b = Driver(c, sparse->get(), false).Run(30);
@@ -101,9 +101,9 @@ TEST(SparseAttentionTest, EveryReadAfterTheFirstStepHasAPrediction) {
   o.budget_tokens = 64;
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 100});
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
+  auto sparse = SparseKvCache::Create(c, o, KvDtype::kF32, store_a.get(), device);
   o.fetch = KvFetch::kResident;
-  auto dual = SparseKvCache::Create(c, o, store_b.get(), device);
+  auto dual = SparseKvCache::Create(c, o, KvDtype::kF32, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && dual.ok());
   const int steps = 12;
   const auto a = Driver(c, sparse->get(), false).Run(steps);
@@ -125,7 +125,7 @@ TEST(SparseAttentionTest, OnDemandFetchRefusesSpeculativeRows) {
   ThreadPool pool(1);
   backend::CpuDevice device(0, pool);
   auto store = kvpool::NewInProcessKvStore();
-  auto cache = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), store.get(), device);
+  auto cache = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), KvDtype::kF32, store.get(), device);
   ASSERT_TRUE(cache.ok());
   Driver d(c, cache->get(), false);
   std::mt19937 real(1), spec(2);
@@ -158,11 +158,11 @@ TEST_P(StepCacheTest, ResultsEqualSparseAndOnlyMissesMove) {
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
-  auto plain = SparseKvCache::Create(c, o, store_a.get(), device);  // no resident set: sparse
+  auto plain = SparseKvCache::Create(c, o, KvDtype::kF32, store_a.get(), device);  // no resident set: sparse
   o.fetch = KvFetch::kResident;
   o.resident_margin_tokens = p.margin_tokens;
-  auto cached = SparseKvCache::Create(c, o, store_b.get(), device);
-  auto sparse = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), store_c.get(), device);
+  auto cached = SparseKvCache::Create(c, o, KvDtype::kF32, store_b.get(), device);
+  auto sparse = SparseKvCache::Create(c, Resolved({.budget_tokens = 64}), KvDtype::kF32, store_c.get(), device);
   ASSERT_TRUE(plain.ok() && cached.ok() && sparse.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -217,12 +217,12 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   auto store_a = kvpool::NewInProcessKvStore();
   auto store_b = kvpool::NewInProcessKvStore({.bandwidth_gbps = 0.05, .latency_us = 200});
   auto store_c = kvpool::NewInProcessKvStore();
-  auto sparse = SparseKvCache::Create(c, o, store_a.get(), device);
+  auto sparse = SparseKvCache::Create(c, o, KvDtype::kF32, store_a.get(), device);
   o.fetch = KvFetch::kResident;
   o.spec_candidates = 0;
-  auto every = SparseKvCache::Create(c, o, store_c.get(), device);
+  auto every = SparseKvCache::Create(c, o, KvDtype::kF32, store_c.get(), device);
   o.spec_candidates = 1;
-  auto narrow = SparseKvCache::Create(c, o, store_b.get(), device);
+  auto narrow = SparseKvCache::Create(c, o, KvDtype::kF32, store_b.get(), device);
   ASSERT_TRUE(sparse.ok() && every.ok() && narrow.ok());
   constexpr int kSteps = 25;
   const auto want = Driver(c, sparse->get(), false).Run(kSteps);
@@ -236,7 +236,7 @@ TEST(SparseAttentionTest, SpecCandidatesNarrowThePredictionOnly) {
   EXPECT_LE((*narrow)->total_stats().prefetched, new_chunks_bound);
   EXPECT_GT((*every)->total_stats().prefetched, new_chunks_bound);
   o.spec_candidates = SparseOptions::kMaxSpecCandidates + 1;
-  auto bad = SparseKvCache::Create(c, o, store_c.get(), device);
+  auto bad = SparseKvCache::Create(c, o, KvDtype::kF32, store_c.get(), device);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("speculative candidates"), std::string::npos) << bad.status();
 }

@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "decode-worker/engine/attention_ops.h"
+#include "decode-worker/engine/kv_block.h"
 #include "decode-worker/engine/random_kv.h"
 
 namespace dd::engine {
@@ -13,10 +14,11 @@ void SparseKvCache::SkipWaitForTesting(SkipWait skip) {
   ChunkStore::SkipComputeWaitForTesting(skip == SkipWait::kComputeWaitsForLanding);
 }
 
-SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
-                             backend::Device& device)
-    : config_(config), options_(options), device_(device), chunks_(config, options.chunk_tokens, store, device),
-      stats_(config.n_layer), rows_(config, options_, device),
+SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, KvDtype kv,
+                             kvpool::KvStore* store, backend::Device& device)
+    : config_(config), options_(options), device_(device),
+      chunks_(config, options.chunk_tokens, store, device, /*device_gathers=*/true, kv),
+      stats_(config.n_layer), rows_(config, options_, device, kv),
       selector_(config, options_, device), writer_(config, options_, device, rows_, chunks_),
       fetch_(MakeFetchPolicy({config, options_, device, chunks_, stats_})) {
   map_.index.assign(config.n_layer, -1);
@@ -30,7 +32,7 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
 }
 
 absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model::ModelConfig& config,
-                                                                     const SparseOptions& options,
+                                                                     const SparseOptions& options, KvDtype kv,
                                                                      kvpool::KvStore* store, backend::Device& device) {
   RETURN_IF_ERROR(options.Validate(config));
   if (options.spec_candidates == SparseOptions::kAutoSpecCandidates) {
@@ -38,7 +40,7 @@ absl::StatusOr<std::unique_ptr<SparseKvCache>> SparseKvCache::Create(const model
                                       "head; Engine::Normalized resolves them)");
   }
   if (store == nullptr) return absl::InvalidArgumentError("sparse mode needs a KV store");
-  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, store, device));
+  return std::unique_ptr<SparseKvCache>(new SparseKvCache(config, options, kv, store, device));
 }
 
 SparseKvCache::~SparseKvCache() {
@@ -68,6 +70,7 @@ void SparseKvCache::FreeSeq(int32_t seq) {
   Seq& s = seqs_[seq];
   for (LayerRows& st : s.layers) rows_.Free(st);
   device_.Free(s.scores.buf);
+  device_.Free(s.own);
   fetch_->Release(seq);
 }
 
@@ -127,13 +130,14 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   // The bookkeeping as it is; every device buffer duplicated (none shared).
   Seq copy = *from;
   for (LayerRows& st : copy.layers) st.sink_k = st.sink_v = st.k = st.v = st.landmarks = backend::DeviceBuffer{};
-  copy.scores.buf = backend::DeviceBuffer{};
+  copy.scores.buf = copy.own = backend::DeviceBuffer{};
   copy.store_id = to->store_id;
   *to = std::move(copy);
   absl::Status dup;
   for (int64_t l = 0; l < config_.n_layer && dup.ok(); ++l) dup = rows_.Duplicate(from->layers[l], to->layers[l]);
   // Scratch: the size, not the contents.
   if (dup.ok()) dup = DuplicateBuffer(device_, from->scores.buf, /*contents=*/false, &to->scores.buf);
+  if (dup.ok()) dup = DuplicateBuffer(device_, from->own, /*contents=*/false, &to->own);
   if (dup.ok()) dup = fetch_->Copy(src, dst);
   if (!dup.ok()) {
     Reset(dst);
@@ -162,9 +166,16 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
     if (status.ok()) status = rows_.Reserve((*s)->layers[l], prompt_tokens, total_tokens);
   }
   if (status.ok()) status = selector_.EnsureScores((*s)->scores, total_tokens);
+  if (status.ok()) status = EnsureOwnRows(**s);
   if (status.ok()) status = fetch_->Reserve(seq, map_.layers);
   if (!status.ok()) Reset(seq);
   return status;
+}
+
+absl::Status SparseKvCache::EnsureOwnRows(Seq& s) {
+  if (chunks_.kv_dtype() == KvDtype::kF32 || s.own) return absl::OkStatus();
+  ASSIGN_OR_RETURN(s.own, device_.Allocate(backend::MemoryTag::kWorkspace, 2 * RowBytes()));
+  return absl::OkStatus();
 }
 
 absl::Status SparseKvCache::FinishPrefill(int32_t seq) {
@@ -184,14 +195,13 @@ absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle
   if (Length(seq) != 0) return absl::FailedPreconditionError(absl::StrCat("slot ", seq, " is not empty"));
   ASSIGN_OR_RETURN(Seq * s, GetSeq(seq));
   const int64_t chunks = tokens / C, batch = 64;  // chunks per gather
-  std::vector<float> k, v;
+  KvRows k, v;
   for (int64_t l : map_.layers) {
     for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
       const int64_t c1 = std::min(chunks, c0 + batch);
       RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
       // Device rows, landmarks and the slot's own blocks, as in prefill.
-      RETURN_IF_ERROR(writer_.Append(s->layers[l], s->store_id, l, backend::DeviceBuffer{}, k.data(), v.data(), c0 * C,
-                                      (c1 - c0) * C));
+      RETURN_IF_ERROR(writer_.AppendHost(s->layers[l], s->store_id, l, k.data(), v.data(), c0 * C, (c1 - c0) * C));
     }
   }
   return absl::OkStatus();
@@ -214,7 +224,10 @@ absl::Status SparseKvCache::FillRandom(int32_t seq, int64_t tokens, uint64_t see
       v.resize(k.size());
       rows.Rows(l, /*values=*/false, p0, p1, k.data());
       rows.Rows(l, /*values=*/true, p0, p1, v.data());
-      RETURN_IF_ERROR(writer_.Append(s->layers[l], s->store_id, l, backend::DeviceBuffer{}, k.data(), v.data(), p0, p1 - p0));
+      const KvDtype t = chunks_.kv_dtype();
+      const KvRows kr = NarrowRows(k.data(), static_cast<int64_t>(k.size()), t);
+      const KvRows vr = NarrowRows(v.data(), static_cast<int64_t>(v.size()), t);
+      RETURN_IF_ERROR(writer_.AppendHost(s->layers[l], s->store_id, l, kr.data(), vr.data(), p0, p1 - p0));
     }
   }
   return absl::OkStatus();

@@ -53,9 +53,10 @@ namespace dd::engine {
 
 class SparseKvCache : public KvManager {
  public:
-  // `store` and `device` (the engine's) must outlive the cache.
+  // `store` and `device` (the engine's) must outlive the cache. KV rows, blocks and resident
+  // slots are kept in `kv`; landmarks in f32.
   static absl::StatusOr<std::unique_ptr<SparseKvCache>> Create(const model::ModelConfig& config,
-                                                               const SparseOptions& options,
+                                                               const SparseOptions& options, KvDtype kv,
                                                                kvpool::KvStore* store, backend::Device& device);
   // Fault injection for the tests that show a missing wait is caught (on the sim device):
   // every cache of the process leaves out that wait from now on.
@@ -144,6 +145,9 @@ class SparseKvCache : public KvManager {
     std::vector<ModelDraw> draws;   // the selection model's, per model layer
     SeqScores scores;               // the selection buffer
     SeqKvCounts counts;
+    // A narrow KV type only: the speculative row's K and V rows in it (its own key, which its
+    // attention reads with the others'), rewritten at each sparse layer.
+    backend::DeviceBuffer own;
   };
   struct LayerMap {
     std::vector<int64_t> index;   // per model layer: its index among the sparse layers (-1: dense)
@@ -154,8 +158,12 @@ class SparseKvCache : public KvManager {
     size_t n = 0;
     absl::Span<DecodeRead> used() { return absl::MakeSpan(all).first(n); }
   };
-  SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, kvpool::KvStore* store,
+  SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, KvDtype kv, kvpool::KvStore* store,
                 backend::Device& device);
+  // Bytes of one position's K row (or V row) in the KV type.
+  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * KvDtypeBytes(chunks_.kv_dtype()); }
+  // Seq::own, allocated once (at Reserve, or at the first speculative row of an unreserved slot).
+  absl::Status EnsureOwnRows(Seq& s);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
   FetchSeq FetchOf(int32_t seq) { return {seq, seqs_[seq].store_id, &seqs_[seq].counts}; }

@@ -71,6 +71,7 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
     if (decode_row || spec_last) {
       RETURN_IF_ERROR(rows_.StartDecoding(st, s->reserved ? s->total : 0));
       RETURN_IF_ERROR(selector_.EnsureScores(s->scores, s->reserved ? s->total : config_.n_ctx_train));
+      if (spec_last) RETURN_IF_ERROR(EnsureOwnRows(*s));
       DecodeRead& read = AddRead(call.rows[r0].seq);
       read.real_row = decode_row ? r0 : -1;
       read.spec_row = spec_last ? r1 - 1 : -1;
@@ -91,9 +92,9 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
   const LayerRows& st = s.layers[call.layer];
   const int64_t n_keys = call.rows[r1 - 1].pos + 1;
   const int64_t n_sink = std::min(n_keys, options_.sink_tokens);
-  const backend::KvRun runs[2] = {{static_cast<const float*>(st.sink_k.data), static_cast<const float*>(st.sink_v.data), n_sink},
-                                  {static_cast<const float*>(st.k.data), static_cast<const float*>(st.v.data), n_keys - n_sink}};
-  device_.ops().AttendCausal(CausalRows(call, config_, KvDtype::kF32, r0, r1, /*lo=*/0, runs, &prefill_positions_));
+  const backend::KvRun runs[2] = {{st.sink_k.data, st.sink_v.data, n_sink}, {st.k.data, st.v.data, n_keys - n_sink}};
+  device_.ops().AttendCausal(
+      CausalRows(call, config_, chunks_.kv_dtype(), r0, r1, /*lo=*/0, runs, &prefill_positions_));
 }
 
 absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
@@ -137,7 +138,7 @@ absl::Status SparseKvCache::AttendDecodeReads(const model::AttentionCall& call) 
   if (reads_.n == 0) return absl::OkStatus();
   for (DecodeRead& r : reads_.used()) RETURN_IF_ERROR(fetch_->Finish(FetchOf(r.seq), call.layer, r.real_row >= 0, r));
   PlanAttention(call);
-  plan_.Run(device_.ops(), ShapeOf(config_, KvDtype::kF32), call.scale);
+  plan_.Run(device_.ops(), ShapeOf(config_, chunks_.kv_dtype()), call.scale);
   const absl::Span<DecodeRead> done = reads_.used();
   reads_.n = 0;  // every transfer has been waited for
   for (DecodeRead& r : done) {
@@ -150,6 +151,8 @@ absl::Status SparseKvCache::AttendDecodeReads(const model::AttentionCall& call) 
 void SparseKvCache::PlanAttention(const model::AttentionCall& call) {
   const int64_t hd = config_.head_dim, n_kv = config_.n_head_kv, kv_dim = n_kv * hd;
   const int64_t q_dim = config_.n_head * hd, C = options_.chunk_tokens;
+  const KvDtype kv = chunks_.kv_dtype();
+  const int64_t hb = hd * KvDtypeBytes(kv);  // one head's row of a key or value
   // Every read's keys per KV head in order: sinks, its selected chunks, the device window, the
   // speculative row's own KV.
   int64_t all_keys = 0;
@@ -162,16 +165,29 @@ void SparseKvCache::PlanAttention(const model::AttentionCall& call) {
   for (const DecodeRead& r : reads_.used()) {
     const LayerRows& st = seqs_[r.seq].layers[call.layer];
     const Window& w = r.pick.w;
-    const float* own_k = r.spec_row >= 0 ? call.k + r.spec_row * kv_dim : nullptr;
-    const float* own_v = r.spec_row >= 0 ? call.v + r.spec_row * kv_dim : nullptr;
-    const float* const* block = r.fetch.blocks.data();
+    // The speculative row's own K and V: the forward pass's f32 rows, or narrowed to the KV
+    // type into the sequence's own rows (as a real row's are when they are stored).
+    const char* own_k = nullptr;
+    const char* own_v = nullptr;
+    if (r.spec_row >= 0 && kv == KvDtype::kF32) {
+      own_k = reinterpret_cast<const char*>(call.k + r.spec_row * kv_dim);
+      own_v = reinterpret_cast<const char*>(call.v + r.spec_row * kv_dim);
+    } else if (r.spec_row >= 0) {
+      char* own = static_cast<char*>(seqs_[r.seq].own.data);
+      device_.ops().StoreKv(call.k + r.spec_row * kv_dim, kv_dim, kv, own);
+      device_.ops().StoreKv(call.v + r.spec_row * kv_dim, kv_dim, kv, own + RowBytes());
+      own_k = own;
+      own_v = own + RowBytes();
+    }
+    const uint8_t* const* block = r.fetch.blocks.data();
+    const auto at = [&](const void* row, int64_t g) { return static_cast<const char*>(row) + g * hb; };
     for (int64_t g = 0; g < n_kv; ++g) {
-      for (int64_t t = 0; t < w.sinks; ++t) plan_.Add(rows_.K(st, t) + g * hd, rows_.V(st, t) + g * hd);
+      for (int64_t t = 0; t < w.sinks; ++t) plan_.Add(at(rows_.K(st, t), g), at(rows_.V(st, t), g));
       for (size_t c = 0; c < r.pick.sel[g].size(); ++c, ++block) {
-        for (int64_t t = 0; t < C; ++t) plan_.Add(*block + t * hd, *block + (C + t) * hd);
+        for (int64_t t = 0; t < C; ++t) plan_.Add(*block + t * hb, *block + (C + t) * hb);
       }
-      for (int64_t p = w.dense_from; p < st.length; ++p) plan_.Add(rows_.K(st, p) + g * hd, rows_.V(st, p) + g * hd);
-      if (own_k != nullptr) plan_.Add(own_k + g * hd, own_v + g * hd);
+      for (int64_t p = w.dense_from; p < st.length; ++p) plan_.Add(at(rows_.K(st, p), g), at(rows_.V(st, p), g));
+      if (own_k != nullptr) plan_.Add(own_k + g * hb, own_v + g * hb);
       plan_.EndList();
     }
     // The real row does not see the speculative row's key (hidden_tail 1); both read the

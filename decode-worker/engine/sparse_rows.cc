@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "dd/backend/ops.h"
 
 namespace dd::engine {
 
@@ -50,7 +51,7 @@ absl::Status SparseRows::Reserve(LayerRows& st, int64_t prompt_tokens, int64_t t
   st.cap = std::max(prompt_tokens - S, RingRows(total_tokens));
   RETURN_IF_ERROR(AllocateRows(st.cap, &st.k, &st.v));
   st.landmark_cap = total_tokens / options_.chunk_tokens;
-  ASSIGN_OR_RETURN(st.landmarks, AllocateOrEmpty(device_, MemoryTag::kLandmarks, st.landmark_cap * RowBytes()));
+  ASSIGN_OR_RETURN(st.landmarks, AllocateOrEmpty(device_, MemoryTag::kLandmarks, st.landmark_cap * LandmarkBytes()));
   return absl::OkStatus();
 }
 
@@ -89,16 +90,14 @@ int SparseRows::RunsOf(const LayerRows& st, int64_t p0, int64_t p1, RowRun out[3
   return n;
 }
 
-const float* SparseRows::K(const LayerRows& st, int64_t pos) const {
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  return pos < options_.sink_tokens ? static_cast<const float*>(st.sink_k.data) + pos * kv_dim
-                                    : static_cast<const float*>(st.k.data) + RowOf(st, pos) * kv_dim;
+const void* SparseRows::K(const LayerRows& st, int64_t pos) const {
+  return pos < options_.sink_tokens ? static_cast<const char*>(st.sink_k.data) + pos * RowBytes()
+                                    : static_cast<const char*>(st.k.data) + RowOf(st, pos) * RowBytes();
 }
 
-const float* SparseRows::V(const LayerRows& st, int64_t pos) const {
-  const int64_t kv_dim = config_.n_head_kv * config_.head_dim;
-  return pos < options_.sink_tokens ? static_cast<const float*>(st.sink_v.data) + pos * kv_dim
-                                    : static_cast<const float*>(st.v.data) + RowOf(st, pos) * kv_dim;
+const void* SparseRows::V(const LayerRows& st, int64_t pos) const {
+  return pos < options_.sink_tokens ? static_cast<const char*>(st.sink_v.data) + pos * RowBytes()
+                                    : static_cast<const char*>(st.v.data) + RowOf(st, pos) * RowBytes();
 }
 
 absl::Status SparseRows::Resize(LayerRows& st, int64_t cap, bool ring) {
@@ -161,7 +160,7 @@ absl::Status SparseRows::Ensure(LayerRows& st, int64_t end) {
 
 absl::Status SparseRows::EnsureLandmarks(LayerRows& st, int64_t chunks) {
   if (chunks <= st.landmark_cap) return absl::OkStatus();
-  const int64_t per_chunk = RowBytes();
+  const int64_t per_chunk = LandmarkBytes();
   const int64_t cap = std::max({chunks, 2 * st.landmark_cap, int64_t{16}});
   ASSIGN_OR_RETURN(DeviceBuffer n, AllocateOrEmpty(device_, MemoryTag::kLandmarks, cap * per_chunk));
   if (st.landmark_cap > 0) {
@@ -188,7 +187,10 @@ absl::Status SparseRows::Store(LayerRows& st, int64_t p0, int64_t p1, const Devi
     const DeviceBuffer& dk = r.sink ? st.sink_k : st.k;
     const DeviceBuffer& dv = r.sink ? st.sink_v : st.v;
     const int64_t j = (r.pos - p0) * kv_dim;
-    if (src_buf) {
+    if (kv_ != KvDtype::kF32) {  // narrowed on the compute queue, straight into the rows
+      device_.ops().StoreKv(k + j, r.len * kv_dim, kv_, static_cast<char*>(dk.data) + r.row * row);
+      device_.ops().StoreKv(v + j, r.len * kv_dim, kv_, static_cast<char*>(dv.data) + r.row * row);
+    } else if (src_buf) {
       const auto offset = [&](const float* p) {
         return static_cast<int64_t>(reinterpret_cast<const char*>(p) - static_cast<const char*>(src_buf.data));
       };
@@ -202,15 +204,30 @@ absl::Status SparseRows::Store(LayerRows& st, int64_t p0, int64_t p1, const Devi
   return absl::OkStatus();
 }
 
-absl::Status SparseRows::ToHost(Queue q, const LayerRows& st, int64_t p0, int64_t p1, float* k, float* v) {
-  const int64_t row = RowBytes(), kv_dim = config_.n_head_kv * config_.head_dim;
+absl::Status SparseRows::StoreHost(LayerRows& st, int64_t p0, int64_t p1, const void* k, const void* v) {
+  const int64_t row = RowBytes();
   RowRun runs[3];
   const int n = RunsOf(st, p0, p1, runs);
   for (int i = 0; i < n; ++i) {
     const RowRun& r = runs[i];
-    const int64_t j = (r.pos - p0) * kv_dim;
-    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_k : st.k, r.row * row, k + j, r.len * row));
-    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_v : st.v, r.row * row, v + j, r.len * row));
+    const int64_t j = (r.pos - p0) * row;
+    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(k) + j, r.sink ? st.sink_k : st.k,
+                                         r.row * row, r.len * row));
+    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(v) + j, r.sink ? st.sink_v : st.v,
+                                         r.row * row, r.len * row));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseRows::ToHost(Queue q, const LayerRows& st, int64_t p0, int64_t p1, void* k, void* v) {
+  const int64_t row = RowBytes();
+  RowRun runs[3];
+  const int n = RunsOf(st, p0, p1, runs);
+  for (int i = 0; i < n; ++i) {
+    const RowRun& r = runs[i];
+    const int64_t j = (r.pos - p0) * row;
+    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_k : st.k, r.row * row, static_cast<char*>(k) + j, r.len * row));
+    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_v : st.v, r.row * row, static_cast<char*>(v) + j, r.len * row));
   }
   return absl::OkStatus();
 }

@@ -45,9 +45,11 @@ class WriteBack {
   struct Entry {
     kvpool::SequenceId id = 0;
     int64_t layer = 0, c0 = 0, c1 = 0;
-    int64_t offset = 0;  // floats into the staging: K rows, then V rows
+    int64_t offset = 0;  // bytes into the staging: K rows, then V rows
   };
-  int64_t Floats(const Entry& e) const { return (e.c1 - e.c0) * chunk_ * config_.n_head_kv * config_.head_dim; }
+  int64_t Bytes(const Entry& e) const {
+    return (e.c1 - e.c0) * chunk_ * config_.n_head_kv * config_.head_dim * KvDtypeBytes(rows_.kv_dtype());
+  }
 
   const model::ModelConfig& config_;
   const int64_t chunk_;
@@ -57,7 +59,7 @@ class WriteBack {
   // One registered host region for every entry on its way; its last_read is the last copy into
   // it (the device writes it).
   ChunkStore::HostStaging staging_;
-  int64_t used_ = 0;  // floats of staging_ in use
+  int64_t used_ = 0;  // bytes of staging_ in use
   std::vector<Entry> entries_;
 };
 

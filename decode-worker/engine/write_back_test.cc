@@ -3,6 +3,7 @@
 // copied from; staging that fills up grows without losing what is on its way; Discard drops it.
 #include "decode-worker/engine/write_back.h"
 
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -15,6 +16,13 @@
 namespace dd::engine {
 namespace {
 
+// Host rows as the store's bytes (f32 layout).
+std::vector<uint8_t> BytesOf(const std::vector<float>& x) {
+  std::vector<uint8_t> b(x.size() * sizeof(float));
+  std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
 constexpr int64_t kChunk = 8;
 
 class WriteBackTest : public ::testing::Test {
@@ -24,7 +32,7 @@ class WriteBackTest : public ::testing::Test {
     ASSERT_TRUE(d.ok()) << d.status();
     device_ = std::move(*d);
     chunks_ = std::make_unique<ChunkStore>(config_, kChunk, store_.get(), *device_);
-    rows_ = std::make_unique<SparseRows>(config_, options_, *device_);
+    rows_ = std::make_unique<SparseRows>(config_, options_, *device_, KvDtype::kF32);
     auto id = chunks_->Open();
     ASSERT_TRUE(id.ok()) << id.status();
     id_ = *id;
@@ -68,13 +76,13 @@ TEST_F(WriteBackTest, ChunksReachTheStoreAtFlushAndNotBefore) {
   WriteBack wb(config_, kChunk, *device_, *rows_, *chunks_);
   ASSERT_TRUE(wb.Start(st_, id_, 0, 1, 6).ok());  // across the sinks' end
   EXPECT_TRUE(wb.pending());
-  std::vector<float> k2, v2;
+  std::vector<uint8_t> k2, v2;
   EXPECT_FALSE(chunks_->ReadRows(id_, 0, 1, 6, &k2, &v2).ok()) << "a block in the store before its flush";
   ASSERT_TRUE(wb.Flush().ok());
   EXPECT_FALSE(wb.pending());
   ASSERT_TRUE(chunks_->ReadRows(id_, 0, 1, 6, &k2, &v2).ok());
-  EXPECT_EQ(k2, Slice(k, 1, 6));
-  EXPECT_EQ(v2, Slice(v, 1, 6));
+  EXPECT_EQ(k2, BytesOf(Slice(k, 1, 6)));
+  EXPECT_EQ(v2, BytesOf(Slice(v, 1, 6)));
   // Dropped (a lost store): never written.
   ASSERT_TRUE(wb.Start(st_, id_, 0, 6, 8).ok());
   wb.Discard();
@@ -91,10 +99,10 @@ TEST_F(WriteBackTest, StagingThatFillsUpGrowsAndLosesNothing) {
   WriteBack wb(config_, kChunk, *device_, *rows_, *chunks_);
   for (int64_t c = 0; c < chunks; c += 12) ASSERT_TRUE(wb.Start(st_, id_, 0, c, c + 12).ok());
   ASSERT_TRUE(wb.Flush().ok());
-  std::vector<float> k2, v2;
+  std::vector<uint8_t> k2, v2;
   ASSERT_TRUE(chunks_->ReadRows(id_, 0, 0, chunks, &k2, &v2).ok());
-  EXPECT_EQ(k2, k);
-  EXPECT_EQ(v2, v);
+  EXPECT_EQ(k2, BytesOf(k));
+  EXPECT_EQ(v2, BytesOf(v));
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ class DataPath {
   // Reads `block_bytes` at offsets[i] into dsts[i] (CUDA device memory when `cuda`: only where
   // cuda_destinations()). Synchronous; called from the transfer thread. Fails (never hangs past
   // `timeout_ms`) when the pool is gone.
-  virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+  virtual absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                            bool cuda = false) = 0;
   // For the shared-memory path: the mapped address of `offset` (gathers then copy directly).
   virtual const uint8_t* Mapped(int64_t offset) const { return nullptr; }

@@ -30,11 +30,11 @@ absl::Status UnknownSequence(SequenceId seq) {
   return absl::NotFoundError(absl::StrCat("KvStore: unknown sequence ", seq));
 }
 
-absl::StatusOr<TransferId> KvStore::Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst,
+absl::StatusOr<TransferId> KvStore::Gather(SequenceId seq, absl::Span<const ChunkRef> refs, void* dst,
                                            Priority priority) {
   ASSIGN_OR_RETURN(const KvLayout layout, Layout(seq));
-  std::vector<float*> dsts(refs.size());
-  for (size_t i = 0; i < refs.size(); ++i) dsts[i] = dst + static_cast<int64_t>(i) * layout.block_floats();
+  std::vector<void*> dsts(refs.size());
+  for (size_t i = 0; i < refs.size(); ++i) dsts[i] = static_cast<char*>(dst) + static_cast<int64_t>(i) * layout.block_bytes();
   return GatherTo(seq, refs, dsts, priority);
 }
 
@@ -42,7 +42,7 @@ absl::Status NoDeviceWrites() {
   return absl::UnimplementedError("this KV store cannot write device memory (KvStore::WritesDeviceMemory)");
 }
 
-absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts) {
+absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts) {
   if (refs.size() == dsts.size()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("KvStore: ", refs.size(), " chunk refs but ", dsts.size(), " destinations"));
@@ -69,13 +69,13 @@ class InProcessKvStore : public KvStore {
     return id;
   }
 
-  absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
+  absl::Status Write(SequenceId seq, const ChunkRef& ref, const void* block) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end() || it->second.released) return UnknownSequence(seq);
     Seq& s = it->second;
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
-    const int64_t bytes = s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = s.layout.block_bytes();
     auto [b, added] = s.blocks.try_emplace(BlockIndex(s.layout, ref), nullptr);
     if (added) {
       auto slot = arena_.Allocate(bytes);
@@ -99,7 +99,7 @@ class InProcessKvStore : public KvStore {
   }
 
   using KvStore::GatherTo;
-  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
                                       Priority priority, DstMemory memory) override {
     if (memory == DstMemory::kDevice) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
@@ -109,7 +109,7 @@ class InProcessKvStore : public KvStore {
     const Seq& s = *found;
     // Validate everything now, so a transfer never fails half-way. Blocks are not freed while a
     // transfer is pending.
-    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_floats(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_bytes(), {}, nullptr};
     RETURN_IF_ERROR(BlocksOf(s, refs, &job.src));
     // Copy outside the lock so concurrent gatherers do not serialize. The blocks stay put: a
     // Write replaces a block's contents in place, and Release drains the queue first.
@@ -188,7 +188,7 @@ class InProcessKvStore : public KvStore {
       Seq& s = seqs_[p->second];
       const KvLayout& l = s.layout;
       if (l.n_layers != layout.n_layers || l.n_kv_heads != layout.n_kv_heads || l.head_dim != layout.head_dim ||
-          l.chunk_tokens != layout.chunk_tokens || block_chunks <= 0) {
+          l.chunk_tokens != layout.chunk_tokens || l.dtype != layout.dtype || block_chunks <= 0) {
         continue;
       }
       const SequenceId handle = ++next_id_;
@@ -217,7 +217,7 @@ class InProcessKvStore : public KvStore {
     uint64_t owner = 0;          // CommitPrefix's: whose share of the cache it counts against
   };
   static int64_t Bytes(const Seq& s) {
-    return static_cast<int64_t>(s.blocks.size()) * s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    return static_cast<int64_t>(s.blocks.size()) * s.layout.block_bytes();
   }
   // Appends where each of `refs`' blocks lies in the arena: INVALID_ARGUMENT for a ref outside
   // the layout, NOT_FOUND for a block never written (call with mu_ held).
@@ -244,7 +244,7 @@ class InProcessKvStore : public KvStore {
   }
   void Erase(std::unordered_map<SequenceId, Seq>::iterator it) {
     for (uint64_t k : it->second.keys) prefix_.erase(k);
-    const int64_t block_bytes = it->second.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t block_bytes = it->second.layout.block_bytes();
     for (const auto& [index, slot] : it->second.blocks) arena_.Free(slot, block_bytes);
     bytes_ -= Bytes(it->second);
     if (it->second.released) {

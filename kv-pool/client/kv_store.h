@@ -2,7 +2,8 @@
 // "KV store and pool").
 //
 // A sequence is opened with a layout; full chunks are written as one contiguous block per
-// (layer, KV head, chunk): [K (chunk_tokens × head_dim) | V (chunk_tokens × head_dim)], f32.
+// (layer, KV head, chunk): [K (chunk_tokens × head_dim) | V (chunk_tokens × head_dim)] in the
+// layout's KV type (f32 or f16; the store moves bytes and never reads them).
 // Gather copies a list of blocks into caller memory at a priority and returns a transfer id;
 // Wait blocks until that transfer is complete. The caller owns `dst` and must keep it alive
 // and untouched until Wait returns. Backends: in-process (this file's NewInProcessKvStore);
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/kv_dtype.h"
 
 namespace dd::kvpool {
 
@@ -24,7 +26,10 @@ struct KvLayout {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t chunk_tokens = 8;
-  int64_t block_floats() const { return 2 * chunk_tokens * head_dim; }
+  // The type of the blocks' elements (docs/decisions/0049-kv-storage-type.md): part of the
+  // layout, so a pool keeps, and a prefix is found for, one type only.
+  KvDtype dtype = KvDtype::kF32;
+  int64_t block_bytes() const { return 2 * chunk_tokens * head_dim * KvDtypeBytes(dtype); }
 };
 
 struct ChunkRef {
@@ -65,22 +70,22 @@ class KvStore {
   virtual ~KvStore() = default;
   // InvalidArgument for a layout with a non-positive field.
   virtual absl::StatusOr<SequenceId> Open(const KvLayout& layout) = 0;
-  // Stores one block (block_floats() floats). InvalidArgument for an out-of-range ref.
-  virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) = 0;
-  // Copies block i of refs into dsts[i] (each block_floats() floats; the caller's memory, e.g.
+  // Stores one block (block_bytes() bytes). InvalidArgument for an out-of-range ref.
+  virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const void* block) = 0;
+  // Copies block i of refs into dsts[i] (each block_bytes() bytes; the caller's memory, e.g.
   // a slot of the engine's resident set), which are `memory`: with kDevice the store never
   // touches the bytes on the host, and UNIMPLEMENTED where WritesDeviceMemory is false.
   // NotFound for a chunk never written; InvalidArgument when the sizes differ.
   virtual absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                              absl::Span<float* const> dsts, Priority priority,
+                                              absl::Span<void* const> dsts, Priority priority,
                                               DstMemory memory) = 0;
   // Into host memory.
-  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
                                       Priority priority) {
     return GatherTo(seq, refs, dsts, priority, DstMemory::kHost);
   }
   // Copies refs.size() blocks into dst in order (GatherTo with consecutive destinations).
-  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, float* dst, Priority priority);
+  absl::StatusOr<TransferId> Gather(SequenceId seq, absl::Span<const ChunkRef> refs, void* dst, Priority priority);
   // The layout the sequence was opened with. NotFound for an unknown sequence.
   virtual absl::StatusOr<KvLayout> Layout(SequenceId seq) const = 0;
   virtual absl::Status Wait(TransferId id) = 0;
@@ -93,7 +98,7 @@ class KvStore {
   // What a sequence of this layout that grows to `chunks` chunks is charged against that bound
   // (a pool reserves extents: a first one at Open, then doubling).
   virtual int64_t ReservedBytes(const KvLayout& layout, int64_t chunks) const {
-    return chunks * layout.n_layers * layout.n_kv_heads * layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    return chunks * layout.n_layers * layout.n_kv_heads * layout.block_bytes();
   }
   // Nanoseconds callers spent blocked in Wait() or running a transfer themselves (an urgent
   // gather on a real transport, any gather of an in-process store), since construction.
@@ -173,7 +178,7 @@ std::unique_ptr<KvStore> NewShardedKvStore(std::vector<std::unique_ptr<KvStore>>
 absl::Status CheckChunkRef(const KvLayout& layout, const ChunkRef& ref);
 absl::Status NeverWritten(const ChunkRef& ref);
 absl::Status UnknownSequence(SequenceId seq);
-absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts);
+absl::Status DestinationsMatch(absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts);
 // UNIMPLEMENTED: a gather into device memory from a store whose transport cannot write it.
 absl::Status NoDeviceWrites();
 

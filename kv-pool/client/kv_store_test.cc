@@ -21,7 +21,7 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
   KvLayout layout{.n_layers = 2, .n_kv_heads = 3, .head_dim = 4, .chunk_tokens = 2};
   auto seq = store->Open(layout);
   ASSERT_TRUE(seq.ok());
-  const int64_t bf = layout.block_floats();
+  const int64_t bf = (layout.block_bytes() / 4);
   for (int64_t c = 0; c < 5; ++c) {
     std::vector<float> block(bf, static_cast<float>(c) + 0.5f);
     ASSERT_TRUE(store->Write(*seq, {1, 2, c}, block.data()).ok());
@@ -38,16 +38,16 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
   for (double gbps : {0.0, 1.0}) {
     store->SetLink({.bandwidth_gbps = gbps});
     std::vector<float> a(bf, -1.0f), b(bf, -1.0f);
-    std::vector<float*> dsts = {b.data(), a.data()};
+    std::vector<void*> dsts = {b.data(), a.data()};
     auto s = store->GatherTo(*seq, refs, dsts, Priority::kBackground);
     ASSERT_TRUE(s.ok());
     ASSERT_TRUE(store->Wait(*s).ok());
     EXPECT_EQ(b[0], 4.5f);
     EXPECT_EQ(a[bf - 1], 0.5f);
   }
-  std::vector<float*> one = {dst.data()};
+  std::vector<void*> one = {dst.data()};
   EXPECT_EQ(store->GatherTo(*seq, refs, one, Priority::kUrgent).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Layout(*seq)->block_floats(), bf);
+  EXPECT_EQ(store->Layout(*seq)->block_bytes(), bf * 4);
   EXPECT_EQ(store->Layout(*seq + 100).status().code(), absl::StatusCode::kNotFound);
   // Never written, out of layout, unknown sequence.
   std::vector<ChunkRef> missing = {{0, 0, 1}};
@@ -74,7 +74,7 @@ SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const s
   auto seq = store.Open(layout);
   EXPECT_TRUE(seq.ok());
   for (int64_t c = 0; c < chunks; ++c) {
-    std::vector<float> block(layout.block_floats(), base + static_cast<float>(c));
+    std::vector<float> block((layout.block_bytes() / 4), base + static_cast<float>(c));
     EXPECT_TRUE(store.Write(*seq, {0, 0, c}, block.data()).ok());
   }
   EXPECT_TRUE(store.CommitPrefix(*seq, keys, owner).ok());
@@ -83,7 +83,7 @@ SequenceId CommittedSequence(KvStore& store, int64_t chunks, float base, const s
 
 TEST(InProcessKvStoreTest, ACommittedPrefixOutlivesItsSequenceUntilEvicted) {
   const KvLayout layout{1, 1, 4, 8};
-  const int64_t block_bytes = layout.block_floats() * 4;
+  const int64_t block_bytes = layout.block_bytes();
   auto store = NewInProcessKvStore({}, /*prefix_cache_bytes=*/3 * block_bytes);
   const SequenceId a = CommittedSequence(*store, 2, 10.0f, {101, 102});
   ASSERT_TRUE(store->Release(a).ok());
@@ -96,15 +96,16 @@ TEST(InProcessKvStoreTest, ACommittedPrefixOutlivesItsSequenceUntilEvicted) {
   m = store->LookupPrefix({101, 102, 103}, layout, 1);
   ASSERT_TRUE(m.ok());
   ASSERT_EQ(m->blocks, 2);
-  std::vector<float> out(2 * layout.block_floats());
+  std::vector<float> out(2 * (layout.block_bytes() / 4));
   const ChunkRef refs[] = {{0, 0, 0}, {0, 0, 1}};
   auto t = store->Gather(m->seq, refs, out.data(), Priority::kUrgent);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE(store->Wait(*t).ok());
   EXPECT_EQ(out[0], 10.0f);
-  EXPECT_EQ(out[layout.block_floats()], 11.0f);
+  EXPECT_EQ(out[(layout.block_bytes() / 4)], 11.0f);
   // Another layout does not match; neither does a key nobody committed.
   EXPECT_EQ(store->LookupPrefix({101}, KvLayout{1, 1, 8, 8}, 1)->blocks, 0);
+  EXPECT_EQ(store->LookupPrefix({101}, KvLayout{1, 1, 4, 8, KvDtype::kF16}, 1)->blocks, 0) << "another KV type";
   EXPECT_EQ(store->LookupPrefix({555}, layout, 1)->blocks, 0);
 
   // a is being read (its handle is open): b, which overflows the cache, is evicted instead.
@@ -127,7 +128,7 @@ TEST(InProcessKvStoreTest, ACommittedPrefixOutlivesItsSequenceUntilEvicted) {
 // cached prefix nor, by timing its own, learns when the other was active.
 TEST(InProcessKvStoreTest, OneOwnersReleasesEvictOnlyItsOwnPrefixes) {
   const KvLayout layout{1, 1, 4, 8};
-  const int64_t block_bytes = layout.block_floats() * 4;
+  const int64_t block_bytes = layout.block_bytes();
   constexpr uint64_t kA = 0xA, kB = 0xB;
   auto store = NewInProcessKvStore({}, /*prefix_cache_bytes=*/4 * block_bytes, /*owner_bytes=*/2 * block_bytes);
   ASSERT_TRUE(store->Release(CommittedSequence(*store, 2, 1.0f, {11, 12}, kA)).ok());
@@ -173,7 +174,7 @@ TEST(InProcessKvStoreTest, BlocksLieInTheArenaItMaps) {
   EXPECT_TRUE(store->MappedRanges().empty());
   const int64_t g0 = store->MappingGeneration();
   const KvLayout layout{2, 2, 64, 8};
-  const int64_t floats = layout.block_floats();
+  const int64_t floats = (layout.block_bytes() / 4);
   auto seq = store->Open(layout);
   ASSERT_TRUE(seq.ok());
   std::vector<ChunkRef> refs;
@@ -313,7 +314,7 @@ TEST(TransferQueueTest, UrgentJobsGoBetweenABackgroundJobsPieces) {
   std::vector<float> sink(block_floats);
   TransferQueue::Job background;
   background.dst.assign(blocks, sink.data());
-  background.block_floats = block_floats;
+  background.block_bytes = block_floats * 4;
   background.fetch = [&](size_t begin, size_t end) {
     std::lock_guard<std::mutex> lock(mu);
     pieces.emplace_back(begin, end);
@@ -321,7 +322,7 @@ TEST(TransferQueueTest, UrgentJobsGoBetweenABackgroundJobsPieces) {
   };
   TransferQueue::Job urgent;
   urgent.dst.assign(1, sink.data());
-  urgent.block_floats = block_floats;
+  urgent.block_bytes = block_floats * 4;
   urgent.fetch = [&](size_t, size_t) {
     std::lock_guard<std::mutex> lock(mu);
     background_pieces_before_urgent = pieces.size();

@@ -113,6 +113,7 @@ class PoolKvStore : public KvStore {
     req.mutable_layout()->set_n_kv_heads(layout.n_kv_heads);
     req.mutable_layout()->set_head_dim(layout.head_dim);
     req.mutable_layout()->set_chunk_tokens(layout.chunk_tokens);
+    req.mutable_layout()->set_dtype(static_cast<int64_t>(layout.dtype));
     req.set_chunks(options_.first_extent_chunks);
     v1::OpenResponse resp;
     RETURN_IF_ERROR(Call("open", [&](grpc::ClientContext* c) { return stub_->Open(c, req, &resp); }));
@@ -126,7 +127,7 @@ class PoolKvStore : public KvStore {
     return id;
   }
 
-  absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
+  absl::Status Write(SequenceId seq, const ChunkRef& ref, const void* block) override {
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
@@ -144,7 +145,7 @@ class PoolKvStore : public KvStore {
       ASSIGN_OR_RETURN(s, Find(seq));
       AddExtent(*s, resp.extent());
     }
-    const int64_t bytes = s->layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = s->layout.block_bytes();
     const int64_t offset = Offset(*s, ref);
     lock.unlock();  // the copy or put runs unlocked; blocks of one sequence do not overlap
     if (absl::Status st = data_->Put(offset, block, bytes); !st.ok()) return Lost(st);
@@ -167,7 +168,7 @@ class PoolKvStore : public KvStore {
   }
 
   using KvStore::GatherTo;
-  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
                                       Priority priority, DstMemory memory) override {
     if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
     const bool cuda = memory == DstMemory::kDevice;  // the data path's destinations are CUDA memory
@@ -175,16 +176,16 @@ class PoolKvStore : public KvStore {
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
-    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s->layout.block_floats(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s->layout.block_bytes(), {}, nullptr};
     std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
       ASSIGN_OR_RETURN(const int64_t off, WrittenOffset(*s, r));
       offsets.push_back(off);
     }
     if (data_->Mapped(0) != nullptr && !cuda) {  // shared memory: the copy engine reads the mapping
-      for (int64_t off : offsets) job.src.push_back(reinterpret_cast<const float*>(data_->Mapped(off)));
+      for (int64_t off : offsets) job.src.push_back(data_->Mapped(off));
     } else {
-      const int64_t bytes = job.block_floats * static_cast<int64_t>(sizeof(float));
+      const int64_t bytes = job.block_bytes;
       job.fetch = [this, offsets = std::move(offsets), bytes, dsts = job.dst, cuda](size_t begin, size_t end) {
         absl::Status st = data_->Get(absl::MakeConstSpan(offsets).subspan(begin, end - begin), bytes,
                                      absl::MakeConstSpan(dsts).subspan(begin, end - begin), cuda);
@@ -236,7 +237,7 @@ class PoolKvStore : public KvStore {
       std::lock_guard<std::mutex> lock(mu_);
       ASSIGN_OR_RETURN(Seq * s, Find(seq));
       if (!s->read_only) {
-        for (bool w : s->written) freed += w ? s->layout.block_floats() * static_cast<int64_t>(sizeof(float)) : 0;
+        for (bool w : s->written) freed += w ? s->layout.block_bytes() : 0;
       }
       bytes_ -= freed;
       remote = s->remote;
@@ -278,7 +279,7 @@ class PoolKvStore : public KvStore {
     int64_t capacity = 0;
     for (const v1::Extent& e : resp.extents()) capacity = std::max(capacity, e.first_chunk() + e.chunks());
     if (l.n_layers() != layout.n_layers || l.n_kv_heads() != layout.n_kv_heads || l.head_dim() != layout.head_dim ||
-        l.chunk_tokens() != layout.chunk_tokens || chunks > capacity) {
+        l.chunk_tokens() != layout.chunk_tokens || l.dtype() != static_cast<int64_t>(layout.dtype) || chunks > capacity) {
       // Keys are namespaced by layout, so this means a foreign or corrupt entry: not reused.
       v1::ReleaseRequest rel;
       rel.set_sequence(resp.sequence());
@@ -354,7 +355,7 @@ class PoolKvStore : public KvStore {
   }
   // Byte offset of a block in the tenant's region (callers check capacity first).
   static int64_t Offset(const Seq& s, const ChunkRef& r) {
-    const int64_t bb = s.layout.block_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t bb = s.layout.block_bytes();
     for (const v1::Extent& e : s.extents) {
       if (r.chunk >= e.first_chunk() && r.chunk < e.first_chunk() + e.chunks()) {
         const ChunkRef in_extent{r.layer, r.kv_head, r.chunk - e.first_chunk()};

@@ -33,8 +33,11 @@ std::vector<uint64_t> PrefixKeys(const PrefixNamespace& ns, absl::Span<const int
                                   static_cast<uint64_t>(ns.layout.n_layers), static_cast<uint64_t>(ns.layout.n_kv_heads),
                                   static_cast<uint64_t>(ns.layout.head_dim), static_cast<uint64_t>(ns.layout.chunk_tokens),
                                   static_cast<uint64_t>(ns.block_tokens), ns.tenant_salt};
-  // The KV type joins the header only when it is not f32, so f32 keys stay what they were.
-  if (ns.kv_dtype != KvDtype::kF32) header.push_back(0x6B7679706500ULL /* "kvype" */ + static_cast<uint64_t>(ns.kv_dtype));
+  // The layout's KV type joins the header only when it is not f32, so f32 keys stay what they
+  // were: a prefix stored in one type is never restored into another.
+  if (ns.layout.dtype != KvDtype::kF32) {
+    header.push_back(0x6B7679706500ULL /* "kvype" */ + static_cast<uint64_t>(ns.layout.dtype));
+  }
   uint64_t prev = HashWords(0, header);
   std::vector<uint64_t> keys;
   std::vector<uint64_t> words;

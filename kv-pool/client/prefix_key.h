@@ -9,7 +9,6 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/kv_dtype.h"
 #include "kv-pool/client/kv_store.h"
 
 namespace dd::kvpool {
@@ -19,9 +18,6 @@ struct PrefixNamespace {
   KvLayout layout;
   int64_t block_tokens = 256;
   uint64_t tenant_salt = 0;
-  // The type the restoring cache keeps KV in: a prefix stored from one type is never restored
-  // into another (docs/decisions/0049-kv-storage-type.md).
-  KvDtype kv_dtype = KvDtype::kF32;
 };
 
 // The salt of an API tenant's keys (docs/prefix-keys.md): 0 for none (an open API), else a

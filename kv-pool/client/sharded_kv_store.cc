@@ -32,7 +32,7 @@ class ShardedKvStore : public KvStore {
     return id;
   }
 
-  absl::Status Write(SequenceId seq, const ChunkRef& ref, const float* block) override {
+  absl::Status Write(SequenceId seq, const ChunkRef& ref, const void* block) override {
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
     RETURN_IF_ERROR(CheckChunkRef(s.layout, ref));
     const size_t k = ref.layer % shards_.size();
@@ -45,7 +45,7 @@ class ShardedKvStore : public KvStore {
   }
 
   using KvStore::GatherTo;
-  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<float* const> dsts,
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
                                       Priority priority, DstMemory memory) override {
     if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));

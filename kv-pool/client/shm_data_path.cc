@@ -20,7 +20,7 @@ class ShmDataPath : public DataPath {
     std::memcpy(base_ + offset, src, bytes);
     return absl::OkStatus();
   }
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                    bool cuda) override {
     if (cuda) return absl::InternalError("kv pool shm: gathers into CUDA memory go through the device");
     for (size_t i = 0; i < offsets.size(); ++i) {

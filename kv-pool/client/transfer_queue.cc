@@ -25,7 +25,7 @@ TransferQueue::~TransferQueue() {
 absl::Status TransferQueue::Run(const Job& job, size_t begin, size_t end) {
   if (job.fetch) return job.fetch(begin, end);
   for (size_t i = begin; i < end; ++i) {
-    std::memcpy(job.dst[i], job.src[i], job.block_floats * sizeof(float));
+    std::memcpy(job.dst[i], job.src[i], job.block_bytes);
   }
   return absl::OkStatus();
 }
@@ -42,7 +42,7 @@ void WaitUntil(Clock::time_point t) {
 }
 
 int64_t Bytes(const TransferQueue::Job& job, size_t begin, size_t end) {
-  return static_cast<int64_t>(end - begin) * job.block_floats * static_cast<int64_t>(sizeof(float));
+  return static_cast<int64_t>(end - begin) * job.block_bytes;
 }
 
 }  // namespace
@@ -130,10 +130,10 @@ void TransferQueue::Loop() {
     q.pop_front();
     const size_t n = item.job.dst.size();
     size_t end = n;
-    if (!urgent && item.job.block_floats > 0) {
+    if (!urgent && item.job.block_bytes > 0) {
       const int64_t piece = link_.infinite() ? kTransportPieceBytes : kModelledLinkPieceBytes;
       const size_t blocks = static_cast<size_t>(
-          std::max<int64_t>(1, piece / (item.job.block_floats * static_cast<int64_t>(sizeof(float)))));
+          std::max<int64_t>(1, piece / item.job.block_bytes));
       end = std::min(n, item.next + blocks);
     }
     // The link: latency plus size over bandwidth, then the data is there. A job starts when the

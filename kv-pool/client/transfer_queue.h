@@ -32,9 +32,9 @@ namespace dd::kvpool {
 class TransferQueue {
  public:
   struct Job {
-    std::vector<float*> dst;  // one per block
-    int64_t block_floats = 0;
-    std::vector<const float*> src;  // one per block, copied to dst[i]
+    std::vector<void*> dst;  // one per block
+    int64_t block_bytes = 0;
+    std::vector<const void*> src;  // one per block, copied to dst[i]
     // When set, run instead of the copy (a remote get of blocks [begin, end)); its error is
     // what Wait returns.
     std::function<absl::Status(size_t begin, size_t end)> fetch;

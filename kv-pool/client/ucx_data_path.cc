@@ -139,7 +139,7 @@ class UcxDataPath : public DataPath {
     return OnLane([&](UcxLane& lane) { return lane.Put(offset, src, bytes); });
   }
 
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                    bool cuda) override {
     if (cuda && !cuda_destinations_) {
       return absl::InternalError("kv pool ucx: a gather into CUDA memory on a path that cannot write it");

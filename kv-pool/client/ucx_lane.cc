@@ -89,7 +89,7 @@ struct UcxLane::Pending {
   wire::GetRequest get;            // the header UCX sends (valid until the send completes)
   wire::PutRequest put;
   std::vector<int64_t> offsets;    // a get's data
-  absl::Span<float* const> dsts;   // where a get's blocks go
+  absl::Span<void* const> dsts;   // where a get's blocks go
   int64_t block_bytes = 0;
   std::vector<ucp_dt_iov_t> iov;   // rendezvous receive into dsts
   ucs_status_ptr_t send = nullptr;
@@ -213,7 +213,7 @@ absl::Status UcxLane::Put(int64_t offset, const void* src, int64_t bytes) {
   return WaitPending({p});  // the pool answers once the bytes are in its region
 }
 
-absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                           bool cuda) {
   if (dead_) return absl::UnavailableError("kv pool ucx: this lane gave up on the pool earlier");
   if (config_.rma) return GetRma(offsets, block_bytes, dsts, cuda);
@@ -258,7 +258,7 @@ absl::Status UcxLane::Get(absl::Span<const int64_t> offsets, int64_t block_bytes
   return WaitPending(batch);
 }
 
-absl::Status UcxLane::GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+absl::Status UcxLane::GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                              bool cuda) {
   ucp_request_param_t p{};
   if (cuda) {  // UCX's memory-type cache may not know memory allocated before it started
@@ -328,7 +328,7 @@ ucs_status_t UcxLane::OnReply(void* arg, const void* header, size_t header_lengt
     return UCS_OK;
   }
   p->iov.reserve(p->dsts.size());
-  for (float* d : p->dsts) p->iov.push_back({d, static_cast<size_t>(p->block_bytes)});
+  for (void* d : p->dsts) p->iov.push_back({d, static_cast<size_t>(p->block_bytes)});
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   rp.datatype = ucp_dt_make_iov();

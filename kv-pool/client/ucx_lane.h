@@ -50,14 +50,14 @@ class UcxLane {
   // Returns when the bytes are in the pool's region (a later Get on any lane sees them).
   absl::Status Put(int64_t offset, const void* src, int64_t bytes);
   // `cuda`: the destinations are CUDA device memory (one-sided gets only; UCX is told).
-  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+  absl::Status Get(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                    bool cuda = false);
 
  private:
   struct Pending;
   explicit UcxLane(const UcxLaneConfig& config);
   absl::Status Init();
-  absl::Status GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<float* const> dsts,
+  absl::Status GetRma(absl::Span<const int64_t> offsets, int64_t block_bytes, absl::Span<void* const> dsts,
                       bool cuda);
   Pending* NewPending();
   void Forget(Pending* p);

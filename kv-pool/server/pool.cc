@@ -15,7 +15,7 @@
 namespace dd::kvpool {
 namespace {
 
-int64_t BlockBytes(const KvLayout& l) { return l.block_floats() * static_cast<int64_t>(sizeof(float)); }
+int64_t BlockBytes(const KvLayout& l) { return l.block_bytes(); }
 int64_t ChunkBytes(const KvLayout& l) { return l.n_layers * l.n_kv_heads * BlockBytes(l); }
 
 int64_t HostMemoryBytes() {

@@ -45,7 +45,7 @@ std::unique_ptr<KvStore> Connect(const PoolProcess& p, const char* token, LinkMo
 }
 
 std::vector<float> BlockFor(uint64_t seed, const ChunkRef& r) {
-  std::vector<float> b(kLayout.block_floats());
+  std::vector<float> b((kLayout.block_bytes() / 4));
   std::mt19937 g(static_cast<uint32_t>(seed * 1000003 + r.chunk * 131 + r.layer * 7 + r.kv_head));
   for (float& x : b) x = std::uniform_real_distribution<float>(-1, 1)(g);
   return b;
@@ -95,9 +95,9 @@ void ConcurrentRoundTrips(KvStore* store) {
         // Even rounds gather in order; odd rounds scatter block i to slot n-1-i (GatherTo).
         const size_t n = refs.size();
         const bool scatter = round % 2 == 1;
-        std::vector<float> dst(n * kLayout.block_floats());
-        std::vector<float*> dsts;
-        for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(scatter ? n - 1 - i : i) * kLayout.block_floats()]);
+        std::vector<float> dst(n * (kLayout.block_bytes() / 4));
+        std::vector<void*> dsts;
+        for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(scatter ? n - 1 - i : i) * (kLayout.block_bytes() / 4)]);
         auto id = scatter ? store->GatherTo(*seq, refs, dsts, Priority::kUrgent)
                           : store->Gather(*seq, refs, dst.data(), Priority::kBackground);
         if (!id.ok() || !store->Wait(*id).ok()) return void(++errors);
@@ -152,7 +152,7 @@ TEST(PoolProcessTest, TokensQuotasAndTenantIsolation) {
   ASSERT_NE(bob, nullptr);
   auto seq = bob->Open(kLayout);
   ASSERT_TRUE(seq.ok()) << seq.status();
-  std::vector<float> block(kLayout.block_floats(), 1.0f);
+  std::vector<float> block((kLayout.block_bytes() / 4), 1.0f);
   absl::Status st;
   for (int64_t c = 0; c < 1000 && st.ok(); ++c) st = bob->Write(*seq, {0, 0, c}, block.data());
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
@@ -237,11 +237,11 @@ TEST(PoolProcessTest, MetricsReflectThePool) {
   ASSERT_TRUE(useq.ok());
   const ChunkRef ref{0, 0, 0};
   ASSERT_TRUE(ucx->Write(*useq, ref, BlockFor(1, ref).data()).ok());
-  std::vector<float> back(kLayout.block_floats());
+  std::vector<float> back((kLayout.block_bytes() / 4));
   auto id = ucx->Gather(*useq, {ref}, back.data(), Priority::kUrgent);
   ASSERT_TRUE(id.ok() && ucx->Wait(*id).ok());
   body = Scrape(pool.metrics());
-  const double block = static_cast<double>(kLayout.block_floats() * sizeof(float));
+  const double block = static_cast<double>((kLayout.block_bytes() / 4) * sizeof(float));
   EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="put"})"), 1) << body;
   EXPECT_EQ(Sample(body, R"(dd_pool_ucx_bytes_total{op="put"})"), block);
   EXPECT_EQ(Sample(body, R"(dd_pool_ucx_requests_total{op="get"})"), 1);
@@ -285,11 +285,11 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
     refs.push_back({1, 1, c});
     ASSERT_TRUE((*s)->Write(*seq, refs.back(), BlockFor(3, refs.back()).data()).ok());
   }
-  std::vector<float> dst(refs.size() * kLayout.block_floats());
+  std::vector<float> dst(refs.size() * (kLayout.block_bytes() / 4));
   auto id = (*s)->Gather(*seq, refs, dst.data(), Priority::kUrgent);
   ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok());
   for (size_t i = 0; i < refs.size(); ++i) {
-    EXPECT_TRUE(std::equal(dst.begin() + i * kLayout.block_floats(), dst.begin() + (i + 1) * kLayout.block_floats(),
+    EXPECT_TRUE(std::equal(dst.begin() + i * (kLayout.block_bytes() / 4), dst.begin() + (i + 1) * (kLayout.block_bytes() / 4),
                            BlockFor(3, refs[i]).begin())) << i;
   }
   // No request went through the active-message path.
@@ -313,7 +313,7 @@ TEST(PoolProcessTest, UcxOneSidedPathWhenThePoolOffersIt) {
     auto seq2 = (*off)->Open(kLayout);
     ASSERT_TRUE(seq2.ok());
     ASSERT_TRUE((*off)->Write(*seq2, refs[0], BlockFor(3, refs[0]).data()).ok());
-    float* one = dst.data();
+    void* one = dst.data();
     EXPECT_EQ((*off)->GatherTo(*seq2, {&refs[0], 1}, {&one, 1}, Priority::kUrgent, DstMemory::kDevice).status().code(),
               absl::StatusCode::kUnimplemented);
   }
@@ -341,14 +341,14 @@ TEST(PoolProcessTest, LayersStripedOverTwoPools) {
   ASSERT_NO_FATAL_FAILURE(WriteLayers(**store, *seq, 6, 3, &refs));
   // Scattered destinations (block i to slot n-1-i), split between the two pools' gathers.
   const size_t n = refs.size();
-  std::vector<float> dst(n * kLayout.block_floats());
-  std::vector<float*> dsts;
-  for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(n - 1 - i) * kLayout.block_floats()]);
+  std::vector<float> dst(n * (kLayout.block_bytes() / 4));
+  std::vector<void*> dsts;
+  for (size_t i = 0; i < n; ++i) dsts.push_back(&dst[(n - 1 - i) * (kLayout.block_bytes() / 4)]);
   auto id = (*store)->GatherTo(*seq, refs, dsts, Priority::kBackground);
   ASSERT_TRUE(id.ok() && (*store)->Wait(*id).ok());
   for (size_t i = 0; i < n; ++i) {
     EXPECT_EQ(std::memcmp(dsts[i], BlockFor(3, refs[i]).data(),
-                          kLayout.block_floats() * sizeof(float)), 0) << i;
+                          (kLayout.block_bytes() / 4) * sizeof(float)), 0) << i;
   }
   // Both pools hold part of it.
   const std::string used = R"(dd_pool_bytes{tenant="alice",state="used"})";
@@ -375,7 +375,7 @@ TEST(PoolProcessTest, ShmStoresSayWhereEachBlockLiesInTheirMapping) {
   std::vector<const void*> addrs;
   ASSERT_TRUE((*store)->BlockAddresses(*seq, refs, &addrs).ok());
   ASSERT_EQ(addrs.size(), refs.size());
-  const int64_t bytes = kLayout.block_floats() * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = (kLayout.block_bytes() / 4) * static_cast<int64_t>(sizeof(float));
   for (size_t i = 0; i < refs.size(); ++i) {
     const auto* p = static_cast<const char*>(addrs[i]);
     // Layer l lives in shard l % 2: its block in that shard's range.
@@ -422,6 +422,43 @@ TEST(PoolProcessTest, ExpiredLeaseFreesMemory) {
   EXPECT_EQ(stats.expired_leases(), 1);
 }
 
+// The layout's KV type travels on the wire and sets the block size: an f16 sequence holds half
+// an f32 one's bytes; a type the pool does not know is refused by name, nothing allocated.
+TEST(PoolProcessTest, TheLayoutsKvTypeSetsTheBlockSizeAndAnUnknownOneIsRefused) {
+  PoolProcess pool;
+  auto stub = pool.Stub();
+  auto call = [&](auto fn) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAlice);
+    return fn(&ctx);
+  };
+  const auto used_after_open = [&](int64_t dtype, grpc::Status* st) {
+    v1::OpenRequest open;
+    open.mutable_layout()->set_n_layers(2);
+    open.mutable_layout()->set_n_kv_heads(1);
+    open.mutable_layout()->set_head_dim(64);
+    open.mutable_layout()->set_chunk_tokens(8);
+    open.mutable_layout()->set_dtype(dtype);
+    open.set_chunks(16);
+    v1::OpenResponse orsp;
+    v1::StatsResponse before, after;
+    EXPECT_TRUE(call([&](grpc::ClientContext* c) { return stub->Stats(c, {}, &before); }).ok());
+    *st = call([&](grpc::ClientContext* c) { return stub->Open(c, open, &orsp); });
+    EXPECT_TRUE(call([&](grpc::ClientContext* c) { return stub->Stats(c, {}, &after); }).ok());
+    return after.used_bytes() - before.used_bytes();
+  };
+  grpc::Status st;
+  const int64_t f32 = used_after_open(0, &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  const int64_t f16 = used_after_open(1, &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_GT(f16, 0);
+  EXPECT_EQ(2 * f16, f32);
+  EXPECT_EQ(used_after_open(9, &st), 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("KV dtype 9 is unknown"), std::string::npos) << st.error_message();
+}
+
 TEST_P(PoolTransportTest, KilledPoolGivesACleanErrorNotAHang) {
   PoolProcess pool(/*lease_ttl_ms=*/600);
   auto store = Connect(pool, kAlice, {}, GetParam());
@@ -438,7 +475,7 @@ TEST_P(PoolTransportTest, KilledPoolGivesACleanErrorNotAHang) {
   // until then a gather returns the right bytes (a shm mapping outlives the process), never
   // wrong ones.
   absl::Status st;
-  std::vector<float> dst(kLayout.block_floats());
+  std::vector<float> dst((kLayout.block_bytes() / 4));
   while (st.ok() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
     auto id = store->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
     st = id.status();
@@ -480,7 +517,7 @@ TEST(PoolProcessTest, APoolRestartedAtTheSameAddressIsNoticedAtTheNextCall) {
   ASSERT_TRUE(seq.ok()) << seq.status();
   const ChunkRef r{0, 1, 0};
   ASSERT_TRUE(store->Write(*seq, r, BlockFor(3, r).data()).ok());
-  std::vector<float> dst(kLayout.block_floats());
+  std::vector<float> dst((kLayout.block_bytes() / 4));
   auto id = store->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
   ASSERT_TRUE(id.ok() && store->Wait(*id).ok());
   EXPECT_EQ(std::memcmp(dst.data(), BlockFor(3, r).data(), dst.size() * sizeof(float)), 0);
@@ -534,7 +571,7 @@ TEST(PoolProcessTest, UcxSharedMemorySettingsMustMatchThePools) {
   ASSERT_TRUE(seq.ok()) << seq.status();
   const ChunkRef r{2, 1, 3};
   ASSERT_TRUE((*s)->Write(*seq, r, BlockFor(4, r).data()).ok());
-  std::vector<float> dst(kLayout.block_floats());
+  std::vector<float> dst((kLayout.block_bytes() / 4));
   auto id = (*s)->Gather(*seq, {&r, 1}, dst.data(), Priority::kUrgent);
   ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok());
   EXPECT_EQ(std::memcmp(dst.data(), BlockFor(4, r).data(), dst.size() * sizeof(float)), 0);
@@ -613,12 +650,12 @@ TEST(PoolProcessTest, UcxTcpSettingsMustMatchThePools) {
       }
     }
     for (const ChunkRef& r : refs) ASSERT_TRUE((*s)->Write(*seq, r, BlockFor(5, r).data()).ok());
-    std::vector<float> dst(refs.size() * kLayout.block_floats());
+    std::vector<float> dst(refs.size() * (kLayout.block_bytes() / 4));
     auto id = (*s)->Gather(*seq, refs, dst.data(), Priority::kUrgent);
     ASSERT_TRUE(id.ok() && (*s)->Wait(*id).ok()) << tls;
     for (size_t i = 0; i < refs.size(); ++i) {
-      ASSERT_EQ(std::memcmp(dst.data() + i * kLayout.block_floats(), BlockFor(5, refs[i]).data(),
-                            kLayout.block_floats() * sizeof(float)), 0) << tls << " block " << i;
+      ASSERT_EQ(std::memcmp(dst.data() + i * (kLayout.block_bytes() / 4), BlockFor(5, refs[i]).data(),
+                            (kLayout.block_bytes() / 4) * sizeof(float)), 0) << tls << " block " << i;
     }
   }
   int status = 0;
@@ -634,7 +671,7 @@ TEST(PoolProcessTest, UcxTcpRepliesGoEagerWhenTheyFitASegment) {
   ScopedEnv any_tls("UCX_TLS", nullptr), pieces("DD_UCX_PIECES", nullptr), eager("DD_UCX_EAGER", nullptr);
   ScopedEnv rx("UCX_TCP_RX_SEG_SIZE", nullptr), tx("UCX_TCP_TX_SEG_SIZE", nullptr);
   const KvLayout big{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1024, .chunk_tokens = 8};
-  ASSERT_EQ(big.block_floats() * sizeof(float), size_t{64} << 10);
+  ASSERT_EQ((big.block_bytes() / 4) * sizeof(float), size_t{64} << 10);
   constexpr int64_t kBlocks = 40;
   for (const auto& [seg, eager_replies, gets] : {std::tuple{"1m", 3, 3}, std::tuple{"64k", 0, 2}}) {
     std::unique_ptr<PoolProcess> pool = PoolWithOwnSetting("UCX_TCP_RX_SEG_SIZE", seg);
@@ -646,12 +683,12 @@ TEST(PoolProcessTest, UcxTcpRepliesGoEagerWhenTheyFitASegment) {
     auto seq = (*s)->Open(big);
     ASSERT_TRUE(seq.ok()) << seq.status();
     std::vector<ChunkRef> refs;
-    std::vector<float> want(kBlocks * big.block_floats());
+    std::vector<float> want(kBlocks * (big.block_bytes() / 4));
     std::mt19937 g(7);
     for (int64_t c = 0; c < kBlocks; ++c) {
       refs.push_back({0, 0, kBlocks - 1 - c});  // in reverse: no two lie together, so each reply is packed
-      float* block = want.data() + c * big.block_floats();
-      for (int64_t i = 0; i < big.block_floats(); ++i) block[i] = std::uniform_real_distribution<float>(-1, 1)(g);
+      float* block = want.data() + c * (big.block_bytes() / 4);
+      for (int64_t i = 0; i < (big.block_bytes() / 4); ++i) block[i] = std::uniform_real_distribution<float>(-1, 1)(g);
       ASSERT_TRUE((*s)->Write(*seq, refs.back(), block).ok());
     }
     std::vector<float> dst(want.size());
@@ -713,7 +750,7 @@ TEST_P(KilledMidGatherTest, GathersInFlightFailWithUnavailable) {
       for (int i = 0; i < 96; ++i) {
         refs.push_back({static_cast<int32_t>(g() % 3), static_cast<int32_t>(g() % 2), static_cast<int64_t>(g() % chunks)});
       }
-      std::vector<float> dst(refs.size() * kLayout.block_floats());
+      std::vector<float> dst(refs.size() * (kLayout.block_bytes() / 4));
       auto id = store.Gather(*seq, refs, dst.data(), Priority::kUrgent);
       absl::Status st = id.ok() ? store.Wait(*id) : id.status();
       if (!st.ok()) {
@@ -721,8 +758,8 @@ TEST_P(KilledMidGatherTest, GathersInFlightFailWithUnavailable) {
         break;
       }
       for (size_t i = 0; i < refs.size(); ++i) {
-        if (std::memcmp(&dst[i * kLayout.block_floats()], BlockFor(5, refs[i]).data(),
-                        kLayout.block_floats() * sizeof(float)) != 0) {
+        if (std::memcmp(&dst[i * (kLayout.block_bytes() / 4)], BlockFor(5, refs[i]).data(),
+                        (kLayout.block_bytes() / 4) * sizeof(float)) != 0) {
           ++mismatches;
         }
       }

@@ -66,8 +66,10 @@ grpc::Status KvPoolService::Handshake(grpc::ServerContext* ctx, const v1::Handsh
 
 grpc::Status KvPoolService::Open(grpc::ServerContext* ctx, const v1::OpenRequest* req, v1::OpenResponse* resp) {
   DD_TENANT(t, ctx);
+  auto dtype = KvDtypeFromWire(req->layout().dtype());
+  if (!dtype.ok()) return ToGrpc(dtype.status());
   const KvLayout layout{req->layout().n_layers(), req->layout().n_kv_heads(), req->layout().head_dim(),
-                        req->layout().chunk_tokens()};
+                        req->layout().chunk_tokens(), *dtype};
   auto r = pool_.Open(t, layout, req->chunks(), Pool::Clock::now());
   if (!r.ok()) return ToGrpc(r.status());
   resp->set_sequence(r->first);
@@ -103,6 +105,7 @@ grpc::Status KvPoolService::LookupPrefix(grpc::ServerContext* ctx, const v1::Loo
   resp->mutable_layout()->set_n_kv_heads(p.layout.n_kv_heads);
   resp->mutable_layout()->set_head_dim(p.layout.head_dim);
   resp->mutable_layout()->set_chunk_tokens(p.layout.chunk_tokens);
+  resp->mutable_layout()->set_dtype(static_cast<int64_t>(p.layout.dtype));
   return grpc::Status::OK;
 }
 

@@ -234,7 +234,7 @@ constexpr int64_t kBlock = 4096;
 void ExpectServed(DataPath& path, float value) {
   std::vector<float> secret(kBlock / sizeof(float), value), got(kBlock / sizeof(float), 0.0f);
   ASSERT_TRUE(path.Put(0, secret.data(), kBlock).ok());
-  float* dst = got.data();
+  void* dst = got.data();
   ASSERT_TRUE(path.Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
 }
@@ -254,7 +254,7 @@ TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
   auto bob = NewUcxDataPath(bob_hs, 3000, UcxPath::kAuto, true);
   ASSERT_TRUE(alice.ok() && bob.ok()) << alice.status() << bob.status();
   std::vector<float> secret(kBlock / sizeof(float), 42.5f), got(kBlock / sizeof(float), -1.0f);
-  float* dst = got.data();
+  void* dst = got.data();
   ASSERT_TRUE((*alice)->Put(0, secret.data(), kBlock).ok());
 
   // The same offset names bob's own (still zero) region, never alice's bytes.
@@ -318,7 +318,7 @@ TEST_P(UcxIsolationTest, ATenantReachesOnlyItsOwnRegion) {
     auto rma = NewUcxDataPath(spliced, 1000, UcxPath::kRma, true);
     if (rma.ok()) {
       std::vector<float> probe(got.size(), -1.0f);
-      float* pdst = probe.data();
+      void* pdst = probe.data();
       (void)(*rma)->Get({0}, kBlock, {&pdst, 1});  // fails or times out; must not read alice's bytes
       EXPECT_NE(probe, secret);
     }
@@ -350,7 +350,7 @@ TEST_P(UcxIsolationTest, LargeGathersComeBackExactlyInAnyOrder) {
     std::vector<int64_t> offsets;
     for (int64_t b : blocks) offsets.push_back(b * kBig);
     std::vector<float> got(n * floats, -1.0f);
-    std::vector<float*> dsts;  // block i lands in slot n-1-i
+    std::vector<void*> dsts;  // block i lands in slot n-1-i
     for (int64_t i = 0; i < n; ++i) dsts.push_back(&got[(n - 1 - i) * floats]);
     ASSERT_TRUE((*alice)->Get(offsets, kBig, dsts).ok()) << n;
     for (int64_t i = 0; i < n; ++i) {
@@ -382,7 +382,7 @@ TEST_P(UcxIsolationTest, AHoardingTenantDoesNotStallAnother) {
   EXPECT_EQ(bob.replies(absl::StatusCode::kOk), kHeld);  // the held reply's header
 
   const auto start = std::chrono::steady_clock::now();
-  float* dst = got.data();
+  void* dst = got.data();
   ASSERT_TRUE(alice_->Get({0}, kBlock, {&dst, 1}).ok());
   EXPECT_EQ(got, secret);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));

@@ -212,12 +212,12 @@ struct BobsBlock {
     EXPECT_TRUE(id.ok()) << id.status();
     if (!id.ok()) return;
     seq = *id;
-    std::vector<float> zeros(kLayout.block_floats(), 0.0f);
+    std::vector<float> zeros((kLayout.block_bytes() / 4), 0.0f);
     EXPECT_TRUE(store->Write(seq, {0, 0, 0}, zeros.data()).ok());
   }
   // Whether block 0 (anywhere in Bob's region) now holds `marker`.
   bool Holds(const std::string& marker) {
-    std::vector<float> got(kLayout.block_floats());
+    std::vector<float> got((kLayout.block_bytes() / 4));
     const ChunkRef r{0, 0, 0};
     auto id = store->Gather(seq, {&r, 1}, got.data(), Priority::kUrgent);
     if (!id.ok() || !store->Wait(*id).ok()) return false;
@@ -348,7 +348,7 @@ TEST_F(UcxTcpExposureTest, AWorkerLoadsNoTcpForAPoolThatServesNone) {
   ASSERT_TRUE(s.ok()) << s.status();
   auto seq = (*s)->Open(kLayout);
   ASSERT_TRUE(seq.ok()) << seq.status();
-  std::vector<float> block(kLayout.block_floats(), 7.0f), got(kLayout.block_floats());
+  std::vector<float> block((kLayout.block_bytes() / 4), 7.0f), got((kLayout.block_bytes() / 4));
   const ChunkRef r{0, 0, 0};
   ASSERT_TRUE((*s)->Write(*seq, r, block.data()).ok());
   auto id = (*s)->Gather(*seq, {&r, 1}, got.data(), Priority::kUrgent);
