@@ -39,6 +39,7 @@ import tempfile
 MODES = ["full", "sparse", "sparse-cached", "dualdecoder"]
 POOL_MODES = ["sparse-cached", "dualdecoder"]
 GRAPH_MODES = ["full", "dualdecoder"]
+F16_MODES = ["full", "sparse", "dualdecoder"]
 TOKEN = "gpu-check-token-0123456789"
 
 
@@ -154,6 +155,11 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             for mode in GRAPH_MODES:
                 runs[f"{mode}@cuda+graphs"] = generate(args.ddctl, model, prompt, args.device, mode, graphs)
             runs["full@cpu"] = generate(args.ddctl, model, prompt, "cpu", "full", [])
+            # KV kept in f16 (docs/decisions/0049-kv-storage-type.md): the kernels that widen it.
+            f16 = ["--kv_dtype", "f16"]
+            for mode in F16_MODES:
+                runs[f"{mode}@cuda/f16"] = generate(args.ddctl, model, prompt, args.device, mode, f16)
+            runs["full@cpu/f16"] = generate(args.ddctl, model, prompt, "cpu", "full", f16)
             for mode in POOL_MODES if pool else []:
                 runs[f"{mode}@cuda+shm"] = generate(args.ddctl, model, prompt, args.device, mode,
                                                     ["--kv_store", f"shm://{pool}"])
@@ -187,6 +193,20 @@ def check_models(args: argparse.Namespace, prompt: str, summary: dict, pool: str
             checks[f"{run} {how}"] = ok
             if not ok:
                 summary["failures"].append(f"{name}: {run}: {r.get(field)} of {r.get('fetched_chunks')} chunks {how}")
+        d = first_difference(tokens["sparse@cuda/f16"], tokens["dualdecoder@cuda/f16"])
+        checks["dualdecoder@cuda/f16 == sparse@cuda/f16"] = d == -1
+        if d != -1:
+            summary["failures"].append(f"{name}: dualdecoder@cuda/f16 leaves sparse@cuda/f16 at token {d}")
+        for dev in ("cuda", "cpu"):
+            r = runs[f"full@{dev}/f16"]
+            ok = r.get("kv_dtype") == "f16"
+            checks[f"full@{dev}/f16 keeps f16 KV"] = ok
+            if not ok:
+                summary["failures"].append(f"{name}: full@{dev}/f16 reports kv_dtype {r.get('kv_dtype')}")
+        d = first_difference(tokens["full@cuda/f16"], tokens["full@cpu/f16"])
+        checks["full@cuda/f16 == full@cpu/f16"] = d == -1
+        if d != -1:
+            summary["failures"].append(f"{name}: full@cuda/f16 leaves full@cpu/f16 at token {d} (check for a near-tie)")
         d = first_difference(tokens["full@cuda"], tokens["full@cpu"])
         checks["full@cuda == full@cpu"] = d == -1
         if d != -1:
