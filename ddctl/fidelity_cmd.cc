@@ -70,8 +70,14 @@ double Mean(const std::vector<double>& v) {
 }  // namespace
 
 absl::Status RunFidelity(const CliConfig& cfg) {
-  if (cfg.engine.mode == engine::DecodeMode::kFull) {
-    return absl::InvalidArgumentError("fidelity compares a sparse mode with full: pass --mode sparse or dualdecoder");
+  KvDtype reference_kv = cfg.engine.kv_dtype;
+  if (!cfg.fidelity_reference_kv_dtype.empty()) {
+    ASSIGN_OR_RETURN(reference_kv, ParseKvDtype(cfg.fidelity_reference_kv_dtype, "reference_kv_dtype"));
+  }
+  if (cfg.engine.mode == engine::DecodeMode::kFull && reference_kv == cfg.engine.kv_dtype) {
+    return absl::InvalidArgumentError(
+        "fidelity compares a sparse mode with full, or another KV type with --reference_kv_dtype: pass --mode "
+        "sparse or dualdecoder, or --kv_dtype and --reference_kv_dtype of different types");
   }
   if (cfg.context <= 0 || cfg.score_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("--context and --score_tokens must be positive, got ", cfg.context,
@@ -118,6 +124,7 @@ absl::Status RunFidelity(const CliConfig& cfg) {
   {
     engine::EngineOptions full_opts = checked;
     full_opts.mode = engine::DecodeMode::kFull;
+    full_opts.kv_dtype = reference_kv;
     full_opts.prefix_block_tokens = 0;  // the pool (and its prefix reuse) serves the sparse engine only
     full_opts.kv_store = "inproc://";
     ASSIGN_OR_RETURN(auto full, engine::Engine::Create(*model, full_opts));
@@ -148,6 +155,8 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     sparse[k].reset();  // frees its KV before the next variant prefills
     nlohmann::json j;
     j["mode"] = std::string(engine::DecodeModeName(cfg.engine.mode));
+    j["kv_dtype"] = std::string(KvDtypeName(variants[k].kv_dtype));
+    j["reference_kv_dtype"] = std::string(KvDtypeName(reference_kv));
     j["budget_tokens"] = variants[k].sparse.budget_tokens;
     if (!cfg.fidelity_layers.empty()) {
       for (int64_t l = 0; l < engine::SparseOptions::kMaxLayers; ++l) {

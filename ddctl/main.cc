@@ -34,6 +34,9 @@ ABSL_FLAG(int64_t, context, 4096, "fidelity: prompt tokens prefilled before scor
 ABSL_FLAG(int64_t, score_tokens, 64, "fidelity: teacher-forced positions scored after --context");
 ABSL_FLAG(std::string, budgets, "",
           "fidelity: comma-separated budgets, each a sparse run against one shared full run (default --budget)");
+ABSL_FLAG(std::string, reference_kv_dtype, "",
+          "fidelity: the full run's KV type (default: --kv_dtype); with --mode full and another --kv_dtype, the "
+          "loss of that KV type alone");
 ABSL_FLAG(std::string, each_sparse_layer, "",
           "fidelity: comma-separated global layers, each a run at --budget with only that layer sparse");
 ABSL_FLAG(std::string, questions_file, "", "answer: JSON lines of questions over the --prompt_file context");
@@ -76,7 +79,8 @@ constexpr char kUsage[] =
     "             for benchmarks only (it generates noise)\n"
     "  answer     many questions (--questions_file, JSON lines) over one context (--prompt_file),\n"
     "             the context prefilled once; one JSON line per answer\n"
-    "  fidelity   teacher-force --prompt_file through full and --mode, print per-position KL (JSON)\n"
+    "  fidelity   teacher-force --prompt_file through full and --mode (or full in --reference_kv_dtype\n"
+    "             and --kv_dtype), print per-position KL (JSON)\n"
     "  device-check   the start-up check of --device (auto, sim, cuda) in --mode against the cpu:\n"
     "             a short greedy decode on both, logits compared row by row; exit 1 if it fails\n"
     "  serve      the embedded server: router + worker + in-process pool on --listen (gRPC)\n"
@@ -146,6 +150,7 @@ int main(int argc, char** argv) {
   cfg.score_tokens = absl::GetFlag(FLAGS_score_tokens);
   cfg.fidelity_budgets = absl::GetFlag(FLAGS_budgets);
   cfg.fidelity_layers = absl::GetFlag(FLAGS_each_sparse_layer);
+  cfg.fidelity_reference_kv_dtype = absl::GetFlag(FLAGS_reference_kv_dtype);
   cfg.questions_file = absl::GetFlag(FLAGS_questions_file);
   cfg.answer_group = absl::GetFlag(FLAGS_answer_group);
 

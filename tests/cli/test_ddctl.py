@@ -262,6 +262,28 @@ def test_fidelity_is_zero_when_the_budget_covers_the_context(tiny, tmp_path):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
+def test_kv_dtype_is_reported_refused_by_name_and_its_loss_measured(tiny, tmp_path):
+    """--kv_dtype f16 runs every mode and says so in --json; an unknown type is refused by name;
+    fidelity with --mode full against an f32 reference measures f16's loss alone (small, not 0)."""
+    import json
+    for mode in ("full", "sparse", "dualdecoder"):
+        r = ddctl("generate", "--model", str(tiny), "--prompt", "hello there", "--max_new_tokens", "4", "--json",
+                  "--mode", mode, "--kv_dtype", "f16")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["kv_dtype"] == "f16" and j["kv_saturated_values"] == 0, j
+    bad = ddctl("generate", "--model", str(tiny), "--prompt", "hi", "--kv_dtype", "f8")
+    assert bad.returncode == 2 and "--kv_dtype = 'f8': the KV type must be f32 or f16" in bad.stderr, bad.stderr
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 60)
+    r = ddctl("fidelity", "--model", str(tiny), "--prompt_file", str(text), "--context", "200", "--score_tokens", "16",
+              "--mode", "full", "--kv_dtype", "f16", "--reference_kv_dtype", "f32")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["kv_dtype"] == "f16" and j["reference_kv_dtype"] == "f32"
+    assert 0.0 < j["kl_max"] < 0.01, j["kl_max"]
+
+
 def test_device_is_reported_and_unavailable_devices_say_why(tiny):
     # The tiny model's random text need not be UTF-8: read the output as bytes.
     r = subprocess.run([str(BIN / "ddctl"), "generate", "--model", str(tiny), "--device", "cpu", "--prompt", "hi",
