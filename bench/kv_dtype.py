@@ -51,7 +51,7 @@ def decode_round(model, dtype, contexts, batches, steps):
 def modes_round(model, dtype, context, steps, device_memory):
     doc = run_json([os.path.join(BIN, "dd-bench-modes"), "--model", model, "--contexts", str(context),
                     "--batches", "1", "--steps", str(steps), "--modes", "sparse-cached,dualdecoder",
-                    "--stores", "inproc", "--spec_heads", "auto", "--device_memory", device_memory,
+                    "--stores", "inproc", "--spec_heads", "context", "--device_memory", device_memory,
                     "--threads", "2", "--kv_dtype", dtype])
     out = {}
     for r in doc["runs"]:
