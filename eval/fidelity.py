@@ -9,6 +9,9 @@ of each. dualdecoder's real rows are bit-identical to sparse (tested), so sparse
   python3 eval/fidelity.py --standard [--model smollm2]
       contexts 8192, 16384, 32000 (SmolLM2: 2048, 4096, 8000 less the scored tokens), 128 scored
       positions, over every haystack text (enough tokens for 32K) -> eval-fidelity-standard[-MODEL].*
+  python3 eval/fidelity.py --standard --kv-dtype f16 [--model smollm2]
+      the KV type's loss (docs/decisions/0049-kv-storage-type.md): against full in f32, full in
+      f16, and the sparse budget 1024 in f16 and in f32 -> eval-fidelity-kv-f16[-MODEL].*
 The per-position KL is reported as its distribution (p50, p90, max), not only the mean.
 """
 import argparse
@@ -78,6 +81,9 @@ def main():
     ap.add_argument("--ddctl")
     ap.add_argument("--model")
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--kv-dtype", choices=["f16"],
+                    help="the KV type's loss instead of the budgets': full and sparse (budget 1024) in this type "
+                         "and sparse in f32, each against full in f32")
     a = ap.parse_args()
     try:
         budgets = [int(b) for b in a.budgets.split(",")]
@@ -105,6 +111,26 @@ def main():
     # others restoring it.
     plan = [(c, [b for b in budgets if b < c]) for c in contexts]
     plan = [(c, bs) for c, bs in plan if bs]
+    if a.kv_dtype:  # one reference (full, f32) per run: three runs per context
+        kv = a.kv_dtype
+        variants = [("full", kv, ["--mode", "full", "--kv_dtype", kv]),
+                    ("sparse", kv, ["--budgets", "1024", "--kv_dtype", kv]),
+                    ("sparse", "f32", ["--budgets", "1024", "--kv_dtype", "f32"])]
+        kv_runs = []
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+            f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in texts))
+            f.flush()
+            for ctx in contexts:
+                for mode, dtype, flags in variants:
+                    (j,) = fidelity_lines(eng, f.name, ctx, a.score_tokens, [*flags, "--reference_kv_dtype", "f32"])
+                    kv_runs.append({"context": ctx, "mode": mode, "kv_dtype": dtype,
+                                    "budget_tokens": j["budget_tokens"] if mode == "sparse" else None,
+                                    "scored": j["scored"], "ppl_full_f32": j["ppl_full"], "ppl": j["ppl_sparse"],
+                                    **_summary(j)})
+                    print(f"fidelity: context {ctx} {mode} {dtype}: KL mean {j['kl_mean']:.5f} max "
+                          f"{j['kl_max']:.5f} ({(time.time() - t0) / 60:.1f} min)", file=sys.stderr)
+        write_kv_report(a, kv, texts, kv_runs, t0)
+        return
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f, \
             tempfile.TemporaryDirectory() as tmp:
         f.write("\n\n".join(Path(p).read_text(encoding="utf-8", errors="replace") for p in texts))
@@ -159,6 +185,34 @@ def main():
                "| layer | KL mean | KL p50 | KL p90 | KL max |", "|---:|---:|---:|---:|---:|"]
         for r in layer_runs:
             md.append(f"| {r['layer']} | {r['kl_mean']:.4f} | {r['kl_p50']:.4f} | {r['kl_p90']:.4f} | {r['kl_max']:.4f} |")
+    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print(f"fidelity: wrote {out / (stem + '.json')}", file=sys.stderr)
+
+
+def write_kv_report(a, kv, texts, runs, t0):
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT / "bench"))
+    import wrap_results  # git_sha(), shared with the other benchmarks
+    short = models.short_name(a.model)
+    stem = f"eval-fidelity-kv-{kv}" + ("" if short == "gemma" else "-" + short)
+    doc = {"benchmark": stem, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "git_sha": wrap_results.git_sha(), "command": "python3 eval/fidelity.py " + " ".join(sys.argv[1:]),
+           "model": short, "score_tokens": a.score_tokens, "texts": texts, "runs": runs,
+           "wall_s": round(time.time() - t0, 1)}
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    md = [f"# The KV type's loss: teacher-forced KL against full attention in f32 ({a.score_tokens} positions)", "",
+          "The license texts one after another; the first `context` tokens are prefilled, the next positions are "
+          "teacher-forced through full attention with f32 KV and through the run named, in one `ddctl fidelity` "
+          "process (`--reference_kv_dtype f32`). KL(full f32 ‖ run) in nats per position.", "",
+          f"Model {doc['model']}, git {doc['git_sha'][:12]}, command `{doc['command']}`, "
+          f"{doc['wall_s'] / 60:.1f} min.", "",
+          "| context | run | KV | KL mean | KL p50 | KL p90 | KL max | ppl full f32 | ppl run |",
+          "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        run = "full" if r["mode"] == "full" else f"sparse {r['budget_tokens']}"
+        md.append(f"| {r['context']} | {run} | {r['kv_dtype']} | {r['kl_mean']:.5f} | {r['kl_p50']:.5f} | "
+                  f"{r['kl_p90']:.5f} | {r['kl_max']:.5f} | {r['ppl_full_f32']:.3f} | {r['ppl']:.3f} |")
     (out / f"{stem}.md").write_text("\n".join(md) + "\n")
     print(f"fidelity: wrote {out / (stem + '.json')}", file=sys.stderr)
 
