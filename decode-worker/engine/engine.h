@@ -59,7 +59,7 @@ struct EngineOptions {
   // runs) instead of the gather kernel, leaving the SMs to compute; urgent ones keep the kernel.
   bool cuda_copy_engine_prefetch = false;
   SparseOptions sparse{};     // used when mode != kFull
-  // The type KV is kept in (docs/decisions/0049-kv-storage-type.md): f32, or f16 (full mode).
+  // The type KV is kept in (docs/decisions/0049-kv-storage-type.md): f32, or f16.
   KvDtype kv_dtype = KvDtype::kF32;
   kvpool::LinkModel link{};   // the simulated store↔device link (infinite by default)
   // Where offloaded chunks live (sparse modes): "inproc://" (default) or "shm://HOST:PORT"

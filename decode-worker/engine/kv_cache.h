@@ -41,8 +41,7 @@ struct KvCacheOptions {
   int64_t prefix_cache_bytes = int64_t{1} << 30;
   int64_t prefix_cache_tenant_bytes = -1;
   uint64_t model_fingerprint = 0;   // ModelFingerprint: prefixes are keyed per model
-  // The type KV is kept in (docs/decisions/0049-kv-storage-type.md); f16 in `full` mode only
-  // so far.
+  // The type KV is kept in, by both managers and the store (docs/decisions/0049-kv-storage-type.md).
   KvDtype kv_dtype = KvDtype::kF32;
 };
 

@@ -45,8 +45,8 @@ ABSL_FLAG(std::string, mode, "full",
           "chunks kept resident across steps: only misses fetched) or dualdecoder (sparse with speculative-token "
           "prefetch)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "The type KV is kept in: f32, or f16 (half the bytes, widened to f32 in the kernels; full mode only so "
-          "far). docs/decisions/0049-kv-storage-type.md");
+          "The type KV is kept in, everywhere it lives (device rows, pool blocks, transfers, prefix cache): f32, or "
+          "f16 (half the bytes, widened to f32 in the kernels). docs/decisions/0049-kv-storage-type.md");
 ABSL_FLAG(int64_t, budget, 2048, "sparse: tokens selected per step per KV head (multiple of 8)");
 ABSL_FLAG(std::string, device_memory, "0",
           "Device-memory budget (e.g. 8GiB, 512MiB; 0 = unlimited): weights, workspace and the request's "

@@ -1,5 +1,7 @@
 // Register-blocked attention kernels: query·key scores and the probability-weighted sum of
-// values, for blocks of queries against keys given by pointer.
+// values, for blocks of queries against keys given by pointer. Keys and values are f32 or f16
+// (KvDtype): f16 elements are widened to f32 as they are loaded, so every kernel below gives,
+// for f16 rows, the bits it gives for the widened rows.
 //
 // Both give the bits of the one-pair-at-a-time reference (Dot, Axpy) that every other
 // attention path uses, so a cache may switch between them freely:
@@ -35,16 +37,12 @@ inline void Store(float* p, V16 v) { *reinterpret_cast<V16*>(p) = v; }
 // so an f16 kernel gives the f32 kernel's bits on the widened rows.
 inline float Widen(float x) { return x; }
 inline float Widen(uint16_t h) { return F16ToF32(h); }
+// (The generic kernels run on CPUs without AVX2; F16ToF32 uses F16C where the build has it.)
 inline V16 Load(const uint16_t* p) {
-  V16 r;
-#if defined(__AVX512F__)
-  const __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  std::memcpy(&r, &w, sizeof(r));
-#else
   float w[kLanes];
   for (int i = 0; i < kLanes; ++i) w[i] = F16ToF32(p[i]);
+  V16 r;
   std::memcpy(&r, w, sizeof(r));
-#endif
   return r;
 }
 // Row j of a pointer list as elements of T (lists hold typed or untyped pointers).
