@@ -171,7 +171,8 @@ class Engine {
   // The compute device: its allocator holds the weights, the workspace and (full mode) the KV.
   const backend::Device& device() const { return *device_; }
   // KV values an f16 cache saturated at ±65504 (Ops::KvOverflows).
-  int64_t kv_saturated_values() { return device_->ops().KvOverflows(); }
+  // Read without waiting (a metric): safe from another thread.
+  int64_t kv_saturated_values() const { return device_->ops().KvOverflows(); }
   const model::Tokenizer& tokenizer() const { return *model_.tokenizer; }
 
   // Checks a prompt before any work: non-empty, ids in the vocabulary, shorter than the

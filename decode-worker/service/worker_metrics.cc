@@ -81,6 +81,13 @@ class SchedulerCollectable : public prometheus::Collectable {
       mem.metric.push_back(Value({{"kind", kind}}, static_cast<double>(v), false));
     }
     out.push_back(std::move(mem));
+    prometheus::MetricFamily kv_type{"dd_kv_dtype", "The type KV is kept in (1 for the one in use)",
+                                     MetricType::Gauge, {}};
+    kv_type.metric.push_back(Value({{"dtype", std::string(KvDtypeName(e.options().kv_dtype))}}, 1, false));
+    out.push_back(std::move(kv_type));
+    out.push_back(family("dd_kv_saturated_values_total",
+                         "K and V values beyond f16's range stored as ±65504 (an f16 KV type; 0 otherwise)",
+                         MetricType::Counter, static_cast<double>(e.kv_saturated_values())));
     // The start-up device check, when one ran: which device, its verdict, the device in use.
     if (const engine::EngineOptions& eo = e.options(); !eo.checked_device.empty()) {
       prometheus::MetricFamily check{"dd_device_check_passed",

@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const model::Load
   node->metrics_ = std::make_unique<WorkerMetrics>();
   node->scheduler_ = std::make_unique<Scheduler>(*node->engine_, scheduler_options, node->metrics_.get());
   identity.mode = std::string(engine::DecodeModeName(engine_options.mode));
+  identity.kv_dtype = std::string(KvDtypeName(engine_options.kv_dtype));
   identity.kv_store = engine_options.mode == engine::DecodeMode::kFull ? "" : engine_options.kv_store;
   node->service_ = std::make_unique<WorkerService>(*node->scheduler_, std::move(identity));
   return node;

@@ -140,6 +140,7 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
         u->set_worker_id(identity_.worker_id);
         u->set_prefix_reused_tokens(e.prefix_reused_tokens);
         u->set_mode(identity_.mode);
+        u->set_kv_dtype(identity_.kv_dtype);
         u->set_kv_prefetch_bytes(e.kv_prefetch_bytes);
         u->set_kv_urgent_bytes(e.kv_urgent_bytes);
         u->set_kv_wasted_bytes(e.kv_wasted_bytes);

@@ -21,6 +21,7 @@ struct WorkerIdentity {
   std::string address{};   // where the router reaches this worker
   std::string model{};     // served model name
   std::string mode{};      // decode mode
+  std::string kv_dtype{};  // the KV type (KvDtypeName)
   std::string kv_store{};  // where offloaded KV lives
 };
 

@@ -59,7 +59,7 @@ def test_usage_reports_kv_traffic_and_memory_against_full(cluster):
     next to full attention (what scripts/demo prints)."""
     out = generate(cluster["router"].addr, prompt(3) * 6, 24)
     u = out["usage"]
-    assert u["mode"] == "dualdecoder"
+    assert u["mode"] == "dualdecoder" and u["kv_dtype"] == "f32"
     block = 2 * 8 * 64 * 4  # one [K|V] chunk of one KV head (SmolLM2) or a multiple of it (Gemma: 256)
     for key in ("kv_prefetch_bytes", "kv_urgent_bytes", "kv_wasted_bytes"):
         assert int(u[key]) >= 0 and int(u[key]) % block == 0, (key, u)
@@ -88,6 +88,7 @@ def test_sixteen_concurrent_streams_match_one_at_a_time(cluster):
                  "dd_device_memory_bytes", "dd_prefetch_hit_ratio", "dd_kv_bytes_total", "dd_spec_resyncs_total", "dd_requests_rebuilt_total"):
         assert name in wpage, name
     assert metric(wpage, "dd_decode_tokens_total") > 0
+    assert metric(wpage, 'dd_kv_dtype{dtype="f32"}') == 1 and metric(wpage, "dd_kv_saturated_values_total") == 0
     # dualdecoder keeps chunks resident across steps (docs/decisions/0012-resident-set.md): some selected chunks were reused.
     chunks = {}
     for line in wpage.splitlines():
