@@ -105,7 +105,7 @@ std::map<std::string, std::string> ReadGolden() {
 
 template <typename ModelFixture>
 class LogitsHashTest : public ModelFixture {
- protected:
+ public:  // RunAndCompare runs the cases
   std::vector<int32_t> Prompt(int variant) {
     static const char* const kStarts[] = {"The river flows past mill number ", "Entry ", "Ledger line ",
                                           "A lighthouse keeper counted ship "};
@@ -214,13 +214,14 @@ std::vector<Case> CasesOf(KvDtype kv, bool sim_dual_only) {
   return cases;
 }
 
-TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
-  const std::string model = ModelNames::GetName<TypeParam>(0);
-  const std::vector<Case> cases = CasesOf(KvDtype::kF32, /*sim_dual_only=*/false);
-
-  std::map<std::string, StepHashes> got;
+// Runs `cases`, checks that every device gives the cpu's bits and the modes agree (names ending
+// in `t`), then compares the cpu's lines with the recorded ones, or records them
+// (DD_RECORD_LOGITS_HASHES=1). Skips, saying so, where this kernel path has no line recorded.
+template <typename Fixture>
+void RunAndCompare(Fixture& fixture, const std::string& model, const std::vector<Case>& cases, const std::string& t,
+                   std::map<std::string, StepHashes>& got) {
   for (const Case& c : cases) {
-    got[c.Label()] = this->Run(c);
+    got[c.Label()] = fixture.Run(c);
     ASSERT_EQ(got[c.Label()].size(), static_cast<size_t>(kSteps)) << c.Label();
   }
   for (const Case& c : cases) {
@@ -228,15 +229,14 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
       EXPECT_EQ(got[c.Label()], got[c.Name()]) << c.Label() << " != the cpu device's bits";
     }
   }
-  ExpectModesAgree(got, "cpu");
-
+  ExpectModesAgree(got, "cpu", t);
   const std::string isa = KernelIsa();
   if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
     std::ofstream f(GoldenPath(), std::ios::app);
     for (const Case& c : cases) {
       if (c.device == "cpu") f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
     }
-    GTEST_SKIP() << "recorded the cpu device's lines for " << isa << "/" << model << " in " << GoldenPath();
+    GTEST_SKIP() << "recorded the cpu device's lines for " << isa << "/" << model << t << " in " << GoldenPath();
   }
   const auto golden = ReadGolden();
   int compared = 0;
@@ -250,49 +250,27 @@ TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
                                                   << "differing step)";
   }
   if (compared == 0) {
-    GTEST_SKIP() << "no hashes recorded for kernel path " << isa << " in " << GoldenPath()
+    GTEST_SKIP() << "no hashes recorded for kernel path " << isa << t << " in " << GoldenPath()
                  << " (the checks between modes ran); record them with DD_RECORD_LOGITS_HASHES=1";
   }
-  EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some cases of " << isa << "/" << model << " are not recorded";
+  EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some cases of " << isa << "/" << model << t
+                                                      << " are not recorded";
+}
+
+TYPED_TEST(LogitsHashTest, EveryModeReproducesTheRecordedHashes) {
+  std::map<std::string, StepHashes> got;
+  RunAndCompare(*this, ModelNames::GetName<TypeParam>(0), CasesOf(KvDtype::kF32, /*sim_dual_only=*/false), "", got);
 }
 
 // KV kept in f16 (docs/decisions/0049-kv-storage-type.md): the same exactness between modes and
-// batches within the type, and hashes of its own, recorded like the f32 ones.
+// batches within the type, and hashes of its own, recorded like the f32 ones; and they are not
+// f32's (the type is in effect).
 TYPED_TEST(LogitsHashTest, F16KvKeepsTheModesExactAndReproducesItsHashes) {
-  const std::string model = ModelNames::GetName<TypeParam>(0);
-  const std::vector<Case> cases = CasesOf(KvDtype::kF16, /*sim_dual_only=*/true);
-  std::map<std::string, StepHashes> got;
-  for (const Case& c : cases) {
-    got[c.Label()] = this->Run(c);
-    ASSERT_EQ(got[c.Label()].size(), static_cast<size_t>(kSteps)) << c.Label();
-  }
-  for (const Case& c : cases) {
-    if (c.device != "cpu") {
-      EXPECT_EQ(got[c.Label()], got[c.Name()]) << c.Label() << " != the cpu device's bits";
-    }
-  }
-  ExpectModesAgree(got, "cpu", "/f16");
-  // f16 rounding changes the logits: the type is in effect.
   const Case f32{DecodeMode::kFull, 1, false};
-  EXPECT_NE(this->Run(f32), got["full/b1/f16"]) << "f16 KV gives f32's logits";
-  const std::string isa = KernelIsa();
-  if (const char* rec = std::getenv("DD_RECORD_LOGITS_HASHES"); rec != nullptr && std::string(rec) == "1") {
-    std::ofstream f(GoldenPath(), std::ios::app);
-    for (const Case& c : cases) {
-      if (c.device == "cpu") f << isa << '/' << model << '/' << c.Name() << ' ' << Format(got[c.Name()]) << '\n';
-    }
-    GTEST_SKIP() << "recorded the f16 lines for " << isa << "/" << model << " in " << GoldenPath();
-  }
-  const auto golden = ReadGolden();
-  int compared = 0;
-  for (const Case& c : cases) {
-    const auto it = golden.find(absl::StrCat(isa, "/", model, "/", c.Name()));
-    if (it == golden.end()) continue;
-    ++compared;
-    EXPECT_EQ(it->second, Format(got[c.Label()])) << c.Label() << ": logits differ from the recorded ones";
-  }
-  if (compared == 0) GTEST_SKIP() << "no f16 hashes recorded for kernel path " << isa << " (the checks between modes ran)";
-  EXPECT_EQ(compared, static_cast<int>(cases.size())) << "some f16 cases of " << isa << "/" << model << " are not recorded";
+  const StepHashes f32_full = this->Run(f32);
+  std::map<std::string, StepHashes> got;
+  RunAndCompare(*this, ModelNames::GetName<TypeParam>(0), CasesOf(KvDtype::kF16, /*sim_dual_only=*/true), "/f16", got);
+  EXPECT_NE(f32_full, got["full/b1/f16"]) << "f16 KV gives f32's logits";
 }
 
 // On a GPU the bits differ from the cpu's (other reduction orders), so there the checks are

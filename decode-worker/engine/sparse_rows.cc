@@ -205,31 +205,19 @@ absl::Status SparseRows::Store(LayerRows& st, int64_t p0, int64_t p1, const Devi
 }
 
 absl::Status SparseRows::StoreHost(LayerRows& st, int64_t p0, int64_t p1, const void* k, const void* v) {
-  const int64_t row = RowBytes();
-  RowRun runs[3];
-  const int n = RunsOf(st, p0, p1, runs);
-  for (int i = 0; i < n; ++i) {
-    const RowRun& r = runs[i];
-    const int64_t j = (r.pos - p0) * row;
-    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(k) + j, r.sink ? st.sink_k : st.k,
-                                         r.row * row, r.len * row));
-    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(v) + j, r.sink ? st.sink_v : st.v,
-                                         r.row * row, r.len * row));
-  }
-  return absl::OkStatus();
+  return EachRun(st, p0, p1, [&](bool sink, int64_t at, int64_t host, int64_t bytes) {
+    RETURN_IF_ERROR(device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(k) + host, sink ? st.sink_k : st.k,
+                                         at, bytes));
+    return device_.CopyToDevice(Queue::kCompute, static_cast<const char*>(v) + host, sink ? st.sink_v : st.v, at,
+                                bytes);
+  });
 }
 
 absl::Status SparseRows::ToHost(Queue q, const LayerRows& st, int64_t p0, int64_t p1, void* k, void* v) {
-  const int64_t row = RowBytes();
-  RowRun runs[3];
-  const int n = RunsOf(st, p0, p1, runs);
-  for (int i = 0; i < n; ++i) {
-    const RowRun& r = runs[i];
-    const int64_t j = (r.pos - p0) * row;
-    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_k : st.k, r.row * row, static_cast<char*>(k) + j, r.len * row));
-    RETURN_IF_ERROR(device_.CopyToHost(q, r.sink ? st.sink_v : st.v, r.row * row, static_cast<char*>(v) + j, r.len * row));
-  }
-  return absl::OkStatus();
+  return EachRun(st, p0, p1, [&](bool sink, int64_t at, int64_t host, int64_t bytes) {
+    RETURN_IF_ERROR(device_.CopyToHost(q, sink ? st.sink_k : st.k, at, static_cast<char*>(k) + host, bytes));
+    return device_.CopyToHost(q, sink ? st.sink_v : st.v, at, static_cast<char*>(v) + host, bytes);
+  });
 }
 
 absl::Status SparseRows::Duplicate(const LayerRows& from, LayerRows& to) {

@@ -93,6 +93,19 @@ class SparseRows {
     bool sink = false;
   };
   int RunsOf(const LayerRows& st, int64_t p0, int64_t p1, RowRun out[3]) const;
+  // f(sink, byte offset in the run's buffer, byte offset in host rows from p0, bytes) for each
+  // run of [p0, p1); the first error stops.
+  template <typename F>
+  absl::Status EachRun(const LayerRows& st, int64_t p0, int64_t p1, F f) const {
+    const int64_t row = RowBytes();
+    RowRun runs[3];
+    const int n = RunsOf(st, p0, p1, runs);
+    for (int i = 0; i < n; ++i) {
+      const RowRun& r = runs[i];
+      if (absl::Status s = f(r.sink, r.row * row, (r.pos - p0) * row, r.len * row); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   const model::ModelConfig& config_;
   const SparseOptions& options_;
