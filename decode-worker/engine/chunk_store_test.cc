@@ -18,13 +18,6 @@
 namespace dd::engine {
 namespace {
 
-// Host rows as the store's bytes (f32 layout).
-std::vector<uint8_t> BytesOf(const std::vector<float>& x) {
-  std::vector<uint8_t> b(x.size() * sizeof(float));
-  std::memcpy(b.data(), x.data(), b.size());
-  return b;
-}
-
 constexpr int64_t kChunk = 8;
 
 model::ModelConfig Config() { return testing_util::SmallConfig({false, false}, /*head_dim=*/16); }
@@ -50,15 +43,15 @@ TEST(ChunkStoreTest, WrittenChunksReadBackAsTheSameRows) {
   ASSERT_TRUE(cs.WriteChunks(*id, 1, 0, chunks, k.data(), v.data()).ok());
   std::vector<uint8_t> k2, v2;
   ASSERT_TRUE(cs.ReadRows(*id, 1, 1, chunks, &k2, &v2).ok());
-  EXPECT_EQ(k2, BytesOf(std::vector<float>(k.begin() + kChunk * kv_dim, k.end())));
-  EXPECT_EQ(v2, BytesOf(std::vector<float>(v.begin() + kChunk * kv_dim, v.end())));
+  EXPECT_EQ(k2, testing_util::BytesOf(std::vector<float>(k.begin() + kChunk * kv_dim, k.end())));
+  EXPECT_EQ(v2, testing_util::BytesOf(std::vector<float>(v.begin() + kChunk * kv_dim, v.end())));
   // A fork: layer 1's first two chunks copied, the third not.
   auto fork = cs.Open();
   ASSERT_TRUE(fork.ok());
   const std::vector<int64_t> per_layer = {0, 2};
   ASSERT_TRUE(cs.CopyBlocks(*id, *fork, per_layer).ok());
   ASSERT_TRUE(cs.ReadRows(*fork, 1, 0, 2, &k2, &v2).ok());
-  EXPECT_EQ(k2, BytesOf(std::vector<float>(k.begin(), k.begin() + 2 * kChunk * kv_dim)));
+  EXPECT_EQ(k2, testing_util::BytesOf(std::vector<float>(k.begin(), k.begin() + 2 * kChunk * kv_dim)));
   EXPECT_FALSE(cs.ReadRows(*fork, 1, 2, 3, &k2, &v2).ok()) << "a chunk the fork did not copy";
   cs.Release(*id);
   cs.Release(*fork);

@@ -42,6 +42,13 @@ inline model::ModelConfig SmallConfig(std::vector<bool> swa, int64_t head_dim = 
   return c;
 }
 
+// Host rows of f32 as the KV store's bytes (an f32 layout's blocks).
+inline std::vector<uint8_t> BytesOf(const std::vector<float>& x) {
+  std::vector<uint8_t> b(x.size() * sizeof(float));
+  std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
 // The engine for options a test expects to work (Engine::Create); a test binary that cannot
 // have it stops there with the reason.
 inline std::unique_ptr<Engine> NewEngine(const model::LoadedModel& model, const EngineOptions& options) {

@@ -16,13 +16,6 @@
 namespace dd::engine {
 namespace {
 
-// Host rows as the store's bytes (f32 layout).
-std::vector<uint8_t> BytesOf(const std::vector<float>& x) {
-  std::vector<uint8_t> b(x.size() * sizeof(float));
-  std::memcpy(b.data(), x.data(), b.size());
-  return b;
-}
-
 constexpr int64_t kChunk = 8;
 
 class WriteBackTest : public ::testing::Test {
@@ -81,8 +74,8 @@ TEST_F(WriteBackTest, ChunksReachTheStoreAtFlushAndNotBefore) {
   ASSERT_TRUE(wb.Flush().ok());
   EXPECT_FALSE(wb.pending());
   ASSERT_TRUE(chunks_->ReadRows(id_, 0, 1, 6, &k2, &v2).ok());
-  EXPECT_EQ(k2, BytesOf(Slice(k, 1, 6)));
-  EXPECT_EQ(v2, BytesOf(Slice(v, 1, 6)));
+  EXPECT_EQ(k2, testing_util::BytesOf(Slice(k, 1, 6)));
+  EXPECT_EQ(v2, testing_util::BytesOf(Slice(v, 1, 6)));
   // Dropped (a lost store): never written.
   ASSERT_TRUE(wb.Start(st_, id_, 0, 6, 8).ok());
   wb.Discard();
@@ -101,8 +94,8 @@ TEST_F(WriteBackTest, StagingThatFillsUpGrowsAndLosesNothing) {
   ASSERT_TRUE(wb.Flush().ok());
   std::vector<uint8_t> k2, v2;
   ASSERT_TRUE(chunks_->ReadRows(id_, 0, 0, chunks, &k2, &v2).ok());
-  EXPECT_EQ(k2, BytesOf(k));
-  EXPECT_EQ(v2, BytesOf(v));
+  EXPECT_EQ(k2, testing_util::BytesOf(k));
+  EXPECT_EQ(v2, testing_util::BytesOf(v));
 }
 
 }  // namespace
