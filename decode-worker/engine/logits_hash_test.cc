@@ -13,9 +13,8 @@
 // Every case runs on the simulated device as well, against the same lines: a device must not
 // change a bit, and the sim aborts on any missing wait.
 //
-// KV kept in f16 (--kv_dtype f16) has lines of its own (names ending in /f16), recorded on an
-// AVX-512 host at the commit that added the type; an f16 case without a line skips the
-// comparison the same way.
+// KV kept in f16 (--kv_dtype f16) has lines of its own (names ending in /f16): AVX-512 and AVX2
+// (-mno-avx512f) recorded the same ones at b2cb903.
 //
 // Re-record: DD_RECORD_LOGITS_HASHES=1 build/bin/logits_hash_test, then commit the file.
 #include <cstdint>
