@@ -28,16 +28,6 @@ inline KvRows NarrowRows(const float* x, int64_t n, KvDtype t) {
   return out;
 }
 
-// n elements of type t at `rows` as floats (exact: every f16 is an f32).
-inline void WidenRows(const void* rows, int64_t n, KvDtype t, float* out) {
-  if (t == KvDtype::kF32) {
-    std::memcpy(out, rows, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const auto* h = static_cast<const uint16_t*>(rows);
-  for (int64_t i = 0; i < n; ++i) out[i] = kernels::F16ToF32(h[i]);
-}
-
 // block ← head g of the C rows k(t), v(t) (t = 0..C-1: byte pointers to whole rows).
 template <typename KRow, typename VRow>
 void PackKvBlock(int64_t C, int64_t head_bytes, int64_t g, KRow k, VRow v, uint8_t* block) {

@@ -174,7 +174,7 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
 
 absl::Status SparseKvCache::EnsureOwnRows(Seq& s) {
   if (chunks_.kv_dtype() == KvDtype::kF32 || s.own) return absl::OkStatus();
-  ASSIGN_OR_RETURN(s.own, device_.Allocate(backend::MemoryTag::kWorkspace, 2 * RowBytes()));
+  ASSIGN_OR_RETURN(s.own, device_.Allocate(backend::MemoryTag::kWorkspace, 2 * rows_.RowBytes()));
   return absl::OkStatus();
 }
 

@@ -160,8 +160,6 @@ class SparseKvCache : public KvManager {
   };
   SparseKvCache(const model::ModelConfig& config, const SparseOptions& options, KvDtype kv, kvpool::KvStore* store,
                 backend::Device& device);
-  // Bytes of one position's K row (or V row) in the KV type.
-  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * KvDtypeBytes(chunks_.kv_dtype()); }
   // Seq::own, allocated once (at Reserve, or at the first speculative row of an unreserved slot).
   absl::Status EnsureOwnRows(Seq& s);
 

@@ -175,9 +175,9 @@ void SparseKvCache::PlanAttention(const model::AttentionCall& call) {
     } else if (r.spec_row >= 0) {
       char* own = static_cast<char*>(seqs_[r.seq].own.data);
       device_.ops().StoreKv(call.k + r.spec_row * kv_dim, kv_dim, kv, own);
-      device_.ops().StoreKv(call.v + r.spec_row * kv_dim, kv_dim, kv, own + RowBytes());
+      device_.ops().StoreKv(call.v + r.spec_row * kv_dim, kv_dim, kv, own + rows_.RowBytes());
       own_k = own;
-      own_v = own + RowBytes();
+      own_v = own + rows_.RowBytes();
     }
     const uint8_t* const* block = r.fetch.blocks.data();
     const auto at = [&](const void* row, int64_t g) { return static_cast<const char*>(row) + g * hb; };

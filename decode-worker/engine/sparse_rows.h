@@ -40,6 +40,8 @@ class SparseRows {
   SparseRows(const model::ModelConfig& config, const SparseOptions& options, backend::Device& device, KvDtype kv)
       : config_(config), options_(options), device_(device), kv_(kv) {}
   KvDtype kv_dtype() const { return kv_; }
+  // Bytes of one position's K row (or V row) in the KV type.
+  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * KvDtypeBytes(kv_); }
 
   // Every buffer of a request of `prompt_tokens` growing to `total_tokens`.
   absl::Status Reserve(LayerRows& st, int64_t prompt_tokens, int64_t total_tokens);
@@ -75,7 +77,6 @@ class SparseRows {
   // Waits until no queue reads the rows any more (the compute queue's work, and the
   // write-back's copies), so that buffers may be freed or replaced.
   absl::Status Idle();
-  int64_t RowBytes() const { return config_.n_head_kv * config_.head_dim * KvDtypeBytes(kv_); }
   int64_t LandmarkBytes() const { return config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float)); }
   int64_t RingRows(int64_t total) const;
   int64_t RowOf(const LayerRows& st, int64_t pos) const {
