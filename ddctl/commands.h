@@ -40,7 +40,8 @@ struct CliConfig {
   TlsFiles tls;                                 // --tls_cert/--tls_key/--tls_ca, loaded
   std::string api_key;                          // --api_key_file or $DD_API_KEY: router calls
   int64_t deadline_ms = 0;      // client deadline (0 = none for generate, 10 s for the others)
-  std::string request_id;       // generate --server: the request's id (empty: the router makes one)
+  std::string request_id;       // generate --server: the request's id (empty: ddctl makes one)
+  int64_t reconnect_ms = 60000;  // generate --server: how long to keep reconnecting after the stream breaks
   bool events = false;          // generate --server: one JSON line per streamed message
   std::string shape;            // synth-model: the shape's name
 };

@@ -50,7 +50,9 @@ ABSL_FLAG(std::string, tokens, "", "logits: comma-separated token ids");
 ABSL_FLAG(std::string, positions, "", "logits: comma-separated positions (default all)");
 ABSL_FLAG(std::string, out, "", "logits: output .npy path; synth-model: the .gguf file to write");
 ABSL_FLAG(std::string, text, "", "tokenize: text to tokenize");
-ABSL_FLAG(std::string, server, "", "generate/health/stats/workers: a router or `ddctl serve` at HOST:PORT");
+ABSL_FLAG(std::string, server, "",
+          "generate/health/stats/workers: a router or `ddctl serve` at HOST:PORT (generate: a comma-separated list "
+          "of router replicas to fail over between)");
 ABSL_FLAG(std::string, worker, "", "stats: a decode worker at HOST:PORT");
 ABSL_FLAG(std::string, service, "", "grpc-health: the service to ask about (default: the whole server)");
 ABSL_FLAG(std::string, model_name, "", "generate --server: the model to ask for (default: the one served)");
@@ -64,7 +66,11 @@ ABSL_FLAG(std::string, internal_listen, "127.0.0.1:0",
           "public API; they require the cluster secret");
 ABSL_FLAG(int64_t, deadline_ms, 0, "generate --server: request deadline in ms (0 = none)");
 ABSL_FLAG(std::string, request_id, "",
-          "generate --server: the request's id, reported back in its usage (empty: the router makes one)");
+          "generate --server: the request's id, reported back in its usage and named by a reconnect (empty: ddctl "
+          "makes one)");
+ABSL_FLAG(int64_t, reconnect_ms, 60000,
+          "generate --server: how long to keep reconnecting when the stream breaks (UNAVAILABLE), going round the "
+          "routers in --server HOST:PORT,HOST:PORT and resuming after the tokens received; 0 = one router, no retry");
 ABSL_FLAG(bool, events, false, "generate --server: print each streamed message as a JSON line, then the summary");
 
 namespace {
@@ -163,6 +169,7 @@ int main(int argc, char** argv) {
   cfg.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   cfg.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   cfg.request_id = absl::GetFlag(FLAGS_request_id);
+  cfg.reconnect_ms = std::max<int64_t>(0, absl::GetFlag(FLAGS_reconnect_ms));
   cfg.events = absl::GetFlag(FLAGS_events);
   cfg.shape = absl::GetFlag(FLAGS_shape);
   if (auto tls = dd::TlsFilesFromFlags(); tls.ok()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/random.h"
 #include "common/signals.h"
 #include "common/status_macros.h"
 #include "ddctl/commands.h"
@@ -99,28 +100,64 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   for (int32_t id : cfg.generate.stop_ids) req.add_stop_token_ids(id);
   req.set_ignore_eos(!cfg.generate.stop_at_eos);
   req.set_raw_prompt(cfg.raw_prompt);
-  auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, cfg.server));
-  grpc::ClientContext ctx;
-  if (cfg.deadline_ms > 0) SetDeadline(&ctx, cfg.deadline_ms);
-  AttachApiKey(&ctx, cfg);
-  auto reader = stub->Generate(&ctx, req);
-  dd::v1::GenerateResponse resp;
+  // Several routers (HOST:PORT,HOST:PORT): when the stream breaks, reconnect to the next and
+  // resume after the tokens already printed. Only a request the client names is kept by its
+  // worker for a reconnect (docs/decisions/0050-resumable-streams.md), so with several routers
+  // ddctl names each one; with one router, a named request (--request_id) reconnects to it.
+  const std::vector<std::string> servers = absl::StrSplit(cfg.server, ',', absl::SkipWhitespace());
+  if (servers.empty()) return absl::InvalidArgumentError("--server: no HOST:PORT given");
+  if (req.request_id().empty() && servers.size() > 1) req.set_request_id(absl::StrCat("ddctl-", RandomHex(2)));
+  const bool resumable = !req.request_id().empty();
   std::vector<int32_t> tokens;
   std::string text;
   dd::v1::Usage usage;
-  while (reader->Read(&resp)) {
-    for (int32_t t : resp.token_ids()) tokens.push_back(t);
-    text += resp.text();
-    if (resp.has_usage()) usage = resp.usage();
-    if (cfg.events) {
-      std::printf("%s\n", Json(resp).c_str());
-      std::fflush(stdout);
-    } else if (!cfg.json) {
-      std::fwrite(resp.text().data(), 1, resp.text().size(), stdout);
-      std::fflush(stdout);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.reconnect_ms);
+  bool reconnecting = false;
+  for (size_t attempt = 0;; ++attempt) {
+    const std::string& server = servers[attempt % servers.size()];
+    auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, server));
+    grpc::ClientContext ctx;
+    if (cfg.deadline_ms > 0) SetDeadline(&ctx, cfg.deadline_ms);
+    AttachApiKey(&ctx, cfg);
+    if (reconnecting) req.set_resume_from_index(static_cast<int64_t>(tokens.size()));
+    auto reader = stub->Generate(&ctx, req);
+    dd::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+      for (int32_t t : resp.token_ids()) tokens.push_back(t);
+      text += resp.text();
+      if (resp.has_usage()) usage = resp.usage();
+      if (cfg.events) {
+        std::printf("%s\n", Json(resp).c_str());
+        std::fflush(stdout);
+      } else if (!cfg.json) {
+        std::fwrite(resp.text().data(), 1, resp.text().size(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    const grpc::Status st = reader->Finish();
+    if (st.ok()) break;
+    // A first submission no worker took can be sent again as new.
+    if (reconnecting && tokens.empty() && st.error_code() == grpc::StatusCode::NOT_FOUND) {
+      reconnecting = false;
+      req.clear_resume_from_index();
+      continue;
+    }
+    const bool retry = resumable &&
+                       (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        st.error_code() == grpc::StatusCode::UNKNOWN) &&
+                       (servers.size() > 1 || (cfg.reconnect_ms > 0 && !tokens.empty())) &&
+                       std::chrono::steady_clock::now() < give_up;
+    if (!retry) return FromGrpc(st, absl::StrCat("generate via ", server));
+    const std::string& next = servers[(attempt + 1) % servers.size()];
+    std::fprintf(stderr, "\n[ddctl] the stream from %s broke (%s: %s); reconnecting to %s after %zu tokens\n",
+                 server.c_str(), absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())).c_str(),
+                 st.error_message().c_str(), next.c_str(), tokens.size());
+    reconnecting = true;
+    // Back off once every router was tried (a restarted one needs a moment to know its workers).
+    if ((attempt + 1) % servers.size() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(1000, 100 << std::min<size_t>(attempt / servers.size(), 3))));
     }
   }
-  RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("generate via ", cfg.server)));
   if (cfg.json || cfg.events) {
     nlohmann::json j;
     j["tokens"] = tokens;

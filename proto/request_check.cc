@@ -84,8 +84,12 @@ absl::Status ValidateGenerateRequest(const dd::v1::GenerateRequest& req, int64_t
         absl::StrCat("stop_token_ids: ", req.stop_token_ids_size(), " ids (at most ", kMaxStopIds, ")"));
   }
   if (req.model().size() > 256) return absl::InvalidArgumentError("model is longer than 256 bytes");
-  if (req.request_id().size() > 128) return absl::InvalidArgumentError("request_id is longer than 128 bytes");
-  for (const unsigned char ch : req.request_id()) {
+  return ValidateRequestId(req.request_id());
+}
+
+absl::Status ValidateRequestId(const std::string& id) {
+  if (id.size() > 128) return absl::InvalidArgumentError("request_id is longer than 128 bytes");
+  for (const unsigned char ch : id) {
     if (ch < 0x20 || ch > 0x7e) return absl::InvalidArgumentError("request_id has a byte outside printable ASCII");
   }
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
@@ -15,5 +16,7 @@ ABSL_DECLARE_FLAG(int64_t, max_new_tokens_limit);
 namespace dd {
 
 absl::Status ValidateGenerateRequest(const dd::v1::GenerateRequest& req, int64_t max_new_tokens_limit);
+// At most 128 bytes of printable ASCII ("" passes).
+absl::Status ValidateRequestId(const std::string& id);
 
 }  // namespace dd

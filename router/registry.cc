@@ -145,6 +145,22 @@ void WorkerRegistry::Done(const std::string& worker_id) {
   if (it != workers_.end() && it->second.inflight > 0) --it->second.inflight;
 }
 
+std::vector<Placement> WorkerRegistry::UpWorkers() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  const Clock::time_point now = Clock::now();
+  std::vector<Placement> out;
+  for (const auto& [id, e] : workers_) {
+    if (Up(e, now)) out.push_back({id, e.stub});
+  }
+  return out;
+}
+
+void WorkerRegistry::Hold(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end()) ++it->second.inflight;
+}
+
 std::vector<dd::v1::WorkerInfo> WorkerRegistry::Snapshot() const {
   std::lock_guard<std::mutex> lk(mu_);
   const Clock::time_point now = Clock::now();

@@ -62,6 +62,10 @@ class WorkerRegistry {
   // RESOURCE_EXHAUSTED: every candidate is at capacity (batch + queue).
   absl::StatusOr<Placement> Pick(const std::string& model, const std::set<std::string>& exclude, uint64_t prefix_key);
   void Done(const std::string& worker_id);
+  // The workers up, draining ones included (any of them may hold a kept stream); Hold counts
+  // a request on one, as Pick does, until Done.
+  std::vector<Placement> UpWorkers() const;
+  void Hold(const std::string& worker_id);
 
   std::vector<dd::v1::WorkerInfo> Snapshot() const;
   std::vector<dd::v1::ModelInfo> Models() const;

@@ -86,8 +86,8 @@ class RegistryService final : public dd::worker::v1::Registry::Service {
 class RouterCollectable : public prometheus::Collectable {
  public:
   RouterCollectable(const WorkerRegistry& r, const std::atomic<int64_t>& queued, const std::atomic<int64_t>& inflight,
-                    const std::atomic<int64_t>& resumes)
-      : r_(r), queued_(queued), inflight_(inflight), resumes_(resumes) {}
+                    const std::atomic<int64_t>& resumes, const std::atomic<int64_t>& reconnects)
+      : r_(r), queued_(queued), inflight_(inflight), resumes_(resumes), reconnects_(reconnects) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
     auto one = [](const char* name, const char* help, MetricType type, double v) {
@@ -104,6 +104,9 @@ class RouterCollectable : public prometheus::Collectable {
                       static_cast<double>(inflight_.load())));
     out.push_back(one("dd_router_resumes_total", "Requests moved to another worker after a failure",
                       MetricType::Counter, static_cast<double>(resumes_.load())));
+    out.push_back(one("dd_router_reconnects_total",
+                      "Streams a client reconnected to (resume_from_index), found on the worker that kept them",
+                      MetricType::Counter, static_cast<double>(reconnects_.load())));
     prometheus::MetricFamily up{"dd_worker_up", "1 while the worker heartbeats", MetricType::Gauge, {}};
     for (const dd::v1::WorkerInfo& w : r_.Snapshot()) {
       prometheus::ClientMetric m;
@@ -117,7 +120,7 @@ class RouterCollectable : public prometheus::Collectable {
 
  private:
   const WorkerRegistry& r_;
-  const std::atomic<int64_t>&queued_, &inflight_, &resumes_;
+  const std::atomic<int64_t>&queued_, &inflight_, &resumes_, &reconnects_;
 };
 
 }  // namespace
@@ -143,7 +146,7 @@ RouterService::~RouterService() {
 }
 
 void RouterService::RegisterMetrics(MetricsServer& exposer) {
-  auto c = std::make_shared<RouterCollectable>(registry_, queued_, inflight_, resumes_);
+  auto c = std::make_shared<RouterCollectable>(registry_, queued_, inflight_, resumes_, reconnects_);
   exposer.RegisterCollectable(c);
   exposer.RegisterCollectable(metrics_);
   collectable_ = c;
@@ -179,9 +182,10 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
                                      grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
   std::string tenant;
   grpc::Status st = options_.auth.Tenant(ctx, &tenant);
+  const bool reconnect = req->has_resume_from_index();
   if (!st.ok()) {
     // Refused before anything else is looked at.
-  } else if (absl::Status v = Validate(*req); !v.ok()) {
+  } else if (absl::Status v = reconnect ? ValidateReconnect(*req) : Validate(*req); !v.ok()) {
     st = ToGrpc(v);
   } else if (inflight_.fetch_add(1) >= options_.max_inflight) {
     inflight_--;
@@ -191,13 +195,21 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
     inflight_--;
   } else {
     queued_++;
-    st = Relay(ctx, *req, tenant, writer);
+    st = reconnect ? Reconnect(ctx, *req, tenant, writer) : Relay(ctx, Fresh(*req, tenant), writer);
     ReleaseTenant(tenant);
     inflight_--;
   }
   if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) rejected_++;
   Count(st.error_code());
   return st;
+}
+
+absl::Status RouterService::ValidateReconnect(const dd::v1::GenerateRequest& req) const {
+  if (req.request_id().empty()) {
+    return absl::InvalidArgumentError("resume_from_index needs the request_id the stream was started with");
+  }
+  if (req.resume_from_index() < 0) return absl::InvalidArgumentError("resume_from_index is negative");
+  return ValidateRequestId(req.request_id());
 }
 
 grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
@@ -230,23 +242,95 @@ void RouterService::ReleaseTenant(const std::string& tenant) {
   }
 }
 
-grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& in,
-                                  const std::string& tenant, grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+// One worker's stream of a request: its Submit, or an Attach to the stream it kept.
+struct RouterService::WorkerStream {
+  Placement place;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<dd::v1::GenerateResponse>> submit;
+  std::unique_ptr<grpc::ClientReader<dd::worker::v1::AttachResponse>> attach;
+  bool Read(dd::v1::GenerateResponse* r) {
+    if (submit) return submit->Read(r);
+    for (dd::worker::v1::AttachResponse a; attach->Read(&a);) {
+      if (a.has_response()) {
+        *r = std::move(*a.mutable_response());
+        return true;
+      }
+    }
+    return false;
+  }
+  grpc::Status Finish() { return submit ? submit->Finish() : attach->Finish(); }
+};
+
+RouterService::Relayed RouterService::Fresh(const dd::v1::GenerateRequest& in, const std::string& tenant) const {
+  Relayed r;
+  r.req = in;
+  r.tenant = tenant;
+  // The client's id names the request to that client only (it comes back in the usage, and a
+  // reconnect names it with the tenant). The workers see an id this router makes for this
+  // call, so no tenant's id can cancel, squat on or probe another's request, and a call can
+  // cancel nothing but its own work.
+  r.kept = !in.request_id().empty();
+  r.client_id = r.kept ? in.request_id() : NewRequestId();
+  r.req.set_request_id(NewRequestId());
+  return r;
+}
+
+grpc::Status RouterService::Reconnect(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& in,
+                                      const std::string& tenant, grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
+  dd::worker::v1::AttachRequest areq;
+  areq.set_tenant(tenant);
+  areq.set_client_request_id(in.request_id());
+  std::string failure;  // a worker that could not be asked
+  const std::vector<Placement> workers = registry_.UpWorkers();
+  for (const Placement& w : workers) {
+    auto s = std::make_unique<WorkerStream>();
+    s->place = w;
+    AttachClusterSecret(&s->ctx, options_.cluster_secret);
+    if (ctx->deadline() != Wall::time_point::max()) s->ctx.set_deadline(ctx->deadline());
+    s->attach = w.stub->Attach(&s->ctx, areq);
+    dd::worker::v1::AttachResponse first;
+    if (!s->attach->Read(&first) || !first.has_submitted()) {
+      const grpc::Status st = s->attach->Finish();
+      if (st.error_code() != grpc::StatusCode::NOT_FOUND) failure = absl::StrCat(w.worker_id, ": ", st.error_message());
+      continue;
+    }
+    registry_.Hold(w.worker_id);
+    Relayed r;
+    r.req = first.submitted().request();
+    r.tenant = tenant;
+    r.kept = true;
+    r.client_id = in.request_id();
+    r.client_has = in.resume_from_index();
+    r.attached = std::move(s);
+    reconnects_++;
+    return Relay(ctx, std::move(r), writer);
+  }
+  queued_--;
+  // A worker that could not answer, or a router too young to know every worker, may hold it.
+  if (workers.empty() || !failure.empty() || Clock::now() - started_ < options_.heartbeat_timeout) {
+    return Err(grpc::StatusCode::UNAVAILABLE,
+               absl::StrCat("cannot reach every decode worker to find request '", absl::CHexEscape(in.request_id()),
+                            "' yet", failure.empty() ? "" : absl::StrCat(" (", failure, ")"), "; retry"));
+  }
+  return Err(grpc::StatusCode::NOT_FOUND,
+             absl::StrCat("no decode worker keeps a stream '", absl::CHexEscape(in.request_id()),
+                          "' for this tenant: it ended, or no one reconnected within the workers' grace window"));
+}
+
+grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
+                                  grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
   const Clock::time_point arrival = Clock::now();
   const double arrival_unix = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
-  dd::v1::GenerateRequest req = in;
-  // The client's id names the request to that client only (it comes back in the usage). The
-  // workers see an id this router makes for this call, so no tenant's id can cancel, squat on
-  // or probe another's request, and a call can cancel nothing but its own work.
-  const std::string client_id = req.request_id().empty() ? NewRequestId() : req.request_id();
-  req.set_request_id(NewRequestId());
+  const dd::v1::GenerateRequest& req = r.req;
+  const std::string& tenant = r.tenant;
   const uint64_t prefix_key = PrefixKey(req, options_.auth.SharesPrefixes(tenant) ? "" : tenant);
   // Which worker served a request tells a tenant where other tenants' prompts went; only the
   // operator (and an open API, which has no tenants to tell apart) sees it unless exposed.
   const bool show_worker = options_.expose_worker_id || !options_.auth.enabled() || tenant == "operator";
-  std::vector<int32_t> streamed;  // every token the client has, in order
+  const bool reattached = r.attached != nullptr;
+  std::vector<int32_t> streamed;  // every token the request has produced, in order
   int64_t text_bytes = 0;
-  bool first = true;
+  bool first = true, told_id = reattached;
   Clock::time_point t_first{}, t_last{};
   std::set<std::string> exclude;
   int32_t resumes = 0;
@@ -256,54 +340,69 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
     first = false;
   };
   for (;;) {
-    absl::StatusOr<Placement> place = registry_.Pick(req.model(), exclude, prefix_key);
-    if (!place.ok()) {
-      unqueue();
-      if (!refusal.empty() && absl::IsUnavailable(place.status())) {
-        return Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                   absl::StrCat("every decode worker refused the request; last: ", refusal));
+    std::unique_ptr<WorkerStream> w = std::move(r.attached);
+    if (!w) {
+      absl::StatusOr<Placement> place = registry_.Pick(req.model(), exclude, prefix_key);
+      if (!place.ok()) {
+        unqueue();
+        if (!refusal.empty() && absl::IsUnavailable(place.status())) {
+          return Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("every decode worker refused the request; last: ", refusal));
+        }
+        if (!streamed.empty() && !place.status().message().empty()) {
+          return Err(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("worker failed after ", streamed.size(),
+                                  " tokens and no other worker could resume: ", place.status().message()));
+        }
+        return ToGrpc(place.status());
       }
-      if (!streamed.empty() && !place.status().message().empty()) {
-        return Err(grpc::StatusCode::UNAVAILABLE,
-                   absl::StrCat("worker failed after ", streamed.size(), " tokens and no other worker could resume: ",
-                                place.status().message()));
-      }
-      return ToGrpc(place.status());
+      dd::worker::v1::SubmitRequest sub;
+      *sub.mutable_request() = req;
+      for (int32_t t : streamed) sub.add_resume_tokens(t);
+      sub.set_resume_text_bytes(text_bytes);
+      sub.set_arrival_unix_seconds(arrival_unix);
+      // Tenants that opted into shared prefixes are keyed together, unsalted (a keyed router has
+      // no anonymous requests to share that namespace with).
+      sub.set_tenant(tenant);
+      sub.set_shared_prefixes(options_.auth.SharesPrefixes(tenant));
+      sub.set_tenants(static_cast<int32_t>(options_.auth.tenant_count()));
+      if (r.kept) sub.set_client_request_id(r.client_id);
+      w = std::make_unique<WorkerStream>();
+      w->place = *std::move(place);
+      AttachClusterSecret(&w->ctx, options_.cluster_secret);
+      if (ctx->deadline() != Wall::time_point::max()) w->ctx.set_deadline(ctx->deadline());
+      w->submit = w->place.stub->Submit(&w->ctx, sub);
     }
-    dd::worker::v1::SubmitRequest sub;
-    *sub.mutable_request() = req;
-    for (int32_t t : streamed) sub.add_resume_tokens(t);
-    sub.set_resume_text_bytes(text_bytes);
-    sub.set_arrival_unix_seconds(arrival_unix);
-    // Tenants that opted into shared prefixes are keyed together, unsalted (a keyed router has
-    // no anonymous requests to share that namespace with).
-    sub.set_tenant(tenant);
-    sub.set_shared_prefixes(options_.auth.SharesPrefixes(tenant));
-    sub.set_tenants(static_cast<int32_t>(options_.auth.tenant_count()));
-    grpc::ClientContext wctx;
-    AttachClusterSecret(&wctx, options_.cluster_secret);
-    if (ctx->deadline() != Wall::time_point::max()) wctx.set_deadline(ctx->deadline());
     {
       std::lock_guard<std::mutex> lk(watch_mu_);
-      watches_.push_back({ctx, &wctx});
+      watches_.push_back({ctx, &w->ctx});
     }
-    std::unique_ptr<grpc::ClientReader<dd::v1::GenerateResponse>> reader = place->stub->Submit(&wctx, sub);
     dd::v1::GenerateResponse resp;
     bool final = false, client_gone = false;
+    grpc::Status relay_error;
     const size_t streamed_before = streamed.size();
-    while (!final && reader->Read(&resp)) {
-      // Drop any token the client already has (a resumed worker starts after them).
+    while (!final && w->Read(&resp)) {
+      // Drop any token the client already has: a resumed worker starts after the tokens
+      // streamed, and a reattached stream starts from its first message.
       dd::v1::GenerateResponse out;
-      int64_t idx = resp.first_token_index();
+      const int64_t from = resp.first_token_index();
+      if (from < r.client_has && from + resp.token_ids_size() > r.client_has) {
+        relay_error = Err(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("resume_from_index ", r.client_has, " falls inside a message (tokens ", from,
+                                       " to ", from + resp.token_ids_size(), "); resume from a message's end"));
+        w->ctx.TryCancel();
+        break;
+      }
+      int64_t idx = from;
       for (int32_t t : resp.token_ids()) {
         if (idx++ >= static_cast<int64_t>(streamed.size())) {
-          out.add_token_ids(t);
           streamed.push_back(t);
+          if (idx > r.client_has) out.add_token_ids(t);
         }
       }
       out.set_first_token_index(static_cast<int64_t>(streamed.size()) - out.token_ids_size());
       text_bytes += static_cast<int64_t>(resp.text().size());
-      out.set_text(std::move(*resp.mutable_text()));
+      if (from >= r.client_has) out.set_text(std::move(*resp.mutable_text()));
       const Clock::time_point now = Clock::now();
       if (out.token_ids_size() > 0) {
         if (first) t_first = now;
@@ -312,45 +411,68 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
       }
       if (resp.has_usage()) {
         final = true;
+        if (r.client_has > static_cast<int64_t>(streamed.size())) {
+          relay_error = Err(grpc::StatusCode::OUT_OF_RANGE,
+                            absl::StrCat("resume_from_index ", r.client_has, " is past the stream's end (",
+                                         streamed.size(), " tokens)"));
+          break;
+        }
         *out.mutable_usage() = resp.usage();
         dd::v1::Usage* u = out.mutable_usage();
-        u->set_request_id(client_id);
+        u->set_request_id(r.client_id);
         if (!show_worker) u->clear_worker_id();
-        u->set_resumes(resumes);
+        u->set_resumes(resumes + (reattached ? 1 : 0));
         u->set_completion_tokens(static_cast<int64_t>(streamed.size()));
-        u->set_ttft_seconds(std::chrono::duration<double>(t_first - arrival).count());
-        u->set_tpot_seconds(streamed.size() > 1 ? std::chrono::duration<double>(t_last - t_first).count() /
-                                                      static_cast<double>(streamed.size() - 1)
-                                                : 0.0);
-        if (streamed.empty()) u->set_ttft_seconds(0);
+        if (!reattached) {  // a reattached stream keeps the worker's times, from the first arrival
+          u->set_ttft_seconds(std::chrono::duration<double>(t_first - arrival).count());
+          u->set_tpot_seconds(streamed.size() > 1 ? std::chrono::duration<double>(t_last - t_first).count() /
+                                                        static_cast<double>(streamed.size() - 1)
+                                                  : 0.0);
+          if (streamed.empty()) u->set_ttft_seconds(0);
+        }
+      } else if (out.token_ids_size() == 0 && out.text().empty()) {
+        continue;  // all of it the client has
       }
+      if (!told_id) out.set_request_id(r.client_id);
+      told_id = true;
       if (!writer->Write(out)) {
         client_gone = true;
-        wctx.TryCancel();
+        w->ctx.TryCancel();
         break;
       }
     }
-    grpc::Status st = reader->Finish();
+    grpc::Status st = w->Finish();
     {
       std::lock_guard<std::mutex> lk(watch_mu_);
       for (auto it = watches_.begin(); it != watches_.end(); ++it) {
-        if (it->client == &wctx) {
+        if (it->client == &w->ctx) {
           watches_.erase(it);
           break;
         }
       }
     }
-    registry_.Done(place->worker_id);
-    if (final && !client_gone) return grpc::Status::OK;
+    registry_.Done(w->place.worker_id);
+    if (!relay_error.ok()) {
+      unqueue();
+      return relay_error;
+    }
+    if (final && !client_gone) {
+      unqueue();
+      return grpc::Status::OK;
+    }
     if (client_gone || ctx->IsCancelled()) {
       unqueue();
-      grpc::ClientContext cctx;
-      AttachClusterSecret(&cctx, options_.cluster_secret);
-      cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
-      dd::worker::v1::CancelRequest creq;
-      creq.set_request_id(req.request_id());
-      dd::worker::v1::CancelResponse cresp;
-      (void)place->stub->Cancel(&cctx, creq, &cresp);
+      // A kept stream decodes on for a reconnect (the worker cancels it after its grace window
+      // with no reader); any other is cancelled now.
+      if (!r.kept) {
+        grpc::ClientContext cctx;
+        AttachClusterSecret(&cctx, options_.cluster_secret);
+        cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
+        dd::worker::v1::CancelRequest creq;
+        creq.set_request_id(req.request_id());
+        dd::worker::v1::CancelResponse cresp;
+        (void)w->place.stub->Cancel(&cctx, creq, &cresp);
+      }
       return Err(grpc::StatusCode::CANCELLED, "request cancelled by the client");
     }
     switch (st.error_code()) {
@@ -363,22 +485,29 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, const dd::v1::Genera
         return st;
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
         if (streamed.size() == streamed_before) {  // refused at admission: try another worker
-          exclude.insert(place->worker_id);
+          exclude.insert(w->place.worker_id);
           refusal = st.error_message();
           continue;
         }
         [[fallthrough]];
       default:
         // The worker died or failed mid-request: resume elsewhere from what the client has.
-        LOG(WARNING) << "request '" << absl::CHexEscape(client_id) << "' (" << req.request_id() << ") lost worker " << place->worker_id
-                     << " after " << streamed.size() << " tokens (" << st.error_message() << "); resuming";
-        if (const auto& trailers = wctx.GetServerTrailingMetadata(); trailers.find(kDrainingTrailer) != trailers.end()) {
-          registry_.MarkDraining(place->worker_id);  // refused at admission: not a failure
-          exclude.insert(place->worker_id);
+        LOG(WARNING) << "request '" << absl::CHexEscape(r.client_id) << "' (" << req.request_id() << ") lost worker "
+                     << w->place.worker_id << " after " << streamed.size() << " tokens (" << st.error_message()
+                     << "); resuming";
+        if (const auto& trailers = w->ctx.GetServerTrailingMetadata();
+            trailers.find(kDrainingTrailer) != trailers.end()) {
+          registry_.MarkDraining(w->place.worker_id);  // refused at admission: not a failure
+          exclude.insert(w->place.worker_id);
           continue;
         }
-        if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(place->worker_id);
-        exclude.insert(place->worker_id);
+        if (streamed.size() < static_cast<size_t>(r.client_has)) {
+          unqueue();  // a reattached stream lost its worker before the client's tokens came back
+          return Err(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("the worker holding the stream failed: ", st.error_message()));
+        }
+        if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(w->place.worker_id);
+        exclude.insert(w->place.worker_id);
         if (++resumes > options_.max_resumes) {
           unqueue();
           return Err(grpc::StatusCode::UNAVAILABLE, absl::StrCat("request failed on ", resumes, " workers; last: ",

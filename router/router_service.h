@@ -61,7 +61,7 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   WorkerRegistry& registry() { return registry_; }
   dd::worker::v1::Registry::Service* registry_service() { return registry_service_.get(); }
   // Adds the router metrics (dd_requests_total{code}, dd_queue_depth, dd_router_inflight,
-  // dd_router_resumes_total, dd_worker_up{worker}) to an exposer.
+  // dd_router_resumes_total, dd_router_reconnects_total, dd_worker_up{worker}) to an exposer.
   void RegisterMetrics(MetricsServer& exposer);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
@@ -74,12 +74,26 @@ class RouterService final : public dd::v1::DualDecoder::Service {
 
   // INVALID_ARGUMENT naming the field for a request no worker should see.
   absl::Status Validate(const dd::v1::GenerateRequest& req) const;
+  // INVALID_ARGUMENT naming the field for a bad reconnect (resume_from_index set).
+  absl::Status ValidateReconnect(const dd::v1::GenerateRequest& req) const;
 
  private:
-  // Places and streams one request; `tenant` (the authenticated API tenant, "" when open)
-  // scopes its prefix reuse on the worker.
-  grpc::Status Relay(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req, const std::string& tenant,
-                     grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
+  struct WorkerStream;
+  // What one Generate call relays.
+  struct Relayed {
+    dd::v1::GenerateRequest req;  // request_id: the id the workers know it by
+    std::string client_id;        // the id the client knows it by
+    bool kept = false;            // the client named it: workers keep its stream for a reconnect
+    std::string tenant;           // the authenticated API tenant ("" when open); scopes prefixes
+    int64_t client_has = 0;       // tokens the client already has (a reconnect)
+    std::unique_ptr<WorkerStream> attached;  // a reconnect: the worker's kept stream
+  };
+  Relayed Fresh(const dd::v1::GenerateRequest& req, const std::string& tenant) const;
+  // Places and streams one request, resuming it on another worker when its worker fails.
+  grpc::Status Relay(grpc::ServerContext* ctx, Relayed r, grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
+  // A reconnect: finds the worker that keeps the stream and relays it from the client's index.
+  grpc::Status Reconnect(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req, const std::string& tenant,
+                         grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
   void Count(grpc::StatusCode code);
   // Takes one of the tenant's in-flight places, or says whose limit is reached.
   grpc::Status AdmitTenant(const std::string& tenant);
@@ -87,9 +101,10 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   void WatchCancellations();
 
   RouterOptions options_;
+  const Clock::time_point started_ = Clock::now();
   WorkerRegistry registry_;
   std::unique_ptr<dd::worker::v1::Registry::Service> registry_service_;
-  std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0};
+  std::atomic<int64_t> inflight_{0}, queued_{0}, ok_{0}, failed_{0}, resumes_{0}, rejected_{0}, reconnects_{0};
   std::mutex tenant_mu_;
   std::map<std::string, int64_t> tenant_inflight_;
   // Worker calls to cancel when their client goes away.

@@ -27,7 +27,7 @@ prometheus::ClientMetric Value(std::vector<prometheus::ClientMetric::Label> labe
 
 class SchedulerCollectable : public prometheus::Collectable {
  public:
-  explicit SchedulerCollectable(const Scheduler& s) : s_(s) {}
+  SchedulerCollectable(const Scheduler& s, const StreamKeeper* keeper) : s_(s), keeper_(keeper) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
     const SchedulerStats st = s_.Stats();
@@ -53,6 +53,12 @@ class SchedulerCollectable : public prometheus::Collectable {
                          "Requests whose KV was rebuilt (prompt prefilled again, streamed tokens replayed as decode "
                          "steps in the sparse modes) after the KV pool was lost",
                          MetricType::Counter, static_cast<double>(st.rebuilt)));
+    if (keeper_ != nullptr) {
+      out.push_back(family("dd_kept_streams", "Streams kept for a reconnect (requests named by their client)",
+                           MetricType::Gauge, static_cast<double>(keeper_->kept())));
+      out.push_back(family("dd_kept_stream_bytes", "Bytes of output the kept streams hold for a reconnect",
+                           MetricType::Gauge, static_cast<double>(keeper_->bytes())));
+    }
     prometheus::MetricFamily kv{"dd_kv_bytes_total", "KV bytes gathered from the store by path", MetricType::Counter, {}};
     for (auto [path, v] : {std::pair{"prefetch", st.kv_prefetch_bytes}, {"urgent", st.kv_urgent_bytes},
                            {"wasted", st.kv_wasted_bytes}}) {
@@ -105,6 +111,7 @@ class SchedulerCollectable : public prometheus::Collectable {
 
  private:
   const Scheduler& s_;
+  const StreamKeeper* keeper_;
 };
 
 const prometheus::Histogram::BucketBoundaries& TimeBuckets() {
@@ -144,7 +151,7 @@ absl::Status WorkerMetrics::Serve(const std::string& listen, const Scheduler& sc
 }
 
 void WorkerMetrics::RegisterWith(MetricsServer& exposer, const Scheduler& scheduler) {
-  auto c = std::make_shared<SchedulerCollectable>(scheduler);
+  auto c = std::make_shared<SchedulerCollectable>(scheduler, keeper_);
   exposer.RegisterCollectable(c);
   exposer.RegisterCollectable(registry_);
   collectable_ = c;

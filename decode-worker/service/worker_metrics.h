@@ -6,7 +6,8 @@
 // dd_prefill_tokens_total, dd_batch_size, dd_requests_waiting, dd_prefetch_hit_ratio,
 // dd_transfer_wait_seconds, dd_spec_resyncs_total, dd_kv_bytes_total{path="prefetch|urgent|wasted"},
 // dd_device_memory_bytes{kind="budget|weights|workspace|reserved|kv"}, and where a start-up device
-// check ran, dd_device_check_passed{device,serving_on} and dd_device_check_seconds.
+// check ran, dd_device_check_passed{device,serving_on} and dd_device_check_seconds; with a stream
+// keeper, dd_kept_streams and dd_kept_stream_bytes.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,7 @@
 #include "common/metrics_server.h"
 #include "absl/status/statusor.h"
 #include "decode-worker/service/scheduler.h"
+#include "decode-worker/service/stream_keeper.h"
 
 namespace prometheus {
 class Registry;
@@ -36,6 +38,8 @@ class WorkerMetrics : public SchedulerObserver {
   // For an embedded server that already has an exposer: add these metrics to it.
   void RegisterWith(MetricsServer& exposer, const Scheduler& scheduler);
   int port() const { return port_; }
+  // dd_kept_streams and dd_kept_stream_bytes from `keeper` (set before serving; outlives this).
+  void set_keeper(const StreamKeeper* keeper) { keeper_ = keeper; }
   // Stops serving (before the scheduler it reads goes away).
   void StopServing();
 
@@ -50,6 +54,7 @@ class WorkerMetrics : public SchedulerObserver {
   std::unique_ptr<MetricsServer> exposer_;
   std::shared_ptr<void> collectable_;
   int port_ = 0;
+  const StreamKeeper* keeper_ = nullptr;
 };
 
 }  // namespace dd::worker

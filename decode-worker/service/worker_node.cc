@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<WorkerNode>> WorkerNode::Create(const model::Load
   identity.mode = std::string(engine::DecodeModeName(engine_options.mode));
   identity.kv_dtype = std::string(KvDtypeName(engine_options.kv_dtype));
   identity.kv_store = engine_options.mode == engine::DecodeMode::kFull ? "" : engine_options.kv_store;
-  node->service_ = std::make_unique<WorkerService>(*node->scheduler_, std::move(identity));
+  node->service_ = std::make_unique<WorkerService>(*node->scheduler_, std::move(identity), StreamGraceFromFlags());
+  node->metrics_->set_keeper(&node->service_->keeper());
   return node;
 }
 

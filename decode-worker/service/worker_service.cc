@@ -101,12 +101,52 @@ absl::StatusOr<RequestSpec> WorkerService::ToSpec(const dd::worker::v1::SubmitRe
   return spec;
 }
 
+namespace {
+
+dd::v1::GenerateResponse ToResponse(StreamEvent& e, const std::string& id, const WorkerIdentity& identity) {
+  dd::v1::GenerateResponse resp;
+  for (int32_t t : e.tokens) resp.add_token_ids(t);
+  resp.set_text(std::move(e.text));
+  resp.set_first_token_index(e.first_index);
+  if (e.final) {
+    dd::v1::Usage* u = resp.mutable_usage();
+    u->set_request_id(id);
+    u->set_prompt_tokens(e.prompt_tokens);
+    u->set_completion_tokens(e.completion_tokens);
+    u->set_stop_reason(e.stop_reason);
+    u->set_ttft_seconds(e.ttft_s);
+    u->set_tpot_seconds(e.tpot_s);
+    u->set_prefetch_hit_rate(e.hit_rate);
+    u->set_worker_id(identity.worker_id);
+    u->set_prefix_reused_tokens(e.prefix_reused_tokens);
+    u->set_mode(identity.mode);
+    u->set_kv_dtype(identity.kv_dtype);
+    u->set_kv_prefetch_bytes(e.kv_prefetch_bytes);
+    u->set_kv_urgent_bytes(e.kv_urgent_bytes);
+    u->set_kv_wasted_bytes(e.kv_wasted_bytes);
+    u->set_kv_device_bytes(e.kv_device_bytes);
+    u->set_full_kv_device_bytes(e.full_kv_device_bytes);
+  }
+  return resp;
+}
+
+// The caller's deadline passed: the request ends with it, kept or not.
+bool PastDeadline(const grpc::ServerContext* ctx) {
+  return ctx->deadline() != std::chrono::system_clock::time_point::max() &&
+         std::chrono::system_clock::now() >= ctx->deadline();
+}
+
+}  // namespace
+
 grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
                                    grpc::ServerWriter<dd::v1::GenerateResponse>* writer) {
   if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
   if (draining()) {
     ctx->AddTrailingMetadata(kDrainingTrailer, "1");  // the router picks another worker
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining (shutting down); retry elsewhere");
+  }
+  if (req->client_request_id().size() > kMaxClientRequestIdBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "client_request_id is longer than 256 bytes");
   }
   absl::StatusOr<RequestSpec> spec = ToSpec(*req);
   if (!spec.ok()) return ToGrpc(spec.status());
@@ -117,41 +157,76 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
   const std::string id = spec->id;
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = scheduler_.Submit(*std::move(spec));
   if (!stream.ok()) return ToGrpc(stream.status());
+  // Kept: the output is logged and the request outlives its caller for the grace window.
+  std::shared_ptr<KeptStream> kept;
+  if (keeper_.enabled() && !req->client_request_id().empty()) {
+    kept = std::make_shared<KeptStream>(*req);
+    kept->AddReader();
+    keeper_.Keep(req->tenant(), req->client_request_id(), kept);
+  }
+  bool caller = true;  // the caller still reads this call
+  auto end = [&](const grpc::Status& st) {
+    if (kept) kept->Finish(st);
+    return caller ? st : grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  };
+  auto lose_caller = [&] {
+    caller = false;
+    if (kept && !PastDeadline(ctx)) {
+      kept->RemoveReader();
+      return false;
+    }
+    scheduler_.Cancel(id);
+    return true;
+  };
   for (;;) {
-    if (ctx->IsCancelled()) {
+    if (caller && ctx->IsCancelled() && lose_caller()) {
+      return end(grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the caller"));
+    }
+    if (!caller && !kept->Wanted(keeper_.grace())) {  // nobody came back within the grace
       scheduler_.Cancel(id);
-      return grpc::Status(grpc::StatusCode::CANCELLED, "request cancelled by the caller");
+      keeper_.Forget(req->tenant(), req->client_request_id(), kept.get());
+      return end(grpc::Status(grpc::StatusCode::CANCELLED, "no caller came back within --stream_grace_ms"));
     }
     for (StreamEvent& e : (*stream)->Wait(std::chrono::milliseconds(50))) {
-      if (e.final && !e.status.ok()) return ToGrpc(e.status);
-      dd::v1::GenerateResponse resp;
-      for (int32_t t : e.tokens) resp.add_token_ids(t);
-      resp.set_text(std::move(e.text));
-      resp.set_first_token_index(e.first_index);
-      if (e.final) {
-        dd::v1::Usage* u = resp.mutable_usage();
-        u->set_request_id(id);
-        u->set_prompt_tokens(e.prompt_tokens);
-        u->set_completion_tokens(e.completion_tokens);
-        u->set_stop_reason(e.stop_reason);
-        u->set_ttft_seconds(e.ttft_s);
-        u->set_tpot_seconds(e.tpot_s);
-        u->set_prefetch_hit_rate(e.hit_rate);
-        u->set_worker_id(identity_.worker_id);
-        u->set_prefix_reused_tokens(e.prefix_reused_tokens);
-        u->set_mode(identity_.mode);
-        u->set_kv_dtype(identity_.kv_dtype);
-        u->set_kv_prefetch_bytes(e.kv_prefetch_bytes);
-        u->set_kv_urgent_bytes(e.kv_urgent_bytes);
-        u->set_kv_wasted_bytes(e.kv_wasted_bytes);
-        u->set_kv_device_bytes(e.kv_device_bytes);
-        u->set_full_kv_device_bytes(e.full_kv_device_bytes);
+      if (e.final && !e.status.ok()) return end(ToGrpc(e.status));
+      const bool final = e.final;
+      dd::v1::GenerateResponse resp = ToResponse(e, id, identity_);
+      if (kept) kept->Append(resp);
+      if (caller && !writer->Write(resp) && lose_caller()) {
+        return end(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"));
       }
-      if (!writer->Write(resp)) {
-        scheduler_.Cancel(id);
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
-      }
-      if (e.final) return grpc::Status::OK;
+      if (final) return end(grpc::Status::OK);
+    }
+  }
+}
+
+grpc::Status WorkerService::Attach(grpc::ServerContext* ctx, const dd::worker::v1::AttachRequest* req,
+                                   grpc::ServerWriter<dd::worker::v1::AttachResponse>* writer) {
+  if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
+  std::shared_ptr<KeptStream> kept = keeper_.Find(req->tenant(), req->client_request_id());
+  if (!kept) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "this worker keeps no stream with that request id for the tenant");
+  }
+  kept->AddReader();
+  struct Leave {
+    KeptStream& s;
+    ~Leave() { s.RemoveReader(); }
+  } leave{*kept};
+  dd::worker::v1::AttachResponse first;
+  *first.mutable_submitted() = kept->submitted();
+  if (!writer->Write(first)) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  for (size_t i = 0;;) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+    dd::worker::v1::AttachResponse out;
+    grpc::Status end;
+    switch (kept->Wait(i, std::chrono::milliseconds(50), out.mutable_response(), &end)) {
+      case KeptStream::Next::kTimeout:
+        continue;
+      case KeptStream::Next::kEnd:
+        return end;
+      case KeptStream::Next::kMessage:
+        ++i;
+        if (!writer->Write(out)) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "decode-worker/service/scheduler.h"
+#include "decode-worker/service/stream_keeper.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -33,13 +34,21 @@ void FillLoad(const Scheduler& scheduler, dd::worker::v1::WorkerLoad* load);
 
 class WorkerService final : public dd::worker::v1::Worker::Service {
  public:
-  WorkerService(Scheduler& scheduler, WorkerIdentity identity)
-      : scheduler_(scheduler), identity_(std::move(identity)) {}
+  static constexpr size_t kMaxClientRequestIdBytes = 256;
+  // `stream_grace`: how long a request submitted with the client's id outlives its caller
+  // (stream_keeper.h); 0 = not at all.
+  WorkerService(Scheduler& scheduler, WorkerIdentity identity,
+                std::chrono::milliseconds stream_grace = std::chrono::milliseconds(0))
+      : scheduler_(scheduler),
+        identity_(std::move(identity)),
+        keeper_(stream_grace, static_cast<size_t>(4 * (scheduler.options().max_batch +
+                                                       scheduler.options().max_waiting) + 16)) {}
   void set_address(std::string address) { identity_.address = std::move(address); }
   // Required on Submit/Cancel/Stats and shown to the router (proto/cluster_auth.h); "" = off.
   void set_cluster_secret(std::string secret) { secret_ = std::move(secret); }
   const std::string& cluster_secret() const { return secret_; }
   const WorkerIdentity& identity() const { return identity_; }
+  const StreamKeeper& keeper() const { return keeper_; }
   // Draining: Submit refuses new requests (UNAVAILABLE, so the router retries elsewhere) and
   // heartbeats tell the router; requests already running finish.
   void StartDrain() { draining_.store(true, std::memory_order_release); }
@@ -47,6 +56,8 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
 
   grpc::Status Submit(grpc::ServerContext* ctx, const dd::worker::v1::SubmitRequest* req,
                       grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;
+  grpc::Status Attach(grpc::ServerContext* ctx, const dd::worker::v1::AttachRequest* req,
+                      grpc::ServerWriter<dd::worker::v1::AttachResponse>* writer) override;
   grpc::Status Cancel(grpc::ServerContext* ctx, const dd::worker::v1::CancelRequest* req,
                       dd::worker::v1::CancelResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const dd::worker::v1::WorkerStatsRequest* req,
@@ -61,6 +72,7 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   WorkerIdentity identity_;
   std::string secret_;
   std::atomic<bool> draining_{false};
+  StreamKeeper keeper_;
 };
 
 // Graceful shutdown (SIGTERM): marks the service draining and the server NOT_SERVING, then
