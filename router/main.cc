@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   if (secret->empty()) {
     LOG(WARNING) << "no --cluster_secret_file: anyone who reaches this port can register a worker";
   }
+  auto registry = dd::RegistryFromFlags();
+  if (!registry.ok()) {
+    std::cerr << "dd-router: " << registry.status().message() << "\n";
+    return 2;
+  }
   dd::router::RouterService router(options);
   dd::EnableStandardServices();
   grpc::ServerBuilder builder;
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   dd::MarkServing(*server, {dd::v1::DualDecoder::service_full_name(), dd::worker::v1::Registry::service_full_name()});
+  if (registry->etcd()) router.FollowRegistry(*registry, absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port));
   std::unique_ptr<dd::MetricsServer> exposer;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {

@@ -10,7 +10,7 @@
 
 namespace dd::router {
 
-absl::StatusOr<std::string> WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
+absl::Status WorkerRegistry::Check(const dd::worker::v1::RegisterRequest& req) {
   if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
   if (req.address().empty()) return absl::InvalidArgumentError("address is empty");
   for (const auto& [name, value] : {std::pair<const char*, const std::string*>{"worker_id", &req.worker_id()},
@@ -22,6 +22,59 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const dd::worker::v1::Regis
       return absl::InvalidArgumentError(absl::StrCat(name, " is ", value->size(), " bytes (at most ", kMaxFieldBytes, ")"));
     }
   }
+  if (req.load().recent_prefix_keys_size() > 1024) {
+    return absl::InvalidArgumentError("load.recent_prefix_keys holds more than 1024 keys");
+  }
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Apply(const dd::worker::v1::RegisterRequest& req, Entry& e) {
+  if (e.info.address() != req.address() || !e.stub) {
+    e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), credentials_));
+  }
+  e.info = req;
+  e.load = req.load();
+  e.last_seen = Clock::now();
+  e.marked_down = false;
+  for (uint64_t key : req.load().recent_prefix_keys()) Affine(key, req.worker_id());
+}
+
+void WorkerRegistry::Affine(uint64_t prefix_key, const std::string& worker_id) {
+  if (prefix_key == 0) return;
+  if (affinity_.size() > 4096 && !affinity_.count(prefix_key)) affinity_.erase(affinity_.begin());
+  affinity_[prefix_key] = worker_id;
+}
+
+absl::Status WorkerRegistry::Upsert(const dd::worker::v1::RegisterRequest& record) {
+  if (absl::Status st = Check(record); !st.ok()) return st;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (workers_.count(record.worker_id()) == 0 && workers_.size() >= max_workers_) {
+    return absl::ResourceExhaustedError(absl::StrCat("the router already knows ", workers_.size(), " workers"));
+  }
+  Apply(record, workers_[record.worker_id()]);
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Remove(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  workers_.erase(worker_id);
+}
+
+void WorkerRegistry::Reset(const std::vector<dd::worker::v1::RegisterRequest>& records) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::set<std::string> listed;
+  for (const auto& r : records) {
+    if (!Check(r).ok() || (workers_.count(r.worker_id()) == 0 && workers_.size() >= max_workers_)) continue;
+    listed.insert(r.worker_id());
+    Apply(r, workers_[r.worker_id()]);
+  }
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    it = listed.count(it->first) ? std::next(it) : workers_.erase(it);
+  }
+}
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const dd::worker::v1::RegisterRequest& req) {
+  if (absl::Status st = Check(req); !st.ok()) return st;
   std::lock_guard<std::mutex> lk(mu_);
   if (workers_.count(req.worker_id()) == 0) {
     Purge(Clock::now());
@@ -35,13 +88,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const dd::worker::v1::Regis
     return absl::AlreadyExistsError(absl::StrCat("worker id '", req.worker_id(), "' is held by a worker at ",
                                                  e.info.address(), " that is up; pick another --worker_id"));
   }
-  if (e.info.address() != req.address() || !e.stub) {
-    e.stub = dd::worker::v1::Worker::NewStub(grpc::CreateChannel(req.address(), credentials_));
-  }
-  e.info = req;
-  e.load = req.load();
-  e.last_seen = Clock::now();
-  e.marked_down = false;
+  Apply(req, e);
   e.lease = RandomHex(2);
   return e.lease;
 }
@@ -60,7 +107,9 @@ bool WorkerRegistry::Heartbeat(const dd::worker::v1::HeartbeatRequest& req) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = workers_.find(req.worker_id());
   if (it == workers_.end() || !SecretEquals(it->second.lease, req.lease())) return false;
+  if (req.load().recent_prefix_keys_size() > 1024) return false;
   it->second.load = req.load();
+  for (uint64_t key : req.load().recent_prefix_keys()) Affine(key, req.worker_id());
   it->second.last_seen = Clock::now();
   it->second.marked_down = false;
   return true;
@@ -131,10 +180,7 @@ absl::StatusOr<Placement> WorkerRegistry::Pick(const std::string& model, const s
       best_id = w->first;
     }
   }
-  if (prefix_key != 0) {
-    if (affinity_.size() > 4096) affinity_.erase(affinity_.begin());
-    affinity_[prefix_key] = best_id;
-  }
+  Affine(prefix_key, best_id);
   ++best->inflight;
   return Placement{best_id, best->stub};
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -49,6 +50,14 @@ class WorkerRegistry {
   // False when the worker is unknown or the lease is not its registration's (it must register
   // again).
   bool Heartbeat(const dd::worker::v1::HeartbeatRequest& req);
+  // The etcd registry (docs/decisions/0051-registry-on-etcd.md): a worker's record as it
+  // published it; a worker whose key is gone; every record at once (a full listing). With
+  // external liveness, a worker is up while its key exists (etcd expires it with its lease),
+  // not by the heartbeat timeout, so an etcd outage keeps the last known workers.
+  absl::Status Upsert(const dd::worker::v1::RegisterRequest& record);
+  void Remove(const std::string& worker_id);
+  void Reset(const std::vector<dd::worker::v1::RegisterRequest>& records);
+  void set_external_liveness(bool on) { external_liveness_ = on; }
   // A stream to the worker broke: take it out of placement until its next heartbeat.
   void MarkDown(const std::string& worker_id);
   // The worker said it is draining (before its next heartbeat could): pick it no more.
@@ -84,8 +93,14 @@ class WorkerRegistry {
     std::shared_ptr<dd::worker::v1::Worker::Stub> stub;
   };
   bool Up(const Entry& e, Clock::time_point now) const {
-    return !e.marked_down && now - e.last_seen <= timeout_;
+    return !e.marked_down && (external_liveness_ || now - e.last_seen <= timeout_);
   }
+  // Field sizes and ids (INVALID_ARGUMENT naming the field).
+  static absl::Status Check(const dd::worker::v1::RegisterRequest& req);
+  // A published record into its entry; mu_ held.
+  void Apply(const dd::worker::v1::RegisterRequest& record, Entry& e);
+  void Affine(uint64_t prefix_key, const std::string& worker_id);  // mu_ held
+  std::atomic<bool> external_liveness_{false};
   void Purge(Clock::time_point now);  // forgets long-silent idle workers; mu_ held
   std::chrono::milliseconds timeout_;
   size_t max_workers_;

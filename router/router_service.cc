@@ -8,6 +8,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 #include "common/random.h"
 #include "proto/cluster_auth.h"
 #include "proto/request_check.h"
@@ -85,9 +87,10 @@ class RegistryService final : public dd::worker::v1::Registry::Service {
 
 class RouterCollectable : public prometheus::Collectable {
  public:
-  RouterCollectable(const WorkerRegistry& r, const std::atomic<int64_t>& queued, const std::atomic<int64_t>& inflight,
-                    const std::atomic<int64_t>& resumes, const std::atomic<int64_t>& reconnects)
-      : r_(r), queued_(queued), inflight_(inflight), resumes_(resumes), reconnects_(reconnects) {}
+  RouterCollectable(const RouterService& s, const WorkerRegistry& r, const std::atomic<int64_t>& queued,
+                    const std::atomic<int64_t>& inflight, const std::atomic<int64_t>& resumes,
+                    const std::atomic<int64_t>& reconnects)
+      : s_(s), r_(r), queued_(queued), inflight_(inflight), resumes_(resumes), reconnects_(reconnects) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
     auto one = [](const char* name, const char* help, MetricType type, double v) {
@@ -107,6 +110,14 @@ class RouterCollectable : public prometheus::Collectable {
     out.push_back(one("dd_router_reconnects_total",
                       "Streams a client reconnected to (resume_from_index), found on the worker that kept them",
                       MetricType::Counter, static_cast<double>(reconnects_.load())));
+    out.push_back(one("dd_router_replicas", "Router replicas registered (etcd registry; 1 otherwise)",
+                      MetricType::Gauge, static_cast<double>(s_.replicas())));
+    out.push_back(one("dd_registry_lag_seconds",
+                      "etcd registry: from a worker writing its record to this router applying it (the latest)",
+                      MetricType::Gauge, s_.registry_lag_seconds()));
+    out.push_back(one("dd_registry_resyncs_total",
+                      "etcd registry: full listings after a watch broke or was compacted away", MetricType::Counter,
+                      static_cast<double>(s_.registry_resyncs())));
     prometheus::MetricFamily up{"dd_worker_up", "1 while the worker heartbeats", MetricType::Gauge, {}};
     for (const dd::v1::WorkerInfo& w : r_.Snapshot()) {
       prometheus::ClientMetric m;
@@ -119,6 +130,7 @@ class RouterCollectable : public prometheus::Collectable {
   }
 
  private:
+  const RouterService& s_;
   const WorkerRegistry& r_;
   const std::atomic<int64_t>&queued_, &inflight_, &resumes_, &reconnects_;
 };
@@ -146,10 +158,84 @@ RouterService::~RouterService() {
 }
 
 void RouterService::RegisterMetrics(MetricsServer& exposer) {
-  auto c = std::make_shared<RouterCollectable>(registry_, queued_, inflight_, resumes_, reconnects_);
+  auto c = std::make_shared<RouterCollectable>(*this, registry_, queued_, inflight_, resumes_, reconnects_);
   exposer.RegisterCollectable(c);
   exposer.RegisterCollectable(metrics_);
   collectable_ = c;
+}
+
+namespace {
+
+bool ParseRecord(const std::string& json, dd::worker::v1::RegisterRequest* r) {
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;
+  return json.size() <= (64 << 10) && google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+}
+
+}  // namespace
+
+void RouterService::FollowRegistry(const RegistryConfig& registry, const std::string& address) {
+  registry_.set_external_liveness(true);
+  const std::string workers = registry.prefix + "workers/";
+  auto note_lag = [this](const dd::worker::v1::RegisterRequest& r) {
+    if (r.published_unix_seconds() <= 0) return;
+    const double now = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
+    registry_lag_ms_ = std::max<int64_t>(0, static_cast<int64_t>((now - r.published_unix_seconds()) * 1e3));
+  };
+  EtcdFollower::Handler w;
+  w.reset = [this](const std::map<std::string, std::string>& values) {
+    std::vector<dd::worker::v1::RegisterRequest> records;
+    for (const auto& [key, value] : values) {
+      dd::worker::v1::RegisterRequest r;
+      if (ParseRecord(value, &r)) records.push_back(std::move(r));
+      else LOG(WARNING) << "registry: ignoring an unreadable worker record at " << absl::CHexEscape(key);
+    }
+    registry_.Reset(records);
+    LOG(INFO) << "registry: " << records.size() << " workers listed in etcd";
+  };
+  w.put = [this, note_lag](const std::string& key, const std::string& value) {
+    dd::worker::v1::RegisterRequest r;
+    if (!ParseRecord(value, &r)) {
+      LOG(WARNING) << "registry: ignoring an unreadable worker record at " << absl::CHexEscape(key);
+      return;
+    }
+    note_lag(r);
+    if (absl::Status st = registry_.Upsert(r); !st.ok()) {
+      LOG(WARNING) << "registry: refused the record at " << absl::CHexEscape(key) << ": " << st;
+    }
+  };
+  w.erase = [this, workers](const std::string& key) {
+    if (key.size() > workers.size()) registry_.Remove(key.substr(workers.size()));
+  };
+  workers_follower_ = std::make_unique<EtcdFollower>(registry.client, workers, std::move(w));
+  auto routers = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
+  EtcdFollower::Handler r;
+  r.reset = [this, routers](const std::map<std::string, std::string>& values) {
+    std::lock_guard<std::mutex> lk(routers->first);
+    routers->second.clear();
+    for (const auto& [key, value] : values) routers->second.insert(key);
+    replicas_ = static_cast<int64_t>(routers->second.size());
+  };
+  r.put = [this, routers](const std::string& key, const std::string&) {
+    std::lock_guard<std::mutex> lk(routers->first);
+    routers->second.insert(key);
+    replicas_ = static_cast<int64_t>(routers->second.size());
+  };
+  r.erase = [this, routers](const std::string& key) {
+    std::lock_guard<std::mutex> lk(routers->first);
+    routers->second.erase(key);
+    replicas_ = static_cast<int64_t>(routers->second.size());
+  };
+  routers_follower_ = std::make_unique<EtcdFollower>(registry.client, registry.prefix + "routers/", std::move(r));
+  const std::string record = nlohmann::json({{"address", address}}).dump();
+  const int64_t ttl_seconds = std::max<int64_t>(2, (6 * options_.heartbeat_interval.count() + 999) / 1000);
+  membership_ = std::make_unique<EtcdMembership>(
+      registry.client, registry.prefix + "routers/" + RandomHex(1), [record] { return record; },
+      [](const std::string&) { return false; }, options_.heartbeat_interval, ttl_seconds);
+}
+
+int64_t RouterService::registry_resyncs() const {
+  return workers_follower_ ? workers_follower_->resyncs() + routers_follower_->resyncs() : 0;
 }
 
 void RouterService::Count(grpc::StatusCode code) {
@@ -216,6 +302,9 @@ grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
   if (tenant.empty() || tenant == "operator") return grpc::Status::OK;  // an open API; the operator
   int64_t limit = options_.auth.TenantMaxInflight(tenant);
   if (limit == 0) limit = options_.tenant_max_inflight;
+  // With several router replicas, each holds its share of the limit: no replica asks another on
+  // the request path, and a balancer that spreads clients evenly keeps the total at the limit.
+  const int64_t replicas = this->replicas();
   if (limit == 0 && options_.auth.tenant_count() >= 2) {
     // An equal share of what is really behind the router: the workers' slots and queues (each
     // worker refuses beyond its batch + queue), never more than the router's own cap.
@@ -223,6 +312,7 @@ grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
     const int64_t total = capacity > 0 ? std::min(capacity, options_.max_inflight) : options_.max_inflight;
     limit = std::max<int64_t>(1, total / options_.auth.tenant_count());
   }
+  if (limit > 0 && replicas > 1) limit = std::max<int64_t>(1, (limit + replicas - 1) / replicas);
   std::lock_guard<std::mutex> lock(tenant_mu_);
   int64_t& n = tenant_inflight_[tenant];
   if (limit > 0 && n >= limit) {
@@ -367,6 +457,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
       sub.set_shared_prefixes(options_.auth.SharesPrefixes(tenant));
       sub.set_tenants(static_cast<int32_t>(options_.auth.tenant_count()));
       if (r.kept) sub.set_client_request_id(r.client_id);
+      sub.set_prefix_key(prefix_key);
       w = std::make_unique<WorkerStream>();
       w->place = *std::move(place);
       AttachClusterSecret(&w->ctx, options_.cluster_secret);

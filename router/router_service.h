@@ -18,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/generate.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "proto/etcd_membership.h"
 #include "router/api_keys.h"
 #include "router/registry.h"
 
@@ -59,6 +60,13 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   ~RouterService() override;
 
   WorkerRegistry& registry() { return registry_; }
+  // The etcd registry (docs/decisions/0051-registry-on-etcd.md): follows the workers' records
+  // and the router replicas under `registry.prefix`, and registers this replica (reachable at
+  // `address`) among them. Per-tenant in-flight limits become this replica's share.
+  void FollowRegistry(const RegistryConfig& registry, const std::string& address);
+  int64_t replicas() const { return std::max<int64_t>(1, replicas_.load()); }
+  double registry_lag_seconds() const { return registry_lag_ms_.load() / 1e3; }
+  int64_t registry_resyncs() const;
   dd::worker::v1::Registry::Service* registry_service() { return registry_service_.get(); }
   // Adds the router metrics (dd_requests_total{code}, dd_queue_depth, dd_router_inflight,
   // dd_router_resumes_total, dd_router_reconnects_total, dd_worker_up{worker}) to an exposer.
@@ -120,6 +128,9 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   std::shared_ptr<void> collectable_;
+  std::atomic<int64_t> replicas_{1}, registry_lag_ms_{0};
+  std::unique_ptr<EtcdFollower> workers_follower_, routers_follower_;
+  std::unique_ptr<EtcdMembership> membership_;
 };
 
 }  // namespace dd::router

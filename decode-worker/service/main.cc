@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
   if (!secret.ok()) return fail(secret.status());
   auto tls = dd::TlsFilesFromFlags();
   if (!tls.ok()) return fail(tls.status());
+  auto registry = dd::RegistryFromFlags();
+  if (!registry.ok()) return fail(registry.status());
+  if (registry->etcd() && !absl::GetFlag(FLAGS_router).empty()) {
+    return fail(absl::InvalidArgumentError("give --router (one router) or --registry etcd://... (any router), not both"));
+  }
   auto sched = dd::worker::SchedulerOptionsFromFlags();
   if (!sched.ok()) return fail(sched.status());
   auto node = dd::worker::WorkerNode::Create(**model, *engine_options, *sched, id);
@@ -78,7 +83,9 @@ int main(int argc, char** argv) {
     if (absl::Status st = (*node)->metrics().Serve(m, (*node)->scheduler()); !st.ok()) return fail(st);
     metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", (*node)->metrics().port());
   }
-  if (const std::string router = absl::GetFlag(FLAGS_router); !router.empty()) {
+  if (registry->etcd()) {
+    (*node)->StartMembership(*registry, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)));
+  } else if (const std::string router = absl::GetFlag(FLAGS_router); !router.empty()) {
     (*node)->StartHeartbeats(router, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),
                              dd::ChannelCredentials(*tls));
   }

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "google/protobuf/util/json_util.h"
+
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
@@ -83,7 +87,32 @@ void WorkerNode::StartHeartbeats(const std::string& router, std::chrono::millise
   heartbeater_ = std::make_unique<Heartbeater>(router, *service_, *scheduler_, interval, std::move(credentials));
 }
 
+void WorkerNode::StartMembership(const RegistryConfig& registry, std::chrono::milliseconds interval) {
+  const WorkerService& service = *service_;
+  auto record = [&service] {
+    dd::worker::v1::RegisterRequest r = service.Record();
+    r.set_published_unix_seconds(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    std::string json;
+    (void)google::protobuf::util::MessageToJsonString(r, &json);
+    return json;
+  };
+  // A record at this worker's own address is an earlier run of it (restarted before its lease
+  // ran out): it takes the key over. Any other holder keeps it until its lease goes.
+  auto may_take = [&service](const std::string& held) {
+    dd::worker::v1::RegisterRequest r;
+    google::protobuf::util::JsonParseOptions o;
+    o.ignore_unknown_fields = true;
+    return held.size() < (64 << 10) && google::protobuf::util::JsonStringToMessage(held, &r, o).ok() &&
+           r.address() == service.identity().address;
+  };
+  const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);
+  membership_ = std::make_unique<EtcdMembership>(registry.client, registry.prefix + "workers/" + service.identity().worker_id,
+                                                 record, may_take, interval, ttl_seconds);
+}
+
 WorkerNode::~WorkerNode() {
+  membership_.reset();  // the key goes at once: routers stop placing here
   heartbeater_.reset();
   if (metrics_) metrics_->StopServing();
   service_.reset();

@@ -10,6 +10,7 @@
 #include "decode-worker/service/scheduler.h"
 #include "decode-worker/service/worker_metrics.h"
 #include "decode-worker/service/worker_service.h"
+#include "proto/etcd_membership.h"
 
 namespace dd::worker {
 
@@ -31,6 +32,9 @@ class WorkerNode {
   // Registers at `router` (HOST:PORT) once `service().identity().address` is final.
   void StartHeartbeats(const std::string& router, std::chrono::milliseconds interval,
                        std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials());
+  // Registers in etcd instead (proto/etcd_membership.h): the worker's record, refreshed with its
+  // load every `interval`, under `registry.prefix` + "workers/" + its id.
+  void StartMembership(const RegistryConfig& registry, std::chrono::milliseconds interval);
 
  private:
   WorkerNode() = default;
@@ -39,6 +43,7 @@ class WorkerNode {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<Heartbeater> heartbeater_;
+  std::unique_ptr<EtcdMembership> membership_;
 };
 
 }  // namespace dd::worker

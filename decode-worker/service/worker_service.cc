@@ -1,5 +1,7 @@
 #include "decode-worker/service/worker_service.h"
 
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -157,6 +159,12 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
   const std::string id = spec->id;
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = scheduler_.Submit(*std::move(spec));
   if (!stream.ok()) return ToGrpc(stream.status());
+  if (req->prefix_key() != 0) {
+    std::lock_guard<std::mutex> lk(keys_mu_);
+    recent_keys_.erase(std::remove(recent_keys_.begin(), recent_keys_.end(), req->prefix_key()), recent_keys_.end());
+    recent_keys_.push_back(req->prefix_key());
+    if (recent_keys_.size() > 64) recent_keys_.pop_front();
+  }
   // Kept: the output is logged and the request outlives its caller for the grace window.
   std::shared_ptr<KeptStream> kept;
   if (keeper_.enabled() && !req->client_request_id().empty()) {
@@ -198,6 +206,25 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
       if (final) return end(grpc::Status::OK);
     }
   }
+}
+
+void WorkerService::AddRecentPrefixKeys(dd::worker::v1::WorkerLoad* load) const {
+  std::lock_guard<std::mutex> lk(keys_mu_);
+  for (uint64_t k : recent_keys_) load->add_recent_prefix_keys(k);
+}
+
+dd::worker::v1::RegisterRequest WorkerService::Record() const {
+  dd::worker::v1::RegisterRequest req;
+  req.set_worker_id(identity_.worker_id);
+  req.set_address(identity_.address);
+  req.set_model(identity_.model);
+  req.set_mode(identity_.mode);
+  req.set_context_tokens(scheduler_.engine().config().n_ctx_train);
+  req.set_kv_store(identity_.kv_store);
+  FillLoad(scheduler_, req.mutable_load());
+  req.mutable_load()->set_draining(draining());
+  AddRecentPrefixKeys(req.mutable_load());
+  return req;
 }
 
 grpc::Status WorkerService::Attach(grpc::ServerContext* ctx, const dd::worker::v1::AttachRequest* req,
@@ -285,15 +312,7 @@ void Heartbeater::Loop() {
     ctx.set_deadline(std::chrono::system_clock::now() + std::max(interval_, std::chrono::milliseconds(1000)));
     grpc::Status st;
     if (!registered) {
-      dd::worker::v1::RegisterRequest req;
-      req.set_worker_id(id.worker_id);
-      req.set_address(id.address);
-      req.set_model(id.model);
-      req.set_mode(id.mode);
-      req.set_context_tokens(scheduler_.engine().config().n_ctx_train);
-      req.set_kv_store(id.kv_store);
-      FillLoad(scheduler_, req.mutable_load());
-      req.mutable_load()->set_draining(service_.draining());
+      const dd::worker::v1::RegisterRequest req = service_.Record();
       dd::worker::v1::RegisterResponse resp;
       st = stub_->Register(&ctx, req, &resp);
       registered = st.ok();
@@ -308,6 +327,7 @@ void Heartbeater::Loop() {
       req.set_lease(lease);
       FillLoad(scheduler_, req.mutable_load());
       req.mutable_load()->set_draining(service_.draining());
+      service_.AddRecentPrefixKeys(req.mutable_load());
       dd::worker::v1::HeartbeatResponse resp;
       st = stub_->Heartbeat(&ctx, req, &resp);
       if (st.ok() && !resp.known()) registered = false;  // the router restarted: register again

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +50,11 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   const std::string& cluster_secret() const { return secret_; }
   const WorkerIdentity& identity() const { return identity_; }
   const StreamKeeper& keeper() const { return keeper_; }
+  // The prefix keys of the latest requests (SubmitRequest.prefix_key, at most 64, newest last),
+  // published with the load so that every router replica places a repeated prompt here.
+  void AddRecentPrefixKeys(dd::worker::v1::WorkerLoad* load) const;
+  // This worker's record for a registry: identity, load, recent prefix keys.
+  dd::worker::v1::RegisterRequest Record() const;
   // Draining: Submit refuses new requests (UNAVAILABLE, so the router retries elsewhere) and
   // heartbeats tell the router; requests already running finish.
   void StartDrain() { draining_.store(true, std::memory_order_release); }
@@ -73,6 +79,8 @@ class WorkerService final : public dd::worker::v1::Worker::Service {
   std::string secret_;
   std::atomic<bool> draining_{false};
   StreamKeeper keeper_;
+  mutable std::mutex keys_mu_;
+  std::deque<uint64_t> recent_keys_;
 };
 
 // Graceful shutdown (SIGTERM): marks the service draining and the server NOT_SERVING, then

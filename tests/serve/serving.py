@@ -1,11 +1,15 @@
-"""Helpers for the serving tests: real processes on loopback: dd-kv-pool, dd-router, dd-decode-worker.
-Every process listens on port 0 and prints the address it got; nothing uses a fixed port."""
+"""Helpers for the serving tests: real processes on loopback: dd-kv-pool, dd-router, dd-decode-worker,
+etcd. Every process of ours listens on port 0 and prints the address it got; etcd, which cannot, gets
+ports the OS just handed out; nothing uses a fixed port."""
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -128,3 +132,68 @@ def start_worker(name, router, log_dir, *extra, env=None):
     model = require_model()
     return Proc(name, ["dd-decode-worker", f"--model={model}", f"--router={router}", f"--worker_id={name}",
                        "--threads=1", "--heartbeat_ms=200", *extra], log_dir, env=env)
+
+
+def free_port():
+    with socket.socket() as s:  # for servers that must be told their port up front (etcd)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """An etcd cluster of `members` real etcd processes on loopback (Debian's etcd-server)."""
+
+    def __init__(self, log_dir, members=3):
+        exe = shutil.which("etcd")
+        if exe is None:
+            pytest.fail("etcd is not installed (scripts/install-deps installs etcd-server)", pytrace=False)
+        self.dir = Path(log_dir)
+        self.names = [f"etcd{i}" for i in range(members)]
+        self.client = {n: free_port() for n in self.names}
+        self.peer = {n: free_port() for n in self.names}
+        self.cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
+        self.procs = {}
+        for n in self.names:
+            self.start(n)
+        self.url = "etcd://" + ",".join(f"127.0.0.1:{self.client[n]}" for n in self.names)
+        wait_for("etcd healthy", self.healthy, timeout=60)
+
+    def start(self, n):
+        c, p = self.client[n], self.peer[n]
+        self.procs[n] = subprocess.Popen(
+            [shutil.which("etcd"), "--name", n, "--data-dir", str(self.dir / f"{n}.data"),
+             "--listen-client-urls", f"http://127.0.0.1:{c}", "--advertise-client-urls", f"http://127.0.0.1:{c}",
+             "--listen-peer-urls", f"http://127.0.0.1:{p}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-cluster", self.cluster, "--initial-cluster-state", "new"],
+            stdout=subprocess.DEVNULL, stderr=(self.dir / f"{n}.log").open("a"))
+
+    def healthy(self):
+        for n in self.names:
+            if self.procs[n].poll() is not None:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.client[n]}/health", timeout=2) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return True
+            except OSError:
+                pass
+        return False
+
+    def kill(self, n):
+        self.procs[n].send_signal(signal.SIGKILL)
+        self.procs[n].wait(timeout=30)
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=30)
+
+
+def metric(addr, name):
+    """The value of one unlabelled (or fully labelled) sample on a /metrics page; None if absent."""
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None

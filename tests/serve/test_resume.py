@@ -2,21 +2,13 @@
 client names keeps decoding on its worker when the router dies, and the client reconnects with
 its id and the tokens it has; one that nobody reconnects to is cancelled after the grace window."""
 import json
-import socket
 import subprocess
-import urllib.request
 
-from serving import BIN, Proc, ddctl_json, start_worker, wait_for, workers_up
+from serving import BIN, Proc, ddctl_json, free_port, metric, start_worker, wait_for, workers_up
 
 
 def prompt(i):
     return f"Story {i}: " + "the river flows past the old mill and the miller counts sacks of grain. " * 3
-
-
-def free_port():
-    with socket.socket() as s:  # the restarted router must come back where the client dials
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stream(server, text, n, request_id, min_tokens, *extra):
@@ -31,14 +23,6 @@ def stream(server, text, n, request_id, min_tokens, *extra):
         lines.append(line)
         got += len(json.loads(line).get("token_ids", []))
     return p, lines
-
-
-def metric(addr, name):
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return None
 
 
 def test_a_stream_survives_its_routers_death_with_exactly_its_tokens(tmp_path):

@@ -1,0 +1,172 @@
+#include "proto/etcd_membership.h"
+
+#include <algorithm>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "proto/cluster_auth.h"
+
+ABSL_FLAG(std::string, registry, "memory",
+          "Where workers, pools and router replicas find each other: 'memory' (workers register with one router, "
+          "--router) or etcd://HOST:PORT[,HOST:PORT...] (every member registers in etcd under a lease; any number "
+          "of routers follow it)");
+ABSL_FLAG(std::string, registry_prefix, "/dualdecoder/",
+          "etcd registry: the key prefix of this cluster (several clusters may share one etcd)");
+ABSL_FLAG(std::string, etcd_user, "", "etcd registry: the etcd user (with --etcd_password_file; empty = auth off)");
+ABSL_FLAG(std::string, etcd_password_file, "", "etcd registry: file holding the etcd user's password (mode 0600)");
+
+namespace dd {
+
+absl::StatusOr<RegistryConfig> RegistryFromFlags() {
+  RegistryConfig c;
+  c.url = absl::GetFlag(FLAGS_registry);
+  c.prefix = absl::GetFlag(FLAGS_registry_prefix);
+  if (c.url == "memory") return c;
+  absl::StatusOr<std::vector<std::string>> endpoints = ParseEtcdUrl(c.url);
+  if (!endpoints.ok()) return absl::InvalidArgumentError(absl::StrCat("--registry: ", endpoints.status().message()));
+  if (c.prefix.empty() || c.prefix.front() != '/' || c.prefix.back() != '/') {
+    return absl::InvalidArgumentError("--registry_prefix must start and end with '/'");
+  }
+  EtcdOptions o;
+  o.endpoints = *std::move(endpoints);
+  o.user = absl::GetFlag(FLAGS_etcd_user);
+  const std::string password_file = absl::GetFlag(FLAGS_etcd_password_file);
+  if (o.user.empty() != password_file.empty()) {
+    return absl::InvalidArgumentError("--etcd_user and --etcd_password_file go together");
+  }
+  if (!password_file.empty()) {
+    // The password file has the cluster secret's format and checks (one line, mode 0600).
+    absl::StatusOr<std::string> password = LoadClusterSecret(password_file);
+    if (!password.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--etcd_password_file: ", password.status().message()));
+    }
+    o.password = *std::move(password);
+  }
+  c.client = std::make_shared<EtcdClient>(std::move(o));
+  return c;
+}
+
+EtcdMembership::EtcdMembership(std::shared_ptr<EtcdClient> client, std::string key, std::function<std::string()> value,
+                               std::function<bool(const std::string&)> may_take, std::chrono::milliseconds interval,
+                               int64_t ttl_seconds)
+    : client_(std::move(client)),
+      key_(std::move(key)),
+      value_(std::move(value)),
+      may_take_(std::move(may_take)),
+      interval_(interval),
+      ttl_seconds_(std::max<int64_t>(ttl_seconds, 2)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EtcdMembership::~EtcdMembership() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (lease_ != 0) (void)client_->Revoke(lease_);
+}
+
+void EtcdMembership::Loop() {
+  std::string warned;  // the last problem logged, so a long outage logs once
+  auto warn = [&](const absl::Status& st, const std::string& what) {
+    const std::string msg = absl::StrCat(what, ": ", st.message());
+    if (msg != warned) LOG(WARNING) << "registry " << key_ << ": " << msg << "; retrying every " << interval_.count() << " ms";
+    warned = msg;
+  };
+  for (;;) {
+    if (!registered_) {
+      if (lease_ == 0) {
+        absl::StatusOr<int64_t> lease = client_->Grant(ttl_seconds_);
+        if (lease.ok()) lease_ = *lease;
+        else warn(lease.status(), "cannot get a lease");
+      }
+      if (lease_ != 0) {
+        const std::string value = value_();
+        absl::StatusOr<std::optional<std::string>> held = client_->Create(key_, value, lease_);
+        if (!held.ok()) {
+          warn(held.status(), "cannot register");
+        } else if (!held->has_value() || may_take_(**held)) {
+          if (held->has_value()) (void)client_->Put(key_, value, lease_);  // a restart of this member
+          registered_ = true;
+          LOG(INFO) << "registered in etcd as " << key_;
+          warned.clear();
+        } else {
+          warn(absl::AlreadyExistsError("another member holds this key and is alive"), "cannot register");
+        }
+      }
+    } else if (absl::Status st = client_->KeepAlive(lease_); !st.ok()) {
+      if (absl::IsNotFound(st)) lease_ = 0;  // expired while etcd was out of reach: start again
+      registered_ = false;
+      warn(st, "lost the registration");
+      continue;
+    } else if (absl::Status put = client_->Put(key_, value_(), lease_); !put.ok()) {
+      warn(put, "cannot update the record");
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    if (cv_.wait_for(lk, interval_, [&] { return stop_; })) return;
+  }
+}
+
+EtcdFollower::EtcdFollower(std::shared_ptr<EtcdClient> client, std::string prefix, Handler handler)
+    : client_(std::move(client)), prefix_(std::move(prefix)), handler_(std::move(handler)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EtcdFollower::~EtcdFollower() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    if (watch_ != nullptr) watch_->Cancel();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void EtcdFollower::Loop() {
+  bool first = true;
+  std::string warned;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (stop_) return;
+    }
+    absl::StatusOr<EtcdClient::Listing> listing = client_->List(prefix_);
+    absl::StatusOr<std::unique_ptr<EtcdClient::Watch>> watch =
+        listing.ok() ? client_->WatchPrefix(prefix_, listing->revision + 1) : listing.status();
+    if (!watch.ok()) {
+      if (watch.status().ToString() != warned) {
+        LOG(WARNING) << "registry: cannot follow " << prefix_ << " in etcd (" << watch.status().message()
+                     << "); keeping the last view and retrying";
+      }
+      warned = watch.status().ToString();
+      std::unique_lock<std::mutex> lk(mu_);
+      if (cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; })) return;
+      continue;
+    }
+    warned.clear();
+    if (!first) resyncs_++;
+    first = false;
+    handler_.reset(listing->values);
+    synced_ = true;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stop_) return;
+      watch_ = watch->get();
+    }
+    etcdserverpb::WatchResponse resp;
+    while ((*watch)->Next(&resp)) {
+      if (resp.canceled() || resp.compact_revision() != 0) break;  // compacted or refused: list again
+      for (const mvccpb::Event& e : resp.events()) {
+        if (e.type() == mvccpb::Event::DELETE) handler_.erase(e.kv().key());
+        else handler_.put(e.kv().key(), e.kv().value());
+      }
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    watch_ = nullptr;
+  }
+}
+
+}  // namespace dd

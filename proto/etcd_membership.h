@@ -1,0 +1,88 @@
+// Cluster membership on etcd (docs/decisions/0051-registry-on-etcd.md). A member (a worker, a
+// router replica, a pool) holds one key under a lease that it keeps alive, with its current
+// record as the value; when the member dies, etcd drops the key once the lease runs out. A
+// follower (the router) mirrors every key under a prefix: a full listing, then a watch from
+// that listing's revision, and after any watch error or compaction a full listing again, so
+// its view never rests on deltas alone. When etcd is unreachable both keep trying, and the
+// follower keeps its last view.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "proto/etcd_client.h"
+
+namespace dd {
+
+// --registry (memory | etcd://HOST:PORT[,...]), --registry_prefix, --etcd_user,
+// --etcd_password_file. `client` is null for the in-memory registry.
+struct RegistryConfig {
+  std::string url = "memory";
+  std::string prefix = "/dualdecoder/";
+  std::shared_ptr<EtcdClient> client;
+  bool etcd() const { return client != nullptr; }
+};
+absl::StatusOr<RegistryConfig> RegistryFromFlags();
+
+class EtcdMembership {
+ public:
+  // `value` gives the record to publish (called every interval). `may_take(held)`: whether the
+  // key, when another lease holds it with the value `held`, may be taken over (a restart of the
+  // same member); otherwise the member waits until that key is gone.
+  EtcdMembership(std::shared_ptr<EtcdClient> client, std::string key, std::function<std::string()> value,
+                 std::function<bool(const std::string& held)> may_take, std::chrono::milliseconds interval,
+                 int64_t ttl_seconds);
+  ~EtcdMembership();  // revokes the lease: the key goes at once
+  bool registered() const { return registered_.load(); }
+
+ private:
+  void Loop();
+  std::shared_ptr<EtcdClient> client_;
+  std::string key_;
+  std::function<std::string()> value_;
+  std::function<bool(const std::string&)> may_take_;
+  std::chrono::milliseconds interval_;
+  int64_t ttl_seconds_;
+  std::atomic<bool> registered_{false};
+  int64_t lease_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class EtcdFollower {
+ public:
+  struct Handler {
+    std::function<void(const std::map<std::string, std::string>&)> reset;  // a full listing
+    std::function<void(const std::string& key, const std::string& value)> put;
+    std::function<void(const std::string& key)> erase;
+  };
+  EtcdFollower(std::shared_ptr<EtcdClient> client, std::string prefix, Handler handler);
+  ~EtcdFollower();
+  int64_t resyncs() const { return resyncs_.load(); }  // full listings after the first
+  bool synced() const { return synced_.load(); }       // a listing has been applied
+
+ private:
+  void Loop();
+  std::shared_ptr<EtcdClient> client_;
+  std::string prefix_;
+  Handler handler_;
+  std::atomic<int64_t> resyncs_{0};
+  std::atomic<bool> synced_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  EtcdClient::Watch* watch_ = nullptr;  // mu_; cancelled on stop
+  std::thread thread_;
+};
+
+}  // namespace dd

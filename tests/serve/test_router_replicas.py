@@ -1,0 +1,107 @@
+"""Router replicas on etcd (docs/decisions/0051-registry-on-etcd.md): a 3-member etcd, two
+routers, two workers registered in etcd, all real processes. Streams survive the death of the
+router relaying them (docs/decisions/0050-resumable-streams.md), a new router serves at once, and
+the cluster keeps serving through the loss of an etcd member and of all of etcd."""
+import json
+import subprocess
+import time
+
+from serving import BIN, Etcd, Proc, ddctl, ddctl_json, metric, require_model, wait_for, workers_up
+
+STREAMS = 16
+TOKENS = 200
+
+
+def prompt(i):
+    return f"Letter {i}: " + "the river flows past the old mill and the miller counts sacks of grain. " * (1 + i % 3)
+
+
+def router(name, etcd, log_dir):
+    return Proc(name, ["dd-router", f"--registry={etcd.url}", "--heartbeat_timeout_ms=1500"], log_dir)
+
+
+def worker(name, etcd, log_dir):
+    return Proc(name, ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                       f"--worker_id={name}", "--threads=1", "--heartbeat_ms=200", "--max_batch=8"], log_dir)
+
+
+def start_stream(servers, i, request_id):
+    return subprocess.Popen([str(BIN / "ddctl"), "generate", "--server", servers, "--prompt", prompt(i),
+                          "--max_new_tokens", str(TOKENS), "--ignore_eos", "--json", f"--request_id={request_id}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p):
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_streams_survive_a_router_kill_and_the_cluster_survives_etcd_losses(tmp_path):
+    etcd = Etcd(tmp_path, members=3)
+    procs = []
+    try:
+        a, b = router("router-a", etcd, tmp_path), router("router-b", etcd, tmp_path)
+        procs += [a, b]
+        procs += [worker("w1", etcd, tmp_path), worker("w2", etcd, tmp_path)]
+        wait_for("both routers see both workers", lambda: workers_up(a.addr) == 2 and workers_up(b.addr) == 2)
+        assert metric(a.metrics, "dd_router_replicas") == 2
+        # The undisturbed run.
+        ref = [start_stream(b.addr, i, f"ref-{i}") for i in range(STREAMS)]
+        want = [finish(p)[0]["tokens"] for p in ref]
+        # The same 16 streams through router A, which is SIGKILLed once each has ~20 tokens: every
+        # client reconnects to B with its id and the tokens it has.
+        before = decoded(procs[2:])
+        streams = [start_stream(f"{a.addr},{b.addr}", i, f"run-{i}") for i in range(STREAMS)]
+        wait_for("~20 tokens of each stream", lambda: decoded(procs[2:]) - before >= 20 * STREAMS, timeout=300)
+        a.kill()
+        results = [finish(p) for p in streams]
+        for i, (done, err) in enumerate(results):
+            assert done["tokens"] == want[i], (i, err)
+            assert 0 < int(err.split("reconnecting to ")[1].split(" after ")[1].split()[0]) < TOKENS, err
+        assert sum("reconnecting" in err for _, err in results) == STREAMS
+        assert metric(b.metrics, "dd_router_reconnects_total") == STREAMS
+        # A new router serves within 2 s of its start.
+        t0 = time.monotonic()
+        c = router("router-c", etcd, tmp_path)
+        procs.append(c)
+        wait_for("router C serves", lambda: ddctl("generate", "--server", c.addr, "--prompt", "Hi",
+                                                  "--max_new_tokens", "2").returncode == 0, timeout=10)
+        assert time.monotonic() - t0 < 2.0 + 1.5, time.monotonic() - t0  # + process start-up on a busy host
+        # One etcd member down: registration and service go on.
+        etcd.kill("etcd0")
+        done = ddctl_json("generate", "--server", f"{c.addr},{b.addr}", "--prompt", prompt(1), "--max_new_tokens",
+                          "16", "--ignore_eos")
+        assert done["tokens"] == want[1][:16]
+        w3 = worker("w3", etcd, tmp_path)
+        procs.append(w3)
+        wait_for("w3 registered with one etcd member down", lambda: workers_up(c.addr) == 3, timeout=30)
+        # All of etcd down: in-flight streams complete and new requests are served by the workers
+        # last known; a worker that starts now registers once etcd is back.
+        inflight = [start_stream(f"{b.addr},{c.addr}", i, f"dark-{i}") for i in range(4)]
+        for n in etcd.names[1:]:
+            etcd.kill(n)
+        for i, p in enumerate(inflight):
+            assert finish(p)[0]["tokens"] == want[i]
+        done = ddctl_json("generate", "--server", b.addr, "--prompt", prompt(2), "--max_new_tokens", "8",
+                          "--ignore_eos")
+        assert done["tokens"] == want[2][:8]
+        w4 = worker("w4", etcd, tmp_path)
+        procs.append(w4)
+        for n in etcd.names:
+            etcd.start(n)
+        wait_for("w4 registered once etcd is back", lambda: workers_up(b.addr) == 4, timeout=60)
+    finally:
+        for p in procs:
+            p.stop()
+        etcd.stop()
+
+
+def decoded(workers):
+    """Tokens the workers have decoded since they started."""
+    total = 0
+    for w in workers:
+        r = ddctl("stats", "--worker", w.addr)
+        if r.returncode == 0:
+            total += int(json.loads(r.stdout).get("decode_tokens_total", 0))
+    return total
