@@ -180,5 +180,45 @@ TEST(RequestIdTest, IdsAreRandomAndUnique) {
   EXPECT_NE(a.substr(0, 12), b.substr(0, 12));
 }
 
+TEST(RegistryTest, EveryReplicaPlacesARepeatedPromptOnTheWorkerThatPublishedItsPrefix) {
+  // Two router replicas follow the same records. The worker that served a prompt publishes its
+  // prefix key; the replica that never saw the prompt places it there too.
+  WorkerRegistry a(std::chrono::seconds(10)), b(std::chrono::seconds(10));
+  for (WorkerRegistry* r : {&a, &b}) {
+    r->set_external_liveness(true);
+    r->Reset({Worker("w1", "m", 4, 0), Worker("w2", "m", 4, 0)});
+  }
+  const uint64_t key = 0x5eed;
+  absl::StatusOr<Placement> first = a.Pick("m", {}, key);
+  ASSERT_TRUE(first.ok());
+  const std::string other = first->worker_id == "w1" ? "w2" : "w1";
+  // B holds one request on that worker, so by load alone it would pick the other one.
+  b.Hold(first->worker_id);
+  dd::worker::v1::RegisterRequest published = Worker(first->worker_id, "m", 4, 0);
+  published.mutable_load()->add_recent_prefix_keys(key);
+  ASSERT_TRUE(b.Upsert(published).ok());
+  absl::StatusOr<Placement> again = b.Pick("m", {}, key);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker_id, first->worker_id);
+  EXPECT_NE(again->worker_id, other);
+}
+
+TEST(RegistryTest, WithExternalLivenessAWorkerIsUpUntilItsRecordGoes) {
+  WorkerRegistry reg(std::chrono::milliseconds(1));
+  reg.set_external_liveness(true);
+  ASSERT_TRUE(reg.Upsert(Worker("w1", "m", 2, 0)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past the heartbeat timeout
+  EXPECT_EQ(reg.workers_up(), 1) << "an etcd outage keeps the last known workers";
+  reg.Remove("w1");
+  EXPECT_EQ(reg.workers_up(), 0);
+  ASSERT_TRUE(reg.Upsert(Worker("w1", "m", 2, 0)).ok());
+  reg.Reset({Worker("w2", "m", 2, 0)});  // a full listing replaces the view
+  const std::vector<dd::v1::WorkerInfo> known = reg.Snapshot();
+  ASSERT_EQ(known.size(), 1u);
+  EXPECT_EQ(known[0].worker_id(), "w2");
+  dd::worker::v1::RegisterRequest bad = Worker("", "m", 2, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(reg.Upsert(bad)));
+}
+
 }  // namespace
 }  // namespace dd::router
