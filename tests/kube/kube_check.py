@@ -3,9 +3,10 @@ scripts/build-images made, and drives them from the host as a user would (script
 
   single-node  ddctl serve: gRPC health probes, a Generate stream, the OpenAI client, /metrics,
                SIGTERM drain of a running stream.
-  cluster      router, two workers, the pool: the same, plus a worker killed mid-stream (the
-               request resumes on the other), the pool killed mid-stream (the requests' KV is
-               rebuilt) and a worker's SIGTERM drain.
+  cluster      etcd (3 members), two router replicas, two workers, the pool: the same, plus a
+               worker killed mid-stream (the request resumes on the other), a router replica
+               killed under load (every stream reconnects through the other), the pool killed
+               mid-stream (the requests' KV is rebuilt) and a worker's SIGTERM drain.
 
 Every check prints PASS or FAIL with its figures; the exit status is the number of failures."""
 import argparse
@@ -95,9 +96,11 @@ def ddctl(workdir, *args, stream=False):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
-def generate_args(router_port, n, *extra):
-    return ["generate", "--server", f"127.0.0.1:{router_port}", "--prompt", PROMPT, "--max_new_tokens", str(n),
-            "--ignore_eos", "--api_key_file=/check/client/tenant_key", *extra]
+def generate_args(router_ports, n, *extra):
+    """`router_ports`: one port, or several replicas' (ddctl fails over between them)."""
+    ports = router_ports if isinstance(router_ports, (list, tuple)) else [router_ports]
+    return ["generate", "--server", ",".join(f"127.0.0.1:{p}" for p in ports), "--prompt", PROMPT,
+            "--max_new_tokens", str(n), "--ignore_eos", "--api_key_file=/check/client/tenant_key", *extra]
 
 
 class Stream:
@@ -180,6 +183,24 @@ def serving_worker(workers):
     return None
 
 
+def etcd_healthy(pod):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{pod.host_port('metrics')}/health", timeout=5) as f:
+            return json.loads(f.read()).get("health") == "true"
+    except (OSError, ValueError):
+        return False
+
+
+def wait_etcd(members, limit_s=120):
+    """The members' readiness probe (GET /health), as kubelet would run it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s and not all(etcd_healthy(m) for m in members):
+        time.sleep(0.5)
+    up = [m.name for m in members if etcd_healthy(m)]
+    report("cluster: etcd", len(up) == len(members), f"{len(up)} of {len(members)} members healthy after "
+           f"{time.monotonic() - t0:.1f} s")
+
+
 def make_secrets(workdir):
     tenant, operator, cluster, pool = (secrets.token_hex(20) for _ in range(4))
     key_file = workdir / "tenant_key"  # the OpenAI client's copy, the check's own (not the pods')
@@ -231,13 +252,21 @@ def cluster(workdir):
     pods = podlib.plan(docs, TAG, workdir, make_secrets(workdir))
     configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
     by = {p.name: p for p in pods}
-    router, pool = by["dd-router-0"], by["dd-kv-pool-0"]
+    router, router_b, pool = by["dd-router-0"], by["dd-router-1"], by["dd-kv-pool-0"]
+    members = [p for p in pods if p.name.startswith("dd-etcd-")]
     workers = [p for p in pods if p.name.startswith("dd-decode-worker-")]
     try:
-        for p in [pool, router, *workers]:
+        for p in [*members, pool, router, router_b, *workers]:
             play(p, configmaps, workdir)
-        for p in [pool, router, *workers]:
+        wait_etcd(members)
+        for p in [pool, router, router_b, *workers]:
             wait_probes(p)
+        for r in (router, router_b):  # each replica lists both workers from etcd
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60 and metric_sum(r.host_port("metrics"), "dd_worker_up") < len(workers):
+                time.sleep(0.5)
+            up = metric_sum(r.host_port("metrics"), "dd_worker_up")
+            report(f"{r.name}: workers from etcd", up == len(workers), f"{up:.0f} of {len(workers)} workers up")
         ref = check_api(workdir, router.host_port("grpc"), router.host_port("http"), "cluster")
         check_metrics(by, [(router.name, "dd_worker_up"), (pool.name, "dd_pool_bytes"),
                            *((w.name, "dd_batch_size") for w in workers)])
@@ -262,6 +291,24 @@ def cluster(workdir):
             podman("pod", "start", victim.name)
         for w in workers:
             wait_probes(w)
+
+        # A router replica killed under load: every client reconnects through the other replica
+        # and resumes its stream (as a client would through the Service) with no token lost.
+        ports = [router.host_port("grpc"), router_b.host_port("grpc")]
+        streams = [Stream(workdir, ports, n_ref) for _ in range(4)]
+        for s in streams:
+            s.got_first.wait(120)
+        at_kill = [len(s.tokens) for s in streams]
+        kill(router)
+        results = [s.finish() for s in streams]
+        reconnects = metric_sum(router_b.host_port("metrics"), "dd_router_reconnects_total")
+        report("cluster: router replica killed under load", all(c == 0 for c, _ in results)
+               and all(s.tokens == want for s in streams) and all(k < n_ref for k in at_kill) and reconnects == len(streams),
+               f"{router.name} SIGKILLed after {at_kill} of {n_ref} tokens; streams {[c for c, _ in results]}, "
+               f"as undisturbed: {[s.tokens == want for s in streams]}; reconnects through {router_b.name}: "
+               f"{reconnects:.0f}" + "".join(f": {e.strip()}" for c, e in results if c))
+        podman("pod", "start", router.name)  # as kubelet restarts it
+        wait_probes(router)
 
         # The pool killed mid-stream: workers notice at their next lease renewal (a third of
         # --lease_ttl_ms, 10 s), wait for the restarted pool and rebuild the requests' KV. The

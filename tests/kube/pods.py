@@ -1,7 +1,7 @@
 """The deploy/ overlays as pods that `podman kube play` runs on one host (scripts/check-kube).
 
-Rendered with kustomize, every Deployment and DaemonSet becomes one Pod per replica (a
-DaemonSet: one, for this one node), changed only where one host with podman 4.3 needs it, each
+Rendered with kustomize, every Deployment, StatefulSet and DaemonSet becomes one Pod per replica
+(a DaemonSet: one, for this one node), changed only where one host with podman 4.3 needs it, each
 change listed in CHANGES. Everything else is played as written: images, arguments, environment,
 the ConfigMap, security contexts, resources, emptyDir and hostPath volumes, restart policy."""
 import copy
@@ -22,7 +22,9 @@ UID = 65532  # the images' user (deploy/docker/Dockerfile)
 CHANGES = [
     "hostNetwork: every pod on the host's network, each listening port moved to a free one "
     "(containerPort declarations dropped: podman refuses them with the host's network)",
-    "Service names in arguments (dd-router:50051) replaced by 127.0.0.1 and the backing pod's port",
+    "Service names in arguments (dd-router:50051) replaced by 127.0.0.1 and the backing pod's port, and a "
+    "StatefulSet pod's name under its headless Service (dd-etcd-0.dd-etcd:2379) by 127.0.0.1 and that pod's port",
+    "a StatefulSet's volumeClaimTemplates as host directories, one per pod and claim",
     "Secret volumes delivered as host directories of the same files (podman 4.3 panics on secret volumes), "
     "secretKeyRef variables as values (it reads env secrets as JSON)",
     "fieldRef status.podIP and metadata.name as values (127.0.0.1, the pod's name)",
@@ -32,7 +34,7 @@ CHANGES = [
     "the /run/dualdecoder hostPath moved under the check's directory; affinity dropped (one node)",
     "images from local storage (localhost/..., imagePullPolicy Never)",
 ]
-PLAYED = {"Deployment", "DaemonSet", "ConfigMap"}
+PLAYED = {"Deployment", "StatefulSet", "DaemonSet", "ConfigMap"}
 
 
 def kubectl():
@@ -89,16 +91,19 @@ def plan(docs, tag, workdir, secret_files):
     configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     pods = []
     for d in docs:
-        if d["kind"] not in ("Deployment", "DaemonSet"):
+        if d["kind"] not in ("Deployment", "StatefulSet", "DaemonSet"):
             continue
         n = 1 if d["kind"] == "DaemonSet" else d["spec"].get("replicas", 1)
         pods += [Pod(f"{d['metadata']['name']}-{i}", d, i) for i in range(n)]
 
-    def backend(service, port):  # a Service's port -> 127.0.0.1:<host port of the pod behind it>
+    def backend(service, port, pod_name=None):  # a Service's port -> 127.0.0.1:<host port of a pod behind it>
         svc = services[service]
         target = next(p.get("targetPort", p["port"]) for p in svc["spec"]["ports"] if p["port"] == int(port))
-        pod = next(p for p in pods if all(p.labels.get(k) == v for k, v in svc["spec"]["selector"].items()))
+        pod = next(p for p in pods if all(p.labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+                   and pod_name in (None, p.name))
         return f"127.0.0.1:{pod.host_port(target)}"
+
+    by_name = {p.name for p in pods}
 
     secrets_dir = workdir / "secrets"
     for name, files in secret_files.items():
@@ -118,6 +123,12 @@ def plan(docs, tag, workdir, secret_files):
         spec["hostNetwork"] = True
         spec.pop("affinity", None)
         spec["restartPolicy"] = "Always"
+        for claim in pod.workload["spec"].get("volumeClaimTemplates", []):
+            d = workdir / "claims" / f"{pod.name}-{claim['metadata']['name']}"
+            d.mkdir(parents=True, exist_ok=True)
+            os.chown(d, UID, UID)
+            spec.setdefault("volumes", []).append({"name": claim["metadata"]["name"],
+                                                   "hostPath": {"path": str(d), "type": "Directory"}})
         for v in spec.get("volumes", []):
             if "secret" in v:
                 v["hostPath"] = {"path": str(secrets_dir / v.pop("secret")["secretName"]), "type": "Directory"}
@@ -147,6 +158,9 @@ def plan(docs, tag, workdir, secret_files):
             for a in c.get("args", []):
                 a = expand(a, values)
                 a = re.sub(r"0\.0\.0\.0:(\d+)", lambda m: f"127.0.0.1:{pod.ports[int(m.group(1))]}", a)
+                a = re.sub(r"(?<![\w.-])([a-z][a-z0-9-]*)\.([a-z][a-z0-9-]*):(\d+)",
+                           lambda m: backend(m.group(2), m.group(3), m.group(1))
+                           if m.group(2) in services and m.group(1) in by_name else m.group(0), a)
                 a = re.sub(r"(?<![\w.-])([a-z][a-z0-9-]*):(\d+)",
                            lambda m: backend(m.group(1), m.group(2)) if m.group(1) in services else m.group(0), a)
                 args.append(a)
