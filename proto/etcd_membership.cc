@@ -87,6 +87,7 @@ void EtcdMembership::Loop() {
         const std::string value = value_();
         absl::StatusOr<std::optional<std::string>> held = client_->Create(key_, value, lease_);
         if (!held.ok()) {
+          if (absl::IsNotFound(held.status())) lease_ = 0;  // the lease expired meanwhile: a new one
           warn(held.status(), "cannot register");
         } else if (!held->has_value() || may_take_(**held)) {
           if (held->has_value()) (void)client_->Put(key_, value, lease_);  // a restart of this member

@@ -7,12 +7,14 @@
 #include <optional>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/http_server.h"
 #include "common/json_bounds.h"
 #include "common/random.h"
 #include "nlohmann/json.hpp"
 #include "proto/generate.grpc.pb.h"
+#include "proto/request_check.h"
 
 namespace dd::router {
 namespace {
@@ -314,7 +316,7 @@ struct OpenAiHttp::Handler {
   void Options(http::Connection& c) {
     c.Write(absl::StrCat("HTTP/1.1 204 No Content\r\n", CorsHeaders(c),
                          "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                         "Access-Control-Allow-Headers: Authorization, Content-Type\r\nAccess-Control-Max-Age: 600\r\n"
+                         "Access-Control-Allow-Headers: Authorization, Content-Type, X-Request-Id, Last-Event-ID\r\nAccess-Control-Max-Age: 600\r\n"
                          "Content-Length: 0\r\nConnection: close\r\n\r\n"));
   }
 
@@ -403,7 +405,36 @@ struct OpenAiHttp::Handler {
       return SendError(c, *e);
     }
     if (auto e = chat ? Messages(*j, &req) : Prompt(*j, &req)) return SendError(c, *e);
+    if (auto e = Resumable(c.request(), stream, &req)) return SendError(c, *e);
     Generate(c, req, chat, stream, include_usage);
+  }
+
+  // A streamed request the client names with `X-Request-Id` is kept by its worker when the
+  // connection drops (docs/decisions/0050-resumable-streams.md): its events carry SSE ids
+  // "ID.TOKENS", and the same request sent again with `Last-Event-ID: ID.TOKENS` goes on from
+  // there. Unnamed requests are cancelled when their client hangs up.
+  static std::optional<HttpError> Resumable(const http::Request& r, bool stream, v1::GenerateRequest* req) {
+    const std::string* named = r.Header("X-Request-Id");
+    const std::string* last = r.Header("Last-Event-ID");
+    if (last != nullptr) {
+      if (!stream) return BadRequest("Last-Event-ID resumes a streamed request: set \"stream\": true");
+      const size_t dot = last->rfind('.');
+      int64_t index = 0;
+      if (dot == std::string::npos || !absl::SimpleAtoi(last->substr(dot + 1), &index) || index < 0) {
+        return BadRequest("Last-Event-ID: not an event id of this server (ID.TOKENS)", "invalid_last_event_id");
+      }
+      req->set_request_id(last->substr(0, dot));
+      req->set_resume_from_index(index);
+    } else if (named != nullptr) {
+      req->set_request_id(*named);
+    }
+    if (req->request_id().empty() && (named != nullptr || last != nullptr)) {
+      return BadRequest("X-Request-Id / Last-Event-ID: the request id is empty", "invalid_request_id");
+    }
+    if (absl::Status st = ValidateRequestId(req->request_id()); !st.ok()) {
+      return BadRequest(std::string(st.message()), "invalid_request_id");
+    }
+    return std::nullopt;
   }
 
   static std::optional<HttpError> Prompt(const json& j, v1::GenerateRequest* req) {
@@ -490,7 +521,8 @@ struct OpenAiHttp::Handler {
   // Streamed with include_usage: every chunk carries "usage": null, and one more chunk with no
   // choices carries the usage before [DONE] (OpenAI's stream_options).
   void Generate(http::Connection& c, const v1::GenerateRequest& req, bool chat, bool stream, bool include_usage) {
-    const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
+    const bool named = stream && !req.request_id().empty();
+    const std::string id = named ? req.request_id() : absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex(2));
     const std::string model = req.model().empty() ? ServedModel(c) : req.model();
     auto chunk = [&](const std::string& delta, bool first, const std::optional<std::string>& finish) {
       json j = Chunk(id, model, chat, delta, first, finish);
@@ -519,7 +551,11 @@ struct OpenAiHttp::Handler {
                              CorsHeaders(c), "Connection: close\r\n\r\n"));
       }
       if (!resp.text().empty() || !started) {
-        if (!Event(c, chunk(resp.text(), !started, std::nullopt))) {
+        // A named stream's events carry how many tokens the client has after each: where a
+        // reconnect (Last-Event-ID) resumes.
+        const std::string event_id =
+            named ? absl::StrCat(id, ".", resp.first_token_index() + resp.token_ids_size()) : "";
+        if (!Event(c, chunk(resp.text(), !started, std::nullopt), event_id)) {
           ctx.TryCancel();  // the client went away
           break;
         }
@@ -552,8 +588,8 @@ struct OpenAiHttp::Handler {
                       {"model", model}, {"choices", json::array({choice})}, {"usage", Usage(usage)}});
   }
 
-  static bool Event(http::Connection& c, const json& j) {
-    return c.Write(absl::StrCat("data: ", Dump(j), "\n\n"));
+  static bool Event(http::Connection& c, const json& j, const std::string& event_id = "") {
+    return c.Write(absl::StrCat(event_id.empty() ? "" : absl::StrCat("id: ", event_id, "\n"), "data: ", Dump(j), "\n\n"));
   }
 
   // The one model served, for responses to requests that named none.

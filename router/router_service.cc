@@ -373,6 +373,21 @@ grpc::Status RouterService::Reconnect(grpc::ServerContext* ctx, const dd::v1::Ge
   std::string failure;  // a worker that could not be asked
   const std::vector<Placement> workers = registry_.UpWorkers();
   for (const Placement& w : workers) {
+    // Asked with a short deadline first, so that a worker that hangs cannot hold the search.
+    {
+      grpc::ClientContext probe;
+      AttachClusterSecret(&probe, options_.cluster_secret);
+      probe.set_deadline(Wall::now() + std::chrono::seconds(2));
+      auto r = w.stub->Attach(&probe, areq);
+      dd::worker::v1::AttachResponse first;
+      const bool found = r->Read(&first) && first.has_submitted();
+      if (found) probe.TryCancel();  // only the answer was wanted
+      const grpc::Status st = r->Finish();
+      if (!found) {
+        if (st.error_code() != grpc::StatusCode::NOT_FOUND) failure = absl::StrCat(w.worker_id, ": ", st.error_message());
+        continue;
+      }
+    }
     auto s = std::make_unique<WorkerStream>();
     s->place = w;
     AttachClusterSecret(&s->ctx, options_.cluster_secret);

@@ -263,3 +263,48 @@ def test_browsers_and_rebound_host_names_are_refused(tmp_path, server):
     keyed = server["http"].split("/")[2]
     status, _, _ = _http(keyed, "GET", "/v1/models", {"Host": "dd-router.dualdecoder.svc", "Authorization": f"Bearer {KEY}"})
     assert status == 200
+
+
+def sse(server, body, headers, stop_after=None):
+    """POSTs a streamed completion; returns [(event id, text delta)] read (all, or `stop_after`
+    events before hanging up)."""
+    import http.client
+    from urllib.parse import urlparse
+    u = urlparse(server["http"])
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **headers})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    events, event_id = [], None
+    for raw in r:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: ") and line != "data: [DONE]":
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            events.append((event_id, choices[0].get("text", "")))
+            event_id = None
+            if stop_after is not None and len(events) >= stop_after:
+                break
+    conn.close()  # a hang-up mid-stream when stop_after cut it short
+    return events
+
+
+def test_a_named_sse_stream_resumes_after_a_dropped_connection_with_last_event_id(server):
+    body = {"model": "", "prompt": "The history of the old mill by the river:", "max_tokens": 48,
+            "temperature": 0, "stream": True}
+    want = "".join(t for _, t in sse(server, body, {}))
+    first = sse(server, body, {"X-Request-Id": "sse-story-1"}, stop_after=6)
+    last_id = [i for i, _ in first if i][-1]
+    assert last_id.startswith("sse-story-1.") and int(last_id.split(".")[-1]) > 0, first
+    assert all(i is not None for i, _ in first), first  # every event of a named stream has an id
+    rest = sse(server, body, {"Last-Event-ID": last_id})
+    assert "".join(t for _, t in first) + "".join(t for _, t in rest) == want
+    # An id the server does not keep (a guess, or long gone) is refused by name.
+    with pytest.raises(urllib.error.HTTPError) as e:
+        req = urllib.request.Request(server["http"] + "/completions", json.dumps(body).encode(),
+                                     {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
+                                      "Last-Event-ID": "nobody.3"})
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 404, e.value.read()

@@ -46,6 +46,18 @@ def test_streams_survive_a_router_kill_and_the_cluster_survives_etcd_losses(tmp_
         procs += [worker("w1", etcd, tmp_path), worker("w2", etcd, tmp_path)]
         wait_for("both routers see both workers", lambda: workers_up(a.addr) == 2 and workers_up(b.addr) == 2)
         assert metric(a.metrics, "dd_router_replicas") == 2
+        # Placement quality: the worker that served a long prompt through A publishes its prefix
+        # key, and B, which never saw the prompt, sends it there too. A long stream through A
+        # takes the first worker meanwhile; by load alone (both idle) B would pick that one.
+        long_prompt = "Chapter two. " + prompt(8) * 8  # over 1 KiB: it has a prefix key
+        hold = start_stream(a.addr, 0, "hold")
+        wait_for("the hold stream placed", lambda: decoded(procs[2:]) > 0, timeout=120)
+        placed = ddctl_json("generate", "--server", a.addr, "--prompt", long_prompt,
+                            "--max_new_tokens", "4")["usage"]["worker_id"]
+        held_on = finish(hold)[0]["usage"]["worker_id"]
+        assert placed != held_on
+        again = ddctl_json("generate", "--server", b.addr, "--prompt", long_prompt, "--max_new_tokens", "4")
+        assert again["usage"]["worker_id"] == placed, (again["usage"], placed, held_on)
         # The undisturbed run.
         ref = [start_stream(b.addr, i, f"ref-{i}") for i in range(STREAMS)]
         want = [finish(p)[0]["tokens"] for p in ref]
