@@ -332,6 +332,7 @@ def cluster(workdir):
                + "".join(f": {e.strip()}" for c, e in results if c))
 
         # SIGTERM: the serving worker drains its running request before it exits.
+        resumes = metric_sum(router.host_port("metrics"), "dd_router_resumes_total")  # since its restart
         s = Stream(workdir, router.host_port("grpc"), n_ref)
         s.got_first.wait(120)
         victim = serving_worker(workers)
