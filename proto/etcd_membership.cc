@@ -1,11 +1,12 @@
 #include "proto/etcd_membership.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "proto/cluster_auth.h"
+#include "common/secrets.h"
 
 ABSL_FLAG(std::string, registry, "memory",
           "Where workers, pools and router replicas find each other: 'memory' (workers register with one router, "
@@ -36,12 +37,12 @@ absl::StatusOr<RegistryConfig> RegistryFromFlags() {
     return absl::InvalidArgumentError("--etcd_user and --etcd_password_file go together");
   }
   if (!password_file.empty()) {
-    // The password file has the cluster secret's format and checks (one line, mode 0600).
-    absl::StatusOr<std::string> password = LoadClusterSecret(password_file);
-    if (!password.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--etcd_password_file: ", password.status().message()));
+    // One line, in a file only its owner may read (etcd's own rules decide its strength).
+    if (absl::Status st = CheckPrivateFile(password_file, "--etcd_password_file", 4096); !st.ok()) return st;
+    std::ifstream f(password_file);
+    if (!f || !std::getline(f, o.password) || o.password.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--etcd_password_file ", password_file, " holds no password"));
     }
-    o.password = *std::move(password);
   }
   c.client = std::make_shared<EtcdClient>(std::move(o));
   return c;

@@ -117,3 +117,36 @@ def decoded(workers):
         if r.returncode == 0:
             total += int(json.loads(r.stdout).get("decode_tokens_total", 0))
     return total
+
+
+def test_a_worker_that_cannot_authenticate_to_etcd_cannot_register(tmp_path):
+    etcd = Etcd(tmp_path, members=1)
+    endpoint = etcd.url[len("etcd://"):]
+    procs = []
+    try:
+        for args in (["user", "add", "root:root-password-0123"], ["auth", "enable"]):
+            r = subprocess.run(["etcdctl", f"--endpoints={endpoint}", *args], capture_output=True, text=True,
+                               env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}, timeout=60)
+            assert r.returncode == 0, r.stderr
+        good, bad = tmp_path / "good", tmp_path / "bad"
+        for f, pw in ((good, "root-password-0123"), (bad, "not-the-password-0123")):
+            f.write_text(pw + "\n")
+            f.chmod(0o600)
+        auth = ["--etcd_user=root", f"--etcd_password_file={good}"]
+        r = Proc("router", ["dd-router", f"--registry={etcd.url}", *auth], tmp_path)
+        procs.append(r)
+        intruder = Proc("intruder", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                                     "--worker_id=intruder", "--threads=1", "--heartbeat_ms=200", "--etcd_user=root",
+                                     f"--etcd_password_file={bad}"], tmp_path)
+        procs.append(intruder)
+        wait_for("the intruder refused", lambda: "authentication failed" in intruder.log.read_text(), timeout=60)
+        honest = Proc("honest", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                                 "--worker_id=honest", "--threads=1", "--heartbeat_ms=200", *auth], tmp_path)
+        procs.append(honest)
+        wait_for("the honest worker registered", lambda: workers_up(r.addr) >= 1, timeout=60)
+        listed = json.loads(ddctl("workers", "--server", r.addr, "--json").stdout)["workers"]
+        assert [w["worker_id"] for w in listed] == ["honest"], listed
+    finally:
+        for p in procs:
+            p.stop()
+        etcd.stop()
