@@ -4,8 +4,12 @@
 #include <fstream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "openssl/evp.h"
+#include "openssl/hmac.h"
 #include "common/secrets.h"
 
 ABSL_FLAG(std::string, registry, "memory",
@@ -46,6 +50,39 @@ absl::StatusOr<RegistryConfig> RegistryFromFlags() {
   }
   c.client = std::make_shared<EtcdClient>(std::move(o));
   return c;
+}
+
+namespace {
+
+constexpr absl::string_view kSignature = "hmac-sha256:";
+
+std::string Hmac(const std::string& secret, absl::string_view record) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(record.data()),
+       record.size(), mac, &n);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), n));
+}
+
+}  // namespace
+
+std::string SignRecord(const std::string& secret, const std::string& record) {
+  if (secret.empty()) return record;
+  return absl::StrCat(kSignature, Hmac(secret, record), " ", record);
+}
+
+absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& value) {
+  const bool is_signed = absl::StartsWith(value, kSignature);
+  const size_t space = is_signed ? value.find(' ') : std::string::npos;
+  if (is_signed && space == std::string::npos) return absl::PermissionDeniedError("a malformed signature");
+  const absl::string_view record = is_signed ? absl::string_view(value).substr(space + 1) : value;
+  if (secret.empty()) return std::string(record);
+  if (!is_signed) return absl::PermissionDeniedError("an unsigned record (this cluster has a secret)");
+  const absl::string_view mac = absl::string_view(value).substr(kSignature.size(), space - kSignature.size());
+  if (!SecretEquals(Hmac(secret, record), mac)) {
+    return absl::PermissionDeniedError("a record not signed with this cluster's secret");
+  }
+  return std::string(record);
 }
 
 EtcdMembership::EtcdMembership(std::shared_ptr<EtcdClient> client, std::string key, std::function<std::string()> value,

@@ -32,6 +32,14 @@ struct RegistryConfig {
 };
 absl::StatusOr<RegistryConfig> RegistryFromFlags();
 
+// Records in etcd are signed with the cluster secret (HMAC-SHA256), so that a process that can
+// write to etcd but does not hold the secret cannot register a worker (and have routers send it
+// prompts and the secret) or a router: "hmac-sha256:HEX RECORD"; with no secret, RECORD alone.
+std::string SignRecord(const std::string& secret, const std::string& record);
+// The record of `value`: PERMISSION_DENIED when `secret` is set and `value` is unsigned or its
+// signature does not match. With no secret, a signed value's record is taken as is.
+absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& value);
+
 class EtcdMembership {
  public:
   // `value` gives the record to publish (called every interval). `may_take(held)`: whether the

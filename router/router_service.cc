@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -166,10 +167,20 @@ void RouterService::RegisterMetrics(MetricsServer& exposer) {
 
 namespace {
 
-bool ParseRecord(const std::string& json, dd::worker::v1::RegisterRequest* r) {
+// A worker record from etcd: signed with the cluster secret, at most 64 KiB of JSON, under
+// the key of its own worker id. The reason otherwise.
+absl::Status ParseRecord(const std::string& secret, const std::string& key, const std::string& value,
+                         dd::worker::v1::RegisterRequest* r) {
+  if (value.size() > (64 << 10)) return absl::InvalidArgumentError("larger than 64 KiB");
+  absl::StatusOr<std::string> json = VerifyRecord(secret, value);
+  if (!json.ok()) return json.status();
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = true;
-  return json.size() <= (64 << 10) && google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+  if (!google::protobuf::util::JsonStringToMessage(*json, r, o).ok()) return absl::InvalidArgumentError("not JSON");
+  if (!absl::EndsWith(key, "/" + r->worker_id())) {
+    return absl::InvalidArgumentError(absl::StrCat("names worker '", r->worker_id(), "' under another key"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -182,21 +193,32 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     const double now = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
     registry_lag_ms_ = std::max<int64_t>(0, static_cast<int64_t>((now - r.published_unix_seconds()) * 1e3));
   };
+  // A bad record is logged once per key (workers rewrite theirs every heartbeat).
+  auto refused = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
+  auto parse = [this, refused](const std::string& key, const std::string& value, dd::worker::v1::RegisterRequest* r) {
+    const absl::Status st = ParseRecord(options_.cluster_secret, key, value, r);
+    std::lock_guard<std::mutex> lk(refused->first);
+    if (st.ok()) {
+      refused->second.erase(key);
+    } else if (refused->second.size() < 4096 && refused->second.insert(key).second) {
+      LOG(WARNING) << "registry: ignoring the worker record at " << absl::CHexEscape(key) << ": " << st.message();
+    }
+    return st.ok();
+  };
   EtcdFollower::Handler w;
-  w.reset = [this](const std::map<std::string, std::string>& values) {
+  w.reset = [this, parse](const std::map<std::string, std::string>& values) {
     std::vector<dd::worker::v1::RegisterRequest> records;
     for (const auto& [key, value] : values) {
       dd::worker::v1::RegisterRequest r;
-      if (ParseRecord(value, &r)) records.push_back(std::move(r));
-      else LOG(WARNING) << "registry: ignoring an unreadable worker record at " << absl::CHexEscape(key);
+      if (parse(key, value, &r)) records.push_back(std::move(r));
     }
     registry_.Reset(records);
     LOG(INFO) << "registry: " << records.size() << " workers listed in etcd";
   };
-  w.put = [this, note_lag](const std::string& key, const std::string& value) {
+  w.put = [this, note_lag, parse](const std::string& key, const std::string& value) {
     dd::worker::v1::RegisterRequest r;
-    if (!ParseRecord(value, &r)) {
-      LOG(WARNING) << "registry: ignoring an unreadable worker record at " << absl::CHexEscape(key);
+    if (!parse(key, value, &r)) {
+      registry_.Remove(key.substr(key.rfind('/') + 1));  // a bad record replaces a good one: the worker is gone
       return;
     }
     note_lag(r);
@@ -210,15 +232,19 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   workers_follower_ = std::make_unique<EtcdFollower>(registry.client, workers, std::move(w));
   auto routers = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
   EtcdFollower::Handler r;
-  r.reset = [this, routers](const std::map<std::string, std::string>& values) {
+  const std::string secret = options_.cluster_secret;
+  r.reset = [this, routers, secret](const std::map<std::string, std::string>& values) {
     std::lock_guard<std::mutex> lk(routers->first);
     routers->second.clear();
-    for (const auto& [key, value] : values) routers->second.insert(key);
+    for (const auto& [key, value] : values) {
+      if (VerifyRecord(secret, value).ok()) routers->second.insert(key);
+    }
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
-  r.put = [this, routers](const std::string& key, const std::string&) {
+  r.put = [this, routers, secret](const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lk(routers->first);
-    routers->second.insert(key);
+    if (VerifyRecord(secret, value).ok()) routers->second.insert(key);
+    else routers->second.erase(key);
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
   r.erase = [this, routers](const std::string& key) {
@@ -227,7 +253,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
   routers_follower_ = std::make_unique<EtcdFollower>(registry.client, registry.prefix + "routers/", std::move(r));
-  const std::string record = nlohmann::json({{"address", address}}).dump();
+  const std::string record = SignRecord(options_.cluster_secret, nlohmann::json({{"address", address}}).dump());
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * options_.heartbeat_interval.count() + 999) / 1000);
   membership_ = std::make_unique<EtcdMembership>(
       registry.client, registry.prefix + "routers/" + RandomHex(1), [record] { return record; },

@@ -95,15 +95,17 @@ void WorkerNode::StartMembership(const RegistryConfig& registry, std::chrono::mi
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     std::string json;
     (void)google::protobuf::util::MessageToJsonString(r, &json);
-    return json;
+    return SignRecord(service.cluster_secret(), json);
   };
-  // A record at this worker's own address is an earlier run of it (restarted before its lease
+  // A record (signed with this cluster's secret) at this worker's own address is an earlier run of it (restarted before its lease
   // ran out): it takes the key over. Any other holder keeps it until its lease goes.
   auto may_take = [&service](const std::string& held) {
+    absl::StatusOr<std::string> record = VerifyRecord(service.cluster_secret(), held);
     dd::worker::v1::RegisterRequest r;
     google::protobuf::util::JsonParseOptions o;
     o.ignore_unknown_fields = true;
-    return held.size() < (64 << 10) && google::protobuf::util::JsonStringToMessage(held, &r, o).ok() &&
+    return record.ok() && record->size() < (64 << 10) &&
+           google::protobuf::util::JsonStringToMessage(*record, &r, o).ok() &&
            r.address() == service.identity().address;
   };
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);

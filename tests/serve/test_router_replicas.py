@@ -6,7 +6,7 @@ import json
 import subprocess
 import time
 
-from serving import BIN, Etcd, Proc, ddctl, ddctl_json, metric, require_model, wait_for, workers_up
+from serving import BIN, Etcd, Proc, ddctl, ddctl_json, metric, require_model, secret_file, wait_for, workers_up
 
 STREAMS = 16
 TOKENS = 200
@@ -119,33 +119,51 @@ def decoded(workers):
     return total
 
 
-def test_a_worker_that_cannot_authenticate_to_etcd_cannot_register(tmp_path):
+def test_only_members_with_the_etcd_password_and_the_cluster_secret_can_register(tmp_path):
+    """etcd's own auth keeps out a worker without the password; the records' signature (HMAC with
+    the cluster secret) keeps out a record written by anyone else who can write to etcd."""
     etcd = Etcd(tmp_path, members=1)
     endpoint = etcd.url[len("etcd://"):]
+
+    def etcdctl(*args):
+        r = subprocess.run(["etcdctl", f"--endpoints={endpoint}", *args], capture_output=True, text=True,
+                           env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}, timeout=60)
+        assert r.returncode == 0, r.stderr
+
     procs = []
     try:
-        for args in (["user", "add", "root:root-password-0123"], ["auth", "enable"]):
-            r = subprocess.run(["etcdctl", f"--endpoints={endpoint}", *args], capture_output=True, text=True,
-                               env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"}, timeout=60)
-            assert r.returncode == 0, r.stderr
+        etcdctl("user", "add", "root:root-password-0123")
+        etcdctl("auth", "enable")
         good, bad = tmp_path / "good", tmp_path / "bad"
         for f, pw in ((good, "root-password-0123"), (bad, "not-the-password-0123")):
             f.write_text(pw + "\n")
             f.chmod(0o600)
-        auth = ["--etcd_user=root", f"--etcd_password_file={good}"]
+        secret = secret_file(tmp_path, "s" * 40)
+        auth = ["--etcd_user=root", f"--etcd_password_file={good}", f"--cluster_secret_file={secret}"]
         r = Proc("router", ["dd-router", f"--registry={etcd.url}", *auth], tmp_path)
         procs.append(r)
-        intruder = Proc("intruder", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
-                                     "--worker_id=intruder", "--threads=1", "--heartbeat_ms=200", "--etcd_user=root",
-                                     f"--etcd_password_file={bad}"], tmp_path)
+
+        def worker_with(name, *flags):
+            return Proc(name, ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                               f"--worker_id={name}", "--threads=1", "--heartbeat_ms=200", *flags], tmp_path)
+
+        intruder = worker_with("intruder", "--etcd_user=root", f"--etcd_password_file={bad}",
+                               f"--cluster_secret_file={secret}")
         procs.append(intruder)
         wait_for("the intruder refused", lambda: "authentication failed" in intruder.log.read_text(), timeout=60)
-        honest = Proc("honest", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
-                                 "--worker_id=honest", "--threads=1", "--heartbeat_ms=200", *auth], tmp_path)
+        # Records written with etcd's credentials but without the cluster secret: unsigned, and
+        # signed with another secret.
+        forged = json.dumps({"workerId": "forged", "address": "127.0.0.1:9"})
+        etcdctl("--user=root:root-password-0123", "put", "/dualdecoder/workers/forged", forged)
+        etcdctl("--user=root:root-password-0123", "put", "/dualdecoder/workers/signed",
+                "hmac-sha256:" + "0" * 64 + " " + forged.replace("forged", "signed"))
+        honest = worker_with("honest", *auth)
         procs.append(honest)
         wait_for("the honest worker registered", lambda: workers_up(r.addr) >= 1, timeout=60)
         listed = json.loads(ddctl("workers", "--server", r.addr, "--json").stdout)["workers"]
         assert [w["worker_id"] for w in listed] == ["honest"], listed
+        log = r.log.read_text()
+        assert "unsigned record" in log and "not signed with this cluster's secret" in log, log
     finally:
         for p in procs:
             p.stop()
