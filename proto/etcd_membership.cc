@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/escaping.h"
@@ -20,6 +22,10 @@ ABSL_FLAG(std::string, registry_prefix, "/dualdecoder/",
           "etcd registry: the key prefix of this cluster (several clusters may share one etcd)");
 ABSL_FLAG(std::string, etcd_user, "", "etcd registry: the etcd user (with --etcd_password_file; empty = auth off)");
 ABSL_FLAG(std::string, etcd_password_file, "", "etcd registry: file holding the etcd user's password (mode 0600)");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "etcd registry: PEM CA that signed the etcd members' certificates; set, every etcd call is TLS");
+ABSL_FLAG(std::string, etcd_cert_file, "", "etcd registry: PEM client certificate for etcd (--client-cert-auth)");
+ABSL_FLAG(std::string, etcd_key_file, "", "etcd registry: PEM key of --etcd_cert_file (mode 0600)");
 
 namespace dd {
 
@@ -47,6 +53,29 @@ absl::StatusOr<RegistryConfig> RegistryFromFlags() {
     if (!f || !std::getline(f, o.password) || o.password.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--etcd_password_file ", password_file, " holds no password"));
     }
+  }
+  const std::string ca = absl::GetFlag(FLAGS_etcd_ca_file), cert = absl::GetFlag(FLAGS_etcd_cert_file),
+                    key = absl::GetFlag(FLAGS_etcd_key_file);
+  if (cert.empty() != key.empty()) return absl::InvalidArgumentError("--etcd_cert_file and --etcd_key_file go together");
+  if (!cert.empty() && ca.empty()) return absl::InvalidArgumentError("--etcd_cert_file needs --etcd_ca_file (TLS)");
+  if (!ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    for (auto [path, what, out, is_private] :
+         {std::tuple{ca, "--etcd_ca_file", &ssl.pem_root_certs, false}, {cert, "--etcd_cert_file", &ssl.pem_cert_chain, false},
+          {key, "--etcd_key_file", &ssl.pem_private_key, true}}) {
+      if (path.empty()) continue;
+      if (is_private) {
+        if (absl::Status st = CheckPrivateFile(path, what, 1 << 20); !st.ok()) return st;
+      }
+      std::ifstream f(path);
+      std::stringstream text;
+      text << f.rdbuf();
+      if (!f || text.str().find("-----BEGIN") == std::string::npos || text.str().size() > (1 << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not a readable PEM file"));
+      }
+      *out = text.str();
+    }
+    o.credentials = grpc::SslCredentials(ssl);
   }
   c.client = std::make_shared<EtcdClient>(std::move(o));
   return c;

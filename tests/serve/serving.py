@@ -143,14 +143,18 @@ def free_port():
 class Etcd:
     """An etcd cluster of `members` real etcd processes on loopback (Debian's etcd-server)."""
 
-    def __init__(self, log_dir, members=3):
+    def __init__(self, log_dir, members=3, tls=None):
+        """`tls`: make_certs() files; the members then serve clients over TLS only and require
+        client certificates signed by that CA."""
         exe = shutil.which("etcd")
         if exe is None:
             pytest.fail("etcd is not installed (scripts/install-deps installs etcd-server)", pytrace=False)
         self.dir = Path(log_dir)
         self.names = [f"etcd{i}" for i in range(members)]
+        self.tls = tls
         self.client = {n: free_port() for n in self.names}
         self.peer = {n: free_port() for n in self.names}
+        self.health = {n: free_port() for n in self.names}  # plain HTTP /health beside TLS clients
         self.cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer[n]}" for n in self.names)
         self.procs = {}
         for n in self.names:
@@ -160,11 +164,15 @@ class Etcd:
 
     def start(self, n):
         c, p = self.client[n], self.peer[n]
+        scheme = "https" if self.tls else "http"
+        tls = ["--cert-file", str(self.tls["cert"]), "--key-file", str(self.tls["key"]), "--trusted-ca-file",
+               str(self.tls["ca"]), "--client-cert-auth"] if self.tls else []
         self.procs[n] = subprocess.Popen(
             [shutil.which("etcd"), "--name", n, "--data-dir", str(self.dir / f"{n}.data"),
-             "--listen-client-urls", f"http://127.0.0.1:{c}", "--advertise-client-urls", f"http://127.0.0.1:{c}",
+             "--listen-client-urls", f"{scheme}://127.0.0.1:{c}", "--advertise-client-urls", f"{scheme}://127.0.0.1:{c}",
              "--listen-peer-urls", f"http://127.0.0.1:{p}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
-             "--initial-cluster", self.cluster, "--initial-cluster-state", "new"],
+             "--listen-metrics-urls", f"http://127.0.0.1:{self.health[n]}",
+             "--initial-cluster", self.cluster, "--initial-cluster-state", "new", *tls],
             stdout=subprocess.DEVNULL, stderr=(self.dir / f"{n}.log").open("a"))
 
     def healthy(self):
@@ -172,7 +180,7 @@ class Etcd:
             if self.procs[n].poll() is not None:
                 continue
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.client[n]}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health[n]}/health", timeout=2) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return True
             except OSError:

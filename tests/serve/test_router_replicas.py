@@ -6,7 +6,8 @@ import json
 import subprocess
 import time
 
-from serving import BIN, Etcd, Proc, ddctl, ddctl_json, metric, require_model, secret_file, wait_for, workers_up
+from serving import (BIN, Etcd, Proc, ddctl, ddctl_json, make_certs, metric, require_model, secret_file, wait_for,
+                     workers_up)
 
 STREAMS = 16
 TOKENS = 200
@@ -164,6 +165,30 @@ def test_only_members_with_the_etcd_password_and_the_cluster_secret_can_register
         assert [w["worker_id"] for w in listed] == ["honest"], listed
         log = r.log.read_text()
         assert "unsigned record" in log and "not signed with this cluster's secret" in log, log
+    finally:
+        for p in procs:
+            p.stop()
+        etcd.stop()
+
+
+def test_routers_and_workers_reach_etcd_over_mutual_tls(tmp_path):
+    certs = make_certs(tmp_path)
+    etcd = Etcd(tmp_path, members=1, tls=certs)
+    tls = [f"--etcd_ca_file={certs['ca']}", f"--etcd_cert_file={certs['cert']}", f"--etcd_key_file={certs['key']}"]
+    procs = []
+    try:
+        r = Proc("router", ["dd-router", f"--registry={etcd.url}", *tls], tmp_path)
+        procs.append(r)
+        procs.append(Proc("tls-w", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                                    "--worker_id=tls-w", "--threads=1", "--heartbeat_ms=200", *tls], tmp_path))
+        wait_for("the worker registered over TLS", lambda: workers_up(r.addr) == 1, timeout=60)
+        # Without the client certificate etcd refuses the connection: no registration.
+        plain = Proc("no-cert", ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
+                                 "--worker_id=no-cert", "--threads=1", "--heartbeat_ms=200", tls[0]], tmp_path)
+        procs.append(plain)
+        wait_for("the worker without a certificate refused",
+                 lambda: "cannot get a lease" in plain.log.read_text(), timeout=60)
+        assert workers_up(r.addr) == 1
     finally:
         for p in procs:
             p.stop()
