@@ -167,9 +167,26 @@ def http_front_seeds():
     put("http_front", "seed-long", bytes([0b1011]) + b"k" * 3000)
 
 
+def registry_record_seeds():
+    # First byte: bit 0 the router has the target's cluster secret; the rest is the etcd value.
+    import hashlib
+    import hmac
+    secret = b"fuzz-cluster-secret-0123456789abcdef"
+    record = json.dumps({"workerId": "w1", "address": "127.0.0.1:1", "model": "m", "mode": "full",
+                         "load": {"maxBatch": 4, "recentPrefixKeys": ["1", "2"]}}).encode()
+    signed = b"hmac-sha256:" + hmac.new(secret, record, hashlib.sha256).hexdigest().encode() + b" " + record
+    put("registry_record", "seed-unsigned", bytes([0]) + record)
+    put("registry_record", "seed-signed", bytes([1]) + signed)
+    put("registry_record", "seed-unsigned-to-keyed", bytes([1]) + record)
+    put("registry_record", "seed-bad-signature", bytes([1]) + b"hmac-sha256:" + b"0" * 64 + b" " + record)
+    put("registry_record", "seed-other-key", bytes([0]) + record.replace(b'"w1"', b'"w2"'))
+    put("registry_record", "seed-no-space", bytes([1]) + b"hmac-sha256:" + b"0" * 64)
+    put("registry_record", "seed-not-json", bytes([0]) + b"{not json")
+
+
 def main():
     for f in (gguf_seeds, safetensors_seeds, tokenizer_json_seeds, tenants_seeds, prompt_seeds, request_seeds,
-              ucx_request_seeds, http_front_seeds):
+              ucx_request_seeds, http_front_seeds, registry_record_seeds):
         f()
     n = sum(1 for _ in (HERE / "corpus").rglob("seed-*"))
     print(f"make_corpus: {n} seed files under {HERE / 'corpus'}", file=sys.stderr)

@@ -2,13 +2,31 @@
 
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/random.h"
 #include "common/secrets.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/etcd_membership.h"
 
 namespace dd::router {
+
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const std::string& value,
+                               dd::worker::v1::RegisterRequest* r) {
+  if (value.size() > kMaxWorkerRecordBytes) return absl::InvalidArgumentError("larger than 64 KiB");
+  absl::StatusOr<std::string> json = VerifyRecord(secret, value);
+  if (!json.ok()) return json.status();
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;
+  if (!google::protobuf::util::JsonStringToMessage(*json, r, o).ok()) return absl::InvalidArgumentError("not JSON");
+  if (absl::Status st = WorkerRegistry::Check(*r); !st.ok()) return st;
+  if (!absl::EndsWith(key, "/" + r->worker_id())) {
+    return absl::InvalidArgumentError(absl::StrCat("names worker '", r->worker_id(), "' under another key"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WorkerRegistry::Check(const dd::worker::v1::RegisterRequest& req) {
   if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");

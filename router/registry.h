@@ -27,6 +27,14 @@ struct Placement {
   std::shared_ptr<dd::worker::v1::Worker::Stub> stub;
 };
 
+// A worker's record as the etcd registry holds it (docs/decisions/0051-registry-on-etcd.md):
+// at most 64 KiB, signed with `secret` when there is one (proto/etcd_membership.h), JSON of a
+// RegisterRequest whose fields pass WorkerRegistry::Check, under the key of its own worker id.
+// The reason otherwise.
+constexpr size_t kMaxWorkerRecordBytes = 64 << 10;
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const std::string& value,
+                               dd::worker::v1::RegisterRequest* r);
+
 class WorkerRegistry {
  public:
   // A worker missing heartbeats for `timeout` is down (not placed on) until it reports again;
@@ -58,6 +66,8 @@ class WorkerRegistry {
   void Remove(const std::string& worker_id);
   void Reset(const std::vector<dd::worker::v1::RegisterRequest>& records);
   void set_external_liveness(bool on) { external_liveness_ = on; }
+  // Field sizes and ids (INVALID_ARGUMENT naming the field).
+  static absl::Status Check(const dd::worker::v1::RegisterRequest& req);
   // A stream to the worker broke: take it out of placement until its next heartbeat.
   void MarkDown(const std::string& worker_id);
   // The worker said it is draining (before its next heartbeat could): pick it no more.
@@ -95,8 +105,6 @@ class WorkerRegistry {
   bool Up(const Entry& e, Clock::time_point now) const {
     return !e.marked_down && (external_liveness_ || now - e.last_seen <= timeout_);
   }
-  // Field sizes and ids (INVALID_ARGUMENT naming the field).
-  static absl::Status Check(const dd::worker::v1::RegisterRequest& req);
   // A published record into its entry; mu_ held.
   void Apply(const dd::worker::v1::RegisterRequest& record, Entry& e);
   void Affine(uint64_t prefix_key, const std::string& worker_id);  // mu_ held

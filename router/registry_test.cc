@@ -220,5 +220,23 @@ TEST(RegistryTest, WithExternalLivenessAWorkerIsUpUntilItsRecordGoes) {
   EXPECT_TRUE(absl::IsInvalidArgument(reg.Upsert(bad)));
 }
 
+TEST(RegistryTest, AWorkerRecordIsTakenOnlySignedWithTheSecretAndUnderItsOwnKey) {
+  const std::string secret = "cluster-secret-0123456789abcdef0123";
+  const std::string json = R"({"workerId": "w1", "address": "127.0.0.1:1", "model": "m"})";
+  dd::worker::v1::RegisterRequest r;
+  EXPECT_TRUE(ParseWorkerRecord(secret, "/dd/workers/w1", SignRecord(secret, json), &r).ok());
+  EXPECT_EQ(r.address(), "127.0.0.1:1");
+  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, "/dd/workers/w1", json, &r)));
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      ParseWorkerRecord(secret, "/dd/workers/w1", SignRecord("another-secret-0123456789abcdef", json), &r)));
+  std::string tampered = SignRecord(secret, json);
+  tampered.replace(tampered.find("127.0.0.1:1"), 11, "10.6.6.6:66");
+  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, "/dd/workers/w1", tampered, &r)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord(secret, "/dd/workers/w2", SignRecord(secret, json), &r)))
+      << "a record under another worker's key";
+  EXPECT_TRUE(ParseWorkerRecord("", "/dd/workers/w1", json, &r).ok()) << "no secret: unsigned records";
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord("", "/dd/workers/w1", std::string(70000, ' '), &r)));
+}
+
 }  // namespace
 }  // namespace dd::router

@@ -165,26 +165,6 @@ void RouterService::RegisterMetrics(MetricsServer& exposer) {
   collectable_ = c;
 }
 
-namespace {
-
-// A worker record from etcd: signed with the cluster secret, at most 64 KiB of JSON, under
-// the key of its own worker id. The reason otherwise.
-absl::Status ParseRecord(const std::string& secret, const std::string& key, const std::string& value,
-                         dd::worker::v1::RegisterRequest* r) {
-  if (value.size() > (64 << 10)) return absl::InvalidArgumentError("larger than 64 KiB");
-  absl::StatusOr<std::string> json = VerifyRecord(secret, value);
-  if (!json.ok()) return json.status();
-  google::protobuf::util::JsonParseOptions o;
-  o.ignore_unknown_fields = true;
-  if (!google::protobuf::util::JsonStringToMessage(*json, r, o).ok()) return absl::InvalidArgumentError("not JSON");
-  if (!absl::EndsWith(key, "/" + r->worker_id())) {
-    return absl::InvalidArgumentError(absl::StrCat("names worker '", r->worker_id(), "' under another key"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 void RouterService::FollowRegistry(const RegistryConfig& registry, const std::string& address) {
   registry_.set_external_liveness(true);
   const std::string workers = registry.prefix + "workers/";
@@ -196,7 +176,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   // A bad record is logged once per key (workers rewrite theirs every heartbeat).
   auto refused = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
   auto parse = [this, refused](const std::string& key, const std::string& value, dd::worker::v1::RegisterRequest* r) {
-    const absl::Status st = ParseRecord(options_.cluster_secret, key, value, r);
+    const absl::Status st = ParseWorkerRecord(options_.cluster_secret, key, value, r);
     std::lock_guard<std::mutex> lk(refused->first);
     if (st.ok()) {
       refused->second.erase(key);
