@@ -1,12 +1,13 @@
 """Router replicas on etcd (docs/decisions/0051-registry-on-etcd.md): a 3-member etcd, two
-routers, two workers registered in etcd, all real processes. Streams survive the death of the
+routers, two workers registered in etcd and a KV pool, all real processes. Streams survive the death of the
 router relaying them (docs/decisions/0050-resumable-streams.md), a new router serves at once, and
 the cluster keeps serving through the loss of an etcd member and of all of etcd."""
 import json
+import os
 import subprocess
 import time
 
-from serving import (BIN, Etcd, Proc, ddctl, ddctl_json, make_certs, metric, require_model, secret_file, wait_for,
+from serving import (BIN, TOKEN, Etcd, Proc, ddctl, ddctl_json, make_certs, metric, require_model, secret_file, wait_for,
                      workers_up)
 
 STREAMS = 16
@@ -21,9 +22,10 @@ def router(name, etcd, log_dir):
     return Proc(name, ["dd-router", f"--registry={etcd.url}", "--heartbeat_timeout_ms=1500"], log_dir)
 
 
-def worker(name, etcd, log_dir):
+def worker(name, etcd, log_dir, *extra, env=None):
     return Proc(name, ["dd-decode-worker", f"--model={require_model()}", f"--registry={etcd.url}",
-                       f"--worker_id={name}", "--threads=1", "--heartbeat_ms=200", "--max_batch=8"], log_dir)
+                       f"--worker_id={name}", "--threads=1", "--heartbeat_ms=200", "--max_batch=8", *extra], log_dir,
+                env=env)
 
 
 def start_stream(servers, i, request_id):
@@ -39,12 +41,20 @@ def finish(p):
 
 
 def test_streams_survive_a_router_kill_and_the_cluster_survives_etcd_losses(tmp_path):
+    """The chaos run: a 3-member etcd, two routers, two dualdecoder workers on one pool."""
     etcd = Etcd(tmp_path, members=3)
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps([{"name": "serve", "token": TOKEN, "quota": "2GiB"}]))
+    tenants.chmod(0o600)
     procs = []
     try:
+        pool = Proc("pool", ["dd-kv-pool", f"--tenants={tenants}"], tmp_path)
         a, b = router("router-a", etcd, tmp_path), router("router-b", etcd, tmp_path)
-        procs += [a, b]
-        procs += [worker("w1", etcd, tmp_path), worker("w2", etcd, tmp_path)]
+        procs += [pool, a, b]
+        # dualdecoder workers whose offloaded KV lives in the pool
+        sparse = ("--mode=dualdecoder", "--budget=64", f"--kv_store=shm://{pool.addr}")
+        env = dict(os.environ, DD_KV_POOL_TOKEN=TOKEN)
+        procs += [worker(n, etcd, tmp_path, *sparse, env=env) for n in ("w1", "w2")]
         wait_for("both routers see both workers", lambda: workers_up(a.addr) == 2 and workers_up(b.addr) == 2)
         assert metric(a.metrics, "dd_router_replicas") == 2
         # Placement quality: the worker that served a long prompt through A publishes its prefix
@@ -74,19 +84,21 @@ def test_streams_survive_a_router_kill_and_the_cluster_survives_etcd_losses(tmp_
             assert 0 < int(err.split("reconnecting to ")[1].split(" after ")[1].split()[0]) < TOKENS, err
         assert sum("reconnecting" in err for _, err in results) == STREAMS
         assert metric(b.metrics, "dd_router_reconnects_total") == STREAMS
-        # A new router serves within 2 s of its start.
-        t0 = time.monotonic()
+        # A new router serves within 2 s of its start (from its "listening" line; a ddctl call
+        # itself takes ~0.1 s).
         c = router("router-c", etcd, tmp_path)
+        t0 = time.monotonic()
         procs.append(c)
         wait_for("router C serves", lambda: ddctl("generate", "--server", c.addr, "--prompt", "Hi",
                                                   "--max_new_tokens", "2").returncode == 0, timeout=10)
-        assert time.monotonic() - t0 < 2.0 + 1.5, time.monotonic() - t0  # + process start-up on a busy host
+        print(f"a new router served its first request {time.monotonic() - t0:.2f} s after it started listening")
+        assert time.monotonic() - t0 < 2.0, time.monotonic() - t0
         # One etcd member down: registration and service go on.
         etcd.kill("etcd0")
         done = ddctl_json("generate", "--server", f"{c.addr},{b.addr}", "--prompt", prompt(1), "--max_new_tokens",
                           "16", "--ignore_eos")
         assert done["tokens"] == want[1][:16]
-        w3 = worker("w3", etcd, tmp_path)
+        w3 = worker("w3", etcd, tmp_path, *sparse, env=env)
         procs.append(w3)
         wait_for("w3 registered with one etcd member down", lambda: workers_up(c.addr) == 3, timeout=30)
         # All of etcd down: in-flight streams complete and new requests are served by the workers
@@ -99,7 +111,7 @@ def test_streams_survive_a_router_kill_and_the_cluster_survives_etcd_losses(tmp_
         done = ddctl_json("generate", "--server", b.addr, "--prompt", prompt(2), "--max_new_tokens", "8",
                           "--ignore_eos")
         assert done["tokens"] == want[2][:8]
-        w4 = worker("w4", etcd, tmp_path)
+        w4 = worker("w4", etcd, tmp_path, *sparse, env=env)
         procs.append(w4)
         for n in etcd.names:
             etcd.start(n)
@@ -189,6 +201,37 @@ def test_routers_and_workers_reach_etcd_over_mutual_tls(tmp_path):
         wait_for("the worker without a certificate refused",
                  lambda: "cannot get a lease" in plain.log.read_text(), timeout=60)
         assert workers_up(r.addr) == 1
+    finally:
+        for p in procs:
+            p.stop()
+        etcd.stop()
+
+
+def test_each_replica_admits_its_share_of_a_tenants_in_flight_limit(tmp_path):
+    """A tenant limited to 2 requests in flight, behind 2 replicas: each admits 1."""
+    etcd = Etcd(tmp_path, members=1)
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "team-a", "key": "a" * 40, "max_inflight": 2}]))
+    keys.chmod(0o600)
+    key = secret_file(tmp_path, "a" * 40)
+    procs = []
+    try:
+        a, b = (Proc(n, ["dd-router", f"--registry={etcd.url}", f"--api_keys_file={keys}"], tmp_path) for n in "ab")
+        procs += [a, b, worker("w1", etcd, tmp_path)]
+        wait_for("two replicas and the worker", lambda: metric(a.metrics, "dd_router_replicas") == 2
+                 and metric(b.metrics, "dd_worker_up{worker=\"w1\"}") == 1, timeout=60)
+        held = subprocess.Popen([str(BIN / "ddctl"), "generate", "--server", a.addr, "--prompt", prompt(1),
+                                 "--max_new_tokens", "2000", "--ignore_eos", "--events", f"--api_key_file={key}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert held.stdout.readline(), held.stderr.read()  # its first token: it is in flight on A
+        more = ddctl("generate", "--server", a.addr, "--prompt", "Hi", "--max_new_tokens", "2",
+                     f"--api_key_file={key}")
+        assert more.returncode != 0 and "RESOURCE_EXHAUSTED" in more.stderr, more.stderr
+        other = ddctl("generate", "--server", b.addr, "--prompt", "Hi", "--max_new_tokens", "2",
+                      f"--api_key_file={key}")
+        assert other.returncode == 0, other.stderr
+        held.kill()
+        held.wait()
     finally:
         for p in procs:
             p.stop()
