@@ -111,7 +111,10 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
   std::vector<int32_t> tokens;
   std::string text;
   dd::v1::Usage usage;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.reconnect_ms);
+  // --reconnect_ms counts from the first break with no progress since: a long stream that breaks
+  // late gets the whole window, and one that keeps breaking after progress starts afresh.
+  auto give_up = std::chrono::steady_clock::time_point::max();
+  size_t tokens_at_break = 0;
   bool reconnecting = false;
   for (size_t attempt = 0;; ++attempt) {
     const std::string& server = servers[attempt % servers.size()];
@@ -136,6 +139,10 @@ absl::Status RunRemoteGenerate(const CliConfig& cfg) {
     }
     const grpc::Status st = reader->Finish();
     if (st.ok()) break;
+    if (give_up == std::chrono::steady_clock::time_point::max() || tokens.size() > tokens_at_break) {
+      give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.reconnect_ms);
+      tokens_at_break = tokens.size();
+    }
     // A first submission no worker took can be sent again as new.
     if (reconnecting && tokens.empty() && st.error_code() == grpc::StatusCode::NOT_FOUND) {
       reconnecting = false;

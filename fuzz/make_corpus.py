@@ -168,20 +168,24 @@ def http_front_seeds():
 
 
 def registry_record_seeds():
-    # First byte: bit 0 the router has the target's cluster secret; the rest is the etcd value.
+    # First byte: bit 0 the router has the target's cluster secret, bit 1 the key has a lease;
+    # the rest is the etcd value (signed: HMAC-SHA256 of the key, a newline and the record).
     import hashlib
     import hmac
-    secret = b"fuzz-cluster-secret-0123456789abcdef"
+    secret, key = b"fuzz-cluster-secret-0123456789abcdef", b"/dualdecoder/workers/w1"
     record = json.dumps({"workerId": "w1", "address": "127.0.0.1:1", "model": "m", "mode": "full",
+                         "publishedUnixSeconds": 1.8e9,
                          "load": {"maxBatch": 4, "recentPrefixKeys": ["1", "2"]}}).encode()
-    signed = b"hmac-sha256:" + hmac.new(secret, record, hashlib.sha256).hexdigest().encode() + b" " + record
-    put("registry_record", "seed-unsigned", bytes([0]) + record)
-    put("registry_record", "seed-signed", bytes([1]) + signed)
-    put("registry_record", "seed-unsigned-to-keyed", bytes([1]) + record)
-    put("registry_record", "seed-bad-signature", bytes([1]) + b"hmac-sha256:" + b"0" * 64 + b" " + record)
-    put("registry_record", "seed-other-key", bytes([0]) + record.replace(b'"w1"', b'"w2"'))
-    put("registry_record", "seed-no-space", bytes([1]) + b"hmac-sha256:" + b"0" * 64)
-    put("registry_record", "seed-not-json", bytes([0]) + b"{not json")
+    mac = hmac.new(secret, key + b"\n" + record, hashlib.sha256).hexdigest().encode()
+    signed = b"hmac-sha256:" + mac + b" " + record
+    put("registry_record", "seed-unsigned", bytes([2]) + record)
+    put("registry_record", "seed-signed", bytes([3]) + signed)
+    put("registry_record", "seed-signed-no-lease", bytes([1]) + signed)
+    put("registry_record", "seed-unsigned-to-keyed", bytes([3]) + record)
+    put("registry_record", "seed-bad-signature", bytes([3]) + b"hmac-sha256:" + b"0" * 64 + b" " + record)
+    put("registry_record", "seed-other-key", bytes([2]) + record.replace(b'"w1"', b'"w2"'))
+    put("registry_record", "seed-no-space", bytes([3]) + b"hmac-sha256:" + b"0" * 64)
+    put("registry_record", "seed-not-json", bytes([2]) + b"{not json")
 
 
 def main():

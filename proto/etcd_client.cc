@@ -156,8 +156,8 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
                   absl::StrCat("put ", key));
 }
 
-absl::StatusOr<std::optional<std::string>> EtcdClient::Create(const std::string& key, const std::string& value,
-                                                              int64_t lease) {
+absl::StatusOr<std::optional<EtcdClient::Held>> EtcdClient::Create(const std::string& key, const std::string& value,
+                                                                     int64_t lease) {
   etcdserverpb::TxnRequest req;
   etcdserverpb::Compare* c = req.add_compare();
   c->set_result(etcdserverpb::Compare::EQUAL);
@@ -174,12 +174,13 @@ absl::StatusOr<std::optional<std::string>> EtcdClient::Create(const std::string&
     return etcdserverpb::KV::NewStub(ch)->Txn(ctx, req, &resp);
   });
   if (!st.ok()) return FromGrpc(st, absl::StrCat("create ", key));
-  if (resp.succeeded()) return std::optional<std::string>();
-  std::string held;
+  if (resp.succeeded()) return std::optional<Held>();
+  Held held;
   if (resp.responses_size() > 0 && resp.responses(0).response_range().kvs_size() > 0) {
-    held = resp.responses(0).response_range().kvs(0).value();
+    const mvccpb::KeyValue& kv = resp.responses(0).response_range().kvs(0);
+    held = {kv.value(), kv.lease()};
   }
-  return std::optional<std::string>(std::move(held));
+  return std::optional<Held>(std::move(held));
 }
 
 absl::Status EtcdClient::Delete(const std::string& key) {
@@ -203,46 +204,48 @@ absl::StatusOr<EtcdClient::Listing> EtcdClient::List(const std::string& prefix) 
   if (!st.ok()) return FromGrpc(st, absl::StrCat("list ", prefix));
   Listing out;
   out.revision = resp.header().revision();
-  for (const mvccpb::KeyValue& kv : resp.kvs()) out.values[kv.key()] = kv.value();
+  for (const mvccpb::KeyValue& kv : resp.kvs()) out.values[kv.key()] = {kv.value(), kv.lease()};
   return out;
+}
+
+bool EtcdClient::Watch::Created() {
+  etcdserverpb::WatchResponse created;
+  return stream_->Read(&created) && created.created() && !created.canceled();
 }
 
 bool EtcdClient::Watch::Next(etcdserverpb::WatchResponse* out) { return stream_->Read(out); }
 
 EtcdClient::Watch::~Watch() {
+  if (!stream_) return;
   ctx_.TryCancel();
   (void)stream_->Finish();
 }
 
-absl::StatusOr<std::unique_ptr<EtcdClient::Watch>> EtcdClient::WatchPrefix(const std::string& prefix,
-                                                                           int64_t start_revision) {
-  size_t start;
+absl::StatusOr<std::unique_ptr<EtcdClient::Watch>> EtcdClient::StartWatch(const std::string& prefix,
+                                                                          int64_t start_revision) {
+  size_t at;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    start = current_;
+    at = next_watch_++ % members_.size();
   }
-  std::string last_error = "no etcd endpoint";
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const Member& m = members_[(start + i) % members_.size()];
-    auto w = std::make_unique<Watch>();
-    if (grpc::Status st = Prepare(m, &w->ctx_, /*with_deadline=*/false); !st.ok()) {
-      last_error = st.error_message();
-      continue;
-    }
-    w->stream_ = etcdserverpb::Watch::NewStub(m.channel)->Watch(&w->ctx_);
-    etcdserverpb::WatchRequest req;
-    etcdserverpb::WatchCreateRequest* c = req.mutable_create_request();
-    c->set_key(prefix);
-    c->set_range_end(PrefixEnd(prefix));
-    c->set_start_revision(start_revision);
-    c->set_progress_notify(true);
-    etcdserverpb::WatchResponse created;
-    if (w->stream_->Write(req) && w->stream_->Read(&created) && created.created() && !created.canceled()) {
-      return w;
-    }
-    last_error = created.canceled() ? absl::StrCat("canceled: ", created.cancel_reason()) : "stream closed";
+  const Member& m = members_[at];
+  auto w = std::make_unique<Watch>();
+  // A member cut off from its leader ends the watch instead of going silent.
+  w->ctx_.AddMetadata("hasleader", "true");
+  if (grpc::Status st = Prepare(m, &w->ctx_, /*with_deadline=*/false); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat("etcd watch ", prefix, " on ", m.endpoint, ": ", st.error_message()));
   }
-  return absl::UnavailableError(absl::StrCat("etcd watch ", prefix, ": ", last_error));
+  w->stream_ = etcdserverpb::Watch::NewStub(m.channel)->Watch(&w->ctx_);
+  etcdserverpb::WatchRequest req;
+  etcdserverpb::WatchCreateRequest* c = req.mutable_create_request();
+  c->set_key(prefix);
+  c->set_range_end(PrefixEnd(prefix));
+  c->set_start_revision(start_revision);
+  c->set_progress_notify(true);
+  if (!w->stream_->Write(req)) {
+    return absl::UnavailableError(absl::StrCat("etcd watch ", prefix, " on ", m.endpoint, ": the stream closed"));
+  }
+  return w;
 }
 
 }  // namespace dd

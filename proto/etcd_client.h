@@ -40,20 +40,28 @@ class EtcdClient {
   absl::Status KeepAlive(int64_t lease);
   absl::Status Revoke(int64_t lease);
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
-  // Puts `value` only if `key` does not exist: nullopt when it did, else the value it holds.
-  absl::StatusOr<std::optional<std::string>> Create(const std::string& key, const std::string& value, int64_t lease);
+  // A key's value and the lease it is held under (0: none, it never expires).
+  struct Held {
+    std::string value;
+    int64_t lease = 0;
+  };
+  // Puts `value` only if `key` does not exist: nullopt when it did not, else what it holds.
+  absl::StatusOr<std::optional<Held>> Create(const std::string& key, const std::string& value, int64_t lease);
   absl::Status Delete(const std::string& key);
 
   struct Listing {
     int64_t revision = 0;  // the store's revision the listing is of
-    std::map<std::string, std::string> values;
+    std::map<std::string, Held> values;
   };
   absl::StatusOr<Listing> List(const std::string& prefix);
 
-  // A watch of every key under a prefix from a revision on. Next blocks for the next response
-  // and is false once the stream ended (etcd gone, Cancel); run it on one thread.
+  // A watch of every key under a prefix from a revision on, on one member (the next one at each
+  // call). Created() waits for etcd to confirm it; Next blocks for the next response. Both are
+  // false once the stream ended (etcd gone, Cancel, a member that lost its leader); run them on
+  // one thread, Cancel from any.
   class Watch {
    public:
+    bool Created();
     bool Next(etcdserverpb::WatchResponse* out);
     void Cancel() { ctx_.TryCancel(); }
     ~Watch();
@@ -63,8 +71,7 @@ class EtcdClient {
     grpc::ClientContext ctx_;
     std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>> stream_;
   };
-  // The watch is created (etcd confirmed it) when this returns.
-  absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(const std::string& prefix, int64_t start_revision);
+  absl::StatusOr<std::unique_ptr<Watch>> StartWatch(const std::string& prefix, int64_t start_revision);
 
  private:
   struct Member {
@@ -81,6 +88,7 @@ class EtcdClient {
   std::vector<Member> members_;
   std::mutex mu_;
   size_t current_ = 0;
+  size_t next_watch_ = 0;  // the member the next watch goes to
   std::string token_;
 };
 

@@ -95,12 +95,12 @@ std::string Hmac(const std::string& secret, absl::string_view record) {
 
 }  // namespace
 
-std::string SignRecord(const std::string& secret, const std::string& record) {
+std::string SignRecord(const std::string& secret, const std::string& key, const std::string& record) {
   if (secret.empty()) return record;
-  return absl::StrCat(kSignature, Hmac(secret, record), " ", record);
+  return absl::StrCat(kSignature, Hmac(secret, absl::StrCat(key, "\n", record)), " ", record);
 }
 
-absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& value) {
+absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& key, const std::string& value) {
   const bool is_signed = absl::StartsWith(value, kSignature);
   const size_t space = is_signed ? value.find(' ') : std::string::npos;
   if (is_signed && space == std::string::npos) return absl::PermissionDeniedError("a malformed signature");
@@ -108,8 +108,8 @@ absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::s
   if (secret.empty()) return std::string(record);
   if (!is_signed) return absl::PermissionDeniedError("an unsigned record (this cluster has a secret)");
   const absl::string_view mac = absl::string_view(value).substr(kSignature.size(), space - kSignature.size());
-  if (!SecretEquals(Hmac(secret, record), mac)) {
-    return absl::PermissionDeniedError("a record not signed with this cluster's secret");
+  if (!SecretEquals(Hmac(secret, absl::StrCat(key, "\n", record)), mac)) {
+    return absl::PermissionDeniedError("a record not signed with this cluster's secret for this key");
   }
   return std::string(record);
 }
@@ -152,12 +152,13 @@ void EtcdMembership::Loop() {
       }
       if (lease_ != 0) {
         const std::string value = value_();
-        absl::StatusOr<std::optional<std::string>> held = client_->Create(key_, value, lease_);
+        absl::StatusOr<std::optional<EtcdClient::Held>> held = client_->Create(key_, value, lease_);
         if (!held.ok()) {
           if (absl::IsNotFound(held.status())) lease_ = 0;  // the lease expired meanwhile: a new one
           warn(held.status(), "cannot register");
-        } else if (!held->has_value() || may_take_(**held)) {
-          if (held->has_value()) (void)client_->Put(key_, value, lease_);  // a restart of this member
+        } else if (!held->has_value() || (*held)->lease == lease_ || may_take_((*held)->value)) {
+          // Ours already (a keep-alive failed but the lease held), or an earlier run of this member.
+          if (held->has_value()) (void)client_->Put(key_, value, lease_);
           registered_ = true;
           LOG(INFO) << "registered in etcd as " << key_;
           warned.clear();
@@ -203,7 +204,15 @@ void EtcdFollower::Loop() {
     }
     absl::StatusOr<EtcdClient::Listing> listing = client_->List(prefix_);
     absl::StatusOr<std::unique_ptr<EtcdClient::Watch>> watch =
-        listing.ok() ? client_->WatchPrefix(prefix_, listing->revision + 1) : listing.status();
+        listing.ok() ? client_->StartWatch(prefix_, listing->revision + 1) : listing.status();
+    if (watch.ok()) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);  // published first: a stop cancels even a hung start
+        if (stop_) return;
+        watch_ = watch->get();
+      }
+      if (!(*watch)->Created()) watch = absl::UnavailableError(absl::StrCat("etcd watch of ", prefix_, " refused"));
+    }
     if (!watch.ok()) {
       if (watch.status().ToString() != warned) {
         LOG(WARNING) << "registry: cannot follow " << prefix_ << " in etcd (" << watch.status().message()
@@ -211,6 +220,7 @@ void EtcdFollower::Loop() {
       }
       warned = watch.status().ToString();
       std::unique_lock<std::mutex> lk(mu_);
+      watch_ = nullptr;
       if (cv_.wait_for(lk, std::chrono::milliseconds(500), [&] { return stop_; })) return;
       continue;
     }
@@ -219,17 +229,12 @@ void EtcdFollower::Loop() {
     first = false;
     handler_.reset(listing->values);
     synced_ = true;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (stop_) return;
-      watch_ = watch->get();
-    }
     etcdserverpb::WatchResponse resp;
     while ((*watch)->Next(&resp)) {
       if (resp.canceled() || resp.compact_revision() != 0) break;  // compacted or refused: list again
       for (const mvccpb::Event& e : resp.events()) {
         if (e.type() == mvccpb::Event::DELETE) handler_.erase(e.kv().key());
-        else handler_.put(e.kv().key(), e.kv().value());
+        else handler_.put(e.kv().key(), {e.kv().value(), e.kv().lease()});
       }
     }
     std::lock_guard<std::mutex> lk(mu_);

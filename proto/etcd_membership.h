@@ -32,13 +32,14 @@ struct RegistryConfig {
 };
 absl::StatusOr<RegistryConfig> RegistryFromFlags();
 
-// Records in etcd are signed with the cluster secret (HMAC-SHA256), so that a process that can
-// write to etcd but does not hold the secret cannot register a worker (and have routers send it
-// prompts and the secret) or a router: "hmac-sha256:HEX RECORD"; with no secret, RECORD alone.
-std::string SignRecord(const std::string& secret, const std::string& record);
-// The record of `value`: PERMISSION_DENIED when `secret` is set and `value` is unsigned or its
-// signature does not match. With no secret, a signed value's record is taken as is.
-absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& value);
+// Records in etcd are signed with the cluster secret (HMAC-SHA256 of the key and the record), so
+// that a process that can write to etcd but does not hold the secret can neither register a
+// worker (and have routers send it prompts and the secret) or a router, nor copy a member's
+// record to another key: "hmac-sha256:HEX RECORD"; with no secret, RECORD alone.
+std::string SignRecord(const std::string& secret, const std::string& key, const std::string& record);
+// The record of `value` at `key`: PERMISSION_DENIED when `secret` is set and `value` is unsigned
+// or its signature does not match. With no secret, a signed value's record is taken as is.
+absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& key, const std::string& value);
 
 class EtcdMembership {
  public:
@@ -69,9 +70,10 @@ class EtcdMembership {
 
 class EtcdFollower {
  public:
+  // Values come with the lease they are held under (0: none; such a key never expires).
   struct Handler {
-    std::function<void(const std::map<std::string, std::string>&)> reset;  // a full listing
-    std::function<void(const std::string& key, const std::string& value)> put;
+    std::function<void(const std::map<std::string, EtcdClient::Held>&)> reset;  // a full listing
+    std::function<void(const std::string& key, const EtcdClient::Held& value)> put;
     std::function<void(const std::string& key)> erase;
   };
   EtcdFollower(std::shared_ptr<EtcdClient> client, std::string prefix, Handler handler);

@@ -316,7 +316,7 @@ struct OpenAiHttp::Handler {
   void Options(http::Connection& c) {
     c.Write(absl::StrCat("HTTP/1.1 204 No Content\r\n", CorsHeaders(c),
                          "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                         "Access-Control-Allow-Headers: Authorization, Content-Type, X-Request-Id, Last-Event-ID\r\nAccess-Control-Max-Age: 600\r\n"
+                         "Access-Control-Allow-Headers: Authorization, Content-Type, X-Stream-Id, Last-Event-ID\r\nAccess-Control-Max-Age: 600\r\n"
                          "Content-Length: 0\r\nConnection: close\r\n\r\n"));
   }
 
@@ -409,12 +409,13 @@ struct OpenAiHttp::Handler {
     Generate(c, req, chat, stream, include_usage);
   }
 
-  // A streamed request the client names with `X-Request-Id` is kept by its worker when the
+  // A streamed request the client names with `X-Stream-Id` is kept by its worker when the
   // connection drops (docs/decisions/0050-resumable-streams.md): its events carry SSE ids
   // "ID.TOKENS", and the same request sent again with `Last-Event-ID: ID.TOKENS` goes on from
-  // there. Unnamed requests are cancelled when their client hangs up.
+  // there. Unnamed requests are cancelled when their client hangs up. (Not X-Request-Id:
+  // proxies add that one to every request, which would keep every stream a client drops.)
   static std::optional<HttpError> Resumable(const http::Request& r, bool stream, v1::GenerateRequest* req) {
-    const std::string* named = r.Header("X-Request-Id");
+    const std::string* named = stream ? r.Header("X-Stream-Id") : nullptr;
     const std::string* last = r.Header("Last-Event-ID");
     if (last != nullptr) {
       if (!stream) return BadRequest("Last-Event-ID resumes a streamed request: set \"stream\": true");
@@ -429,7 +430,7 @@ struct OpenAiHttp::Handler {
       req->set_request_id(*named);
     }
     if (req->request_id().empty() && (named != nullptr || last != nullptr)) {
-      return BadRequest("X-Request-Id / Last-Event-ID: the request id is empty", "invalid_request_id");
+      return BadRequest("X-Stream-Id / Last-Event-ID: the stream id is empty", "invalid_request_id");
     }
     if (absl::Status st = ValidateRequestId(req->request_id()); !st.ok()) {
       return BadRequest(std::string(st.message()), "invalid_request_id");

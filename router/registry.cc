@@ -1,5 +1,6 @@
 #include "router/registry.h"
 
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -13,10 +14,10 @@
 
 namespace dd::router {
 
-absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const std::string& value,
-                               dd::worker::v1::RegisterRequest* r) {
-  if (value.size() > kMaxWorkerRecordBytes) return absl::InvalidArgumentError("larger than 64 KiB");
-  absl::StatusOr<std::string> json = VerifyRecord(secret, value);
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const EtcdClient::Held& value,
+                               double now_unix, dd::worker::v1::RegisterRequest* r) {
+  if (value.value.size() > kMaxWorkerRecordBytes) return absl::InvalidArgumentError("larger than 64 KiB");
+  absl::StatusOr<std::string> json = VerifyRecord(secret, key, value.value);
   if (!json.ok()) return json.status();
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = true;
@@ -25,6 +26,11 @@ absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key
   if (!absl::EndsWith(key, "/" + r->worker_id())) {
     return absl::InvalidArgumentError(absl::StrCat("names worker '", r->worker_id(), "' under another key"));
   }
+  if (!secret.empty() && !(std::abs(now_unix - r->published_unix_seconds()) <= kMaxRecordAgeSeconds)) {
+    return absl::PermissionDeniedError(absl::StrCat("written ", static_cast<int64_t>(now_unix - r->published_unix_seconds()),
+                                                    " s from now (a replayed record, or clocks apart)"));
+  }
+  if (value.lease == 0) return absl::InvalidArgumentError("held under no lease (it would never expire)");
   return absl::OkStatus();
 }
 

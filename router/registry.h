@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/etcd_client.h"
 #include "proto/generate.pb.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -28,12 +29,15 @@ struct Placement {
 };
 
 // A worker's record as the etcd registry holds it (docs/decisions/0051-registry-on-etcd.md):
-// at most 64 KiB, signed with `secret` when there is one (proto/etcd_membership.h), JSON of a
+// at most 64 KiB, held under a lease (so it goes when its worker does), signed with `secret` for
+// its key when there is one (proto/etcd_membership.h) and then written within
+// kMaxRecordAgeSeconds of `now_unix` (a replayed old record is refused), JSON of a
 // RegisterRequest whose fields pass WorkerRegistry::Check, under the key of its own worker id.
 // The reason otherwise.
 constexpr size_t kMaxWorkerRecordBytes = 64 << 10;
-absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const std::string& value,
-                               dd::worker::v1::RegisterRequest* r);
+constexpr double kMaxRecordAgeSeconds = 600;  // workers rewrite theirs every heartbeat
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const EtcdClient::Held& value,
+                               double now_unix, dd::worker::v1::RegisterRequest* r);
 
 class WorkerRegistry {
  public:

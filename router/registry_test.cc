@@ -222,22 +222,32 @@ TEST(RegistryTest, WithExternalLivenessAWorkerIsUpUntilItsRecordGoes) {
   EXPECT_TRUE(absl::IsInvalidArgument(reg.Upsert(bad)));
 }
 
-TEST(RegistryTest, AWorkerRecordIsTakenOnlySignedWithTheSecretAndUnderItsOwnKey) {
+TEST(RegistryTest, AWorkerRecordIsTakenOnlySignedForItsKeyFreshAndUnderALease) {
   const std::string secret = "cluster-secret-0123456789abcdef0123";
-  const std::string json = R"({"workerId": "w1", "address": "127.0.0.1:1", "model": "m"})";
+  const std::string key = "/dd/workers/w1";
+  const double now = 1.8e9;
+  const std::string json = R"({"workerId": "w1", "address": "127.0.0.1:1", "publishedUnixSeconds": 1800000000})";
+  auto held = [](std::string v, int64_t lease = 7) { return EtcdClient::Held{std::move(v), lease}; };
   dd::worker::v1::RegisterRequest r;
-  EXPECT_TRUE(ParseWorkerRecord(secret, "/dd/workers/w1", SignRecord(secret, json), &r).ok());
+  EXPECT_TRUE(ParseWorkerRecord(secret, key, held(SignRecord(secret, key, json)), now, &r).ok());
   EXPECT_EQ(r.address(), "127.0.0.1:1");
-  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, "/dd/workers/w1", json, &r)));
+  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, key, held(json), now, &r))) << "unsigned";
   EXPECT_TRUE(absl::IsPermissionDenied(
-      ParseWorkerRecord(secret, "/dd/workers/w1", SignRecord("another-secret-0123456789abcdef", json), &r)));
-  std::string tampered = SignRecord(secret, json);
+      ParseWorkerRecord(secret, key, held(SignRecord("another-secret-0123456789abcdef", key, json)), now, &r)));
+  std::string tampered = SignRecord(secret, key, json);
   tampered.replace(tampered.find("127.0.0.1:1"), 11, "10.6.6.6:66");
-  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, "/dd/workers/w1", tampered, &r)));
-  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord(secret, "/dd/workers/w2", SignRecord(secret, json), &r)))
-      << "a record under another worker's key";
-  EXPECT_TRUE(ParseWorkerRecord("", "/dd/workers/w1", json, &r).ok()) << "no secret: unsigned records";
-  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord("", "/dd/workers/w1", std::string(70000, ' '), &r)));
+  EXPECT_TRUE(absl::IsPermissionDenied(ParseWorkerRecord(secret, key, held(tampered), now, &r)));
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      ParseWorkerRecord(secret, "/dd/workers/w2", held(SignRecord(secret, key, json)), now, &r)))
+      << "a signed record copied under another key";
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      ParseWorkerRecord(secret, key, held(SignRecord(secret, key, json)), now + 3600, &r)))
+      << "a replayed record an hour old";
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord(secret, key, held(SignRecord(secret, key, json), 0), now, &r)))
+      << "a record under no lease would never expire";
+  EXPECT_TRUE(ParseWorkerRecord("", key, held(json), now + 3600, &r).ok()) << "no secret: unsigned records";
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord("", "/dd/workers/w2", held(json), now, &r)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseWorkerRecord("", key, held(std::string(70000, ' ')), now, &r)));
 }
 
 }  // namespace

@@ -175,8 +175,10 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   };
   // A bad record is logged once per key (workers rewrite theirs every heartbeat).
   auto refused = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
-  auto parse = [this, refused](const std::string& key, const std::string& value, dd::worker::v1::RegisterRequest* r) {
-    const absl::Status st = ParseWorkerRecord(options_.cluster_secret, key, value, r);
+  auto parse = [this, refused](const std::string& key, const EtcdClient::Held& value,
+                               dd::worker::v1::RegisterRequest* r) {
+    const double now = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
+    const absl::Status st = ParseWorkerRecord(options_.cluster_secret, key, value, now, r);
     std::lock_guard<std::mutex> lk(refused->first);
     if (st.ok()) {
       refused->second.erase(key);
@@ -186,7 +188,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     return st.ok();
   };
   EtcdFollower::Handler w;
-  w.reset = [this, parse](const std::map<std::string, std::string>& values) {
+  w.reset = [this, parse](const std::map<std::string, EtcdClient::Held>& values) {
     std::vector<dd::worker::v1::RegisterRequest> records;
     for (const auto& [key, value] : values) {
       dd::worker::v1::RegisterRequest r;
@@ -195,7 +197,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     registry_.Reset(records);
     LOG(INFO) << "registry: " << records.size() << " workers listed in etcd";
   };
-  w.put = [this, note_lag, parse](const std::string& key, const std::string& value) {
+  w.put = [this, note_lag, parse](const std::string& key, const EtcdClient::Held& value) {
     dd::worker::v1::RegisterRequest r;
     if (!parse(key, value, &r)) {
       registry_.Remove(key.substr(key.rfind('/') + 1));  // a bad record replaces a good one: the worker is gone
@@ -213,17 +215,21 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   auto routers = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
   EtcdFollower::Handler r;
   const std::string secret = options_.cluster_secret;
-  r.reset = [this, routers, secret](const std::map<std::string, std::string>& values) {
+  // A replica counts when its record is signed for its key and held under a lease.
+  auto valid = [secret](const std::string& key, const EtcdClient::Held& v) {
+    return v.lease != 0 && v.value.size() <= 4096 && VerifyRecord(secret, key, v.value).ok();
+  };
+  r.reset = [this, routers, valid](const std::map<std::string, EtcdClient::Held>& values) {
     std::lock_guard<std::mutex> lk(routers->first);
     routers->second.clear();
     for (const auto& [key, value] : values) {
-      if (VerifyRecord(secret, value).ok()) routers->second.insert(key);
+      if (valid(key, value) && routers->second.size() < 1024) routers->second.insert(key);
     }
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
-  r.put = [this, routers, secret](const std::string& key, const std::string& value) {
+  r.put = [this, routers, valid](const std::string& key, const EtcdClient::Held& value) {
     std::lock_guard<std::mutex> lk(routers->first);
-    if (VerifyRecord(secret, value).ok()) routers->second.insert(key);
+    if (valid(key, value) && routers->second.size() < 1024) routers->second.insert(key);
     else routers->second.erase(key);
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
@@ -233,10 +239,11 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     replicas_ = static_cast<int64_t>(routers->second.size());
   };
   routers_follower_ = std::make_unique<EtcdFollower>(registry.client, registry.prefix + "routers/", std::move(r));
-  const std::string record = SignRecord(options_.cluster_secret, nlohmann::json({{"address", address}}).dump());
+  const std::string key = registry.prefix + "routers/" + RandomHex(1);
+  const std::string record = SignRecord(options_.cluster_secret, key, nlohmann::json({{"address", address}}).dump());
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * options_.heartbeat_interval.count() + 999) / 1000);
   membership_ = std::make_unique<EtcdMembership>(
-      registry.client, registry.prefix + "routers/" + RandomHex(1), [record] { return record; },
+      registry.client, key, [record] { return record; },
       [](const std::string&) { return false; }, options_.heartbeat_interval, ttl_seconds);
 }
 
@@ -377,42 +384,41 @@ grpc::Status RouterService::Reconnect(grpc::ServerContext* ctx, const dd::v1::Ge
   areq.set_tenant(tenant);
   areq.set_client_request_id(in.request_id());
   std::string failure;  // a worker that could not be asked
+  // Every worker is asked, each with a short deadline so that one that hangs cannot hold the
+  // search. Where more than one keeps the stream (it moved after its worker failed, and the
+  // first one lived on), the one it moved to last continues it.
+  std::optional<Placement> best;
+  dd::worker::v1::SubmitRequest submitted;
   const std::vector<Placement> workers = registry_.UpWorkers();
   for (const Placement& w : workers) {
-    // Asked with a short deadline first, so that a worker that hangs cannot hold the search.
-    {
-      grpc::ClientContext probe;
-      AttachClusterSecret(&probe, options_.cluster_secret);
-      probe.set_deadline(Wall::now() + std::chrono::seconds(2));
-      auto r = w.stub->Attach(&probe, areq);
-      dd::worker::v1::AttachResponse first;
-      const bool found = r->Read(&first) && first.has_submitted();
-      if (found) probe.TryCancel();  // only the answer was wanted
-      const grpc::Status st = r->Finish();
-      if (!found) {
-        if (st.error_code() != grpc::StatusCode::NOT_FOUND) failure = absl::StrCat(w.worker_id, ": ", st.error_message());
-        continue;
-      }
-    }
-    auto s = std::make_unique<WorkerStream>();
-    s->place = w;
-    AttachClusterSecret(&s->ctx, options_.cluster_secret);
-    if (ctx->deadline() != Wall::time_point::max()) s->ctx.set_deadline(ctx->deadline());
-    s->attach = w.stub->Attach(&s->ctx, areq);
+    grpc::ClientContext probe;
+    AttachClusterSecret(&probe, options_.cluster_secret);
+    probe.set_deadline(Wall::now() + std::chrono::seconds(2));
+    auto reader = w.stub->Attach(&probe, areq);
     dd::worker::v1::AttachResponse first;
-    if (!s->attach->Read(&first) || !first.has_submitted()) {
-      const grpc::Status st = s->attach->Finish();
+    const bool found = reader->Read(&first) && first.has_submitted();
+    if (found) probe.TryCancel();  // only the answer was wanted
+    const grpc::Status st = reader->Finish();
+    if (!found) {
       if (st.error_code() != grpc::StatusCode::NOT_FOUND) failure = absl::StrCat(w.worker_id, ": ", st.error_message());
       continue;
     }
-    registry_.Hold(w.worker_id);
+    if (!best || first.submitted().resume_tokens_size() > submitted.resume_tokens_size()) {
+      best = w;
+      submitted = first.submitted();
+    }
+  }
+  if (best) {
+    registry_.Hold(best->worker_id);
     Relayed r;
-    r.req = first.submitted().request();
+    r.req = submitted.request();
     r.tenant = tenant;
     r.kept = true;
     r.client_id = in.request_id();
     r.client_has = in.resume_from_index();
-    r.attached = std::move(s);
+    r.resumed_tokens.assign(submitted.resume_tokens().begin(), submitted.resume_tokens().end());
+    r.resumed_text_bytes = submitted.resume_text_bytes();
+    r.attach_to = best;
     reconnects_++;
     return Relay(ctx, std::move(r), writer);
   }
@@ -438,9 +444,19 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
   // Which worker served a request tells a tenant where other tenants' prompts went; only the
   // operator (and an open API, which has no tenants to tell apart) sees it unless exposed.
   const bool show_worker = options_.expose_worker_id || !options_.auth.enabled() || tenant == "operator";
-  const bool reattached = r.attached != nullptr;
-  std::vector<int32_t> streamed;  // every token the request has produced, in order
-  int64_t text_bytes = 0;
+  const bool reattached = r.attach_to.has_value();
+  // Every token the request has produced, in order. A kept stream that had moved to its worker
+  // after a failure starts after the tokens it was resumed from: they come with it.
+  std::vector<int32_t> streamed = r.resumed_tokens;
+  int64_t text_bytes = r.resumed_text_bytes;
+  if (r.client_has < static_cast<int64_t>(streamed.size())) {
+    queued_--;
+    registry_.Done(r.attach_to->worker_id);
+    return Err(grpc::StatusCode::OUT_OF_RANGE,
+               absl::StrCat("the stream moved to another worker after token ", streamed.size(),
+                            "; the text of tokens ", r.client_has, " to ", streamed.size(),
+                            " is no longer kept: start the request again"));
+  }
   bool first = true, told_id = reattached;
   Clock::time_point t_first{}, t_last{};
   std::set<std::string> exclude;
@@ -450,9 +466,14 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
     if (first) queued_--;
     first = false;
   };
+  std::optional<Placement> attach_to = std::move(r.attach_to);
   for (;;) {
-    std::unique_ptr<WorkerStream> w = std::move(r.attached);
-    if (!w) {
+    auto w = std::make_unique<WorkerStream>();
+    dd::worker::v1::SubmitRequest sub;
+    if (attach_to) {
+      w->place = *std::move(attach_to);
+      attach_to.reset();
+    } else {
       absl::StatusOr<Placement> place = registry_.Pick(req.model(), exclude, prefix_key);
       if (!place.ok()) {
         unqueue();
@@ -467,7 +488,6 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
         }
         return ToGrpc(place.status());
       }
-      dd::worker::v1::SubmitRequest sub;
       *sub.mutable_request() = req;
       for (int32_t t : streamed) sub.add_resume_tokens(t);
       sub.set_resume_text_bytes(text_bytes);
@@ -479,15 +499,22 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
       sub.set_tenants(static_cast<int32_t>(options_.auth.tenant_count()));
       if (r.kept) sub.set_client_request_id(r.client_id);
       sub.set_prefix_key(prefix_key);
-      w = std::make_unique<WorkerStream>();
       w->place = *std::move(place);
-      AttachClusterSecret(&w->ctx, options_.cluster_secret);
-      if (ctx->deadline() != Wall::time_point::max()) w->ctx.set_deadline(ctx->deadline());
-      w->submit = w->place.stub->Submit(&w->ctx, sub);
     }
+    AttachClusterSecret(&w->ctx, options_.cluster_secret);
+    if (ctx->deadline() != Wall::time_point::max()) w->ctx.set_deadline(ctx->deadline());
     {
+      // Watched before the call starts: a client that goes away ends even a call that hangs.
       std::lock_guard<std::mutex> lk(watch_mu_);
       watches_.push_back({ctx, &w->ctx});
+    }
+    if (sub.has_request()) {
+      w->submit = w->place.stub->Submit(&w->ctx, sub);
+    } else {
+      dd::worker::v1::AttachRequest areq;
+      areq.set_tenant(tenant);
+      areq.set_client_request_id(r.client_id);
+      w->attach = w->place.stub->Attach(&w->ctx, areq);
     }
     dd::v1::GenerateResponse resp;
     bool final = false, client_gone = false;
@@ -620,6 +647,17 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
         }
         if (st.error_code() == grpc::StatusCode::UNAVAILABLE) registry_.MarkDown(w->place.worker_id);
         exclude.insert(w->place.worker_id);
+        if (r.kept) {
+          // A worker that lost only its link to this router would keep the stream decoding for
+          // its grace window, a second continuation a reconnect could find: end it there.
+          grpc::ClientContext cctx;
+          AttachClusterSecret(&cctx, options_.cluster_secret);
+          cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
+          dd::worker::v1::CancelRequest creq;
+          creq.set_request_id(req.request_id());
+          dd::worker::v1::CancelResponse cresp;
+          (void)w->place.stub->Cancel(&cctx, creq, &cresp);
+        }
         if (++resumes > options_.max_resumes) {
           unqueue();
           return Err(grpc::StatusCode::UNAVAILABLE, absl::StrCat("request failed on ", resumes, " workers; last: ",

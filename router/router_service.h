@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,7 +95,11 @@ class RouterService final : public dd::v1::DualDecoder::Service {
     bool kept = false;            // the client named it: workers keep its stream for a reconnect
     std::string tenant;           // the authenticated API tenant ("" when open); scopes prefixes
     int64_t client_has = 0;       // tokens the client already has (a reconnect)
-    std::unique_ptr<WorkerStream> attached;  // a reconnect: the worker's kept stream
+    // A reconnect: the worker keeping the stream, and the tokens (and their text's bytes) the
+    // kept stream was itself resumed from after an earlier failure.
+    std::optional<Placement> attach_to;
+    std::vector<int32_t> resumed_tokens;
+    int64_t resumed_text_bytes = 0;
   };
   Relayed Fresh(const dd::v1::GenerateRequest& req, const std::string& tenant) const;
   // Places and streams one request, resuming it on another worker when its worker fails.

@@ -89,18 +89,19 @@ void WorkerNode::StartHeartbeats(const std::string& router, std::chrono::millise
 
 void WorkerNode::StartMembership(const RegistryConfig& registry, std::chrono::milliseconds interval) {
   const WorkerService& service = *service_;
-  auto record = [&service] {
+  const std::string key = registry.prefix + "workers/" + service.identity().worker_id;
+  auto record = [&service, key] {
     dd::worker::v1::RegisterRequest r = service.Record();
     r.set_published_unix_seconds(
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     std::string json;
     (void)google::protobuf::util::MessageToJsonString(r, &json);
-    return SignRecord(service.cluster_secret(), json);
+    return SignRecord(service.cluster_secret(), key, json);
   };
   // A record (signed with this cluster's secret) at this worker's own address is an earlier run of it (restarted before its lease
   // ran out): it takes the key over. Any other holder keeps it until its lease goes.
-  auto may_take = [&service](const std::string& held) {
-    absl::StatusOr<std::string> record = VerifyRecord(service.cluster_secret(), held);
+  auto may_take = [&service, key](const std::string& held) {
+    absl::StatusOr<std::string> record = VerifyRecord(service.cluster_secret(), key, held);
     dd::worker::v1::RegisterRequest r;
     google::protobuf::util::JsonParseOptions o;
     o.ignore_unknown_fields = true;
@@ -109,8 +110,7 @@ void WorkerNode::StartMembership(const RegistryConfig& registry, std::chrono::mi
            r.address() == service.identity().address;
   };
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);
-  membership_ = std::make_unique<EtcdMembership>(registry.client, registry.prefix + "workers/" + service.identity().worker_id,
-                                                 record, may_take, interval, ttl_seconds);
+  membership_ = std::make_unique<EtcdMembership>(registry.client, key, record, may_take, interval, ttl_seconds);
 }
 
 WorkerNode::~WorkerNode() {

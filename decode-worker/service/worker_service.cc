@@ -196,7 +196,12 @@ grpc::Status WorkerService::Submit(grpc::ServerContext* ctx, const dd::worker::v
       return end(grpc::Status(grpc::StatusCode::CANCELLED, "no caller came back within --stream_grace_ms"));
     }
     for (StreamEvent& e : (*stream)->Wait(std::chrono::milliseconds(50))) {
-      if (e.final && !e.status.ok()) return end(ToGrpc(e.status));
+      if (e.final && !e.status.ok()) {
+        // Cancelled on purpose (Worker.Cancel: the router moved the stream elsewhere, or its
+        // deadline passed): nothing to reconnect to here.
+        if (kept && absl::IsCancelled(e.status)) keeper_.Forget(req->tenant(), req->client_request_id(), kept.get());
+        return end(ToGrpc(e.status));
+      }
       const bool final = e.final;
       dd::v1::GenerateResponse resp = ToResponse(e, id, identity_);
       if (kept) kept->Append(resp);

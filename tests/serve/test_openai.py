@@ -295,7 +295,7 @@ def test_a_named_sse_stream_resumes_after_a_dropped_connection_with_last_event_i
     body = {"model": "", "prompt": "The history of the old mill by the river:", "max_tokens": 48,
             "temperature": 0, "stream": True}
     want = "".join(t for _, t in sse(server, body, {}))
-    first = sse(server, body, {"X-Request-Id": "sse-story-1"}, stop_after=6)
+    first = sse(server, body, {"X-Stream-Id": "sse-story-1"}, stop_after=6)
     last_id = [i for i, _ in first if i][-1]
     assert last_id.startswith("sse-story-1.") and int(last_id.split(".")[-1]) > 0, first
     assert all(i is not None for i, _ in first), first  # every event of a named stream has an id
