@@ -603,15 +603,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
       unqueue();
       // A kept stream decodes on for a reconnect (the worker cancels it after its grace window
       // with no reader); any other is cancelled now.
-      if (!r.kept) {
-        grpc::ClientContext cctx;
-        AttachClusterSecret(&cctx, options_.cluster_secret);
-        cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
-        dd::worker::v1::CancelRequest creq;
-        creq.set_request_id(req.request_id());
-        dd::worker::v1::CancelResponse cresp;
-        (void)w->place.stub->Cancel(&cctx, creq, &cresp);
-      }
+      if (!r.kept) CancelOn(w->place, req.request_id());
       return Err(grpc::StatusCode::CANCELLED, "request cancelled by the client");
     }
     switch (st.error_code()) {
@@ -650,13 +642,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
         if (r.kept) {
           // A worker that lost only its link to this router would keep the stream decoding for
           // its grace window, a second continuation a reconnect could find: end it there.
-          grpc::ClientContext cctx;
-          AttachClusterSecret(&cctx, options_.cluster_secret);
-          cctx.set_deadline(Wall::now() + std::chrono::seconds(1));
-          dd::worker::v1::CancelRequest creq;
-          creq.set_request_id(req.request_id());
-          dd::worker::v1::CancelResponse cresp;
-          (void)w->place.stub->Cancel(&cctx, creq, &cresp);
+          CancelOn(w->place, req.request_id());
         }
         if (++resumes > options_.max_resumes) {
           unqueue();
@@ -666,6 +652,16 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
         resumes_++;
     }
   }
+}
+
+void RouterService::CancelOn(const Placement& worker, const std::string& request_id) {
+  grpc::ClientContext ctx;
+  AttachClusterSecret(&ctx, options_.cluster_secret);
+  ctx.set_deadline(Wall::now() + std::chrono::seconds(1));
+  dd::worker::v1::CancelRequest req;
+  req.set_request_id(request_id);
+  dd::worker::v1::CancelResponse resp;
+  (void)worker.stub->Cancel(&ctx, req, &resp);  // best effort: a worker that is gone ends it anyway
 }
 
 grpc::Status RouterService::Health(grpc::ServerContext*, const dd::v1::HealthRequest*, dd::v1::HealthResponse* resp) {

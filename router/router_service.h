@@ -108,6 +108,8 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   grpc::Status Reconnect(grpc::ServerContext* ctx, const dd::v1::GenerateRequest& req, const std::string& tenant,
                          grpc::ServerWriter<dd::v1::GenerateResponse>* writer);
   void Count(grpc::StatusCode code);
+  // Worker.Cancel of `request_id` on `worker`, waiting at most a second.
+  void CancelOn(const Placement& worker, const std::string& request_id);
   // Takes one of the tenant's in-flight places, or says whose limit is reached.
   grpc::Status AdmitTenant(const std::string& tenant);
   void ReleaseTenant(const std::string& tenant);
