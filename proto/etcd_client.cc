@@ -183,16 +183,6 @@ absl::StatusOr<std::optional<EtcdClient::Held>> EtcdClient::Create(const std::st
   return std::optional<Held>(std::move(held));
 }
 
-absl::Status EtcdClient::Delete(const std::string& key) {
-  etcdserverpb::DeleteRangeRequest req;
-  req.set_key(key);
-  etcdserverpb::DeleteRangeResponse resp;
-  return FromGrpc(OnAnyMember([&](const std::shared_ptr<grpc::Channel>& ch, grpc::ClientContext* ctx) {
-                    return etcdserverpb::KV::NewStub(ch)->DeleteRange(ctx, req, &resp);
-                  }),
-                  absl::StrCat("delete ", key));
-}
-
 absl::StatusOr<EtcdClient::Listing> EtcdClient::List(const std::string& prefix) {
   etcdserverpb::RangeRequest req;
   req.set_key(prefix);

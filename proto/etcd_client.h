@@ -47,7 +47,6 @@ class EtcdClient {
   };
   // Puts `value` only if `key` does not exist: nullopt when it did not, else what it holds.
   absl::StatusOr<std::optional<Held>> Create(const std::string& key, const std::string& value, int64_t lease);
-  absl::Status Delete(const std::string& key);
 
   struct Listing {
     int64_t revision = 0;  // the store's revision the listing is of

@@ -228,7 +228,6 @@ void EtcdFollower::Loop() {
     if (!first) resyncs_++;
     first = false;
     handler_.reset(listing->values);
-    synced_ = true;
     etcdserverpb::WatchResponse resp;
     while ((*watch)->Next(&resp)) {
       if (resp.canceled() || resp.compact_revision() != 0) break;  // compacted or refused: list again

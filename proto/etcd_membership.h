@@ -50,7 +50,6 @@ class EtcdMembership {
                  std::function<bool(const std::string& held)> may_take, std::chrono::milliseconds interval,
                  int64_t ttl_seconds);
   ~EtcdMembership();  // revokes the lease: the key goes at once
-  bool registered() const { return registered_.load(); }
 
  private:
   void Loop();
@@ -60,7 +59,7 @@ class EtcdMembership {
   std::function<bool(const std::string&)> may_take_;
   std::chrono::milliseconds interval_;
   int64_t ttl_seconds_;
-  std::atomic<bool> registered_{false};
+  bool registered_ = false;  // the loop thread's own
   int64_t lease_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -79,7 +78,6 @@ class EtcdFollower {
   EtcdFollower(std::shared_ptr<EtcdClient> client, std::string prefix, Handler handler);
   ~EtcdFollower();
   int64_t resyncs() const { return resyncs_.load(); }  // full listings after the first
-  bool synced() const { return synced_.load(); }       // a listing has been applied
 
  private:
   void Loop();
@@ -87,7 +85,6 @@ class EtcdFollower {
   std::string prefix_;
   Handler handler_;
   std::atomic<int64_t> resyncs_{0};
-  std::atomic<bool> synced_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -5,7 +5,6 @@ through Prometheus' HTTP API. A panel that shows nothing is a failing test."""
 import json
 import math
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving import ddctl_json, wait_for
+from serving import ddctl_json, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy" / "monitoring"))
 import gen  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:  # Prometheus needs a port named up front; this one was free just now
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def query(base, expr):
