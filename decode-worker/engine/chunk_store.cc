@@ -144,6 +144,7 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   };
   ranges_.resize(refs.size());
   for (size_t i = 0; i < refs.size(); ++i) ranges_[i] = range_of(addrs_[i]);
+  const int64_t off = part_offset(l->part), bytes = part_bytes(l->part);
   for (size_t i = 0; i < refs.size();) {
     const int r = ranges_[i];
     if (r < 0) {
@@ -154,9 +155,9 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
     gather_.clear();
     size_t j = i;
     for (; j < refs.size() && dsts[j].buf.data == dsts[i].buf.data && ranges_[j] == r; ++j) {
-      gather_.push_back({static_cast<const char*>(addrs_[j]) - base, dsts[j].offset});
+      gather_.push_back({static_cast<const char*>(addrs_[j]) - base + off, dsts[j].offset + off});
     }
-    if (absl::Status st = device_.Gather(q, regions_[r], gather_, block_bytes(), dsts[i].buf); !st.ok()) {
+    if (absl::Status st = device_.Gather(q, regions_[r], gather_, bytes, dsts[i].buf); !st.ok()) {
       // Runs enqueued before this one may still write their slots: done before the error.
       (void)device_.Synchronize(device_.Record(q));
       return st;
@@ -166,9 +167,14 @@ absl::Status ChunkStore::StartDeviceGather(kvpool::SequenceId id, absl::Span<con
   l->copied = device_.Record(q);
   l->on_device = true;
   l->pending = true;
-  counts_.fetched += static_cast<int64_t>(refs.size());
+  Landed(static_cast<int64_t>(refs.size()), l->part);
   counts_.device_gathered += static_cast<int64_t>(refs.size());
   return absl::OkStatus();
+}
+
+void ChunkStore::Landed(int64_t blocks, kvpool::BlockPart part) {
+  counts_.fetched += blocks;
+  if (part == kvpool::BlockPart::kValues) counts_.values_only += blocks;
 }
 
 absl::Status ChunkStore::WriteChunks(kvpool::SequenceId id, int64_t layer, int64_t c0, int64_t c1, const void* k,
@@ -241,11 +247,14 @@ absl::Status ChunkStore::ReadRows(kvpool::SequenceId handle, int64_t layer, int6
 }
 
 absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
-                                      std::vector<BlockDst> dsts, kvpool::Priority priority, Landing* l) {
+                                      std::vector<BlockDst> dsts, kvpool::Priority priority, Landing* l,
+                                      kvpool::BlockPart part) {
   l->tid = 0;
   l->pending = false;
   l->on_device = false;
   l->direct = false;
+  l->part = part;
+  const int64_t off = part_offset(part), bytes = part_bytes(part);
   l->dsts.clear();  // a failed finish may have left the last landing's
   if (refs.empty()) return absl::OkStatus();
   if (refs.size() != dsts.size()) {
@@ -259,26 +268,29 @@ absl::Status ChunkStore::StartLanding(kvpool::SequenceId id, absl::Span<const kv
     // the device's earlier readers of those slots: the host waits for the compute queue.
     if (direct) RETURN_IF_ERROR(device_.Synchronize(device_.Record(Queue::kCompute)));
     std::vector<void*> ptrs(dsts.size());
-    for (size_t i = 0; i < dsts.size(); ++i) ptrs[i] = static_cast<char*>(dsts[i].buf.data) + dsts[i].offset;
+    for (size_t i = 0; i < dsts.size(); ++i) ptrs[i] = static_cast<char*>(dsts[i].buf.data) + dsts[i].offset + off;
     if (direct) {
-      absl::StatusOr<kvpool::TransferId> tid = store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kDevice);
+      absl::StatusOr<kvpool::TransferId> tid =
+          store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kDevice, part);
       if (!tid.ok()) return DirectFailed(tid.status());
       l->tid = *tid;
       l->direct = true;
       counts_.direct += static_cast<int64_t>(refs.size());
     } else {
-      ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority));
+      ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kHost, part));
     }
   } else {
     RETURN_IF_ERROR(device_.Synchronize(l->copied));  // the staging's last copy has been read
     l->copied = {};
-    RETURN_IF_ERROR(l->staging.Ensure(device_, static_cast<int64_t>(refs.size()) * block_bytes()));
-    ASSIGN_OR_RETURN(l->tid, store_->Gather(id, refs, l->staging.data(), priority));
+    RETURN_IF_ERROR(l->staging.Ensure(device_, static_cast<int64_t>(refs.size()) * bytes));
+    std::vector<void*> ptrs(refs.size());
+    for (size_t i = 0; i < refs.size(); ++i) ptrs[i] = l->staging.data() + static_cast<int64_t>(i) * bytes;
+    ASSIGN_OR_RETURN(l->tid, store_->GatherTo(id, refs, ptrs, priority, kvpool::DstMemory::kHost, part));
     if (l->staging.registered()) counts_.staged_gathered += static_cast<int64_t>(refs.size());
     l->dsts = std::move(dsts);
   }
   l->pending = true;
-  counts_.fetched += static_cast<int64_t>(refs.size());
+  Landed(static_cast<int64_t>(refs.size()), part);
   return absl::OkStatus();
 }
 
@@ -311,21 +323,21 @@ absl::Status ChunkStore::FinishLanding(Landing& l, Queue q) {
   // the order when selection no longer makes it.)
   device_.Wait(q, device_.Record(Queue::kCompute));
   const size_t n = l.dsts.size();
+  const int64_t off = part_offset(l.part), bytes = part_bytes(l.part);  // the staging holds the parts
   absl::Status moved;
   if (l.staging.registered()) {  // one gather per destination buffer
     for (size_t i = 0; i < n && moved.ok();) {
       gather_.clear();
       size_t j = i;
       for (; j < n && l.dsts[j].buf.data == l.dsts[i].buf.data; ++j) {
-        gather_.push_back({static_cast<int64_t>(j) * block_bytes(), l.dsts[j].offset});
+        gather_.push_back({static_cast<int64_t>(j) * bytes, l.dsts[j].offset + off});
       }
-      moved = device_.Gather(q, l.staging.region(), gather_, block_bytes(), l.dsts[i].buf);
+      moved = device_.Gather(q, l.staging.region(), gather_, bytes, l.dsts[i].buf);
       i = j;
     }
   } else {
     for (size_t i = 0; i < n && moved.ok(); ++i) {
-      moved = device_.CopyToDevice(q, l.staging.data() + i * block_bytes(), l.dsts[i].buf, l.dsts[i].offset,
-                                   block_bytes());
+      moved = device_.CopyToDevice(q, l.staging.data() + i * bytes, l.dsts[i].buf, l.dsts[i].offset + off, bytes);
     }
   }
   l.dsts.clear();

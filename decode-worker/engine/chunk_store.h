@@ -66,10 +66,14 @@ class ChunkStore {
 
   // Bytes of one block (one KV head of one chunk), and of one head's row in it.
   int64_t block_bytes() const { return layout().block_bytes(); }
+  int64_t part_offset(kvpool::BlockPart p) const { return kvpool::PartOffset(layout(), p); }
+  int64_t part_bytes(kvpool::BlockPart p) const { return kvpool::PartBytes(layout(), p); }
   int64_t head_bytes() const { return config_.head_dim * KvDtypeBytes(kv_); }
   // Blocks gathered so far (every landing's), and those of them the device gathered itself
   // from mapped host memory.
   int64_t fetched_chunks() const { return counts_.fetched; }
+  // Of those, the ones whose V half alone moved (BlockPart::kValues).
+  int64_t values_only_chunks() const { return counts_.values_only; }
   int64_t device_gathered_chunks() const { return counts_.device_gathered; }
   // Of the others, those moved by one device gather per buffer from registered staging.
   int64_t staged_gathered_chunks() const { return counts_.staged_gathered; }
@@ -134,10 +138,14 @@ class ChunkStore {
     backend::Event copied;       // staging's copies (the staging is reused only after them), or the gather's
     bool on_device = false;      // the device gathers it from mapped host memory
     bool direct = false;         // the store writes device memory itself (DstMemory::kDevice)
+    kvpool::BlockPart part = kvpool::BlockPart::kWhole;  // what of each block moves
   };
-  // Starts gathering `refs` of sequence `id` into `dsts` (one each) at `priority`.
+  // Starts gathering `refs` of sequence `id` into `dsts` (one each, where the whole block
+  // goes) at `priority`. With `part` kValues only each block's V half moves, into the V half of
+  // its destination; the K half there is left as it is.
   absl::Status StartLanding(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs, std::vector<BlockDst> dsts,
-                            kvpool::Priority priority, Landing* l);
+                            kvpool::Priority priority, Landing* l,
+                            kvpool::BlockPart part = kvpool::BlockPart::kWhole);
   // Waits for the store's transfer; on a host-invisible device copies the blocks over on `q`
   // (or, gathered by the device, has nothing to copy) and has the compute queue wait for them.
   // Nothing to do when not pending.
@@ -162,12 +170,14 @@ class ChunkStore {
   bool DeviceGathers();
   absl::Status StartDeviceGather(kvpool::SequenceId id, absl::Span<const kvpool::ChunkRef> refs,
                                  const std::vector<BlockDst>& dsts, kvpool::Priority priority, Landing* l);
+  // Blocks landed and their bytes.
+  void Landed(int64_t blocks, kvpool::BlockPart part);
 
   const backend::MemoryCaps caps_;  // the device's, read once
   const bool device_gathers_;       // false: host I/O only, nothing registered
   const KvDtype kv_;
   struct Counts {  // blocks landed: all, gathered by the device, moved from staging, written directly
-    int64_t fetched = 0, device_gathered = 0, staged_gathered = 0, direct = 0;
+    int64_t fetched = 0, device_gathered = 0, staged_gathered = 0, direct = 0, values_only = 0;
   };
   Counts counts_;
   bool direct_off_ = false;  // a direct landing failed: staging from then on

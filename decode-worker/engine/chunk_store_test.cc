@@ -5,6 +5,7 @@
 #include "decode-worker/engine/chunk_store.h"
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -191,14 +192,14 @@ class CudaDestinationStore final : public kvpool::KvStore {
   }
   absl::StatusOr<kvpool::TransferId> GatherTo(kvpool::SequenceId s, absl::Span<const kvpool::ChunkRef> refs,
                                               absl::Span<void* const> dsts, kvpool::Priority p,
-                                              kvpool::DstMemory memory) override {
-    if (memory == kvpool::DstMemory::kHost) return inner_->GatherTo(s, refs, dsts, p);
+                                              kvpool::DstMemory memory, kvpool::BlockPart part) override {
+    if (memory == kvpool::DstMemory::kHost) return inner_->GatherTo(s, refs, dsts, p, memory, part);
     syncs_at_gather.push_back(device_.compute_syncs);
     if (fail_next) {
       fail_next = false;
       return absl::UnavailableError("no path writes CUDA memory");
     }
-    return inner_->GatherTo(s, refs, dsts, p);
+    return inner_->GatherTo(s, refs, dsts, p, kvpool::DstMemory::kHost, part);
   }
   absl::StatusOr<kvpool::KvLayout> Layout(kvpool::SequenceId s) const override { return inner_->Layout(s); }
   absl::Status Wait(kvpool::TransferId id) override { return inner_->Wait(id); }
@@ -273,6 +274,76 @@ TEST(ChunkStoreTest, AStoreThatWritesCudaMemoryGathersStraightIntoTheSlotsAfterT
   EXPECT_EQ(again, got);
   device.Free(*slots);
   cs.Release(*id);
+}
+
+// A values-only landing (a layer whose keys are rebuilt on the device) moves each block's V half
+// into the V half of its destination and leaves the K half as it was, on every landing path:
+// written in place (cpu), gathered by the device from the store's mapped memory (sim), written
+// by the store's transport into device memory, and through the host staging.
+TEST(ChunkStoreTest, AValuesOnlyLandingWritesTheVHalfAloneOnEveryPath) {
+  const model::ModelConfig c = Config();
+  const int64_t kv_dim = c.n_head_kv * c.head_dim, hd = c.head_dim;
+  ThreadPool pool(2);
+  const auto check = [&](const char* path, backend::Device& device, kvpool::KvStore& store, int runs,
+                         const std::function<void()>& before_first) {
+    SCOPED_TRACE(path);
+    ChunkStore cs(c, kChunk, &store, device);
+    auto id = cs.Open();
+    ASSERT_TRUE(id.ok());
+    const std::vector<float> k = Rows(2 * kChunk * kv_dim, 9), v = Rows(2 * kChunk * kv_dim, 10);
+    ASSERT_TRUE(cs.WriteChunks(*id, 0, 0, 2, k.data(), v.data()).ok());
+    auto slots = device.Allocate(backend::MemoryTag::kResidentSlots, 2 * cs.block_bytes());
+    ASSERT_TRUE(slots.ok());
+    const int64_t floats = cs.block_bytes() / 4;
+    for (int run = 0; run < runs; ++run) {
+      if (run == 0 && before_first) before_first();
+      const std::vector<float> marker(2 * floats, -7.0f);
+      ASSERT_TRUE(device.CopyToDevice(backend::Queue::kCompute, marker.data(), *slots, 0, slots->bytes).ok());
+      ChunkStore::Landing landing;
+      // Chunk 1 of head 1 into slot 1.
+      absl::Status st = cs.StartLanding(*id, {{{0, 1, 1}}}, {{*slots, cs.block_bytes()}}, kvpool::Priority::kUrgent,
+                                        &landing, kvpool::BlockPart::kValues);
+      if (!st.ok() && run < runs - 1) continue;  // a failure injected to switch paths
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_TRUE(cs.FinishLanding(landing, backend::Queue::kUrgent).ok());
+      std::vector<float> got(2 * floats);
+      ASSERT_TRUE(device.CopyToHost(backend::Queue::kCompute, *slots, 0, got.data(), slots->bytes).ok());
+      ASSERT_TRUE(device.Synchronize(device.Record(backend::Queue::kCompute)).ok());
+      for (int64_t i = 0; i < floats; ++i) ASSERT_EQ(got[i], -7.0f) << "slot 0 untouched";
+      for (int64_t t = 0; t < kChunk; ++t) {
+        for (int64_t i = 0; i < hd; ++i) {
+          ASSERT_EQ(got[floats + t * hd + i], -7.0f) << "the K half untouched";
+          ASSERT_EQ(got[floats + (kChunk + t) * hd + i], v[(kChunk + t) * kv_dim + hd + i]);
+        }
+      }
+    }
+    EXPECT_GT(cs.values_only_chunks(), 0);
+    EXPECT_EQ(cs.values_only_chunks(), cs.fetched_chunks());
+    device.Free(*slots);
+    cs.Release(*id);
+  };
+  {
+    backend::CpuDevice cpu(0, pool);
+    auto store = kvpool::NewInProcessKvStore();
+    check("cpu, in place", cpu, *store, 1, nullptr);
+  }
+  {
+    auto sim = backend::CreateSimDevice({.pool = &pool, .seed = 4, .max_jitter_us = 100});
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    auto store = kvpool::NewInProcessKvStore();
+    check("sim, device gather", **sim, *store, 1, nullptr);
+  }
+  {
+    CudaMemoryDevice device(pool);
+    CudaDestinationStore store(device);
+    check("transport into device memory", device, store, 1, nullptr);
+  }
+  {
+    CudaMemoryDevice device(pool);
+    CudaDestinationStore store(device);
+    // The direct landing fails once; the next goes through the host staging.
+    check("host staging", device, store, 2, [&store] { store.fail_next = true; });
+  }
 }
 
 }  // namespace

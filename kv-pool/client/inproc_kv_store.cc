@@ -100,7 +100,7 @@ class InProcessKvStore : public KvStore {
 
   using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
-                                      Priority priority, DstMemory memory) override {
+                                      Priority priority, DstMemory memory, BlockPart part) override {
     if (memory == DstMemory::kDevice) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     std::unique_lock<std::mutex> lock(mu_);
@@ -109,8 +109,9 @@ class InProcessKvStore : public KvStore {
     const Seq& s = *found;
     // Validate everything now, so a transfer never fails half-way. Blocks are not freed while a
     // transfer is pending.
-    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s.layout.block_bytes(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, PartBytes(s.layout, part), {}, nullptr};
     RETURN_IF_ERROR(BlocksOf(s, refs, &job.src));
+    for (const void*& src : job.src) src = static_cast<const char*>(src) + PartOffset(s.layout, part);
     // Copy outside the lock so concurrent gatherers do not serialize. The blocks stay put: a
     // Write replaces a block's contents in place, and Release drains the queue first.
     lock.unlock();

@@ -65,6 +65,16 @@ using TransferId = uint64_t;
 // pointers from host ones by itself).
 enum class DstMemory { kHost, kDevice };
 
+// Which bytes of each block a gather moves: the whole [K | V] block, or its V half alone (a
+// layer whose keys the device reconstructs from its low-rank key cache:
+// docs/decisions/0052-low-rank-key-reconstruction.md). A part lands at the gather's
+// destination as it is, part_bytes() bytes.
+enum class BlockPart { kWhole, kValues };
+inline int64_t PartOffset(const KvLayout& l, BlockPart p) { return p == BlockPart::kValues ? l.block_bytes() / 2 : 0; }
+inline int64_t PartBytes(const KvLayout& l, BlockPart p) {
+  return p == BlockPart::kValues ? l.block_bytes() / 2 : l.block_bytes();
+}
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
@@ -72,13 +82,18 @@ class KvStore {
   virtual absl::StatusOr<SequenceId> Open(const KvLayout& layout) = 0;
   // Stores one block (block_bytes() bytes). InvalidArgument for an out-of-range ref.
   virtual absl::Status Write(SequenceId seq, const ChunkRef& ref, const void* block) = 0;
-  // Copies block i of refs into dsts[i] (each block_bytes() bytes; the caller's memory, e.g.
-  // a slot of the engine's resident set), which are `memory`: with kDevice the store never
+  // Copies `part` of block i of refs into dsts[i] (PartBytes bytes each; the caller's memory,
+  // e.g. a slot of the engine's resident set), which are `memory`: with kDevice the store never
   // touches the bytes on the host, and UNIMPLEMENTED where WritesDeviceMemory is false.
   // NotFound for a chunk never written; InvalidArgument when the sizes differ.
   virtual absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs,
-                                              absl::Span<void* const> dsts, Priority priority,
-                                              DstMemory memory) = 0;
+                                              absl::Span<void* const> dsts, Priority priority, DstMemory memory,
+                                              BlockPart part) = 0;
+  // Whole blocks.
+  absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
+                                      Priority priority, DstMemory memory) {
+    return GatherTo(seq, refs, dsts, priority, memory, BlockPart::kWhole);
+  }
   // Into host memory.
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
                                       Priority priority) {

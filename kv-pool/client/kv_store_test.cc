@@ -45,6 +45,21 @@ TEST(InProcessKvStoreTest, WriteGatherRoundTripAndErrors) {
     EXPECT_EQ(b[0], 4.5f);
     EXPECT_EQ(a[bf - 1], 0.5f);
   }
+  // The V halves alone: half a block each, from the block's middle on, nothing else written.
+  for (double gbps : {0.0, 1.0}) {
+    store->SetLink({.bandwidth_gbps = gbps});
+    std::vector<float> blocks(bf, -1.0f);
+    for (int64_t i = 0; i < bf; ++i) blocks[i] = static_cast<float>(i);  // distinct halves
+    ASSERT_TRUE(store->Write(*seq, {0, 1, 7}, blocks.data()).ok());
+    std::vector<float> a(bf, -1.0f);
+    std::vector<void*> dsts = {a.data()};
+    const std::vector<ChunkRef> one_ref = {{0, 1, 7}};
+    auto s = store->GatherTo(*seq, one_ref, dsts, Priority::kBackground, DstMemory::kHost, BlockPart::kValues);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(store->Wait(*s).ok());
+    for (int64_t i = 0; i < bf / 2; ++i) EXPECT_EQ(a[i], static_cast<float>(bf / 2 + i));
+    for (int64_t i = bf / 2; i < bf; ++i) EXPECT_EQ(a[i], -1.0f);
+  }
   std::vector<void*> one = {dst.data()};
   EXPECT_EQ(store->GatherTo(*seq, refs, one, Priority::kUrgent).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Layout(*seq)->block_bytes(), bf * 4);

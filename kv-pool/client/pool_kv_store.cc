@@ -169,18 +169,18 @@ class PoolKvStore : public KvStore {
 
   using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
-                                      Priority priority, DstMemory memory) override {
+                                      Priority priority, DstMemory memory, BlockPart part) override {
     if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
     const bool cuda = memory == DstMemory::kDevice;  // the data path's destinations are CUDA memory
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     RETURN_IF_ERROR(Broken());
     std::unique_lock<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(Seq * s, Find(seq));
-    TransferQueue::Job job{{dsts.begin(), dsts.end()}, s->layout.block_bytes(), {}, nullptr};
+    TransferQueue::Job job{{dsts.begin(), dsts.end()}, PartBytes(s->layout, part), {}, nullptr};
     std::vector<int64_t> offsets;
     for (const ChunkRef& r : refs) {
       ASSIGN_OR_RETURN(const int64_t off, WrittenOffset(*s, r));
-      offsets.push_back(off);
+      offsets.push_back(off + PartOffset(s->layout, part));  // the part's bytes within the block
     }
     if (data_->Mapped(0) != nullptr && !cuda) {  // shared memory: the copy engine reads the mapping
       for (int64_t off : offsets) job.src.push_back(data_->Mapped(off));

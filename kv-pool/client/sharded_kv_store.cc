@@ -46,7 +46,7 @@ class ShardedKvStore : public KvStore {
 
   using KvStore::GatherTo;
   absl::StatusOr<TransferId> GatherTo(SequenceId seq, absl::Span<const ChunkRef> refs, absl::Span<void* const> dsts,
-                                      Priority priority, DstMemory memory) override {
+                                      Priority priority, DstMemory memory, BlockPart part) override {
     if (memory == DstMemory::kDevice && !WritesDeviceMemory()) return NoDeviceWrites();
     RETURN_IF_ERROR(DestinationsMatch(refs, dsts));
     ASSIGN_OR_RETURN(const Seq s, Find(seq));
@@ -55,7 +55,7 @@ class ShardedKvStore : public KvStore {
     const absl::Status st = ForEachShardRun(refs, [&](size_t k, size_t i, size_t j) -> absl::Status {
       const auto part_refs = refs.subspan(i, j - i);
       const auto part_dsts = dsts.subspan(i, j - i);
-      ASSIGN_OR_RETURN(TransferId id, shards_[k]->GatherTo(s.ids[k], part_refs, part_dsts, priority, memory));
+      ASSIGN_OR_RETURN(TransferId id, shards_[k]->GatherTo(s.ids[k], part_refs, part_dsts, priority, memory, part));
       parts.emplace_back(k, id);
       return absl::OkStatus();
     });
