@@ -10,6 +10,7 @@
 #include "cpu/attention_rows.h"
 #include "dd/backend/device_checks.h"
 #include "dd/kernels/cpu_ops.h"
+#include "dd/kernels/low_rank_keys.h"
 #include "glog/logging.h"
 
 namespace dd::backend {
@@ -21,6 +22,7 @@ absl::string_view MemoryTagName(MemoryTag tag) {
     case MemoryTag::kKv: return "kv";
     case MemoryTag::kLandmarks: return "landmarks";
     case MemoryTag::kResidentSlots: return "resident_slots";
+    case MemoryTag::kLowRankKeys: return "low_rank_keys";
     case MemoryTag::kCount: break;
   }
   return "unknown";
@@ -181,6 +183,30 @@ void CpuOps::StoreKv(const float* x, int64_t n, KvDtype t, void* out) {
   }
   const int64_t saturated = kernels::F32ToF16Saturating(x, n, static_cast<uint16_t*>(out));
   if (saturated > 0) kv_overflows_.fetch_add(saturated, std::memory_order_relaxed);
+}
+
+void CpuOps::ProjectKeys(const LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                         float* out) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  auto run = [&](int64_t b, int64_t e) { kernels::ProjectKeyRows(f, rows, positions.data(), b, e, out); };
+  if (pool_.active() > 1 && n >= 64) {  // a prefill's chunks; a decode step's one chunk inline
+    pool_.ParallelFor(n, run);
+  } else {
+    run(0, n);
+  }
+}
+
+void CpuOps::ReconstructKeys(const LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                             absl::Span<const int32_t> heads, int64_t chunk, void* const* out) {
+  const int64_t n = static_cast<int64_t>(first.size());
+  auto run = [&](int64_t b, int64_t e) {
+    kernels::ReconstructKeyChunks(f, coeffs, first.data(), heads.data(), chunk, b, e, out);
+  };
+  if (pool_.active() > 1 && n >= 4) {
+    pool_.ParallelFor(n, run);
+  } else {
+    run(0, n);
+  }
 }
 
 void CpuOps::DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) {

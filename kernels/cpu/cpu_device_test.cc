@@ -512,5 +512,107 @@ TEST(CpuOpsTest, F16RowsLandmarksAndStoresKeepTheF32PathsBits) {
   EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
 }
 
+// The low-rank key ops (LowRankKeys): keys rotated to their positions, projected onto a basis,
+// then rebuilt. Keys lying in the basis's span (before rotation) come back up to f32
+// rounding, every KV head at its place; keys outside it lose exactly their component off the
+// span; f16 output is the f32 output narrowed; a row's bits do not depend on the batch.
+class LowRankKeysTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kHeads = 2, kDim = 8, kHalf = 3, kChunk = 4, kChunks = 5;
+  static constexpr int64_t kD = kHeads * kDim;
+  LowRankKeysTest() : dev_(0, pool_) {
+    for (int64_t i = 0; i < kHalf; ++i) freq_.push_back(std::pow(100.0f, -static_cast<float>(i) / kHalf));
+  }
+  // An orthonormal basis of `rank` rows: the first `rank` rows of a rotation (Gram-Schmidt of
+  // random rows).
+  std::vector<float> Basis(int64_t rank, std::mt19937& rng) {
+    std::normal_distribution<double> nd;
+    std::vector<double> b(rank * kD);
+    for (double& x : b) x = nd(rng);
+    for (int64_t j = 0; j < rank; ++j) {
+      for (int64_t k = 0; k < j; ++k) {
+        double dot = 0;
+        for (int64_t e = 0; e < kD; ++e) dot += b[j * kD + e] * b[k * kD + e];
+        for (int64_t e = 0; e < kD; ++e) b[j * kD + e] -= dot * b[k * kD + e];
+      }
+      double n = 0;
+      for (int64_t e = 0; e < kD; ++e) n += b[j * kD + e] * b[j * kD + e];
+      for (int64_t e = 0; e < kD; ++e) b[j * kD + e] /= std::sqrt(n);
+    }
+    return std::vector<float>(b.begin(), b.end());
+  }
+  LowRankKeys Shape(const std::vector<float>& basis, int64_t rank, bool neox) const {
+    LowRankKeys f;
+    f.basis = basis.data();
+    f.rank = rank;
+    f.n_head_kv = kHeads;
+    f.head_dim = kDim;
+    f.inv_freq = freq_.data();
+    f.half = kHalf;
+    f.neox = neox;
+    return f;
+  }
+  // Key rows (kD floats) at positions 0.. from unrotated keys: each head rotated as the model does.
+  std::vector<float> Rotated(const std::vector<float>& plain, bool neox) const {
+    std::vector<float> k = plain, cos(kHalf), sin(kHalf);
+    for (int64_t p = 0; p < static_cast<int64_t>(plain.size()) / kD; ++p) {
+      kernels::RopeAngles(freq_.data(), kHalf, p, cos.data(), sin.data());
+      for (int64_t g = 0; g < kHeads; ++g) kernels::ApplyRope(&k[p * kD + g * kDim], kHalf, cos.data(), sin.data(), neox);
+    }
+    return k;
+  }
+  ThreadPool pool_{2};
+  CpuDevice dev_;
+  std::vector<float> freq_;
+};
+
+TEST_F(LowRankKeysTest, KeysInTheSpanComeBackAtTheirPlaces) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (bool neox : {false, true}) {
+    for (int64_t rank : {kD, int64_t{5}}) {
+      SCOPED_TRACE(::testing::Message() << "neox " << neox << ", rank " << rank);
+      const std::vector<float> basis = Basis(rank, rng);
+      // Unrotated keys in the span: random coefficients over the basis.
+      const int64_t n = kChunks * kChunk;
+      std::vector<float> plain(n * kD, 0.0f);
+      for (int64_t p = 0; p < n; ++p) {
+        for (int64_t j = 0; j < rank; ++j) {
+          const float a = nd(rng);
+          for (int64_t e = 0; e < kD; ++e) plain[p * kD + e] += a * basis[j * kD + e];
+        }
+      }
+      const std::vector<float> keys = Rotated(plain, neox);
+      std::vector<const void*> rows(n);
+      std::vector<int64_t> pos(n);
+      for (int64_t p = 0; p < n; ++p) rows[p] = &keys[p * kD], pos[p] = p;
+      std::vector<float> coeffs(n * rank);
+      const LowRankKeys f = Shape(basis, rank, neox);
+      dev_.ops().ProjectKeys(f, rows.data(), pos, coeffs.data());
+      // Rebuild chunks 4, 1 and 3 for heads 1, 0, 1 into blocks' K halves.
+      const std::vector<int64_t> chunks = {4, 1, 3};
+      const std::vector<int32_t> heads = {1, 0, 1};
+      std::vector<float> out(chunks.size() * kChunk * kDim, -1.0f);
+      std::vector<const float*> co;
+      std::vector<int64_t> first;
+      std::vector<void*> dst;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        co.push_back(&coeffs[chunks[i] * kChunk * rank]);
+        first.push_back(chunks[i] * kChunk);
+        dst.push_back(&out[i * kChunk * kDim]);
+      }
+      dev_.ops().ReconstructKeys(f, co.data(), first, heads, kChunk, dst.data());
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        for (int64_t t = 0; t < kChunk; ++t) {
+          for (int64_t e = 0; e < kDim; ++e) {
+            const float want = keys[(chunks[i] * kChunk + t) * kD + heads[i] * kDim + e];
+            EXPECT_NEAR(out[(i * kChunk + t) * kDim + e], want, 1e-4f) << "item " << i << " t " << t << " e " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dd::backend

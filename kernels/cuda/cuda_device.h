@@ -114,6 +114,10 @@ class CudaOps final : public backend::Ops {
   void ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t chunk, int64_t kv_dim,
                   float* out) override;
   void StoreKv(const float* x, int64_t n, KvDtype t, void* out) override;
+  void ProjectKeys(const backend::LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                   float* out) override;
+  void ReconstructKeys(const backend::LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                       absl::Span<const int32_t> heads, int64_t chunk, void* const* out) override;
   int64_t KvOverflows() override;
   void TopChunks(absl::Span<const backend::ChunkScores> lists, int64_t rows, int64_t k) override;
   void DequantizeRows(const WeightView& w, absl::Span<const int32_t> ids, float* out) override;

@@ -11,6 +11,7 @@
 //                        softcap, dot products, host-region gathers
 //   cuda_linear.cu       the quantized linear layer (int8 activations) and its f32 path
 //   cuda_attention.cu    causal and list attention, landmark scores, top chunks
+//   cuda_low_rank.cu     the low-rank key cache: projection and reconstruction
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,6 +55,20 @@ cudaError_t DotRows(const float* const* rows, int64_t n, const float* x, int64_t
 // summed in double in row order, rounded once (the CPU's bits); rows are f16 bits when f16.
 cudaError_t ChunkMeans(const void* const* rows, bool f16, int64_t n, int64_t chunk, int64_t kv_dim, float* out,
                        cudaStream_t s);
+// A low-rank key cache's shape (dd/backend/ops.h, LowRankKeys) with its device pointers:
+// basis (rank × n_head_kv·head_dim f32) and inv_freq (half floats, staged).
+struct LowRankShape {
+  const float* basis;
+  const float* inv_freq;
+  int64_t rank, n_head_kv, head_dim, half;
+  bool neox, f16;
+};
+// Ops::ProjectKeys for n rows (rows, positions: device arrays).
+cudaError_t ProjectKeys(const LowRankShape& f, const void* const* rows, const int64_t* positions, int64_t n, float* out,
+                        cudaStream_t s);
+// Ops::ReconstructKeys for n items (coeffs, first, heads, out: device arrays).
+cudaError_t ReconstructKeys(const LowRankShape& f, const float* const* coeffs, const int64_t* first,
+                            const int32_t* heads, int64_t n, int64_t chunk, void* const* out, cudaStream_t s);
 // out = x's n floats as f16 bits (round to nearest even); a finite value beyond ±65504 becomes
 // ±65504 and adds one to *saturated (memory the device may write: mapped host memory).
 cudaError_t StoreF16(const float* x, int64_t n, uint16_t* out, unsigned long long* saturated, cudaStream_t s);

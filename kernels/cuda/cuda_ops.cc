@@ -335,6 +335,50 @@ void CudaOps::ChunkMeans(const void* const* rows, KvDtype t, int64_t n, int64_t 
   }
 }
 
+namespace {
+// The shape with the staged frequencies.
+cuda::LowRankShape ShapeOf(const backend::LowRankKeys& f, const float* inv_freq) {
+  return {f.basis, inv_freq, f.rank, f.n_head_kv, f.head_dim, f.half, f.neox, f.kv == KvDtype::kF16};
+}
+}  // namespace
+
+void CudaOps::ProjectKeys(const backend::LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                          float* out) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  const int64_t per_row = static_cast<int64_t>(sizeof(const void*) + sizeof(int64_t));
+  const int64_t per_launch = std::max<int64_t>(1, (dev_.args().part_bytes() - SizeOf<float>(f.half)) / per_row - 1);
+  for (int64_t i0 = 0; i0 < n; i0 += per_launch) {
+    const int64_t m = std::min(per_launch, n - i0);
+    Args a(dev_, "ProjectKeys", SizeOf<const void*>(m) + SizeOf<int64_t>(m) + SizeOf<float>(f.half));
+    const void* const* r = a.Put(rows + i0, m);
+    const int64_t* p = a.Put(positions.data() + i0, m);
+    const float* freq = a.Put(f.inv_freq, f.half);
+    if (!a.Flush()) return;
+    dev_.Report(cuda::ProjectKeys(ShapeOf(f, freq), r, p, m, out + i0 * f.rank, dev_.stream(backend::Queue::kCompute)),
+                "ProjectKeys");
+  }
+}
+
+void CudaOps::ReconstructKeys(const backend::LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                              absl::Span<const int32_t> heads, int64_t chunk, void* const* out) {
+  const int64_t n = static_cast<int64_t>(first.size());
+  const int64_t per_item = static_cast<int64_t>(sizeof(const float*) + sizeof(int64_t) + sizeof(int32_t) + sizeof(void*));
+  const int64_t per_launch = std::max<int64_t>(1, (dev_.args().part_bytes() - SizeOf<float>(f.half)) / per_item - 4);
+  for (int64_t i0 = 0; i0 < n; i0 += per_launch) {
+    const int64_t m = std::min(per_launch, n - i0);
+    Args a(dev_, "ReconstructKeys",
+           SizeOf<const float*>(m) + SizeOf<int64_t>(m) + SizeOf<int32_t>(m) + SizeOf<void*>(m) + SizeOf<float>(f.half));
+    const float* const* co = a.Put(coeffs + i0, m);
+    const int64_t* fi = a.Put(first.data() + i0, m);
+    const int32_t* hs = a.Put(heads.data() + i0, m);
+    void* const* o = a.Put(out + i0, m);
+    const float* freq = a.Put(f.inv_freq, f.half);
+    if (!a.Flush()) return;
+    dev_.Report(cuda::ReconstructKeys(ShapeOf(f, freq), co, fi, hs, m, chunk, o, dev_.stream(backend::Queue::kCompute)),
+                "ReconstructKeys");
+  }
+}
+
 CudaOps::~CudaOps() {
   if (saturated_ != nullptr) cudaFreeHost(saturated_);
 }

@@ -55,6 +55,21 @@ std::vector<uint8_t> AsKv(const std::vector<float>& x, KvDtype t) {
   return out;
 }
 
+// The inverse: elements of type t, as floats.
+std::vector<float> Widen(const std::vector<uint8_t>& x, KvDtype t) {
+  std::vector<float> out(x.size() / KvDtypeBytes(t));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t == KvDtype::kF32) {
+      std::memcpy(&out[i], &x[i * 4], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &x[i * 2], 2);
+      out[i] = F16ToF32(h);
+    }
+  }
+  return out;
+}
+
 std::vector<float> Normal(int64_t n, uint32_t seed, float sd = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, sd);
@@ -564,6 +579,62 @@ TEST_F(GpuBackendTest, ArgmaxRowsIsTheCpusFirstLargest) {
     for (int64_t r = 0; r < rows; ++r) {
       EXPECT_EQ(got[r], ArgmaxFirst(x.data() + r * n, n)) << "n " << n << " row " << r;
     }
+  }
+}
+
+// The low-rank key ops: the CPU's results within f32 rounding (the CUDA sums fuse their
+// multiply-adds), for f32 and f16 keys, rows and items in scattered order.
+TEST_F(GpuBackendTest, LowRankKeyOpsMatchTheCpu) {
+  const int64_t heads = 8, dim = 128, d = heads * dim, rank = 160, chunk = 8, n = 64 * chunk, half = 64;
+  const std::vector<float> basis = Normal(rank * d, 11), keys = Normal(n * d, 12);
+  std::vector<float> freq(half);
+  for (int64_t i = 0; i < half; ++i) freq[i] = std::pow(500000.0f, -static_cast<float>(i) / half);
+  const float* dbasis = In(basis);
+  for (KvDtype t : {KvDtype::kF32, KvDtype::kF16}) {
+    const std::vector<uint8_t> kv = AsKv(keys, t);
+    const uint8_t* dkv = In(kv);
+    const int64_t eb = KvDtypeBytes(t);
+    std::vector<const void*> hrows(n), drows(n);
+    std::vector<int64_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = (i * 7919) % n;
+      hrows[i] = &kv[at * d * eb];
+      drows[i] = dkv + at * d * eb;
+      pos[i] = 30000 + i;
+    }
+    backend::LowRankKeys f{.basis = basis.data(), .rank = rank, .n_head_kv = heads, .head_dim = dim,
+                           .inv_freq = freq.data(), .half = half, .neox = true, .kv = t};
+    std::vector<float> want(n * rank);
+    cpu_.ProjectKeys(f, hrows.data(), pos, want.data());
+    backend::LowRankKeys g = f;
+    g.basis = dbasis;
+    float* dcoeffs = Out<float>(n * rank);
+    dev_->ops().ProjectKeys(g, drows.data(), pos, dcoeffs);
+    const std::vector<float> got = Get(dcoeffs, n * rank);
+    EXPECT_LT(MaxRelErr(got, want), 1e-4) << KvDtypeName(t);
+    // Rebuild 40 items (chunk, head) from the CPU's coefficients on both.
+    const float* dwant = In(want);
+    std::vector<const float*> hc, dc;
+    std::vector<int64_t> first;
+    std::vector<int32_t> hs;
+    for (int64_t i = 0; i < 40; ++i) {
+      const int64_t c = (i * 13) % (n / chunk);
+      hc.push_back(&want[c * chunk * rank]);
+      dc.push_back(dwant + c * chunk * rank);
+      first.push_back(30000 + c * chunk);
+      hs.push_back(static_cast<int32_t>(i % heads));
+    }
+    std::vector<uint8_t> host_out(40 * chunk * dim * eb);
+    uint8_t* dout = Out<uint8_t>(40 * chunk * dim * eb);
+    std::vector<void*> ho, dout_ptrs;
+    for (int64_t i = 0; i < 40; ++i) {
+      ho.push_back(&host_out[i * chunk * dim * eb]);
+      dout_ptrs.push_back(dout + i * chunk * dim * eb);
+    }
+    cpu_.ReconstructKeys(f, hc.data(), first, hs, chunk, ho.data());
+    dev_->ops().ReconstructKeys(g, dc.data(), first, hs, chunk, dout_ptrs.data());
+    const std::vector<uint8_t> back = Get(dout, 40 * chunk * dim * eb);
+    EXPECT_LT(MaxRelErr(Widen(back, t), Widen(host_out, t)), t == KvDtype::kF16 ? 2e-3 : 1e-4) << KvDtypeName(t);
   }
 }
 

@@ -70,6 +70,10 @@ class SimOps final : public Ops {
                   float* out) override;
   void StoreKv(const float* x, int64_t n, KvDtype t, void* out) override;
   int64_t KvOverflows() override;
+  void ProjectKeys(const LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                   float* out) override;
+  void ReconstructKeys(const LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                       absl::Span<const int32_t> heads, int64_t chunk, void* const* out) override;
   void TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) override;
   void DequantizeRows(const kernels::WeightView& w, absl::Span<const int32_t> ids, float* out) override;
   void DotRows(absl::Span<const float* const> rows, const float* x, int64_t d, float* out) override;

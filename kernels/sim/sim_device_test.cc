@@ -234,5 +234,56 @@ TEST_F(SimDeviceTest, ChunkMeansGiveTheCpusBits) {
   dev->Free(*marks);
 }
 
+// The low-rank key ops where the keys are: the cpu's bits (f16 keys in, f16 keys out).
+TEST_F(SimDeviceTest, LowRankKeyOpsGiveTheCpusBits) {
+  auto dev = Make();
+  constexpr int64_t kHeads = 2, kDim = 16, kD = kHeads * kDim, kRank = 6, kChunk = 4, kRows = 12;
+  std::vector<float> basis(kRank * kD), freq = {1.0f, 0.3f, 0.1f, 0.03f};
+  for (size_t i = 0; i < basis.size(); ++i) basis[i] = std::cos(static_cast<float>(i) * 0.7f) * 0.25f;
+  std::vector<uint16_t> keys(kRows * kD);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = kernels::F32ToF16(std::sin(static_cast<float>(i)) * 5.0f);
+  auto b = dev->Allocate(MemoryTag::kLowRankKeys, kRank * kD * 4);
+  auto rows = dev->Allocate(MemoryTag::kKv, kRows * kD * 2);
+  auto coeffs = dev->Allocate(MemoryTag::kLowRankKeys, kRows * kRank * 4);
+  auto out = dev->Allocate(MemoryTag::kResidentSlots, 2 * kChunk * kDim * 2);
+  ASSERT_TRUE(b.ok() && rows.ok() && coeffs.ok() && out.ok());
+  ASSERT_TRUE(dev->CopyToDevice(Queue::kCompute, basis.data(), *b, 0, b->bytes).ok());
+  ASSERT_TRUE(dev->CopyToDevice(Queue::kCompute, keys.data(), *rows, 0, rows->bytes).ok());
+  LowRankKeys f{.basis = static_cast<const float*>(b->data), .rank = kRank, .n_head_kv = kHeads, .head_dim = kDim,
+                .inv_freq = freq.data(), .half = 4, .neox = true, .kv = KvDtype::kF16};
+  std::vector<const void*> on_device(kRows), on_host(kRows);
+  std::vector<int64_t> pos(kRows);
+  for (int64_t i = 0; i < kRows; ++i) {
+    on_device[i] = static_cast<const uint16_t*>(rows->data) + i * kD;
+    on_host[i] = keys.data() + i * kD;
+    pos[i] = 100 + i;
+  }
+  dev->ops().ProjectKeys(f, on_device.data(), pos, static_cast<float*>(coeffs->data));
+  const float* dc = static_cast<const float*>(coeffs->data);
+  const std::vector<const float*> items = {dc + 2 * kChunk * kRank, dc};
+  const std::vector<int64_t> first = {108, 100};
+  const std::vector<int32_t> heads = {1, 0};
+  std::vector<void*> dst = {out->data, static_cast<uint16_t*>(out->data) + kChunk * kDim};
+  dev->ops().ReconstructKeys(f, items.data(), first, heads, kChunk, dst.data());
+  std::vector<float> got_coeffs(kRows * kRank);
+  std::vector<uint16_t> got(2 * kChunk * kDim);
+  ASSERT_TRUE(dev->CopyToHost(Queue::kCompute, *coeffs, 0, got_coeffs.data(), coeffs->bytes).ok());
+  ASSERT_TRUE(dev->CopyToHost(Queue::kCompute, *out, 0, got.data(), out->bytes).ok());
+  ASSERT_TRUE(dev->Synchronize(dev->Record(Queue::kCompute)).ok());
+  ThreadPool pool(1);
+  CpuOps cpu(pool);
+  LowRankKeys h = f;
+  h.basis = basis.data();
+  std::vector<float> want_coeffs(kRows * kRank);
+  cpu.ProjectKeys(h, on_host.data(), pos, want_coeffs.data());
+  EXPECT_EQ(got_coeffs, want_coeffs);
+  std::vector<uint16_t> want(2 * kChunk * kDim);
+  const std::vector<const float*> host_items = {want_coeffs.data() + 2 * kChunk * kRank, want_coeffs.data()};
+  std::vector<void*> host_dst = {want.data(), want.data() + kChunk * kDim};
+  cpu.ReconstructKeys(h, host_items.data(), first, heads, kChunk, host_dst.data());
+  EXPECT_EQ(got, want);
+  for (DeviceBuffer* x : {&*b, &*rows, &*coeffs, &*out}) dev->Free(*x);
+}
+
 }  // namespace
 }  // namespace dd::backend

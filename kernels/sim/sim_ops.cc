@@ -214,6 +214,44 @@ void SimOps::StoreKv(const float* x, int64_t n, KvDtype t, void* out) {
 
 int64_t SimOps::KvOverflows() { return cpu_.KvOverflows(); }
 
+void SimOps::ProjectKeys(const LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                         float* out) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  Accesses acc;
+  acc.Read(f.basis, f.rank * f.kv_dim() * kF);
+  for (int64_t i = 0; i < n; ++i) acc.Read(rows[i], f.kv_dim() * KvDtypeBytes(f.kv));
+  acc.Write(out, n * f.rank * kF);
+  std::vector<const void*> list(rows, rows + n);
+  std::vector<int64_t> pos(positions.begin(), positions.end());
+  std::vector<float> freq(f.inv_freq, f.inv_freq + f.half);  // host memory, read at the call
+  device_.Submit(Queue::kCompute, "ProjectKeys", std::move(acc), [this, f, list, pos, freq, out] {
+    LowRankKeys g = f;
+    g.inv_freq = freq.data();
+    cpu_.ProjectKeys(g, list.data(), pos, out);
+  });
+}
+
+void SimOps::ReconstructKeys(const LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                             absl::Span<const int32_t> heads, int64_t chunk, void* const* out) {
+  const int64_t n = static_cast<int64_t>(first.size());
+  Accesses acc;
+  acc.Read(f.basis, f.rank * f.kv_dim() * kF);
+  for (int64_t i = 0; i < n; ++i) {
+    acc.Read(coeffs[i], chunk * f.rank * kF);
+    acc.Write(out[i], chunk * f.head_dim * KvDtypeBytes(f.kv));
+  }
+  std::vector<const float*> from(coeffs, coeffs + n);
+  std::vector<int64_t> firsts(first.begin(), first.end());
+  std::vector<int32_t> hs(heads.begin(), heads.end());
+  std::vector<void*> to(out, out + n);
+  std::vector<float> freq(f.inv_freq, f.inv_freq + f.half);
+  device_.Submit(Queue::kCompute, "ReconstructKeys", std::move(acc), [this, f, from, firsts, hs, chunk, to, freq] {
+    LowRankKeys g = f;
+    g.inv_freq = freq.data();
+    cpu_.ReconstructKeys(g, from.data(), firsts, hs, chunk, to.data());
+  });
+}
+
 void SimOps::TopChunks(absl::Span<const ChunkScores> lists, int64_t rows, int64_t k) {
   // Deep copies: the lists and their chunk ids (host memory, read when the work runs).
   struct Copy {

@@ -34,6 +34,7 @@ enum class MemoryTag : int {
   kKv,             // dense KV: full-mode layers, sliding windows, sinks, windows of sparse layers
   kLandmarks,      // one key vector per (layer, KV head, chunk)
   kResidentSlots,  // chunks kept resident across steps (sparse-cached, dualdecoder)
+  kLowRankKeys,    // low-rank key caches: a basis and per-position coefficients per sparse layer
   kCount,
 };
 absl::string_view MemoryTagName(MemoryTag tag);

@@ -93,6 +93,21 @@ struct ChunkScores {
   bool sorted = false;
 };
 
+// A sparse layer's low-rank key cache (docs/decisions/0052-low-rank-key-reconstruction.md):
+// each position's key before its rotation, the KV heads stacked (kv_dim = n_head_kv × head_dim
+// floats), kept as `rank` coefficients over an orthonormal basis of `rank` rows of kv_dim floats
+// (f32, device memory). The rotation is the model's (kernels::RopeAngles / ApplyRope on each
+// head: `half` pairs from `inv_freq`, host memory; neox pairs (i, i + half), else (2i, 2i + 1)).
+struct LowRankKeys {
+  const float* basis = nullptr;
+  int64_t rank = 0, n_head_kv = 0, head_dim = 0;
+  const float* inv_freq = nullptr;
+  int64_t half = 0;
+  bool neox = false;
+  KvDtype kv = KvDtype::kF32;  // the key rows' type
+  int64_t kv_dim() const { return n_head_kv * head_dim; }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -154,6 +169,21 @@ class Ops {
   // Finite values StoreKv saturated so far, counted as the compute queue runs them (a metric:
   // read without waiting, so work still queued may not be in it yet).
   virtual int64_t KvOverflows() = 0;
+
+  // ---- low-rank keys ----
+  // out[i × rank + j] (f32) = basis row j · key i unrotated, for the key rows rows[i] (kv_dim
+  // elements of f.kv each) at positions[i]: their coefficients. Dot products in element order
+  // from zero, so every row's bits depend on that row alone.
+  virtual void ProjectKeys(const LowRankKeys& f, const void* const* rows, absl::Span<const int64_t> positions,
+                           float* out) = 0;
+  // Keys rebuilt from coefficients, one KV head of one chunk per item: item i's `chunk`
+  // positions from first[i] on have their coefficients at coeffs[i] (chunk × rank f32); KV
+  // head heads[i] of each position's key, Σ_j coefficient j × (basis row j's part for that
+  // head) summed in j order from zero, rotated to its position and narrowed to f.kv (as
+  // StoreKv does, uncounted), goes to out[i] + t × head_dim elements: the K half of the
+  // chunk's block for that head.
+  virtual void ReconstructKeys(const LowRankKeys& f, const float* const* coeffs, absl::Span<const int64_t> first,
+                               absl::Span<const int32_t> heads, int64_t chunk, void* const* out) = 0;
 
   // ---- chunk selection ----
   // Top-k per list: a chunk's score is the max over the rows; the order is higher first, ties
