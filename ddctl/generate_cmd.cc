@@ -142,6 +142,12 @@ absl::Status RunGenerate(const CliConfig& cfg) {
             e["hit_rate_after_first"] = st.hit_rate_after_first();
             e["prefetched_chunks"] = st.prefetched;
           }
+          if (const engine::KeyReconstructionPolicy* kr = sc->key_reconstruction(); kr->enabled()) {
+            e["reconstructed_chunks"] = st.reconstructed;
+            e["reconstructing_steps"] = st.reconstructing_steps;
+            e["key_bytes_saved"] = (st.urgent_values + st.prefetched_values) * (sc->block_bytes() / 2);
+            e["reconstruction_switches"] = kr->switches(static_cast<int64_t>(l));
+          }
           per_layer.push_back(std::move(e));
         }
       }
@@ -161,19 +167,40 @@ absl::Status RunGenerate(const CliConfig& cfg) {
       j["evictions"] = total.evictions;
       // Bytes per decode step: on the critical path (urgent) and in the background (prefetch).
       const double steps = r.tokens.size() > 1 ? static_cast<double>(r.tokens.size() - 1) : 1.0;
-      j["bytes_per_step"] = {{"urgent", total.urgent * sc->block_bytes() / steps},
-                             {"prefetch", total.prefetched * sc->block_bytes() / steps}};
-      j["prefetch_bytes"] = total.prefetched * sc->block_bytes();
-      j["urgent_bytes"] = total.urgent * sc->block_bytes();
-      j["wasted_bytes"] = total.wasted * sc->block_bytes();
+      const int64_t bb = sc->block_bytes();
+      const int64_t prefetch = engine::MovedBytes(total.prefetched, total.prefetched_values, bb);
+      const int64_t urgent = engine::MovedBytes(total.urgent, total.urgent_values, bb);
+      j["bytes_per_step"] = {{"urgent", urgent / steps}, {"prefetch", prefetch / steps}};
+      j["prefetch_bytes"] = prefetch;
+      j["urgent_bytes"] = urgent;
+      j["wasted_bytes"] = engine::MovedBytes(total.wasted, total.wasted_values, bb);
+      const engine::KeyReconstructionOptions& kro = engine.options().sparse.key_reconstruction;
+      nlohmann::json kr = {{"mode", std::string(engine::KeyReconstructionName(kro.mode))}};
+      if (kro.enabled()) {
+        const engine::LowRankKeyCache* lr = sc->low_rank_keys();
+        kr["rank"] = lr->rank();
+        kr["basis_builds"] = lr->builds();
+        kr["basis_build_s"] = lr->build_ns() * 1e-9;
+        kr["reconstructed_chunks"] = total.reconstructed;
+        kr["values_only_chunks"] = sc->values_only_chunks();
+        kr["key_bytes_saved"] = (total.urgent_values + total.prefetched_values) * (bb / 2);
+      }
+      j["key_reconstruction"] = kr;
     }
     const engine::MemoryPlan& plan = engine.memory_plan();
     const engine::RequestBytes rb = plan.Request(r.prompt_tokens, r.prompt_tokens + cfg.generate.max_new_tokens);
+    const engine::KvBytes held = plan.DecodeKv(r.prompt_tokens + cfg.generate.max_new_tokens);
     j["device_memory"] = {{"budget_bytes", cfg.engine.device_memory_bytes},
                           {"weights_bytes", plan.weight_bytes()},
                           {"workspace_bytes", plan.shared_workspace_bytes() + rb.workspace},
                           {"kv_bytes_per_request", rb.kv},
-                          {"prefill_extra_bytes", rb.prefill_extra}};
+                          {"prefill_extra_bytes", rb.prefill_extra},
+                          // Of kv_bytes_per_request: the KV rows, and what selection and key
+                          // reconstruction keep beside them.
+                          {"per_request", {{"kv_rows", held.kv},
+                                           {"resident_slots", held.resident},
+                                           {"landmarks", held.landmarks},
+                                           {"low_rank_keys", held.low_rank}}}};
     j["text"] = r.text;
     j["tokens"] = r.tokens;
     j["prompt_tokens"] = r.prompt_tokens;

@@ -36,6 +36,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel&
     return absl::InvalidArgumentError(
         absl::StrCat("device_memory must be >= 0 bytes (0 = unlimited), got ", options.device_memory_bytes));
   }
+  if (options.mode == DecodeMode::kFull && options.sparse.key_reconstruction.enabled()) {
+    return absl::InvalidArgumentError("key reconstruction needs a sparse mode (sparse, sparse-cached, dualdecoder): "
+                                      "full attention fetches nothing");
+  }
   std::unique_ptr<Engine> e(new Engine(model, Normalized(options, model.config)));
   const EngineOptions& o = e->options_;
   // Memory is accounted by MemoryPlan (docs/architecture.md, "The compute-backend seam"), so the

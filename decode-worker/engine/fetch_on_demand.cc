@@ -40,7 +40,8 @@ class OnDemandFetch final : public FetchPolicy {
       return absl::InternalError(
           absl::StrCat("a gather of ", refs.size(), " blocks exceeds the budget's ", ctx_.budget_blocks()));
     }
-    return ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.fetch.urgent);
+    return ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.fetch.urgent,
+                                    s.part());
   }
 
   absl::Status Finish(const FetchSeq& s, int64_t layer, bool real, DecodeRead& r) override {
@@ -51,7 +52,7 @@ class OnDemandFetch final : public FetchPolicy {
     int64_t n = 0;
     for (const auto& v : r.pick.sel) n += static_cast<int64_t>(v.size());
     for (int64_t i = 0; i < n; ++i) r.fetch.blocks.push_back(base + i * block_bytes);
-    if (real) ctx_.stats.Urgent(*s.counts, layer, n);
+    if (real) ctx_.stats.Urgent(*s.counts, layer, n, s.values_only);
     return absl::OkStatus();
   }
 

@@ -36,6 +36,7 @@ struct LayerResidents {
   int64_t stamp = 0;  // real reads so far (least-recently-used clock)
   ChunkStore::Landing prefetch;
   bool issued = false, issued_seeded = false;
+  bool prefetch_values_only = false;  // the prefetch moved V halves alone
   Selection issued_sel, prefetch_chunks;
 };
 
@@ -112,7 +113,7 @@ absl::Status ResidentFetch::Start(const FetchSeq& s, int64_t layer, bool real, D
       const int64_t unused =
           static_cast<int64_t>(st.prefetch_chunks[g].size()) - CountCommon(sel[g], st.prefetch_chunks[g]);
       ctx_.stats.Prediction(*s.counts, layer, CountCommon(sel[g], st.issued_sel[g]),
-                            static_cast<int64_t>(sel[g].size()), unused, st.issued_seeded);
+                            static_cast<int64_t>(sel[g].size()), unused, st.issued_seeded, st.prefetch_values_only);
     }
   }
   absl::Status started = StartMisses(s, layer, real, st, r);
@@ -135,7 +136,13 @@ absl::Status ResidentFetch::StartMisses(const FetchSeq& s, int64_t layer, bool r
   bool reads_inflight = false;
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : sel[g]) {
-      const int32_t slot = res.Find(g, c);
+      int32_t slot = res.Find(g, c);
+      if (slot >= 0 && !s.values_only && !res.exact_keys(g, slot)) {
+        // Its K half holds rebuilt keys and this step reads the stored ones: fetched again.
+        if (res.inflight(g, slot)) RETURN_IF_ERROR(WaitPrefetch(st));
+        res.Drop(g, c);
+        slot = -1;
+      }
       if (slot < 0) {
         misses[g].push_back(c);
         continue;
@@ -153,10 +160,12 @@ absl::Status ResidentFetch::StartMisses(const FetchSeq& s, int64_t layer, bool r
     std::vector<int32_t> slots;
     // Misses go only into slots no transfer is writing: when too few are free, the layer's
     // prefetch is waited first (it has landed by now in the common case), then every slot is.
-    bool assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
+    bool assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted,
+                               s.values_only);
     if (!assigned && st.prefetch.pending) {
       RETURN_IF_ERROR(WaitPrefetch(st));
-      assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted);
+      assigned = res.Assign(g, misses[g], sel[g], /*allow_inflight=*/false, /*inflight=*/false, &slots, &evicted,
+                            s.values_only);
     }
     if (!assigned) {
       res.Clear();
@@ -168,8 +177,8 @@ absl::Status ResidentFetch::StartMisses(const FetchSeq& s, int64_t layer, bool r
       dsts.push_back(DstAt(st, res.BlockIndex(g, slots[i])));
     }
   }
-  if (absl::Status started =
-          ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kUrgent, &r.fetch.urgent);
+  if (absl::Status started = ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kUrgent,
+                                                      &r.fetch.urgent, s.part());
       !started.ok()) {
     res.Clear();
     return started;
@@ -201,10 +210,12 @@ absl::Status ResidentFetch::Finish(const FetchSeq& s, int64_t layer, bool, Decod
     for (int64_t c : r.pick.sel[g]) {
       const int32_t slot = res.Find(static_cast<int64_t>(g), c);
       res.Touch(static_cast<int64_t>(g), slot, stamp);
+      // The caller rebuilds the keys of every block read (FetchSeq::values_only).
+      if (s.values_only) res.set_exact_keys(static_cast<int64_t>(g), slot, false);
       r.fetch.blocks.push_back(base + res.BlockIndex(static_cast<int64_t>(g), slot) * block_bytes);
     }
   }
-  ctx_.stats.Urgent(*s.counts, layer, r.fetch.count_urgent);
+  ctx_.stats.Urgent(*s.counts, layer, r.fetch.count_urgent, s.values_only);
   ctx_.stats.Reused(layer, r.fetch.count_reused);
   ctx_.stats.Evicted(layer, r.fetch.count_evicted);
   return absl::OkStatus();
@@ -222,13 +233,17 @@ absl::Status ResidentFetch::Prefetch(const FetchSeq& s, int64_t layer, Selection
   int64_t evicted = 0;
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : predicted[g]) {
+      const int32_t slot = res.Find(g, c);
+      // Rebuilt keys where the stored ones will be read: fetched again (nothing is in flight).
+      if (slot >= 0 && !s.values_only && !res.exact_keys(g, slot)) res.Drop(g, c);
       if (res.Find(g, c) < 0) incoming[g].push_back(c);
     }
     // Never more than the slots outside P' (only with a budget above the slots; kept safe).
     const int64_t room = res.Available(g, predicted[g], /*allow_inflight=*/false);
     if (static_cast<int64_t>(incoming[g].size()) > room) incoming[g].resize(room);
     std::vector<int32_t> slots;
-    (void)res.Assign(g, incoming[g], predicted[g], /*allow_inflight=*/false, /*inflight=*/true, &slots, &evicted);
+    (void)res.Assign(g, incoming[g], predicted[g], /*allow_inflight=*/false, /*inflight=*/true, &slots, &evicted,
+                     s.values_only);
     for (size_t i = 0; i < slots.size(); ++i) {
       refs.push_back({static_cast<int32_t>(layer), static_cast<int32_t>(g), incoming[g][i]});
       dsts.push_back(DstAt(st, res.BlockIndex(g, slots[i])));
@@ -237,14 +252,15 @@ absl::Status ResidentFetch::Prefetch(const FetchSeq& s, int64_t layer, Selection
   // One background job: the store serves it in pieces and lets urgent misses go between them
   // (TransferQueue), so an urgent miss waits for at most one piece.
   const bool none = refs.empty();
-  if (absl::Status started =
-          ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kBackground, &st.prefetch);
+  if (absl::Status started = ctx_.chunks.StartLanding(s.store_id, refs, std::move(dsts), kvpool::Priority::kBackground,
+                                                      &st.prefetch, s.part());
       !started.ok()) {
     res.Clear();
     return started;
   }
   if (none) res.Landed();
-  ctx_.stats.Prefetched(*s.counts, layer, static_cast<int64_t>(refs.size()));
+  ctx_.stats.Prefetched(*s.counts, layer, static_cast<int64_t>(refs.size()), s.values_only);
+  st.prefetch_values_only = s.values_only;
   ctx_.stats.Evicted(layer, evicted);
   st.issued = true;
   st.issued_seeded = seeded;

@@ -122,6 +122,17 @@ class KvCache : public model::AttentionBackend {
   int64_t block_bytes() const { return sparse_ != nullptr ? sparse_->block_bytes() : 0; }
   // Blocks landed on the device, and how (ChunkStore).
   int64_t fetched_chunks() const { return sparse_ != nullptr ? sparse_->fetched_chunks() : 0; }
+  int64_t values_only_chunks() const { return sparse_ != nullptr ? sparse_->values_only_chunks() : 0; }
+  // Key reconstruction: the per-layer choices, the low-rank caches (none in `full`), and a
+  // slot's auxiliary device bytes (landmarks, low-rank caches).
+  const KeyReconstructionPolicy* key_reconstruction() const {
+    return sparse_ != nullptr ? &sparse_->key_reconstruction() : nullptr;
+  }
+  const LowRankKeyCache* low_rank_keys() const { return sparse_ != nullptr ? &sparse_->low_rank_keys() : nullptr; }
+  SparseKvCache::SeqAuxBytes SeqAuxiliary(int32_t seq) const {
+    return sparse_ != nullptr ? sparse_->SeqAuxiliary(seq) : SparseKvCache::SeqAuxBytes();
+  }
+  const SeqKvCounts* SeqCounts(int32_t seq) const { return sparse_ != nullptr ? sparse_->SeqCounts(seq) : nullptr; }
   int64_t device_gathered_chunks() const { return sparse_ != nullptr ? sparse_->device_gathered_chunks() : 0; }
   int64_t staged_gathered_chunks() const { return sparse_ != nullptr ? sparse_->staged_gathered_chunks() : 0; }
   int64_t direct_chunks() const { return sparse_ != nullptr ? sparse_->direct_chunks() : 0; }

@@ -65,6 +65,10 @@ KvBytes MemoryPlan::DecodeKv(int64_t length) const {
     } else {
       b.kv += std::min(length, sparse_.sink_tokens + sparse_.window_tokens + C) * row;
       b.landmarks += (length / C) * config_.n_head_kv * config_.head_dim * static_cast<int64_t>(sizeof(float));
+      if (sparse_.key_reconstruction.MayReconstruct(l)) {
+        const int64_t kv_dim = config_.n_head_kv * config_.head_dim, rank = sparse_.key_reconstruction.RankFor(kv_dim);
+        b.low_rank += (rank * kv_dim + (length / C) * C * rank) * static_cast<int64_t>(sizeof(float));
+      }
       ++sparse_layers;
     }
   }

@@ -19,7 +19,10 @@
 //              of window + 1 positions in every mode;
 //   landmarks  (kLandmarks) one per chunk per KV head on sparse layers;
 //   resident   (kResidentSlots) with the resident fetch (sparse-cached, dualdecoder) a
-//              resident set of `budget + resident_margin` tokens per sparse layer.
+//              resident set of `budget + resident_margin` tokens per sparse layer;
+//   low_rank   (kLowRankKeys) with key reconstruction, per sparse layer that may rebuild its
+//              keys: a basis of rank × kv_dim floats and rank floats per position of its full
+//              chunks (low_rank_key_cache.h).
 // Prefill is dense in every mode, so a request being prefilled transiently holds its whole
 // prompt on global layers (sparse modes), and its sliding-window rings hold window - 1 +
 // prefill_chunk rows instead of window + 1 (`prefill_extra`), released at its first decode step.
@@ -44,8 +47,8 @@ enum class DecodeMode { kFull, kSparse, kSparseCached, kDualDecoder };
 
 // A request's decode-state bytes by memory tag.
 struct KvBytes {
-  int64_t kv = 0, landmarks = 0, resident = 0;
-  int64_t total() const { return kv + landmarks + resident; }
+  int64_t kv = 0, landmarks = 0, resident = 0, low_rank = 0;
+  int64_t total() const { return kv + landmarks + resident + low_rank; }
 };
 
 struct RequestBytes {

@@ -39,16 +39,26 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
                                                           {DecodeMode::kSparseCached, true},
                                                           {DecodeMode::kDualDecoder, true}};
   using backend::MemoryTag;
-  // f32 on both devices; f16 (half the rows' and blocks' bytes) on the cpu.
-  const std::vector<std::pair<const char*, KvDtype>> runs = {
-      {"cpu", KvDtype::kF32}, {"sim", KvDtype::kF32}, {"cpu", KvDtype::kF16}};
-  for (auto [device_name, kv] : runs) {
+  // f32 on both devices; f16 (half the rows' and blocks' bytes) on the cpu, also with every
+  // sparse layer's low-rank key cache (key reconstruction).
+  struct Run {
+    const char* device;
+    KvDtype kv;
+    bool low_rank;
+  };
+  const std::vector<Run> runs = {{"cpu", KvDtype::kF32, false},
+                                 {"sim", KvDtype::kF32, false},
+                                 {"cpu", KvDtype::kF16, false},
+                                 {"cpu", KvDtype::kF16, true}};
+  for (auto [device_name, kv, low_rank] : runs) {
   for (auto [mode, resident] : modes) {
+    if (low_rank && mode == DecodeMode::kFull) continue;  // refused: nothing to rebuild
     SCOPED_TRACE(std::string(device_name) + ", " + std::string(KvDtypeName(kv)) + ": " +
-                 std::string(DecodeModeName(mode)));
+                 std::string(DecodeModeName(mode)) + (low_rank ? ", key reconstruction" : ""));
     EngineOptions o = Options(mode);
     o.device = device_name;
     o.kv_dtype = kv;
+    if (low_rank) o.sparse.key_reconstruction.mode = KeyReconstructionMode::kAll;
     auto e = Engine::Create(*model_, o);
     ASSERT_TRUE(e.ok()) << e.status();
     const MemoryPlan& plan = (*e)->memory_plan();
@@ -57,7 +67,9 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kKv), want.kv + prefill_extra);
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kLandmarks), want.landmarks);
       EXPECT_EQ(device.bytes_in_use(MemoryTag::kResidentSlots), want.resident);
+      EXPECT_EQ(device.bytes_in_use(MemoryTag::kLowRankKeys), want.low_rank);
     };
+    EXPECT_EQ(plan.DecodeKv(1310).low_rank > 0, low_rank);
     // The weights on the device are what the plan counts, in every mode.
     EXPECT_EQ(device.bytes_in_use(MemoryTag::kWeights), plan.weight_bytes());
     const int64_t idle_workspace = device.bytes_in_use(MemoryTag::kWorkspace);
@@ -91,7 +103,7 @@ TEST_F(MemoryPlanTest, TheDeviceHoldsWhatThePlanProjectsInEveryMode) {
     // A fork holds what its source holds (every buffer duplicated, none shared) and decodes on.
     ASSERT_TRUE((*e)->Fork(0, 1).ok());
     const KvBytes one = plan.DecodeKv(1310);
-    const KvBytes two{2 * one.kv, 2 * one.landmarks, 2 * one.resident};
+    const KvBytes two{2 * one.kv, 2 * one.landmarks, 2 * one.resident, 2 * one.low_rank};
     expect_tags(two, 0);
     const std::vector<int32_t> both = {0, 1}, toks = {tok, tok};
     ASSERT_TRUE((*e)->DecodeStep(both, toks, &out).ok());

@@ -11,8 +11,19 @@ void ResidentSet::Init(int64_t heads, int64_t slots_per_head) {
     h.chunk.assign(slots_per_head, -1);
     h.last_use.assign(slots_per_head, -1);
     h.inflight.assign(slots_per_head, false);
+    h.exact.assign(slots_per_head, true);
   }
   any_inflight_ = false;
+}
+
+void ResidentSet::Drop(int64_t g, int64_t c) {
+  Head& h = heads_[g];
+  const int32_t s = Find(g, c);
+  if (s < 0 || h.inflight[s]) return;
+  h.slot_of[c] = -1;
+  h.chunk[s] = -1;
+  h.last_use[s] = -1;
+  h.exact[s] = true;
 }
 
 void ResidentSet::Clear() {
@@ -20,6 +31,7 @@ void ResidentSet::Clear() {
     std::fill(h.chunk.begin(), h.chunk.end(), -1);
     std::fill(h.last_use.begin(), h.last_use.end(), -1);
     std::fill(h.inflight.begin(), h.inflight.end(), false);
+    std::fill(h.exact.begin(), h.exact.end(), true);
     h.slot_of.clear();
   }
   any_inflight_ = false;
@@ -53,7 +65,8 @@ int64_t ResidentSet::Available(int64_t g, const std::vector<int64_t>& keep, bool
 }
 
 bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,
-                         bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted) {
+                         bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted,
+                         bool rebuilt_keys) {
   if (incoming.empty()) return true;
   std::vector<int32_t> victims;
   Victims(g, keep, allow_inflight, incoming.size(), &victims);
@@ -70,6 +83,7 @@ bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const 
     h.slot_of[c] = s;
     h.chunk[s] = c;
     h.inflight[s] = inflight;
+    h.exact[s] = !rebuilt_keys;
     any_inflight_ = any_inflight_ || inflight;
     slots->push_back(s);
   }

@@ -74,5 +74,32 @@ TEST(ResidentSetTest, BlocksAreDistinctAndClearForgetsChunks) {
   EXPECT_EQ(r.Available(1, {}, false), 2);
 }
 
+// Slots holding rebuilt keys (a values-only landing) are marked; Drop forgets a chunk, but
+// never one a transfer is still writing; Clear and a fresh Assign mark keys exact again.
+TEST(ResidentSetTest, RebuiltKeysAreMarkedAndDropForgetsTheChunk) {
+  ResidentSet r;
+  r.Init(1, 3);
+  std::vector<int32_t> slots;
+  int64_t evicted = 0;
+  ASSERT_TRUE(r.Assign(0, {4, 5}, {4, 5}, false, false, &slots, &evicted, /*rebuilt_keys=*/true));
+  EXPECT_FALSE(r.exact_keys(0, slots[0]));
+  ASSERT_TRUE(r.Assign(0, {6}, {4, 5, 6}, false, /*inflight=*/true, &slots, &evicted));
+  EXPECT_TRUE(r.exact_keys(0, slots[2]));
+  r.set_exact_keys(0, slots[2], false);
+  r.Drop(0, 6);  // in flight: kept
+  EXPECT_EQ(r.Find(0, 6), slots[2]);
+  r.Landed();
+  r.Drop(0, 6);
+  EXPECT_EQ(r.Find(0, 6), -1);
+  EXPECT_EQ(r.Available(0, {4, 5}, false), 1);
+  r.Drop(0, 42);  // not resident: nothing
+  std::vector<int32_t> again;
+  ASSERT_TRUE(r.Assign(0, {7}, {4, 5, 7}, false, false, &again, &evicted));
+  EXPECT_EQ(again[0], slots[2]);  // the emptied slot first
+  EXPECT_TRUE(r.exact_keys(0, again[0]));
+  r.Clear();
+  EXPECT_TRUE(r.exact_keys(0, slots[0]));
+}
+
 }  // namespace
 }  // namespace dd::engine

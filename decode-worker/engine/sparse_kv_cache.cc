@@ -20,7 +20,8 @@ SparseKvCache::SparseKvCache(const model::ModelConfig& config, const SparseOptio
       chunks_(config, options.chunk_tokens, store, device, /*device_gathers=*/true, kv),
       stats_(config.n_layer), rows_(config, options_, device, kv),
       selector_(config, options_, device), writer_(config, options_, device, rows_, chunks_),
-      fetch_(MakeFetchPolicy({config, options_, device, chunks_, stats_})) {
+      fetch_(MakeFetchPolicy({config, options_, device, chunks_, stats_})),
+      recon_(options_.key_reconstruction, config.n_layer), low_rank_(config, options_, device, rows_) {
   map_.index.assign(config.n_layer, -1);
   for (int64_t l = 0; l < config.n_layer; ++l) {
     const auto& only = options.sparse_layers;
@@ -62,6 +63,7 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
     s.open = true;
     s.layers.assign(config_.n_layer, LayerRows());
     s.draws.assign(config_.n_layer, ModelDraw());
+    if (recon_.enabled()) s.low_rank.assign(config_.n_layer, LowRankLayer());
   }
   return &s;
 }
@@ -69,6 +71,7 @@ absl::StatusOr<SparseKvCache::Seq*> SparseKvCache::GetSeq(int32_t seq) {
 void SparseKvCache::FreeSeq(int32_t seq) {
   Seq& s = seqs_[seq];
   for (LayerRows& st : s.layers) rows_.Free(st);
+  for (LowRankLayer& lr : s.low_rank) low_rank_.Free(lr);
   device_.Free(s.scores.buf);
   device_.Free(s.own);
   fetch_->Release(seq);
@@ -100,7 +103,16 @@ double SparseKvCache::SeqHitRate(int32_t seq) const {
 SparseKvCache::SeqKvBytes SparseKvCache::SeqTransfers(int32_t seq) const {
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return {};
   const SeqKvCounts& c = seqs_[seq].counts;
-  return {c.prefetched * block_bytes(), c.urgent * block_bytes(), c.wasted * block_bytes()};
+  return {MovedBytes(c.prefetched, c.prefetched_values, block_bytes()),
+          MovedBytes(c.urgent, c.urgent_values, block_bytes()), MovedBytes(c.wasted, c.wasted_values, block_bytes())};
+}
+
+SparseKvCache::SeqAuxBytes SparseKvCache::SeqAuxiliary(int32_t seq) const {
+  SeqAuxBytes b;
+  if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size())) return b;
+  for (const LayerRows& st : seqs_[seq].layers) b.landmarks += st.landmarks.bytes;
+  for (const LowRankLayer& lr : seqs_[seq].low_rank) b.low_rank_keys += LowRankKeyCache::bytes(lr);
+  return b;
 }
 
 int64_t SparseKvCache::Length(int32_t seq) const {
@@ -115,6 +127,7 @@ int64_t SparseKvCache::device_bytes() const {
   int64_t total = fetch_->device_bytes();
   for (const Seq& s : seqs_) {
     for (const LayerRows& st : s.layers) total += rows_.bytes(st);
+    for (const LowRankLayer& lr : s.low_rank) total += LowRankKeyCache::bytes(lr);
     total += s.scores.buf.bytes;
   }
   return total;
@@ -130,11 +143,15 @@ absl::Status SparseKvCache::Copy(int32_t src, int32_t dst) {
   // The bookkeeping as it is; every device buffer duplicated (none shared).
   Seq copy = *from;
   for (LayerRows& st : copy.layers) st.sink_k = st.sink_v = st.k = st.v = st.landmarks = backend::DeviceBuffer{};
+  for (LowRankLayer& lr : copy.low_rank) lr.basis = lr.coeffs = backend::DeviceBuffer{};
   copy.scores.buf = copy.own = backend::DeviceBuffer{};
   copy.store_id = to->store_id;
   *to = std::move(copy);
   absl::Status dup;
   for (int64_t l = 0; l < config_.n_layer && dup.ok(); ++l) dup = rows_.Duplicate(from->layers[l], to->layers[l]);
+  for (size_t l = 0; l < from->low_rank.size() && dup.ok(); ++l) {
+    dup = low_rank_.Duplicate(from->low_rank[l], to->low_rank[l]);
+  }
   // Scratch: the size, not the contents.
   if (dup.ok()) dup = DuplicateBuffer(device_, from->scores.buf, /*contents=*/false, &to->scores.buf);
   if (dup.ok()) dup = DuplicateBuffer(device_, from->own, /*contents=*/false, &to->own);
@@ -164,6 +181,9 @@ absl::Status SparseKvCache::Reserve(int32_t seq, int64_t prompt_tokens, int64_t 
   absl::Status status;
   for (int64_t l : map_.layers) {
     if (status.ok()) status = rows_.Reserve((*s)->layers[l], prompt_tokens, total_tokens);
+    if (status.ok() && options_.key_reconstruction.MayReconstruct(l)) {
+      status = low_rank_.Reserve((*s)->low_rank[l], total_tokens);
+    }
   }
   if (status.ok()) status = selector_.EnsureScores((*s)->scores, total_tokens);
   if (status.ok()) status = EnsureOwnRows(**s);
@@ -182,9 +202,18 @@ absl::Status SparseKvCache::FinishPrefill(int32_t seq) {
   if (seq < 0 || seq >= static_cast<int32_t>(seqs_.size()) || !seqs_[seq].open) return absl::OkStatus();
   Seq& s = seqs_[seq];
   for (int64_t l : map_.layers) {
-    if (s.layers[l].length > 0) RETURN_IF_ERROR(rows_.StartDecoding(s.layers[l], s.reserved ? s.total : 0));
+    if (s.layers[l].length == 0) continue;
+    RETURN_IF_ERROR(BuildLowRank(s, l));
+    RETURN_IF_ERROR(rows_.StartDecoding(s.layers[l], s.reserved ? s.total : 0));
   }
   return absl::OkStatus();
+}
+
+absl::Status SparseKvCache::BuildLowRank(Seq& s, int64_t layer) {
+  if (s.low_rank.empty() || s.layers[layer].decoded || !options_.key_reconstruction.MayReconstruct(layer)) {
+    return absl::OkStatus();
+  }
+  return low_rank_.Build(s.low_rank[layer], s.layers[layer]);
 }
 
 absl::Status SparseKvCache::RestorePrefix(int32_t seq, kvpool::SequenceId handle, int64_t tokens) {

@@ -8,7 +8,10 @@
 //   ChunkWriter    (chunk_writer.h)    new rows to the device, completed chunks to the store;
 //   ChunkStore     (chunk_store.h)     the store's side: offloads, landmarks, landings, copies;
 //   AttentionPlan  (attention_plan.h)  one attention call per layer for the whole batch;
-//   SparseStats    (sparse_stats.h)    per-layer and per-request counts.
+//   SparseStats    (sparse_stats.h)    per-layer and per-request counts;
+//   LowRankKeyCache (low_rank_key_cache.h) and KeyReconstructionPolicy (key_reconstruction.h):
+//                  keys rebuilt on the device instead of fetched, per layer, when chosen
+//                  (docs/decisions/0052-low-rank-key-reconstruction.md).
 // It holds the sparse layers only (Holds): KvCache (kv_cache.h) runs the sliding and kept-dense
 // layers' DenseKvCache beside it and routes each layer's attention call to its manager.
 //
@@ -43,7 +46,9 @@
 #include "decode-worker/engine/chunk_store.h"
 #include "decode-worker/engine/chunk_writer.h"
 #include "decode-worker/engine/fetch_policy.h"
+#include "decode-worker/engine/key_reconstruction.h"
 #include "decode-worker/engine/kv_manager.h"
+#include "decode-worker/engine/low_rank_key_cache.h"
 #include "decode-worker/engine/sparse_options.h"
 #include "decode-worker/engine/sparse_rows.h"
 #include "decode-worker/engine/sparse_stats.h"
@@ -107,8 +112,23 @@ class SparseKvCache : public KvManager {
     int64_t prefetched = 0, urgent = 0, wasted = 0;
   };
   SeqKvBytes SeqTransfers(int32_t seq) const;
+  // Device bytes a sequence keeps beside its KV rows to select and rebuild chunks: landmarks,
+  // and low-rank key caches (0 without key reconstruction).
+  struct SeqAuxBytes {
+    int64_t landmarks = 0, low_rank_keys = 0;
+  };
+  SeqAuxBytes SeqAuxiliary(int32_t seq) const;
+  const SeqKvCounts* SeqCounts(int32_t seq) const {
+    return seq >= 0 && seq < static_cast<int32_t>(seqs_.size()) ? &seqs_[seq].counts : nullptr;
+  }
+  // Key reconstruction: the policy (per-layer choices) and the low-rank caches' rank and
+  // basis builds.
+  const KeyReconstructionPolicy& key_reconstruction() const { return recon_; }
+  const LowRankKeyCache& low_rank_keys() const { return low_rank_; }
   int64_t block_bytes() const { return chunks_.block_bytes(); }
   int64_t fetched_chunks() const { return chunks_.fetched_chunks(); }
+  // Of those, the ones whose V half alone moved (keys rebuilt).
+  int64_t values_only_chunks() const { return chunks_.values_only_chunks(); }
   // Of those, the ones the device gathered itself from the store's mapped memory (a shm://
   // pool on a device the host cannot write: ChunkStore).
   int64_t device_gathered_chunks() const { return chunks_.device_gathered_chunks(); }
@@ -142,6 +162,7 @@ class SparseKvCache : public KvManager {
     bool reserved = false;          // Reserve sized its buffers for the whole request
     int64_t total = 0;              // reserved: the positions it may reach
     std::vector<LayerRows> layers;  // indexed by model layer; unused for dense layers
+    std::vector<LowRankLayer> low_rank;  // indexed by model layer; with key reconstruction only
     std::vector<ModelDraw> draws;   // the selection model's, per model layer
     SeqScores scores;               // the selection buffer
     SeqKvCounts counts;
@@ -164,7 +185,18 @@ class SparseKvCache : public KvManager {
   absl::Status EnsureOwnRows(Seq& s);
 
   absl::StatusOr<Seq*> GetSeq(int32_t seq);
-  FetchSeq FetchOf(int32_t seq) { return {seq, seqs_[seq].store_id, &seqs_[seq].counts}; }
+  // The sequence for a call on `layer` at this step (values_only: the layer rebuilds its keys
+  // this step and the sequence has a low-rank key cache).
+  FetchSeq FetchOf(int32_t seq, int64_t layer) {
+    Seq& s = seqs_[seq];
+    const bool values_only = step_rebuilds_keys_ && !s.low_rank.empty() && s.low_rank[layer].ready;
+    return {seq, s.store_id, &s.counts, values_only};
+  }
+  // The low-rank key cache of each sparse layer built from the prompt's keys, before the
+  // rows become the window's ring (key reconstruction only).
+  absl::Status BuildLowRank(Seq& s, int64_t layer);
+  // After the layer's reads landed: the keys of every read that rebuilds them.
+  void RebuildKeys(int64_t layer, const DecodeRead& r);
   void FreeSeq(int32_t seq);  // every device buffer of the slot (after the waits and a sync)
   // Every decode read of the call: per sequence, KV appended, prompt rows attended, the
   // read's own selection scored.
@@ -189,6 +221,12 @@ class SparseKvCache : public KvManager {
   ChunkSelector selector_;
   ChunkWriter writer_;  // new rows to the device, completed chunks to the store
   std::unique_ptr<FetchPolicy> fetch_;
+  KeyReconstructionPolicy recon_;
+  LowRankKeyCache low_rank_;
+  bool step_rebuilds_keys_ = false;  // the current layer call's choice (recon_)
+  std::vector<int64_t> rebuild_chunks_;
+  std::vector<int32_t> rebuild_heads_;
+  std::vector<void*> rebuild_dst_;
   LayerMap map_;
   std::deque<Seq> seqs_;  // a deque: growing it keeps references to open slots valid
   Reads reads_;

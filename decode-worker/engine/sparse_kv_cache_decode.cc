@@ -58,6 +58,8 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
     if (real_end > r0) {
       RETURN_IF_ERROR(writer_.Append(st, s->store_id, call.layer, call.buffer, call.k + r0 * kv_dim,
                                      call.v + r0 * kv_dim, call.rows[r0].pos, real_end - r0));
+      // Chunks completed while decoding get their coefficients (their rows still held).
+      if (!s->low_rank.empty()) RETURN_IF_ERROR(low_rank_.Project(s->low_rank[call.layer], st));
     }
     if (prompt) {
       if (spec_last) return absl::UnimplementedError("sparse mode: a speculative row after prefill rows");
@@ -69,6 +71,7 @@ absl::Status SparseKvCache::StartReads(const model::AttentionCall& call) {
     }
     const bool decode_row = real_end - r0 == 1 && !prompt;
     if (decode_row || spec_last) {
+      RETURN_IF_ERROR(BuildLowRank(*s, call.layer));
       RETURN_IF_ERROR(rows_.StartDecoding(st, s->reserved ? s->total : 0));
       RETURN_IF_ERROR(selector_.EnsureScores(s->scores, s->reserved ? s->total : config_.n_ctx_train));
       if (spec_last) RETURN_IF_ERROR(EnsureOwnRows(*s));
@@ -99,6 +102,11 @@ void SparseKvCache::AttendPrefillRows(Seq& s, const model::AttentionCall& call, 
 
 absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
   const int64_t layer = call.layer, q_dim = config_.n_head * config_.head_dim;
+  // The layer's choice for this step, the same for every sequence of the batch.
+  bool real_step = false;
+  for (const DecodeRead& r : reads_.used()) real_step = real_step || r.real_row >= 0;
+  step_rebuilds_keys_ = reads_.n > 0 && recon_.enabled() && recon_.Step(layer, stats_.layers()[layer], real_step);
+  if (step_rebuilds_keys_ && real_step) stats_.ReconstructingStep(layer);
   RETURN_IF_ERROR(selector_.IdsToHost(reads_.used(), /*predictions=*/false));
   bool predictions = false;
   for (DecodeRead& r : reads_.used()) {
@@ -109,7 +117,7 @@ absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
       const int64_t pos = call.rows[real ? r.real_row : r.spec_row].pos;
       selector_.ModelSelection(s.draws[layer], r.seq, layer, pos, real, spec_follows, r.pick);
     }
-    RETURN_IF_ERROR(fetch_->Start(FetchOf(r.seq), layer, real, r));
+    RETURN_IF_ERROR(fetch_->Start(FetchOf(r.seq, layer), layer, real, r));
     if (real) {
       int64_t selected = 0;
       for (const auto& v : r.pick.sel) selected += static_cast<int64_t>(v.size());
@@ -136,14 +144,20 @@ absl::Status SparseKvCache::SelectAndStart(const model::AttentionCall& call) {
 
 absl::Status SparseKvCache::AttendDecodeReads(const model::AttentionCall& call) {
   if (reads_.n == 0) return absl::OkStatus();
-  for (DecodeRead& r : reads_.used()) RETURN_IF_ERROR(fetch_->Finish(FetchOf(r.seq), call.layer, r.real_row >= 0, r));
+  const int64_t layer = call.layer;
+  for (DecodeRead& r : reads_.used()) {
+    const FetchSeq fs = FetchOf(r.seq, layer);
+    RETURN_IF_ERROR(fetch_->Finish(fs, layer, r.real_row >= 0, r));
+    if (fs.values_only) RebuildKeys(layer, r);
+  }
   PlanAttention(call);
   plan_.Run(device_.ops(), ShapeOf(config_, chunks_.kv_dtype()), call.scale);
   const absl::Span<DecodeRead> done = reads_.used();
   reads_.n = 0;  // every transfer has been waited for
   for (DecodeRead& r : done) {
     if (r.spec_row < 0) continue;
-    RETURN_IF_ERROR(fetch_->Prefetch(FetchOf(r.seq), call.layer, std::move(r.pick.predicted), /*seeded=*/r.real_row < 0));
+    RETURN_IF_ERROR(
+        fetch_->Prefetch(FetchOf(r.seq, layer), layer, std::move(r.pick.predicted), /*seeded=*/r.real_row < 0));
   }
   return absl::OkStatus();
 }
@@ -200,6 +214,23 @@ void SparseKvCache::PlanAttention(const model::AttentionCall& call) {
     if (r.spec_row >= 0) rows[nr++] = {call.q + r.spec_row * q_dim, call.out + r.spec_row * q_dim, 0};
     plan_.EndGroup(absl::MakeConstSpan(rows, nr));
   }
+}
+
+void SparseKvCache::RebuildKeys(int64_t layer, const DecodeRead& r) {
+  rebuild_chunks_.clear();
+  rebuild_heads_.clear();
+  rebuild_dst_.clear();
+  const uint8_t* const* block = r.fetch.blocks.data();
+  for (size_t g = 0; g < r.pick.sel.size(); ++g) {
+    for (int64_t c : r.pick.sel[g]) {
+      rebuild_chunks_.push_back(c);
+      rebuild_heads_.push_back(static_cast<int32_t>(g));
+      rebuild_dst_.push_back(const_cast<uint8_t*>(*block++));  // the K half: the block's first bytes
+    }
+  }
+  Seq& s = seqs_[r.seq];
+  low_rank_.Reconstruct(s.low_rank[layer], rebuild_chunks_, rebuild_heads_, rebuild_dst_);
+  if (r.real_row >= 0) stats_.Reconstructed(s.counts, layer, static_cast<int64_t>(rebuild_chunks_.size()));
 }
 
 void SparseKvCache::AbandonReads() {

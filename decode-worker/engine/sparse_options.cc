@@ -47,7 +47,53 @@ absl::Status SparseOptions::Validate(const model::ModelConfig& config) const {
                                                    "] (× the budget; 0 = every chunk, -1 = by the speculative head), got ",
                                                    spec_candidates));
   }
+  const KeyReconstructionOptions& kr = key_reconstruction;
+  const int64_t kv_dim = config.n_head_kv * config.head_dim;
+  if (kr.rank < 0 || kr.rank > kv_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key rank ", kr.rank, " must be in [1, ", kv_dim, "] (the keys' width; 0 = by the model)"));
+  }
+  if (!(kr.on_below >= 0 && kr.on_below <= kr.off_at && kr.off_at <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("key reconstruction thresholds: need 0 <= on_below (", kr.on_below,
+                                                   ") <= off_at (", kr.off_at, ") <= 1"));
+  }
+  if (kr.min_steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("key reconstruction min steps must be >= 1, got ", kr.min_steps));
+  }
+  if (kr.mode == KeyReconstructionMode::kLayers && kr.layers.none()) {
+    return absl::InvalidArgumentError("key reconstruction by layers names no layer");
+  }
+  for (int64_t l = 0; l < KeyReconstructionOptions::kMaxLayers; ++l) {
+    if (!kr.layers.test(l)) continue;
+    const bool sparse = l < config.n_layer && !config.layer_is_swa[l] &&
+                        (sparse_layers.none() || (l < kMaxLayers && sparse_layers.test(l)));
+    if (!sparse) return absl::InvalidArgumentError(absl::StrCat("reconstruct layer ", l, " is not a sparse layer"));
+  }
   return absl::OkStatus();
+}
+
+int64_t KeyReconstructionOptions::RankFor(int64_t kv_dim) const {
+  if (rank > 0) return std::min(rank, kv_dim);
+  // A quarter of the key width, rounded up to 8 (docs/decisions/0052-low-rank-key-reconstruction.md).
+  return std::min(kv_dim, (kv_dim / 4 + 7) / 8 * 8);
+}
+
+absl::StatusOr<KeyReconstructionMode> ParseKeyReconstruction(absl::string_view name) {
+  for (KeyReconstructionMode m : {KeyReconstructionMode::kOff, KeyReconstructionMode::kAuto, KeyReconstructionMode::kAll,
+                                  KeyReconstructionMode::kLayers}) {
+    if (name == KeyReconstructionName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown key reconstruction '", name, "' (off, auto, all, layers)"));
+}
+
+absl::string_view KeyReconstructionName(KeyReconstructionMode m) {
+  switch (m) {
+    case KeyReconstructionMode::kOff: return "off";
+    case KeyReconstructionMode::kAuto: return "auto";
+    case KeyReconstructionMode::kAll: return "all";
+    case KeyReconstructionMode::kLayers: return "layers";
+  }
+  return "unknown";
 }
 
 Window WindowFor(const SparseOptions& o, int64_t n) {

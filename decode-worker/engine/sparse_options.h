@@ -36,6 +36,41 @@ absl::string_view PredictorName(Predictor p);
 enum class KvFetch { kOnDemand, kResident };
 absl::string_view KvFetchName(KvFetch f);
 
+// Keys rebuilt on the device from a low-rank key cache instead of fetched, so that only values
+// move (docs/decisions/0052-low-rank-key-reconstruction.md). Changes results (the rebuilt keys
+// are an approximation); the selection always scores the exact landmarks.
+//   off     never (the default): exact sparse attention;
+//   auto    per sparse layer, online: on once the layer's next-step hit rate, smoothed over
+//           steps, falls below `on_below`; off again once it reaches `off_at`; at least
+//           `min_steps` of the layer's steps between two switches. Only where predictions are
+//           measured (dualdecoder); elsewhere it never turns on;
+//   all     every sparse layer at every step;
+//   layers  the sparse layers in `layers` (the paper's offline-profiled list), every step.
+enum class KeyReconstructionMode { kOff, kAuto, kAll, kLayers };
+absl::StatusOr<KeyReconstructionMode> ParseKeyReconstruction(absl::string_view name);
+absl::string_view KeyReconstructionName(KeyReconstructionMode m);
+
+struct KeyReconstructionOptions {
+  static constexpr int64_t kMaxLayers = 256;
+  KeyReconstructionMode mode = KeyReconstructionMode::kOff;
+  std::bitset<kMaxLayers> layers{};
+  // Coefficients per position (the basis's rows). 0: by the model's key width (RankFor).
+  int64_t rank = 0;
+  double on_below = 0.80, off_at = 0.90;
+  int64_t min_steps = 8;
+  // Tests: the choice of (layer, the layer's decode step from 0) instead of the mode's rule
+  // (the mode must not be off), so that runs in different modes switch at the same steps.
+  bool (*schedule_for_testing)(int64_t layer, int64_t step) = nullptr;
+  bool enabled() const { return mode != KeyReconstructionMode::kOff; }
+  // Whether sparse layer `layer` may rebuild its keys (it keeps a low-rank key cache).
+  bool MayReconstruct(int64_t layer) const {
+    if (mode == KeyReconstructionMode::kLayers) return layer >= 0 && layer < kMaxLayers && layers.test(layer);
+    return enabled();
+  }
+  // `rank`, or for 0 the default for keys of kv_dim floats (the KV heads stacked).
+  int64_t RankFor(int64_t kv_dim) const;
+};
+
 struct SparseOptions {
   int64_t budget_tokens = 2048;  // selected tokens per step per KV head (a multiple of chunk)
   int64_t chunk_tokens = 8;
@@ -74,6 +109,7 @@ struct SparseOptions {
   // instead of the landmark scores (which are still computed): selection_model.h. Off by
   // default; the predictor then plays no part.
   SelectionModel selection_model{};
+  KeyReconstructionOptions key_reconstruction{};
   // InvalidArgument naming the field: budget smaller than a chunk or larger than the
   // model context, non-positive chunk, sinks/window not multiples of the chunk, a sparse layer
   // that is not a global layer of the model.

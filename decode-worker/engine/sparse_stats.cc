@@ -13,11 +13,16 @@ KvLayerStats& KvLayerStats::operator+=(const KvLayerStats& o) {
   seeded_for += o.seeded_for;
   reused += o.reused;
   evictions += o.evictions;
+  urgent_values += o.urgent_values;
+  prefetched_values += o.prefetched_values;
+  wasted_values += o.wasted_values;
+  reconstructed += o.reconstructed;
+  reconstructing_steps += o.reconstructing_steps;
   return *this;
 }
 
 void SparseStats::Prediction(SeqKvCounts& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused,
-                             bool seeded) {
+                             bool seeded, bool values_only) {
   KvLayerStats& t = layers_[layer];
   t.hits += hits;
   t.predicted_for += selected;
@@ -30,6 +35,10 @@ void SparseStats::Prediction(SeqKvCounts& s, int64_t layer, int64_t hits, int64_
   }
   t.wasted += unused;
   s.wasted += unused;
+  if (values_only) {
+    t.wasted_values += unused;
+    s.wasted_values += unused;
+  }
 }
 
 KvLayerStats SparseStats::total() const {

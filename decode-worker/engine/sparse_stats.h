@@ -22,6 +22,13 @@ struct KvLayerStats {
   // prefetch), and resident chunks evicted to make room.
   int64_t reused = 0;
   int64_t evictions = 0;
+  // Key reconstruction (docs/decisions/0052-low-rank-key-reconstruction.md): of the urgent,
+  // prefetched and wasted blocks, those whose V half alone moved; and the chunks (one KV head
+  // each) whose keys were rebuilt on the device, once per real decode row's selection.
+  int64_t urgent_values = 0, prefetched_values = 0, wasted_values = 0;
+  int64_t reconstructed = 0;
+  // Decode steps of the layer with its keys rebuilt (the layer's choice, not per sequence).
+  int64_t reconstructing_steps = 0;
   double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
   double hit_rate_after_first() const {
     const int64_t d = predicted_for - seeded_for;
@@ -35,25 +42,48 @@ struct KvLayerStats {
 struct SeqKvCounts {
   int64_t hits = 0, predicted_for = 0;
   int64_t prefetched = 0, urgent = 0, wasted = 0;  // wasted: prefetched, never read
+  // Of those, the blocks whose V half alone moved; chunks whose keys were rebuilt.
+  int64_t prefetched_values = 0, urgent_values = 0, wasted_values = 0;
+  int64_t reconstructed = 0;
   double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
 };
 
 // Each event counted for its layer and its request.
+// Bytes of `blocks` blocks of block_bytes of which `values_only` moved their V half alone.
+inline int64_t MovedBytes(int64_t blocks, int64_t values_only, int64_t block_bytes) {
+  return blocks * block_bytes - values_only * (block_bytes / 2);
+}
+
 class SparseStats {
  public:
   explicit SparseStats(int64_t n_layer) : layers_(n_layer) {}
   // A prediction met by a real row's selection, per KV head: `hits` of its `selected` chunks
   // were predicted, `unused` predicted blocks were moved for nothing; a seeded prediction (the
   // pre-decoded first step) counts for the layer but not in the request's own rate.
-  void Prediction(SeqKvCounts& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused, bool seeded);
-  void Prefetched(SeqKvCounts& s, int64_t layer, int64_t blocks) {
+  // `values_only`: the unused blocks moved their V half alone.
+  void Prediction(SeqKvCounts& s, int64_t layer, int64_t hits, int64_t selected, int64_t unused, bool seeded,
+                  bool values_only = false);
+  void Prefetched(SeqKvCounts& s, int64_t layer, int64_t blocks, bool values_only = false) {
     layers_[layer].prefetched += blocks;
     s.prefetched += blocks;
+    if (values_only) {
+      layers_[layer].prefetched_values += blocks;
+      s.prefetched_values += blocks;
+    }
   }
-  void Urgent(SeqKvCounts& s, int64_t layer, int64_t blocks) {
+  void Urgent(SeqKvCounts& s, int64_t layer, int64_t blocks, bool values_only = false) {
     layers_[layer].urgent += blocks;
     s.urgent += blocks;
+    if (values_only) {
+      layers_[layer].urgent_values += blocks;
+      s.urgent_values += blocks;
+    }
   }
+  void Reconstructed(SeqKvCounts& s, int64_t layer, int64_t chunks) {
+    layers_[layer].reconstructed += chunks;
+    s.reconstructed += chunks;
+  }
+  void ReconstructingStep(int64_t layer) { ++layers_[layer].reconstructing_steps; }
   void Selected(int64_t layer, int64_t chunks) { layers_[layer].selected += chunks; }
   void Reused(int64_t layer, int64_t chunks) { layers_[layer].reused += chunks; }
   void Evicted(int64_t layer, int64_t chunks) { layers_[layer].evictions += chunks; }

@@ -1,5 +1,6 @@
 #include "decode-worker/service/engine_flags.h"
 
+#include <bitset>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "common/kv_dtype.h"
+#include "common/status_macros.h"
 #include "dd/backend/registry.h"
 #include "decode-worker/engine/device_check.h"
 #include "glog/logging.h"
@@ -93,8 +95,38 @@ ABSL_FLAG(std::string, sparse_layers, "",
 ABSL_FLAG(int64_t, resident_margin, 0,
           "sparse-cached, dualdecoder: resident slots per KV head beyond the budget, in tokens (multiple of 8); "
           "chunks leave least recently used first");
+ABSL_FLAG(std::string, key_reconstruction, "off",
+          "sparse modes: rebuild keys on the device from a low-rank key cache instead of fetching them, so only "
+          "values move: off (default; exact sparse attention), auto (per layer while its next-step hit rate is "
+          "low; dualdecoder), all (every sparse layer); changes the results (docs/decisions/"
+          "0052-low-rank-key-reconstruction.md)");
+ABSL_FLAG(std::string, reconstruct_layers, "",
+          "sparse modes: rebuild the keys of these sparse layers (comma-separated), every step; instead of "
+          "--key_reconstruction (an offline-profiled list)");
+ABSL_FLAG(int64_t, key_rank, 0,
+          "key reconstruction: coefficients per position of the low-rank key cache (0 = a quarter of the key "
+          "width, rounded up to 8)");
 
 namespace dd::worker {
+namespace {
+
+// "3,9" as a set of layer indices; errors name the flag.
+absl::StatusOr<std::bitset<engine::SparseOptions::kMaxLayers>> ParseLayerList(absl::string_view flag,
+                                                                               absl::string_view list) {
+  std::bitset<engine::SparseOptions::kMaxLayers> layers;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    int64_t l = 0;
+    if (!absl::SimpleAtoi(part, &l) || l < 0 || l >= engine::SparseOptions::kMaxLayers) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not a layer index in [0, ",
+                                                     engine::SparseOptions::kMaxLayers, ")"));
+    }
+    if (layers.test(l)) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": layer ", l, " is listed twice"));
+    layers.set(l);
+  }
+  return layers;
+}
+
+}  // namespace
 
 std::string ModelPathFromFlags(bool* defaulted) {
   *defaulted = false;
@@ -181,17 +213,22 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving) {
   o.spec_carry = absl::GetFlag(FLAGS_spec_carry);
   o.sparse.spec_candidates = absl::GetFlag(FLAGS_spec_candidates);
   o.sparse.resident_margin_tokens = absl::GetFlag(FLAGS_resident_margin);
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_sparse_layers), ',', absl::SkipWhitespace())) {
-    int64_t l = 0;
-    if (!absl::SimpleAtoi(part, &l) || l < 0 || l >= engine::SparseOptions::kMaxLayers) {
-      return absl::InvalidArgumentError(absl::StrCat("--sparse_layers: '", part, "' is not a layer index in [0, ",
-                                                     engine::SparseOptions::kMaxLayers, ")"));
-    }
-    if (o.sparse.sparse_layers.test(l)) {
-      return absl::InvalidArgumentError(absl::StrCat("--sparse_layers: layer ", l, " is listed twice"));
-    }
-    o.sparse.sparse_layers.set(l);
+  ASSIGN_OR_RETURN(o.sparse.sparse_layers, ParseLayerList("sparse_layers", absl::GetFlag(FLAGS_sparse_layers)));
+  engine::KeyReconstructionOptions& kr = o.sparse.key_reconstruction;
+  auto recon = engine::ParseKeyReconstruction(absl::GetFlag(FLAGS_key_reconstruction));
+  if (!recon.ok() || *recon == engine::KeyReconstructionMode::kLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("--key_reconstruction: '", absl::GetFlag(FLAGS_key_reconstruction),
+                                                   "' is not off, auto or all (a layer list: --reconstruct_layers)"));
   }
+  kr.mode = *recon;
+  ASSIGN_OR_RETURN(kr.layers, ParseLayerList("reconstruct_layers", absl::GetFlag(FLAGS_reconstruct_layers)));
+  if (kr.layers.any()) {
+    if (kr.mode != engine::KeyReconstructionMode::kOff) {
+      return absl::InvalidArgumentError("--reconstruct_layers and --key_reconstruction: give one of them");
+    }
+    kr.mode = engine::KeyReconstructionMode::kLayers;
+  }
+  kr.rank = absl::GetFlag(FLAGS_key_rank);
   // The serving default steps aside for --sparse_layers (layers kept dense are not offloaded).
   if (o.prefix_block_tokens < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--prefix_block must be >= 0 (or -1, the default), got ",

@@ -504,8 +504,15 @@ void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_
     e.kv_prefetch_bytes = moved.prefetched;
     e.kv_urgent_bytes = moved.urgent;
     e.kv_wasted_bytes = moved.wasted;
+    if (const engine::SeqKvCounts* c = kv.SeqCounts(r.slot); c != nullptr) {
+      e.kv_reconstructed_chunks = c->reconstructed;
+      e.kv_key_bytes_saved = (c->urgent_values + c->prefetched_values) * (kv.block_bytes() / 2);
+    }
   }
   const int64_t length = static_cast<int64_t>(r.spec.prompt.size()) + r.generated - resumed;
+  const engine::KvBytes aux = engine_.memory_plan().DecodeKv(length);
+  e.landmark_device_bytes = aux.landmarks;
+  e.low_rank_key_device_bytes = aux.low_rank;
   e.kv_device_bytes = engine_.memory_plan().DecodeKvBytes(length);
   e.full_kv_device_bytes = full_plan_.DecodeKvBytes(length);
   if (observer_) observer_->OnFinished(e);
@@ -632,10 +639,15 @@ void Scheduler::PublishStats() {
   stats_.spec_resyncs = engine_.spec_resyncs();
   if (kv.selects_chunks()) {
     const engine::KvLayerStats t = kv.total_stats();
-    stats_.kv_prefetch_bytes = t.prefetched * kv.block_bytes();
-    stats_.kv_urgent_bytes = t.urgent * kv.block_bytes();
-    stats_.kv_wasted_bytes = t.wasted * kv.block_bytes();
+    stats_.kv_prefetch_bytes = engine::MovedBytes(t.prefetched, t.prefetched_values, kv.block_bytes());
+    stats_.kv_urgent_bytes = engine::MovedBytes(t.urgent, t.urgent_values, kv.block_bytes());
+    stats_.kv_wasted_bytes = engine::MovedBytes(t.wasted, t.wasted_values, kv.block_bytes());
+    stats_.kv_key_bytes_saved = (t.urgent_values + t.prefetched_values) * (kv.block_bytes() / 2);
     stats_.kv_layers = kv.layer_stats();
+    stats_.reconstructing_layers = 0;
+    for (size_t l = 0; l < stats_.kv_layers.size(); ++l) {
+      stats_.reconstructing_layers += kv.key_reconstruction()->on(static_cast<int64_t>(l)) ? 1 : 0;
+    }
   }
 }
 

@@ -62,6 +62,10 @@ struct StreamEvent {
   // final length in this mode and in full attention.
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;
   int64_t kv_device_bytes = 0, full_kv_device_bytes = 0;
+  // final, key reconstruction: chunks whose keys were rebuilt, key bytes not moved for it; and
+  // the device bytes of its landmarks and low-rank key caches at its final length.
+  int64_t kv_reconstructed_chunks = 0, kv_key_bytes_saved = 0;
+  int64_t landmark_device_bytes = 0, low_rank_key_device_bytes = 0;
 };
 
 // Scheduler → RPC thread. Thread-safe.
@@ -123,6 +127,8 @@ struct SchedulerStats {
   int64_t transfer_wait_ns = 0;
   int64_t spec_resyncs = 0;  // dualdecoder: Engine::spec_resyncs()
   int64_t kv_prefetch_bytes = 0, kv_urgent_bytes = 0, kv_wasted_bytes = 0;  // sparse modes
+  int64_t kv_key_bytes_saved = 0;       // key reconstruction: key bytes not moved
+  int32_t reconstructing_layers = 0;    // key reconstruction: layers rebuilding keys at the last step
   std::vector<engine::KvLayerStats> kv_layers;  // sparse modes: per model layer
 };
 

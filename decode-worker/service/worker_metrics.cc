@@ -65,17 +65,25 @@ class SchedulerCollectable : public prometheus::Collectable {
       kv.metric.push_back(Value({{"path", path}}, static_cast<double>(v), true));
     }
     out.push_back(std::move(kv));
+    out.push_back(family("dd_kv_key_bytes_saved_total",
+                         "Key bytes not moved from the store because their keys were rebuilt on the device",
+                         MetricType::Counter, static_cast<double>(st.kv_key_bytes_saved)));
+    out.push_back(family("dd_key_reconstructing_layers",
+                         "Sparse layers rebuilding their keys from the low-rank key cache at the last step",
+                         MetricType::Gauge, static_cast<double>(st.reconstructing_layers)));
     prometheus::MetricFamily chunks{"dd_kv_chunks_total",
                                     "KV chunks per sparse layer: selected, reused (resident from earlier steps), "
                                     "urgent (misses fetched on the critical path), prefetched, prefetch_hit "
-                                    "(predicted and selected), wasted (prefetched, not selected), evicted",
+                                    "(predicted and selected), wasted (prefetched, not selected), evicted, "
+                                    "reconstructed (keys rebuilt on the device), values_only (moved without keys)",
                                     MetricType::Counter, {}};
     for (size_t l = 0; l < st.kv_layers.size(); ++l) {
       const auto& ls = st.kv_layers[l];
       if (ls.selected == 0 && ls.prefetched == 0) continue;
       for (auto [event, v] : {std::pair{"selected", ls.selected}, {"reused", ls.reused}, {"urgent", ls.urgent},
                               {"prefetched", ls.prefetched}, {"prefetch_hit", ls.hits}, {"wasted", ls.wasted},
-                              {"evicted", ls.evictions}}) {
+                              {"evicted", ls.evictions}, {"reconstructed", ls.reconstructed},
+                              {"values_only", ls.urgent_values + ls.prefetched_values}}) {
         chunks.metric.push_back(Value({{"layer", std::to_string(l)}, {"event", event}}, static_cast<double>(v), true));
       }
     }

@@ -128,6 +128,10 @@ dd::v1::GenerateResponse ToResponse(StreamEvent& e, const std::string& id, const
     u->set_kv_wasted_bytes(e.kv_wasted_bytes);
     u->set_kv_device_bytes(e.kv_device_bytes);
     u->set_full_kv_device_bytes(e.full_kv_device_bytes);
+    u->set_kv_reconstructed_chunks(e.kv_reconstructed_chunks);
+    u->set_kv_key_bytes_saved(e.kv_key_bytes_saved);
+    u->set_landmark_device_bytes(e.landmark_device_bytes);
+    u->set_low_rank_key_device_bytes(e.low_rank_key_device_bytes);
   }
   return resp;
 }
