@@ -2,8 +2,9 @@
 // by side in one process. The first --context tokens of the prompt are prefilled; each of the
 // next --score_tokens tokens is then fed as a decode step (the true token, not a sampled
 // one), and the next-token distributions of the two engines are compared at every step.
-// --budgets (or --each_sparse_layer) compares several sparse engines with one full run: full
-// prefills and teacher-forces once, each variant after it; one JSON line per variant.
+// --budgets (or --each_sparse_layer, or --key_ranks) compares several sparse engines with one
+// full run: full prefills and teacher-forces once, each variant after it; one JSON line per
+// variant.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -32,26 +33,30 @@ std::vector<double> LogSoftmax(const float* logits, int64_t n) {
   return out;
 }
 
-// The sparse engines to compare with full: one per --budgets entry, or one per
-// --each_sparse_layer entry with only that global layer sparse (at --budget).
+// The sparse engines to compare with full: one per --budgets entry, one per
+// --each_sparse_layer entry with only that global layer sparse (at --budget), or one per
+// --key_ranks entry with every sparse layer's keys rebuilt at that rank (0: fetched).
 absl::StatusOr<std::vector<engine::EngineOptions>> Variants(const CliConfig& cfg) {
-  if (!cfg.fidelity_budgets.empty() && !cfg.fidelity_layers.empty()) {
-    return absl::InvalidArgumentError("pass --budgets or --each_sparse_layer, not both");
-  }
-  const bool layers = !cfg.fidelity_layers.empty();
+  const int lists = !cfg.fidelity_budgets.empty() + !cfg.fidelity_layers.empty() + !cfg.fidelity_key_ranks.empty();
+  if (lists > 1) return absl::InvalidArgumentError("pass one of --budgets, --each_sparse_layer and --key_ranks");
+  const bool layers = !cfg.fidelity_layers.empty(), ranks = !cfg.fidelity_key_ranks.empty();
+  const std::string& list = layers ? cfg.fidelity_layers : ranks ? cfg.fidelity_key_ranks : cfg.fidelity_budgets;
+  const char* flag = layers ? "--each_sparse_layer" : ranks ? "--key_ranks" : "--budgets";
   std::vector<engine::EngineOptions> out;
-  for (absl::string_view part : absl::StrSplit(layers ? cfg.fidelity_layers : cfg.fidelity_budgets, ',',
-                                               absl::SkipWhitespace())) {
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
     int64_t x = 0;
     if (!absl::SimpleAtoi(part, &x) || x < 0 || (layers && x >= engine::SparseOptions::kMaxLayers)) {
-      return absl::InvalidArgumentError(absl::StrCat(layers ? "--each_sparse_layer" : "--budgets", ": '", part,
-                                                     "' is not a ", layers ? "layer index" : "budget in tokens"));
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", part, "' is not a ",
+                                                     layers ? "layer index" : ranks ? "rank" : "budget in tokens"));
     }
     if (out.size() >= 64) return absl::InvalidArgumentError("at most 64 variants per fidelity run");
     engine::EngineOptions o = cfg.engine;
     if (layers) {
       o.sparse.sparse_layers.reset();
       o.sparse.sparse_layers.set(x);
+    } else if (ranks) {
+      o.sparse.key_reconstruction.mode = x > 0 ? engine::KeyReconstructionMode::kAll : engine::KeyReconstructionMode::kOff;
+      o.sparse.key_reconstruction.rank = x;
     } else {
       o.sparse.budget_tokens = x;
     }
@@ -163,6 +168,9 @@ absl::Status RunFidelity(const CliConfig& cfg) {
         if (variants[k].sparse.sparse_layers.test(l)) j["sparse_layers"].push_back(l);
       }
     }
+    const engine::KeyReconstructionOptions& kr = variants[k].sparse.key_reconstruction;
+    j["key_reconstruction"] = std::string(engine::KeyReconstructionName(kr.mode));
+    if (kr.enabled()) j["key_rank"] = kr.RankFor(model->config.n_head_kv * model->config.head_dim);
     j["context"] = cfg.context;
     j["scored"] = kl.size();
     j["kl_mean"] = Mean(kl);

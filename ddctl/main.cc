@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, budgets, "",
 ABSL_FLAG(std::string, reference_kv_dtype, "",
           "fidelity: the full run's KV type (default: --kv_dtype); with --mode full and another --kv_dtype, the "
           "loss of that KV type alone");
+ABSL_FLAG(std::string, key_ranks, "",
+          "fidelity: comma-separated ranks, each a run at --budget with every sparse layer's keys rebuilt from a "
+          "low-rank key cache of that rank (0 = keys fetched: the sparse run itself)");
 ABSL_FLAG(std::string, each_sparse_layer, "",
           "fidelity: comma-separated global layers, each a run at --budget with only that layer sparse");
 ABSL_FLAG(std::string, questions_file, "", "answer: JSON lines of questions over the --prompt_file context");
@@ -156,6 +159,7 @@ int main(int argc, char** argv) {
   cfg.score_tokens = absl::GetFlag(FLAGS_score_tokens);
   cfg.fidelity_budgets = absl::GetFlag(FLAGS_budgets);
   cfg.fidelity_layers = absl::GetFlag(FLAGS_each_sparse_layer);
+  cfg.fidelity_key_ranks = absl::GetFlag(FLAGS_key_ranks);
   cfg.fidelity_reference_kv_dtype = absl::GetFlag(FLAGS_reference_kv_dtype);
   cfg.questions_file = absl::GetFlag(FLAGS_questions_file);
   cfg.answer_group = absl::GetFlag(FLAGS_answer_group);
