@@ -23,6 +23,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "common/status_macros.h"
 #include "dd/backend/registry.h"
@@ -69,6 +71,10 @@ ABSL_FLAG(std::vector<std::string>, modes, {},
 ABSL_FLAG(std::vector<std::string>, candidate_runs, {},
           "dualdecoder: further in-process runs of the first head, one per speculative-candidate count (x the "
           "budget, 0 = every chunk), labelled dualdecoder-candN; --spec_candidates sets every other dualdecoder run's");
+ABSL_FLAG(std::vector<std::string>, reconstruction_runs, {},
+          "dualdecoder: further runs of the first head on every store, one per key reconstruction "
+          "(docs/decisions/0052-low-rank-key-reconstruction.md): auto, all, or layers:L+L+... (an offline list), "
+          "labelled dualdecoder-keys-auto, -keys-all, -keys-L+L");
 ABSL_FLAG(bool, carry_ab, false,
           "dualdecoder: also run the first head on the in-process store without the carry (EngineOptions::spec_carry), "
           "labelled as it with -nocarry (models whose first layer is sparse have nothing to carry: not run)");
@@ -154,6 +160,11 @@ struct Measurement {
     const std::vector<double> in_order = step_ms;
     std::sort(step_ms.begin(), step_ms.end());
     const int64_t bb = e->kv().block_bytes();
+    // Blocks whose V half alone moved count half (keys rebuilt on the device).
+    const int64_t prefetch_bytes =
+        dd::engine::MovedBytes(after.prefetched - before.prefetched, after.prefetched_values - before.prefetched_values, bb);
+    const int64_t urgent_bytes =
+        dd::engine::MovedBytes(after.urgent - before.urgent, after.urgent_values - before.urgent_values, bb);
     const RunSpec& r = spec;
     return nlohmann::json{
         {"mode", r.label}, {"context", r.ctx}, {"batch", r.batch},
@@ -163,15 +174,18 @@ struct Measurement {
         {"step_ms", in_order},  // every timed step, in order
         {"hit_rate", after.predicted_for > before.predicted_for
                          ? double(after.hits - before.hits) / (after.predicted_for - before.predicted_for) : 0.0},
-        {"prefetch_bytes", (after.prefetched - before.prefetched) * bb},
-        {"urgent_bytes", (after.urgent - before.urgent) * bb},
-        {"wasted_bytes", (after.wasted - before.wasted) * bb},
+        {"prefetch_bytes", prefetch_bytes},
+        {"urgent_bytes", urgent_bytes},
+        {"wasted_bytes", dd::engine::MovedBytes(after.wasted - before.wasted, after.wasted_values - before.wasted_values, bb)},
+        // Key reconstruction: chunks whose keys were rebuilt, and the layers' steps doing it.
+        {"reconstructed_chunks", after.reconstructed - before.reconstructed},
+        {"reconstructing_layer_steps", after.reconstructing_steps - before.reconstructing_steps},
         {"reused_chunks", after.reused - before.reused},
         {"selected_chunks", after.selected - before.selected},
         {"evictions", after.evictions - before.evictions},
         // Bytes per step: on the critical path (urgent) and in the background (prefetch).
-        {"urgent_bytes_per_step", static_cast<double>((after.urgent - before.urgent) * bb) / steps},
-        {"prefetch_bytes_per_step", static_cast<double>((after.prefetched - before.prefetched) * bb) / steps},
+        {"urgent_bytes_per_step", static_cast<double>(urgent_bytes) / steps},
+        {"prefetch_bytes_per_step", static_cast<double>(prefetch_bytes) / steps},
         {"wait_ms_per_step", (e->transfer_wait_ns() - wait0) / 1e6 / steps},
         // Real rows that started from their speculative row's carried state, per decoded token.
         {"carried_fraction", double(e->carried_rows() - carried0) / (r.batch * steps)},
@@ -257,6 +271,27 @@ int main(int argc, char** argv) {
       candidate_counts.push_back(n);
     }
   }
+  // --reconstruction_runs: a label suffix and the key reconstruction of each.
+  std::vector<std::pair<std::string, dd::engine::KeyReconstructionOptions>> reconstructions;
+  for (const std::string& r : absl::GetFlag(FLAGS_reconstruction_runs)) {
+    dd::engine::KeyReconstructionOptions kr;
+    if (absl::StartsWith(r, "layers:")) {
+      kr.mode = dd::engine::KeyReconstructionMode::kLayers;
+      const std::vector<std::string> listed = absl::StrSplit(r.substr(7), '+');
+      for (int64_t l : dd::bench::Ints(listed, "--reconstruction_runs layers", 0,
+                                       dd::engine::KeyReconstructionOptions::kMaxLayers - 1)) {
+        kr.layers.set(l);
+      }
+    } else {
+      auto m = dd::engine::ParseKeyReconstruction(r);
+      if (!m.ok() || *m == dd::engine::KeyReconstructionMode::kLayers || *m == dd::engine::KeyReconstructionMode::kOff) {
+        return fail(absl::InvalidArgumentError(absl::StrCat("--reconstruction_runs '", r, "': auto, all or layers:L+L")));
+      }
+      kr.mode = *m;
+    }
+    kr.rank = base->sparse.key_reconstruction.rank;
+    reconstructions.emplace_back(absl::StrCat("-keys-", r.substr(absl::StartsWith(r, "layers:") ? 7 : 0)), kr);
+  }
   // Requested batches, parsed once; 0 stands for 'max' (each mode's largest).
   std::vector<int64_t> batch_req;
   for (const std::string& b : absl::GetFlag(FLAGS_batches)) {
@@ -302,6 +337,7 @@ int main(int argc, char** argv) {
       int lanes = 1;           // a pool store's transfer lanes
       int64_t spec_candidates = dd::engine::SparseOptions::kAutoSpecCandidates;
       bool carry = true;
+      dd::engine::KeyReconstructionOptions keys{};
     };
     std::vector<Variant> variants = {{"full", DecodeMode::kFull, dd::engine::SpecHead::kContext, "inproc"}};
     for (const std::string& store : stores) {
@@ -326,7 +362,15 @@ int main(int argc, char** argv) {
           }
           variants.push_back({head == dd::engine::SpecHead::kFull ? "dualdecoder-fullhead" : "dualdecoder",
                               DecodeMode::kDualDecoder, head, store, lanes, candidate_counts.front()});
-          if (store != "inproc") break;
+          // Key reconstruction runs of the first head, on every store.
+          const Variant first = variants.back();
+          for (const auto& [suffix, kr] : reconstructions) {
+            Variant v = first;
+            v.label = first.label + suffix;
+            v.keys = kr;
+            variants.push_back(v);
+          }
+          if (store != "inproc" || !reconstructions.empty()) break;
         }
       }
       if (store == "inproc" && variants.back().mode == DecodeMode::kDualDecoder) {
@@ -390,6 +434,7 @@ int main(int argc, char** argv) {
         o.spec_head = variant.head;
         o.sparse.spec_candidates = variant.spec_candidates;
         o.spec_carry = variant.carry && base->spec_carry;
+        if (variant.keys.enabled()) o.sparse.key_reconstruction = variant.keys;
         o.threads = threads;
         if (variant.store != "inproc") {
           if (!pool) {

@@ -27,6 +27,7 @@ struct CliConfig {
   std::string fidelity_budgets; // fidelity: comma-separated budgets, one sparse run each
   std::string fidelity_layers;  // fidelity: comma-separated layers, one run each with only it sparse
   std::string fidelity_key_ranks;  // fidelity: comma-separated key ranks, one run each with keys rebuilt (0: off)
+  std::string fidelity_reconstructions;  // fidelity: off, auto, all, layers:L+L, one run each
   std::string fidelity_reference_kv_dtype;  // fidelity: the full run's KV type ("": the engine's)
   std::string questions_file;   // answer: JSON lines of questions over the shared context
   int64_t answer_group = 16;    // answer: slots run together (question forks + choice forks)

@@ -2,7 +2,7 @@
 // by side in one process. The first --context tokens of the prompt are prefilled; each of the
 // next --score_tokens tokens is then fed as a decode step (the true token, not a sampled
 // one), and the next-token distributions of the two engines are compared at every step.
-// --budgets (or --each_sparse_layer, or --key_ranks) compares several sparse engines with one
+// --budgets (or --each_sparse_layer, --key_ranks, --key_reconstructions) compares several sparse engines with one
 // full run: full prefills and teacher-forces once, each variant after it; one JSON line per
 // variant.
 #include <algorithm>
@@ -33,12 +33,46 @@ std::vector<double> LogSoftmax(const float* logits, int64_t n) {
   return out;
 }
 
+// One engine per --key_reconstructions entry: off, auto, all or layers:L+L+...
+absl::StatusOr<std::vector<engine::EngineOptions>> ReconstructionVariants(const CliConfig& cfg) {
+  std::vector<engine::EngineOptions> out;
+  for (absl::string_view part : absl::StrSplit(cfg.fidelity_reconstructions, ',', absl::SkipWhitespace())) {
+    if (out.size() >= 64) return absl::InvalidArgumentError("at most 64 variants per fidelity run");
+    engine::EngineOptions o = cfg.engine;
+    engine::KeyReconstructionOptions& kr = o.sparse.key_reconstruction;
+    kr.layers.reset();
+    if (absl::ConsumePrefix(&part, "layers:")) {
+      kr.mode = engine::KeyReconstructionMode::kLayers;
+      for (absl::string_view l : absl::StrSplit(part, '+')) {
+        int64_t x = 0;
+        if (!absl::SimpleAtoi(l, &x) || x < 0 || x >= engine::KeyReconstructionOptions::kMaxLayers) {
+          return absl::InvalidArgumentError(absl::StrCat("--key_reconstructions: '", l, "' is not a layer index"));
+        }
+        kr.layers.set(x);
+      }
+    } else {
+      auto m = engine::ParseKeyReconstruction(part);
+      if (!m.ok() || *m == engine::KeyReconstructionMode::kLayers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--key_reconstructions: '", part, "' is not off, auto, all or layers:L+L"));
+      }
+      kr.mode = *m;
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
 // The sparse engines to compare with full: one per --budgets entry, one per
 // --each_sparse_layer entry with only that global layer sparse (at --budget), or one per
 // --key_ranks entry with every sparse layer's keys rebuilt at that rank (0: fetched).
 absl::StatusOr<std::vector<engine::EngineOptions>> Variants(const CliConfig& cfg) {
-  const int lists = !cfg.fidelity_budgets.empty() + !cfg.fidelity_layers.empty() + !cfg.fidelity_key_ranks.empty();
-  if (lists > 1) return absl::InvalidArgumentError("pass one of --budgets, --each_sparse_layer and --key_ranks");
+  const int lists = !cfg.fidelity_budgets.empty() + !cfg.fidelity_layers.empty() + !cfg.fidelity_key_ranks.empty() +
+                    !cfg.fidelity_reconstructions.empty();
+  if (lists > 1) {
+    return absl::InvalidArgumentError("pass one of --budgets, --each_sparse_layer, --key_ranks and --key_reconstructions");
+  }
+  if (!cfg.fidelity_reconstructions.empty()) return ReconstructionVariants(cfg);
   const bool layers = !cfg.fidelity_layers.empty(), ranks = !cfg.fidelity_key_ranks.empty();
   const std::string& list = layers ? cfg.fidelity_layers : ranks ? cfg.fidelity_key_ranks : cfg.fidelity_budgets;
   const char* flag = layers ? "--each_sparse_layer" : ranks ? "--key_ranks" : "--budgets";
@@ -157,8 +191,16 @@ absl::Status RunFidelity(const CliConfig& cfg) {
       if (i + 1 == cfg.score_tokens) break;
       RETURN_IF_ERROR(e.DecodeStep(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&truth, 1), &ls));
     }
+    // What it moved: every variant's, for the key reconstructions to compare.
+    const engine::KvLayerStats moved = e.kv().total_stats();
+    const int64_t block_bytes = e.kv().block_bytes();
     sparse[k].reset();  // frees its KV before the next variant prefills
     nlohmann::json j;
+    j["selected_chunks"] = moved.selected;
+    j["reconstructed_chunks"] = moved.reconstructed;
+    j["urgent_bytes"] = engine::MovedBytes(moved.urgent, moved.urgent_values, block_bytes);
+    j["prefetch_bytes"] = engine::MovedBytes(moved.prefetched, moved.prefetched_values, block_bytes);
+    j["hit_rate"] = moved.hit_rate();
     j["mode"] = std::string(engine::DecodeModeName(cfg.engine.mode));
     j["kv_dtype"] = std::string(KvDtypeName(variants[k].kv_dtype));
     j["reference_kv_dtype"] = std::string(KvDtypeName(reference_kv));
@@ -171,6 +213,11 @@ absl::Status RunFidelity(const CliConfig& cfg) {
     const engine::KeyReconstructionOptions& kr = variants[k].sparse.key_reconstruction;
     j["key_reconstruction"] = std::string(engine::KeyReconstructionName(kr.mode));
     if (kr.enabled()) j["key_rank"] = kr.RankFor(model->config.n_head_kv * model->config.head_dim);
+    if (kr.mode == engine::KeyReconstructionMode::kLayers) {
+      for (int64_t l = 0; l < engine::KeyReconstructionOptions::kMaxLayers; ++l) {
+        if (kr.layers.test(l)) j["reconstruct_layers"].push_back(l);
+      }
+    }
     j["context"] = cfg.context;
     j["scored"] = kl.size();
     j["kl_mean"] = Mean(kl);

@@ -40,6 +40,8 @@ ABSL_FLAG(std::string, reference_kv_dtype, "",
 ABSL_FLAG(std::string, key_ranks, "",
           "fidelity: comma-separated ranks, each a run at --budget with every sparse layer's keys rebuilt from a "
           "low-rank key cache of that rank (0 = keys fetched: the sparse run itself)");
+ABSL_FLAG(std::string, key_reconstructions, "",
+          "fidelity: comma-separated key reconstructions, each a run at --budget: off, auto, all, or layers:L+L+...");
 ABSL_FLAG(std::string, each_sparse_layer, "",
           "fidelity: comma-separated global layers, each a run at --budget with only that layer sparse");
 ABSL_FLAG(std::string, questions_file, "", "answer: JSON lines of questions over the --prompt_file context");
@@ -160,6 +162,7 @@ int main(int argc, char** argv) {
   cfg.fidelity_budgets = absl::GetFlag(FLAGS_budgets);
   cfg.fidelity_layers = absl::GetFlag(FLAGS_each_sparse_layer);
   cfg.fidelity_key_ranks = absl::GetFlag(FLAGS_key_ranks);
+  cfg.fidelity_reconstructions = absl::GetFlag(FLAGS_key_reconstructions);
   cfg.fidelity_reference_kv_dtype = absl::GetFlag(FLAGS_reference_kv_dtype);
   cfg.questions_file = absl::GetFlag(FLAGS_questions_file);
   cfg.answer_group = absl::GetFlag(FLAGS_answer_group);
