@@ -74,8 +74,10 @@ absl::Status SparseOptions::Validate(const model::ModelConfig& config) const {
 
 int64_t KeyReconstructionOptions::RankFor(int64_t kv_dim) const {
   if (rank > 0) return std::min(rank, kv_dim);
-  // A quarter of the key width, rounded up to 8 (docs/decisions/0052-low-rank-key-reconstruction.md).
-  return std::min(kv_dim, (kv_dim / 4 + 7) / 8 * 8);
+  // Half the key width, rounded up to 8, at most kMaxDefaultRank: measured without loss on Gemma
+  // and within f16's on SmolLM2; the cap is ShadowKV's rank for Llama-3-8B's 1024-wide keys
+  // (docs/decisions/0052-low-rank-key-reconstruction.md).
+  return std::min({kv_dim, (kv_dim / 2 + 7) / 8 * 8, kMaxDefaultRank});
 }
 
 absl::StatusOr<KeyReconstructionMode> ParseKeyReconstruction(absl::string_view name) {

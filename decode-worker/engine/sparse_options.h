@@ -56,6 +56,7 @@ struct KeyReconstructionOptions {
   std::bitset<kMaxLayers> layers{};
   // Coefficients per position (the basis's rows). 0: by the model's key width (RankFor).
   int64_t rank = 0;
+  static constexpr int64_t kMaxDefaultRank = 160;
   double on_below = 0.80, off_at = 0.90;
   int64_t min_steps = 8;
   // Tests: the choice of (layer, the layer's decode step from 0) instead of the mode's rule

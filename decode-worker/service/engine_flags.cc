@@ -104,8 +104,8 @@ ABSL_FLAG(std::string, reconstruct_layers, "",
           "sparse modes: rebuild the keys of these sparse layers (comma-separated), every step; instead of "
           "--key_reconstruction (an offline-profiled list)");
 ABSL_FLAG(int64_t, key_rank, 0,
-          "key reconstruction: coefficients per position of the low-rank key cache (0 = a quarter of the key "
-          "width, rounded up to 8)");
+          "key reconstruction: coefficients per position of the low-rank key cache (0 = half the key width, "
+          "rounded up to 8, at most 160)");
 
 namespace dd::worker {
 namespace {
