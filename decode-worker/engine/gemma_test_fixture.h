@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "decode-worker/model/model_paths.h"
@@ -61,5 +62,15 @@ inline constexpr char kGemmaName[] = "gemma";
 inline constexpr char kSmolLM2Name[] = "smollm2";
 using GemmaTest = RealModelTest<kGemmaName>;
 using SmolLM2Test = RealModelTest<kSmolLM2Name>;
+
+// Typed tests over both models, named Gemma and SmolLM2.
+using RealModels = ::testing::Types<GemmaTest, SmolLM2Test>;
+class RealModelNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, GemmaTest> ? "Gemma" : "SmolLM2";
+  }
+};
 
 }  // namespace dd::engine::testing_util

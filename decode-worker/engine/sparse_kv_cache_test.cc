@@ -101,15 +101,7 @@ std::function<void(int)> SlowLinkFrom(Engine& e, int from) {
   };
 }
 
-using Models = ::testing::Types<testing_util::GemmaTest, testing_util::SmolLM2Test>;
-class ModelNames {
- public:
-  template <typename T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, testing_util::GemmaTest> ? "Gemma" : "SmolLM2";
-  }
-};
-TYPED_TEST_SUITE(SparseModeTest, Models, ModelNames);
+TYPED_TEST_SUITE(SparseModeTest, testing_util::RealModels, testing_util::RealModelNames);
 
 TYPED_TEST(SparseModeTest, BudgetCoveringContextIsBitIdenticalToFull) {
   auto full_owner = testing_util::NewEngine(*this->model_, {});
