@@ -179,6 +179,7 @@ struct Measurement {
         {"wasted_bytes", dd::engine::MovedBytes(after.wasted - before.wasted, after.wasted_values - before.wasted_values, bb)},
         // Key reconstruction: chunks whose keys were rebuilt, and the layers' steps doing it.
         {"reconstructed_chunks", after.reconstructed - before.reconstructed},
+        {"rebuilt_chunks", after.rebuilt - before.rebuilt},
         {"reconstructing_layer_steps", after.reconstructing_steps - before.reconstructing_steps},
         {"reused_chunks", after.reused - before.reused},
         {"selected_chunks", after.selected - before.selected},

@@ -143,7 +143,8 @@ absl::Status RunGenerate(const CliConfig& cfg) {
             e["prefetched_chunks"] = st.prefetched;
           }
           if (const engine::KeyReconstructionPolicy* kr = sc->key_reconstruction(); kr->enabled()) {
-            e["reconstructed_chunks"] = st.reconstructed;
+            e["reconstructed_chunks"] = st.reconstructed;  // attended with rebuilt keys
+            e["rebuilt_chunks"] = st.rebuilt;              // keys computed (resident slots keep them)
             e["reconstructing_steps"] = st.reconstructing_steps;
             e["key_bytes_saved"] = (st.urgent_values + st.prefetched_values) * (sc->block_bytes() / 2);
             e["reconstruction_switches"] = kr->switches(static_cast<int64_t>(l));
@@ -182,6 +183,7 @@ absl::Status RunGenerate(const CliConfig& cfg) {
         kr["basis_builds"] = lr->builds();
         kr["basis_build_s"] = lr->build_ns() * 1e-9;
         kr["reconstructed_chunks"] = total.reconstructed;
+        kr["rebuilt_chunks"] = total.rebuilt;
         kr["values_only_chunks"] = sc->values_only_chunks();
         kr["key_bytes_saved"] = (total.urgent_values + total.prefetched_values) * (bb / 2);
       }

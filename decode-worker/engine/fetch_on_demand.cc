@@ -49,6 +49,7 @@ class OnDemandFetch final : public FetchPolicy {
     const uint8_t* base = static_cast<const uint8_t*>(urgent_[s.slot].data);
     const int64_t block_bytes = ctx_.chunks.block_bytes();
     r.fetch.blocks.clear();
+    r.fetch.rebuild.clear();  // every block's keys, when rebuilt
     int64_t n = 0;
     for (const auto& v : r.pick.sel) n += static_cast<int64_t>(v.size());
     for (int64_t i = 0; i < n; ++i) r.fetch.blocks.push_back(base + i * block_bytes);

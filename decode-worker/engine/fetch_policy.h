@@ -45,8 +45,8 @@ struct FetchSeq {
   kvpool::SequenceId store_id = 0;
   SeqKvCounts* counts = nullptr;  // the request's statistics
   // The layer rebuilds this sequence's keys at this step (docs/decisions/0052-low-rank-key-
-  // reconstruction.md): only V halves move, and the caller writes every selected block's K half
-  // after Finish. Otherwise every block read holds its stored keys.
+  // reconstruction.md): only V halves move, and the caller writes the K half of every selected
+  // block Finish marks in ReadFetch::rebuild. Otherwise every block read holds its stored keys.
   bool values_only = false;
   kvpool::BlockPart part() const { return values_only ? kvpool::BlockPart::kValues : kvpool::BlockPart::kWhole; }
 };

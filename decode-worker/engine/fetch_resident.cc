@@ -137,8 +137,8 @@ absl::Status ResidentFetch::StartMisses(const FetchSeq& s, int64_t layer, bool r
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : sel[g]) {
       int32_t slot = res.Find(g, c);
-      if (slot >= 0 && !s.values_only && !res.exact_keys(g, slot)) {
-        // Its K half holds rebuilt keys and this step reads the stored ones: fetched again.
+      if (slot >= 0 && !s.values_only && res.keys(g, slot) != ResidentSet::KeyState::kStored) {
+        // Its K half holds rebuilt keys (or none) and this step reads the stored ones: fetched again.
         if (res.inflight(g, slot)) RETURN_IF_ERROR(WaitPrefetch(st));
         res.Drop(g, c);
         slot = -1;
@@ -206,12 +206,15 @@ absl::Status ResidentFetch::Finish(const FetchSeq& s, int64_t layer, bool, Decod
   const uint8_t* base = static_cast<const uint8_t*>(st.slots.data);
   const int64_t block_bytes = ctx_.chunks.block_bytes();
   r.fetch.blocks.clear();
+  r.fetch.rebuild.clear();
   for (size_t g = 0; g < r.pick.sel.size(); ++g) {
     for (int64_t c : r.pick.sel[g]) {
       const int32_t slot = res.Find(static_cast<int64_t>(g), c);
       res.Touch(static_cast<int64_t>(g), slot, stamp);
-      // The caller rebuilds the keys of every block read (FetchSeq::values_only).
-      if (s.values_only) res.set_exact_keys(static_cast<int64_t>(g), slot, false);
+      if (s.values_only) {  // the caller rebuilds the keys of the slots not holding rebuilt keys yet
+        r.fetch.rebuild.push_back(res.keys(static_cast<int64_t>(g), slot) != ResidentSet::KeyState::kRebuilt);
+        res.set_keys(static_cast<int64_t>(g), slot, ResidentSet::KeyState::kRebuilt);
+      }
       r.fetch.blocks.push_back(base + res.BlockIndex(static_cast<int64_t>(g), slot) * block_bytes);
     }
   }
@@ -234,8 +237,9 @@ absl::Status ResidentFetch::Prefetch(const FetchSeq& s, int64_t layer, Selection
   for (int64_t g = 0; g < heads; ++g) {
     for (int64_t c : predicted[g]) {
       const int32_t slot = res.Find(g, c);
-      // Rebuilt keys where the stored ones will be read: fetched again (nothing is in flight).
-      if (slot >= 0 && !s.values_only && !res.exact_keys(g, slot)) res.Drop(g, c);
+      // Rebuilt keys (or none) where the stored ones will be read: fetched again (nothing is in
+      // flight).
+      if (slot >= 0 && !s.values_only && res.keys(g, slot) != ResidentSet::KeyState::kStored) res.Drop(g, c);
       if (res.Find(g, c) < 0) incoming[g].push_back(c);
     }
     // Never more than the slots outside P' (only with a budget above the slots; kept safe).

@@ -11,7 +11,7 @@ void ResidentSet::Init(int64_t heads, int64_t slots_per_head) {
     h.chunk.assign(slots_per_head, -1);
     h.last_use.assign(slots_per_head, -1);
     h.inflight.assign(slots_per_head, false);
-    h.exact.assign(slots_per_head, true);
+    h.keys.assign(slots_per_head, KeyState::kStored);
   }
   any_inflight_ = false;
 }
@@ -23,7 +23,7 @@ void ResidentSet::Drop(int64_t g, int64_t c) {
   h.slot_of[c] = -1;
   h.chunk[s] = -1;
   h.last_use[s] = -1;
-  h.exact[s] = true;
+  h.keys[s] = KeyState::kStored;
 }
 
 void ResidentSet::Clear() {
@@ -31,7 +31,7 @@ void ResidentSet::Clear() {
     std::fill(h.chunk.begin(), h.chunk.end(), -1);
     std::fill(h.last_use.begin(), h.last_use.end(), -1);
     std::fill(h.inflight.begin(), h.inflight.end(), false);
-    std::fill(h.exact.begin(), h.exact.end(), true);
+    std::fill(h.keys.begin(), h.keys.end(), KeyState::kStored);
     h.slot_of.clear();
   }
   any_inflight_ = false;
@@ -66,7 +66,7 @@ int64_t ResidentSet::Available(int64_t g, const std::vector<int64_t>& keep, bool
 
 bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,
                          bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted,
-                         bool rebuilt_keys) {
+                         bool values_only) {
   if (incoming.empty()) return true;
   std::vector<int32_t> victims;
   Victims(g, keep, allow_inflight, incoming.size(), &victims);
@@ -83,7 +83,7 @@ bool ResidentSet::Assign(int64_t g, const std::vector<int64_t>& incoming, const 
     h.slot_of[c] = s;
     h.chunk[s] = c;
     h.inflight[s] = inflight;
-    h.exact[s] = !rebuilt_keys;
+    h.keys[s] = values_only ? KeyState::kMissing : KeyState::kStored;
     any_inflight_ = any_inflight_ || inflight;
     slots->push_back(s);
   }

@@ -7,10 +7,11 @@
 // used (lowest stamp), lower slot index on ties. A slot can be "in flight" (a background
 // prefetch is still writing it); such a slot is taken only when the caller allows it (after
 // waiting for that transfer). Chunks are immutable once offloaded, so a resident block never
-// goes stale — but a slot may hold rebuilt keys instead of the stored ones (a layer whose keys
-// are reconstructed lands the V half alone and writes its K half itself: exact_keys false),
-// which a step that fetches keys must not read: it drops the chunk and fetches it again. The
-// set keeps the bookkeeping only: the blocks live in device memory the caller
+// goes stale — but a slot's K half may hold keys rebuilt from the low-rank key cache, or
+// nothing yet (a layer whose keys are rebuilt lands the V half alone, then rebuilds the K half:
+// KeyState). A step that reads stored keys drops such a chunk and fetches it again; a step that
+// rebuilds keys rebuilds only the slots not holding rebuilt keys already (rebuilding is
+// deterministic: the same bits again). The set keeps the bookkeeping only: the blocks live in device memory the caller
 // owns (one buffer per (sequence, layer), block BlockIndex(g, slot) of it). Not thread-safe
 // (the engine's compute thread).
 #pragma once
@@ -23,6 +24,8 @@ namespace dd::engine {
 
 class ResidentSet {
  public:
+  // What a slot's K half holds: the stored keys, keys rebuilt on the device, or nothing yet.
+  enum class KeyState : uint8_t { kStored, kRebuilt, kMissing };
   // `heads` KV heads of `slots_per_head` slots each; empties the set.
   void Init(int64_t heads, int64_t slots_per_head);
   bool initialized() const { return slots_per_head_ > 0; }
@@ -36,9 +39,9 @@ class ResidentSet {
   // Where slot `slot` of head g sits in the caller's buffer, in blocks.
   int64_t BlockIndex(int64_t g, int32_t slot) const { return g * slots_per_head_ + slot; }
   bool inflight(int64_t g, int32_t slot) const { return heads_[g].inflight[slot]; }
-  // Whether the slot's K half holds the stored keys (set by Assign; true by default).
-  bool exact_keys(int64_t g, int32_t slot) const { return heads_[g].exact[slot]; }
-  void set_exact_keys(int64_t g, int32_t slot, bool exact) { heads_[g].exact[slot] = exact; }
+  // The slot's K half (set by Assign: kStored, or kMissing for a values-only landing).
+  KeyState keys(int64_t g, int32_t slot) const { return heads_[g].keys[slot]; }
+  void set_keys(int64_t g, int32_t slot, KeyState k) { heads_[g].keys[slot] = k; }
   // Forgets chunk c of head g (its slot becomes empty; not one in flight).
   void Drop(int64_t g, int64_t c);
 
@@ -46,10 +49,11 @@ class ResidentSet {
   // by the policy above; slots holding a chunk of `keep` (ascending) are never taken, in-flight
   // slots only if `allow_inflight`. Returns false and changes nothing when there are not enough
   // slots; else appends the slots to *slots, marks them in flight if `inflight` and their keys
-  // exact unless `rebuilt_keys`, and adds the number of resident chunks it evicted to *evicted.
+  // kStored, or kMissing when `values_only`, and adds the number of resident chunks it evicted
+  // to *evicted.
   bool Assign(int64_t g, const std::vector<int64_t>& incoming, const std::vector<int64_t>& keep,
               bool allow_inflight, bool inflight, std::vector<int32_t>* slots, int64_t* evicted,
-              bool rebuilt_keys = false);
+              bool values_only = false);
   // How many slots of head g Assign could take with these arguments.
   int64_t Available(int64_t g, const std::vector<int64_t>& keep, bool allow_inflight) const;
   // Marks the slot used at `stamp` (for least-recently-used eviction).
@@ -64,7 +68,7 @@ class ResidentSet {
     std::vector<int64_t> chunk;     // per slot: the chunk it holds, -1 = empty
     std::vector<int64_t> last_use;  // per slot
     std::vector<bool> inflight;     // per slot
-    std::vector<bool> exact;        // per slot: its K half holds the stored keys
+    std::vector<KeyState> keys;     // per slot: what its K half holds
     std::vector<int32_t> slot_of;   // per chunk index: its slot, -1 = not resident
   };
   // Candidates for eviction; the first `first` of them in policy order.

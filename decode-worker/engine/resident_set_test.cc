@@ -74,18 +74,22 @@ TEST(ResidentSetTest, BlocksAreDistinctAndClearForgetsChunks) {
   EXPECT_EQ(r.Available(1, {}, false), 2);
 }
 
-// Slots holding rebuilt keys (a values-only landing) are marked; Drop forgets a chunk, but
-// never one a transfer is still writing; Clear and a fresh Assign mark keys exact again.
-TEST(ResidentSetTest, RebuiltKeysAreMarkedAndDropForgetsTheChunk) {
+// A values-only landing leaves its slots without keys until they are rebuilt; Drop forgets a
+// chunk, but never one a transfer is still writing; Clear and a whole landing mark the stored
+// keys again.
+TEST(ResidentSetTest, KeyStatesFollowTheLandingsAndDropForgetsTheChunk) {
+  using KeyState = ResidentSet::KeyState;
   ResidentSet r;
   r.Init(1, 3);
   std::vector<int32_t> slots;
   int64_t evicted = 0;
-  ASSERT_TRUE(r.Assign(0, {4, 5}, {4, 5}, false, false, &slots, &evicted, /*rebuilt_keys=*/true));
-  EXPECT_FALSE(r.exact_keys(0, slots[0]));
+  ASSERT_TRUE(r.Assign(0, {4, 5}, {4, 5}, false, false, &slots, &evicted, /*values_only=*/true));
+  EXPECT_EQ(r.keys(0, slots[0]), KeyState::kMissing);
+  r.set_keys(0, slots[0], KeyState::kRebuilt);
+  EXPECT_EQ(r.keys(0, slots[0]), KeyState::kRebuilt);
   ASSERT_TRUE(r.Assign(0, {6}, {4, 5, 6}, false, /*inflight=*/true, &slots, &evicted));
-  EXPECT_TRUE(r.exact_keys(0, slots[2]));
-  r.set_exact_keys(0, slots[2], false);
+  EXPECT_EQ(r.keys(0, slots[2]), KeyState::kStored);
+  r.set_keys(0, slots[2], KeyState::kRebuilt);
   r.Drop(0, 6);  // in flight: kept
   EXPECT_EQ(r.Find(0, 6), slots[2]);
   r.Landed();
@@ -96,9 +100,9 @@ TEST(ResidentSetTest, RebuiltKeysAreMarkedAndDropForgetsTheChunk) {
   std::vector<int32_t> again;
   ASSERT_TRUE(r.Assign(0, {7}, {4, 5, 7}, false, false, &again, &evicted));
   EXPECT_EQ(again[0], slots[2]);  // the emptied slot first
-  EXPECT_TRUE(r.exact_keys(0, again[0]));
+  EXPECT_EQ(r.keys(0, again[0]), KeyState::kStored);
   r.Clear();
-  EXPECT_TRUE(r.exact_keys(0, slots[0]));
+  EXPECT_EQ(r.keys(0, slots[0]), KeyState::kStored);
 }
 
 }  // namespace

@@ -220,17 +220,22 @@ void SparseKvCache::RebuildKeys(int64_t layer, const DecodeRead& r) {
   rebuild_chunks_.clear();
   rebuild_heads_.clear();
   rebuild_dst_.clear();
-  const uint8_t* const* block = r.fetch.blocks.data();
+  size_t i = 0, read = 0;
   for (size_t g = 0; g < r.pick.sel.size(); ++g) {
     for (int64_t c : r.pick.sel[g]) {
-      rebuild_chunks_.push_back(c);
-      rebuild_heads_.push_back(static_cast<int32_t>(g));
-      rebuild_dst_.push_back(const_cast<uint8_t*>(*block++));  // the K half: the block's first bytes
+      const uint8_t* block = r.fetch.blocks[i];
+      if (r.fetch.rebuild.empty() || r.fetch.rebuild[i]) {
+        rebuild_chunks_.push_back(c);
+        rebuild_heads_.push_back(static_cast<int32_t>(g));
+        rebuild_dst_.push_back(const_cast<uint8_t*>(block));  // the K half: the block's first bytes
+      }
+      ++i, ++read;
     }
   }
   Seq& s = seqs_[r.seq];
-  low_rank_.Reconstruct(s.low_rank[layer], rebuild_chunks_, rebuild_heads_, rebuild_dst_);
-  if (r.real_row >= 0) stats_.Reconstructed(s.counts, layer, static_cast<int64_t>(rebuild_chunks_.size()));
+  if (!rebuild_chunks_.empty()) low_rank_.Reconstruct(s.low_rank[layer], rebuild_chunks_, rebuild_heads_, rebuild_dst_);
+  stats_.Rebuilt(s.counts, layer, static_cast<int64_t>(rebuild_chunks_.size()));
+  if (r.real_row >= 0) stats_.Reconstructed(s.counts, layer, static_cast<int64_t>(read));
 }
 
 void SparseKvCache::AbandonReads() {

@@ -156,6 +156,9 @@ struct ReadPick {
 // The fetch policy's part of a decode read (fetch_policy.h).
 struct ReadFetch {
   std::vector<const uint8_t*> blocks;  // one per selected chunk, heads in order, where it lies
+  // A read whose keys are rebuilt (FetchSeq::values_only): per block, whether its K half must be
+  // rebuilt (a resident slot may hold them from an earlier step); empty: every block.
+  std::vector<uint8_t> rebuild;
   ChunkStore::Landing urgent;        // the urgent blocks, not yet waited for
   bool wait_prefetch = false;        // it reads slots the layer's prefetch writes
   int64_t count_urgent = 0, count_reused = 0, count_evicted = 0;  // counted once landed

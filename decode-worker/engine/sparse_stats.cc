@@ -17,6 +17,7 @@ KvLayerStats& KvLayerStats::operator+=(const KvLayerStats& o) {
   prefetched_values += o.prefetched_values;
   wasted_values += o.wasted_values;
   reconstructed += o.reconstructed;
+  rebuilt += o.rebuilt;
   reconstructing_steps += o.reconstructing_steps;
   return *this;
 }

@@ -23,10 +23,11 @@ struct KvLayerStats {
   int64_t reused = 0;
   int64_t evictions = 0;
   // Key reconstruction (docs/decisions/0052-low-rank-key-reconstruction.md): of the urgent,
-  // prefetched and wasted blocks, those whose V half alone moved; and the chunks (one KV head
-  // each) whose keys were rebuilt on the device, once per real decode row's selection.
+  // prefetched and wasted blocks, those whose V half alone moved; the chunks (one KV head each)
+  // a real decode row attended with rebuilt keys; and the chunks whose keys were computed
+  // (a resident slot keeps them across steps: fewer).
   int64_t urgent_values = 0, prefetched_values = 0, wasted_values = 0;
-  int64_t reconstructed = 0;
+  int64_t reconstructed = 0, rebuilt = 0;
   // Decode steps of the layer with its keys rebuilt (the layer's choice, not per sequence).
   int64_t reconstructing_steps = 0;
   double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
@@ -44,7 +45,7 @@ struct SeqKvCounts {
   int64_t prefetched = 0, urgent = 0, wasted = 0;  // wasted: prefetched, never read
   // Of those, the blocks whose V half alone moved; chunks whose keys were rebuilt.
   int64_t prefetched_values = 0, urgent_values = 0, wasted_values = 0;
-  int64_t reconstructed = 0;
+  int64_t reconstructed = 0, rebuilt = 0;
   double hit_rate() const { return predicted_for ? static_cast<double>(hits) / predicted_for : 0.0; }
 };
 
@@ -82,6 +83,10 @@ class SparseStats {
   void Reconstructed(SeqKvCounts& s, int64_t layer, int64_t chunks) {
     layers_[layer].reconstructed += chunks;
     s.reconstructed += chunks;
+  }
+  void Rebuilt(SeqKvCounts& s, int64_t layer, int64_t chunks) {
+    layers_[layer].rebuilt += chunks;
+    s.rebuilt += chunks;
   }
   void ReconstructingStep(int64_t layer) { ++layers_[layer].reconstructing_steps; }
   void Selected(int64_t layer, int64_t chunks) { layers_[layer].selected += chunks; }

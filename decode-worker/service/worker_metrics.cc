@@ -75,14 +75,15 @@ class SchedulerCollectable : public prometheus::Collectable {
                                     "KV chunks per sparse layer: selected, reused (resident from earlier steps), "
                                     "urgent (misses fetched on the critical path), prefetched, prefetch_hit "
                                     "(predicted and selected), wasted (prefetched, not selected), evicted, "
-                                    "reconstructed (keys rebuilt on the device), values_only (moved without keys)",
+                                    "reconstructed (attended with keys rebuilt on the device), rebuilt (keys computed; "
+                                    "a resident slot keeps them), values_only (moved without keys)",
                                     MetricType::Counter, {}};
     for (size_t l = 0; l < st.kv_layers.size(); ++l) {
       const auto& ls = st.kv_layers[l];
       if (ls.selected == 0 && ls.prefetched == 0) continue;
       for (auto [event, v] : {std::pair{"selected", ls.selected}, {"reused", ls.reused}, {"urgent", ls.urgent},
                               {"prefetched", ls.prefetched}, {"prefetch_hit", ls.hits}, {"wasted", ls.wasted},
-                              {"evicted", ls.evictions}, {"reconstructed", ls.reconstructed},
+                              {"evicted", ls.evictions}, {"reconstructed", ls.reconstructed}, {"rebuilt", ls.rebuilt},
                               {"values_only", ls.urgent_values + ls.prefetched_values}}) {
         chunks.metric.push_back(Value({{"layer", std::to_string(l)}, {"event", event}}, static_cast<double>(v), true));
       }
