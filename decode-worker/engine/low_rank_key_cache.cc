@@ -20,28 +20,33 @@ double StartValue(uint64_t i) {
   return static_cast<double>(z >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0;
 }
 
-// Orthonormalizes the r columns of q (d × r, row-major) in place, modified Gram-Schmidt done
-// twice; a column that vanishes (keys of lower rank than r) restarts from fresh start values.
+// Orthonormalizes the r vectors of q (r × d, one vector per row) in place, modified
+// Gram-Schmidt done twice; a vector that vanishes (keys of lower rank than r) restarts from
+// fresh start values.
 void Orthonormalize(std::vector<double>& q, int64_t d, int64_t r, uint64_t* restarts) {
+  const auto dot = [d](const double* a, const double* b) {
+    double s = 0;
+    for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
+    return s;
+  };
   for (int64_t j = 0; j < r; ++j) {
+    double* v = q.data() + j * d;
     for (int attempt = 0; attempt < 4; ++attempt) {
-      double before = 0;
-      for (int64_t i = 0; i < d; ++i) before += q[i * r + j] * q[i * r + j];
+      const double before = dot(v, v);
       for (int pass = 0; pass < 2; ++pass) {
         for (int64_t k = 0; k < j; ++k) {
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += q[i * r + k] * q[i * r + j];
-          for (int64_t i = 0; i < d; ++i) q[i * r + j] -= dot * q[i * r + k];
+          const double* u = q.data() + k * d;
+          const double x = dot(u, v);
+          for (int64_t i = 0; i < d; ++i) v[i] -= x * u[i];
         }
       }
-      double norm = 0;
-      for (int64_t i = 0; i < d; ++i) norm += q[i * r + j] * q[i * r + j];
+      const double norm = dot(v, v);
       if (norm > 1e-20 * std::max(before, 1e-300) && norm > 0) {
         const double inv = 1.0 / std::sqrt(norm);
-        for (int64_t i = 0; i < d; ++i) q[i * r + j] *= inv;
+        for (int64_t i = 0; i < d; ++i) v[i] *= inv;
         break;
       }
-      for (int64_t i = 0; i < d; ++i) q[i * r + j] = StartValue(++*restarts * 1000003ull + i);
+      for (int64_t i = 0; i < d; ++i) v[i] = StartValue(++*restarts * 1000003ull + i);
     }
   }
 }
@@ -115,28 +120,26 @@ std::vector<float> LowRankKeyCache::Basis(const std::vector<float>& keys, int64_
   for (int64_t i = 0; i < d; ++i) {
     for (int64_t j = 0; j < i; ++j) cov[i * d + j] = cov[j * d + i];
   }
-  std::vector<double> q(d * r), z(d * r);
-  for (int64_t i = 0; i < d * r; ++i) q[i] = StartValue(static_cast<uint64_t>(i));
+  // The r vectors as rows (r × d): every sum below runs over contiguous memory.
+  std::vector<double> q(r * d), z(r * d);
+  for (int64_t i = 0; i < r * d; ++i) q[i] = StartValue(static_cast<uint64_t>(i));
   uint64_t restarts = 0;
   Orthonormalize(q, d, r, &restarts);
   for (int it = 0; it < kIterations; ++it) {
-    std::fill(z.begin(), z.end(), 0.0);
-    for (int64_t i = 0; i < d; ++i) {
-      const double* c = cov.data() + i * d;
-      double* zi = z.data() + i * r;
-      for (int64_t k = 0; k < d; ++k) {
-        const double cik = c[k];
-        const double* qk = q.data() + k * r;
-        for (int64_t j = 0; j < r; ++j) zi[j] += cik * qk[j];
+    for (int64_t j = 0; j < r; ++j) {  // z_j = cov · q_j (cov is symmetric)
+      const double* qj = q.data() + j * d;
+      double* zj = z.data() + j * d;
+      for (int64_t i = 0; i < d; ++i) {
+        const double* c = cov.data() + i * d;
+        double acc = 0;
+        for (int64_t k = 0; k < d; ++k) acc += c[k] * qj[k];
+        zj[i] = acc;
       }
     }
     Orthonormalize(z, d, r, &restarts);
     q.swap(z);
   }
-  std::vector<float> basis(r * d);  // rows: the basis vectors
-  for (int64_t j = 0; j < r; ++j) {
-    for (int64_t i = 0; i < d; ++i) basis[j * d + i] = static_cast<float>(q[i * r + j]);
-  }
+  std::vector<float> basis(q.begin(), q.end());  // rows: the basis vectors
   return basis;
 }
 

@@ -1,6 +1,7 @@
 #include "dd/kernels/low_rank_keys.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -49,10 +50,23 @@ void ProjectKeyRows(const backend::LowRankKeys& f, const void* const* rows, cons
 
 void ReconstructKeyChunks(const backend::LowRankKeys& f, const float* const* coeffs, const int64_t* first,
                           const int32_t* heads, int64_t chunk, int64_t begin, int64_t end, void* const* out) {
-  const int64_t d = f.kv_dim(), hd = f.head_dim;
-  std::vector<float> head(hd), cos(f.half), sin(f.half);
+  const int64_t d = f.kv_dim(), hd = f.head_dim, half = f.half;
+  std::vector<float> head(hd), cos(half), sin(half);
+  // A chunk's positions are consecutive: the angles of its first position, then each next one
+  // turned by one step (in double: the same floats as computing each, but for a last-bit tie
+  // now and then), one sine and cosine per pair and item instead of per pair and position.
+  std::vector<double> step_cos(half), step_sin(half), c(half), sn(half);
+  for (int64_t i = 0; i < half; ++i) {
+    step_cos[i] = std::cos(static_cast<double>(f.inv_freq[i]));
+    step_sin[i] = std::sin(static_cast<double>(f.inv_freq[i]));
+  }
   for (int64_t i = begin; i < end; ++i) {
     const float* part = f.basis + heads[i] * hd;  // basis row j's part for the head: part + j × d
+    for (int64_t p = 0; p < half; ++p) {
+      const double theta = static_cast<double>(first[i]) * f.inv_freq[p];
+      c[p] = std::cos(theta);
+      sn[p] = std::sin(theta);
+    }
     for (int64_t t = 0; t < chunk; ++t) {
       const float* a = coeffs[i] + t * f.rank;
       std::fill(head.begin(), head.end(), 0.0f);
@@ -61,8 +75,14 @@ void ReconstructKeyChunks(const backend::LowRankKeys& f, const float* const* coe
         const float* b = part + j * d;
         for (int64_t e = 0; e < hd; ++e) head[e] += aj * b[e];
       }
-      RopeAngles(f.inv_freq, f.half, first[i] + t, cos.data(), sin.data());
-      ApplyRope(head.data(), f.half, cos.data(), sin.data(), f.neox);
+      for (int64_t p = 0; p < half; ++p) {
+        cos[p] = static_cast<float>(c[p]);
+        sin[p] = static_cast<float>(sn[p]);
+        const double next_c = c[p] * step_cos[p] - sn[p] * step_sin[p];
+        sn[p] = sn[p] * step_cos[p] + c[p] * step_sin[p];
+        c[p] = next_c;
+      }
+      ApplyRope(head.data(), half, cos.data(), sin.data(), f.neox);
       if (f.kv == KvDtype::kF16) {
         (void)F32ToF16Saturating(head.data(), hd, static_cast<uint16_t*>(out[i]) + t * hd);
       } else {

@@ -96,8 +96,9 @@ struct ChunkScores {
 // A sparse layer's low-rank key cache (docs/decisions/0052-low-rank-key-reconstruction.md):
 // each position's key before its rotation, the KV heads stacked (kv_dim = n_head_kv × head_dim
 // floats), kept as `rank` coefficients over an orthonormal basis of `rank` rows of kv_dim floats
-// (f32, device memory). The rotation is the model's (kernels::RopeAngles / ApplyRope on each
-// head: `half` pairs from `inv_freq`, host memory; neox pairs (i, i + half), else (2i, 2i + 1)).
+// (f32, device memory). The rotation is the model's (kernels::ApplyRope on each head: `half`
+// pairs from `inv_freq`, host memory; neox pairs (i, i + half), else (2i, 2i + 1)); a rebuild's
+// angles may differ from kernels::RopeAngles' in the last bit (rebuilt keys approximate anyway).
 struct LowRankKeys {
   const float* basis = nullptr;
   int64_t rank = 0, n_head_kv = 0, head_dim = 0;
