@@ -256,7 +256,10 @@ def test_fidelity_is_zero_when_the_budget_covers_the_context(tiny, tmp_path):
     assert [x["budget_tokens"] for x in lines] == [16, 2048]
     assert lines[0]["kl"] == small["kl"] and lines[1]["kl"] == j["kl"]
     for flags, message in ((("--budgets", "16,x"), "'x' is not a budget"),
-                           (("--budgets", "16", "--each_sparse_layer", "0"), "not both"),
+                           (("--budgets", "16", "--each_sparse_layer", "0"), "pass one of"),
+                           (("--key_ranks", "16", "--key_reconstructions", "all"), "pass one of"),
+                           (("--key_ranks", "-1"), "'-1' is not a rank"),
+                           (("--key_reconstructions", "sometimes"), "'sometimes' is not off, auto, all"),
                            (("--budgets", "4"), "smaller than one chunk")):
         bad = ddctl(*base, *flags)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
