@@ -276,20 +276,9 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, dd::engine::KeyReconstructionOptions>> reconstructions;
   for (const std::string& r : absl::GetFlag(FLAGS_reconstruction_runs)) {
     dd::engine::KeyReconstructionOptions kr;
-    if (absl::StartsWith(r, "layers:")) {
-      kr.mode = dd::engine::KeyReconstructionMode::kLayers;
-      const std::vector<std::string> listed = absl::StrSplit(r.substr(7), '+');
-      for (int64_t l : dd::bench::Ints(listed, "--reconstruction_runs layers", 0,
-                                       dd::engine::KeyReconstructionOptions::kMaxLayers - 1)) {
-        kr.layers.set(l);
-      }
-    } else {
-      auto m = dd::engine::ParseKeyReconstruction(r);
-      if (!m.ok() || *m == dd::engine::KeyReconstructionMode::kLayers || *m == dd::engine::KeyReconstructionMode::kOff) {
-        return fail(absl::InvalidArgumentError(absl::StrCat("--reconstruction_runs '", r, "': auto, all or layers:L+L")));
-      }
-      kr.mode = *m;
-    }
+    absl::Status spec = dd::engine::ApplyKeyReconstructionSpec(r, &kr);
+    if (spec.ok() && !kr.enabled()) spec = absl::InvalidArgumentError("off is every run's reference, not a run of its own");
+    if (!spec.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--reconstruction_runs: ", spec.message())));
     kr.rank = base->sparse.key_reconstruction.rank;
     reconstructions.emplace_back(absl::StrCat("-keys-", r.substr(absl::StartsWith(r, "layers:") ? 7 : 0)), kr);
   }

@@ -39,24 +39,8 @@ absl::StatusOr<std::vector<engine::EngineOptions>> ReconstructionVariants(const 
   for (absl::string_view part : absl::StrSplit(cfg.fidelity_reconstructions, ',', absl::SkipWhitespace())) {
     if (out.size() >= 64) return absl::InvalidArgumentError("at most 64 variants per fidelity run");
     engine::EngineOptions o = cfg.engine;
-    engine::KeyReconstructionOptions& kr = o.sparse.key_reconstruction;
-    kr.layers.reset();
-    if (absl::ConsumePrefix(&part, "layers:")) {
-      kr.mode = engine::KeyReconstructionMode::kLayers;
-      for (absl::string_view l : absl::StrSplit(part, '+')) {
-        int64_t x = 0;
-        if (!absl::SimpleAtoi(l, &x) || x < 0 || x >= engine::KeyReconstructionOptions::kMaxLayers) {
-          return absl::InvalidArgumentError(absl::StrCat("--key_reconstructions: '", l, "' is not a layer index"));
-        }
-        kr.layers.set(x);
-      }
-    } else {
-      auto m = engine::ParseKeyReconstruction(part);
-      if (!m.ok() || *m == engine::KeyReconstructionMode::kLayers) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--key_reconstructions: '", part, "' is not off, auto, all or layers:L+L"));
-      }
-      kr.mode = *m;
+    if (absl::Status st = engine::ApplyKeyReconstructionSpec(part, &o.sparse.key_reconstruction); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--key_reconstructions: ", st.message()));
     }
     out.push_back(o);
   }

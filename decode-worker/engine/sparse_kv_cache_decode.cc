@@ -220,7 +220,7 @@ void SparseKvCache::RebuildKeys(int64_t layer, const DecodeRead& r) {
   rebuild_chunks_.clear();
   rebuild_heads_.clear();
   rebuild_dst_.clear();
-  size_t i = 0, read = 0;
+  size_t i = 0;  // the read's blocks, in selection order
   for (size_t g = 0; g < r.pick.sel.size(); ++g) {
     for (int64_t c : r.pick.sel[g]) {
       const uint8_t* block = r.fetch.blocks[i];
@@ -229,13 +229,13 @@ void SparseKvCache::RebuildKeys(int64_t layer, const DecodeRead& r) {
         rebuild_heads_.push_back(static_cast<int32_t>(g));
         rebuild_dst_.push_back(const_cast<uint8_t*>(block));  // the K half: the block's first bytes
       }
-      ++i, ++read;
+      ++i;
     }
   }
   Seq& s = seqs_[r.seq];
   if (!rebuild_chunks_.empty()) low_rank_.Reconstruct(s.low_rank[layer], rebuild_chunks_, rebuild_heads_, rebuild_dst_);
   stats_.Rebuilt(s.counts, layer, static_cast<int64_t>(rebuild_chunks_.size()));
-  if (r.real_row >= 0) stats_.Reconstructed(s.counts, layer, static_cast<int64_t>(read));
+  if (r.real_row >= 0) stats_.Reconstructed(s.counts, layer, static_cast<int64_t>(i));
 }
 
 void SparseKvCache::AbandonReads() {

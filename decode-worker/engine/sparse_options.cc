@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
 
 namespace dd::engine {
 
@@ -86,6 +89,28 @@ absl::StatusOr<KeyReconstructionMode> ParseKeyReconstruction(absl::string_view n
     if (name == KeyReconstructionName(m)) return m;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown key reconstruction '", name, "' (off, auto, all, layers)"));
+}
+
+absl::Status ApplyKeyReconstructionSpec(absl::string_view spec, KeyReconstructionOptions* options) {
+  const std::string whole(spec);
+  options->layers.reset();
+  if (absl::ConsumePrefix(&spec, "layers:")) {
+    options->mode = KeyReconstructionMode::kLayers;
+    for (absl::string_view l : absl::StrSplit(spec, '+')) {
+      int64_t x = 0;
+      if (!absl::SimpleAtoi(l, &x) || x < 0 || x >= KeyReconstructionOptions::kMaxLayers) {
+        return absl::InvalidArgumentError(absl::StrCat("'", l, "' is not a layer index"));
+      }
+      options->layers.set(x);
+    }
+    return absl::OkStatus();
+  }
+  auto m = ParseKeyReconstruction(spec);
+  if (!m.ok() || *m == KeyReconstructionMode::kLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("'", whole, "' is not off, auto, all or layers:L+L"));
+  }
+  options->mode = *m;
+  return absl::OkStatus();
 }
 
 absl::string_view KeyReconstructionName(KeyReconstructionMode m) {

@@ -49,6 +49,10 @@ absl::string_view KvFetchName(KvFetch f);
 enum class KeyReconstructionMode { kOff, kAuto, kAll, kLayers };
 absl::StatusOr<KeyReconstructionMode> ParseKeyReconstruction(absl::string_view name);
 absl::string_view KeyReconstructionName(KeyReconstructionMode m);
+struct KeyReconstructionOptions;
+// `options` with the mode and layers of a spec — off, auto, all or layers:L+L+... (the variant
+// lists of ddctl fidelity and the benchmarks); InvalidArgument naming the spec otherwise.
+absl::Status ApplyKeyReconstructionSpec(absl::string_view spec, KeyReconstructionOptions* options);
 
 struct KeyReconstructionOptions {
   static constexpr int64_t kMaxLayers = 256;
