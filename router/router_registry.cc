@@ -1,6 +1,9 @@
 // RouterService's side of the etcd registry (docs/decisions/0051-registry-on-etcd.md): it
 // follows the workers' records and the router replicas, and registers this replica.
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -10,11 +13,44 @@
 #include "common/random.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
+#include "proto/pool_record.h"
 #include "router/router_service.h"
 
 namespace dd::router {
 
 using Wall = std::chrono::system_clock;
+
+namespace {
+
+// Follows `prefix` and keeps in `count` how many of its keys hold a record `valid` accepts.
+std::unique_ptr<EtcdFollower> CountingFollower(std::shared_ptr<EtcdClient> client, const std::string& prefix,
+                                               std::atomic<int64_t>* count,
+                                               std::function<bool(const std::string&, const EtcdClient::Held&)> valid) {
+  auto keys = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
+  EtcdFollower::Handler h;
+  h.reset = [keys, valid, count](const std::map<std::string, EtcdClient::Held>& values) {
+    std::lock_guard<std::mutex> lk(keys->first);
+    keys->second.clear();
+    for (const auto& [key, value] : values) {
+      if (valid(key, value) && keys->second.size() < 1024) keys->second.insert(key);
+    }
+    *count = static_cast<int64_t>(keys->second.size());
+  };
+  h.put = [keys, valid, count](const std::string& key, const EtcdClient::Held& value) {
+    std::lock_guard<std::mutex> lk(keys->first);
+    if (valid(key, value) && keys->second.size() < 1024) keys->second.insert(key);
+    else keys->second.erase(key);
+    *count = static_cast<int64_t>(keys->second.size());
+  };
+  h.erase = [keys, count](const std::string& key) {
+    std::lock_guard<std::mutex> lk(keys->first);
+    keys->second.erase(key);
+    *count = static_cast<int64_t>(keys->second.size());
+  };
+  return std::make_unique<EtcdFollower>(std::move(client), prefix, std::move(h));
+}
+
+}  // namespace
 
 void RouterService::FollowRegistry(const RegistryConfig& registry, const std::string& address) {
   registry_.set_external_liveness(true);
@@ -63,33 +99,20 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     if (key.size() > workers.size()) registry_.Remove(key.substr(workers.size()));
   };
   workers_follower_ = std::make_unique<EtcdFollower>(registry.client, workers, std::move(w));
-  auto routers = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
-  EtcdFollower::Handler r;
   const std::string secret = options_.cluster_secret;
   // A replica counts when its record is signed for its key and held under a lease.
-  auto valid = [secret](const std::string& key, const EtcdClient::Held& v) {
-    return v.lease != 0 && v.value.size() <= 4096 && VerifyRecord(secret, key, v.value).ok();
-  };
-  r.reset = [this, routers, valid](const std::map<std::string, EtcdClient::Held>& values) {
-    std::lock_guard<std::mutex> lk(routers->first);
-    routers->second.clear();
-    for (const auto& [key, value] : values) {
-      if (valid(key, value) && routers->second.size() < 1024) routers->second.insert(key);
-    }
-    replicas_ = static_cast<int64_t>(routers->second.size());
-  };
-  r.put = [this, routers, valid](const std::string& key, const EtcdClient::Held& value) {
-    std::lock_guard<std::mutex> lk(routers->first);
-    if (valid(key, value) && routers->second.size() < 1024) routers->second.insert(key);
-    else routers->second.erase(key);
-    replicas_ = static_cast<int64_t>(routers->second.size());
-  };
-  r.erase = [this, routers](const std::string& key) {
-    std::lock_guard<std::mutex> lk(routers->first);
-    routers->second.erase(key);
-    replicas_ = static_cast<int64_t>(routers->second.size());
-  };
-  routers_follower_ = std::make_unique<EtcdFollower>(registry.client, registry.prefix + "routers/", std::move(r));
+  routers_follower_ = CountingFollower(registry.client, registry.prefix + "routers/", &replicas_,
+                                       [secret](const std::string& key, const EtcdClient::Held& v) {
+                                         return v.lease != 0 && v.value.size() <= 4096 &&
+                                                VerifyRecord(secret, key, v.value).ok();
+                                       });
+  // KV pools (proto/pool_record.h) are counted; workers find theirs themselves.
+  pools_follower_ = CountingFollower(registry.client, registry.prefix + "pools/", &pools_,
+                                     [secret](const std::string& key, const EtcdClient::Held& v) {
+                                       const double now =
+                                           std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
+                                       return ParsePoolRecord(secret, key, v, now).ok();
+                                     });
   const std::string key = registry.prefix + "routers/" + RandomHex(1);
   const std::string record = SignRecord(options_.cluster_secret, key, nlohmann::json({{"address", address}}).dump());
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * options_.heartbeat_interval.count() + 999) / 1000);
@@ -99,7 +122,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
 }
 
 int64_t RouterService::registry_resyncs() const {
-  return workers_follower_ ? workers_follower_->resyncs() + routers_follower_->resyncs() : 0;
+  return workers_follower_ ? workers_follower_->resyncs() + routers_follower_->resyncs() + pools_follower_->resyncs() : 0;
 }
 
 }  // namespace dd::router

@@ -110,6 +110,8 @@ class RouterCollectable : public prometheus::Collectable {
                       MetricType::Counter, static_cast<double>(reconnects_.load())));
     out.push_back(one("dd_router_replicas", "Router replicas registered (etcd registry; 1 otherwise)",
                       MetricType::Gauge, static_cast<double>(s_.replicas())));
+    out.push_back(one("dd_registry_pools", "etcd registry: KV pools registered with a valid record", MetricType::Gauge,
+                      static_cast<double>(s_.pools())));
     out.push_back(one("dd_registry_lag_seconds",
                       "etcd registry: from a worker writing its record to this router applying it (the latest)",
                       MetricType::Gauge, s_.registry_lag_seconds()));

@@ -66,6 +66,7 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   // `address`) among them. Per-tenant in-flight limits become this replica's share.
   void FollowRegistry(const RegistryConfig& registry, const std::string& address);
   int64_t replicas() const { return std::max<int64_t>(1, replicas_.load()); }
+  int64_t pools() const { return pools_.load(); }  // KV pools registered (etcd registry)
   double registry_lag_seconds() const { return registry_lag_ms_.load() / 1e3; }
   int64_t registry_resyncs() const;
   dd::worker::v1::Registry::Service* registry_service() { return registry_service_.get(); }
@@ -135,8 +136,8 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   std::shared_ptr<void> collectable_;
-  std::atomic<int64_t> replicas_{1}, registry_lag_ms_{0};
-  std::unique_ptr<EtcdFollower> workers_follower_, routers_follower_;
+  std::atomic<int64_t> replicas_{1}, registry_lag_ms_{0}, pools_{0};
+  std::unique_ptr<EtcdFollower> workers_follower_, routers_follower_, pools_follower_;
   std::unique_ptr<EtcdMembership> membership_;
 };
 

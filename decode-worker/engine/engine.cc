@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const model::LoadedModel&
                                             .link = o.link,
                                             .kv_store = o.kv_store,
                                             .kv_store_token = o.kv_store_token,
+                                            .kv_store_locate = o.kv_store_locate,
                                             .prefix_block_tokens = o.prefix_block_tokens,
                                             .prefix_cache_bytes = o.prefix_cache_bytes,
                                             .prefix_cache_tenant_bytes = o.prefix_cache_tenant_bytes,

@@ -66,6 +66,8 @@ struct EngineOptions {
   // (a dd-kv-pool on this host, authenticated with kv_store_token).
   std::string kv_store = "inproc://";
   std::string kv_store_token{};
+  // Set for a pool found in a registry: where it is now, asked again when it is lost.
+  kvpool::PoolLocate kv_store_locate{};
   // Prefix reuse (a pool store): prompts are keyed in blocks of this many tokens
   // (docs/prefix-keys.md); a prompt starting with a committed prefix restores it from the pool
   // instead of prefilling it. Sparse modes also commit their own blocks afterwards; `full`

@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const model::ModelConfi
   const KvCacheOptions& o = kv->options_;
   if (o.mode != DecodeMode::kFull || B > 0) {
     ASSIGN_OR_RETURN(kv->store_, kvpool::OpenKvStore(o.kv_store, o.kv_store_token, o.link, o.prefix_cache_bytes,
-                                                     std::max<int64_t>(0, o.prefix_cache_tenant_bytes)));
+                                                     std::max<int64_t>(0, o.prefix_cache_tenant_bytes), o.kv_store_locate));
   }
   if (o.mode != DecodeMode::kFull) {
     ASSIGN_OR_RETURN(kv->sparse_, SparseKvCache::Create(config, o.sparse, o.kv_dtype, kv->store_.get(), device));

@@ -37,6 +37,7 @@ struct KvCacheOptions {
   kvpool::LinkModel link{};
   std::string kv_store = "inproc://";
   std::string kv_store_token{};
+  kvpool::PoolLocate kv_store_locate{};  // EngineOptions::kv_store_locate
   int64_t prefix_block_tokens = 0;  // 0: no prefix reuse
   int64_t prefix_cache_bytes = int64_t{1} << 30;
   int64_t prefix_cache_tenant_bytes = -1;

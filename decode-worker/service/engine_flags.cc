@@ -55,7 +55,8 @@ ABSL_FLAG(std::string, device_memory, "0",
           "projected KV must fit, else the request is refused with the numbers");
 ABSL_FLAG(std::string, kv_store, "inproc://",
           "sparse modes: where offloaded KV lives: inproc://, shm://HOST:PORT or ucx://HOST:PORT (a dd-kv-pool; "
-          "token from $DD_KV_POOL_TOKEN)");
+          "token from $DD_KV_POOL_TOKEN); dd-decode-worker with --registry etcd://... also takes registry://shm (the "
+          "pool registered on its --node) or registry://ucx (that pool, else the largest that serves ucx://)");
 ABSL_FLAG(int64_t, prefix_block, -1,
           "Prefix reuse, every mode: key prompts in blocks of this many tokens (a multiple of 8); a prompt starting "
           "with a stored prefix restores it instead of prefilling it. 0 = off; -1 (default) = 64 when serving "

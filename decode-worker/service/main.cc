@@ -4,7 +4,10 @@
 // HOST:PORT" once serving.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -16,6 +19,7 @@
 #include "decode-worker/service/worker_node.h"
 #include "glog/logging.h"
 #include "proto/cluster_auth.h"
+#include "proto/pool_record.h"
 #include "proto/standard_services.h"
 #include "proto/tls.h"
 
@@ -24,6 +28,10 @@ ABSL_FLAG(std::string, advertise_host, "", "Host the router should dial (default
 ABSL_FLAG(std::string, router, "", "Router registry address HOST:PORT (empty = serve without a router)");
 ABSL_FLAG(std::string, worker_id, "", "Worker id (default: <hostname>-<pid>)");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "Heartbeat interval to the router");
+ABSL_FLAG(std::string, node, "",
+          "With --kv_store registry://...: the machine this worker runs on, as pools name theirs (default: the hostname)");
+ABSL_FLAG(int64_t, kv_pool_wait_ms, 120000,
+          "With --kv_store registry://...: how long to wait at start for a pool to register before giving up");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0", "Prometheus /metrics address (empty = off)");
 
 int main(int argc, char** argv) {
@@ -57,6 +65,36 @@ int main(int argc, char** argv) {
   if (!registry.ok()) return fail(registry.status());
   if (registry->etcd() && !absl::GetFlag(FLAGS_router).empty()) {
     return fail(absl::InvalidArgumentError("give --router (one router) or --registry etcd://... (any router), not both"));
+  }
+  // A pool found in the registry (proto/pool_record.h): waited for here, looked up again by the
+  // store whenever it is lost.
+  std::shared_ptr<dd::PoolLocator> pools;
+  if (dd::IsRegistryKvStore(engine_options->kv_store)) {
+    auto reach = dd::ParseRegistryKvStore(engine_options->kv_store);
+    if (!reach.ok()) return fail(reach.status());
+    if (!registry->etcd()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("--kv_store ", engine_options->kv_store,
+                                                          " finds the pool in etcd: give --registry etcd://...")));
+    }
+    std::string node = absl::GetFlag(FLAGS_node);
+    if (node.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      node = host;
+    }
+    pools = std::make_shared<dd::PoolLocator>(*registry, *secret, node, *reach);
+    const int64_t wait_ms = absl::GetFlag(FLAGS_kv_pool_wait_ms);
+    auto uri = pools->Wait(std::chrono::milliseconds(std::max<int64_t>(0, wait_ms)), [&](int64_t waited) {
+      std::fprintf(stderr, "dd-decode-worker: waiting for a KV pool on node %s to register in %s (%lld s)\n",
+                   node.c_str(), registry->url.c_str(), static_cast<long long>(waited));
+    });
+    if (!uri.ok()) {
+      return fail(absl::UnavailableError(absl::StrCat("no KV pool for --kv_store ", engine_options->kv_store, " after ",
+                                                      wait_ms, " ms: ", uri.status().message())));
+    }
+    std::fprintf(stderr, "dd-decode-worker: KV pool %s (found in %s)\n", uri->c_str(), registry->url.c_str());
+    engine_options->kv_store = *uri;
+    engine_options->kv_store_locate = [pools] { return pools->Locate(); };
   }
   auto sched = dd::worker::SchedulerOptionsFromFlags();
   if (!sched.ok()) return fail(sched.status());

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -75,6 +77,10 @@ inline int64_t PartBytes(const KvLayout& l, BlockPart p) {
   return p == BlockPart::kValues ? l.block_bytes() / 2 : l.block_bytes();
 }
 
+// Where a pool is now, as a store URI of its scheme ("shm://HOST:PORT"), asked again each time
+// a lost pool is recovered: a pool found in a registry may come back at another address.
+using PoolLocate = std::function<absl::StatusOr<std::string>()>;
+
 class KvStore {
  public:
   virtual ~KvStore() = default;
@@ -122,10 +128,10 @@ class KvStore {
   virtual void SetLink(const LinkModel& link) = 0;
 
   // After the store failed with UNAVAILABLE (its pool was lost): connects again (a fresh
-  // handshake at the same address). Every sequence of the old connection is gone; callers
-  // release theirs first and rebuild them. OK at once when the store is healthy; an error
-  // (the pool is not back yet) leaves it broken, to be tried again. Call with no transfer in
-  // flight from the caller.
+  // handshake at the same address, or where its PoolLocate says the pool is now). Every
+  // sequence of the old connection is gone; callers release theirs first and rebuild them. OK
+  // at once when the store is healthy; an error (the pool is not back yet) leaves it broken, to
+  // be tried again. Call with no transfer in flight from the caller.
   virtual absl::Status Recover() { return absl::OkStatus(); }
 
   // Host memory mapped into this process that holds the store's blocks (a shm:// pool's

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kv-pool/client/data_path.h"
 #include "kv-pool/client/transfer_queue.h"
@@ -30,6 +31,16 @@ namespace {
 absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
   if (st.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()), absl::StrCat("kv pool ", what, ": ", st.error_message()));
+}
+
+std::unique_ptr<v1::KvPool::Stub> NewStub(const PoolClientOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  return v1::KvPool::NewStub(grpc::CreateChannel(options.address, creds));
 }
 
 class PoolKvStore : public KvStore {
@@ -72,6 +83,16 @@ class PoolKvStore : public KvStore {
     }
     data_.reset();
     lost_.store(false, std::memory_order_release);
+    if (options_.locate) {  // the pool may be back elsewhere
+      absl::StatusOr<std::string> uri = options_.locate();
+      const std::string scheme = options_.transport == PoolTransport::kShm ? "shm://" : "ucx://";
+      if (uri.ok() && absl::StartsWith(*uri, scheme) && uri->substr(scheme.size()) != options_.address) {
+        LOG(INFO) << "kv pool: " << options_.address << " is replaced by " << *uri;
+        std::lock_guard<std::mutex> lock(mu_);
+        options_.address = uri->substr(scheme.size());
+        stub_ = NewStub(options_);
+      }
+    }
     absl::Status st = Connect();
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok()) {
@@ -327,7 +348,12 @@ class PoolKvStore : public KvStore {
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", "Bearer " + options_.token);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.rpc_timeout_ms));
-    return FromGrpc(f(&ctx), what);
+    const grpc::Status st = f(&ctx);
+    // The pool serves no UNAVAILABLE of its own: the connection failed, and the store is lost
+    // now (not only at the next lease renewal), so that Recover reconnects, where the pool's
+    // PoolLocate says when it has one. Called with mu_ free.
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE && what != "handshake") return Lost(FromGrpc(st, what));
+    return FromGrpc(st, what);
   }
 
   absl::Status Broken() const {
@@ -422,14 +448,7 @@ class PoolKvStore : public KvStore {
 
 absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options) {
   if (options.token.empty()) return absl::InvalidArgumentError("kv pool token is empty (set DD_KV_POOL_TOKEN)");
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!options.tls_ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_ca_pem;
-    creds = grpc::SslCredentials(ssl);
-  }
-  auto channel = grpc::CreateChannel(options.address, creds);
-  auto store = std::make_unique<PoolKvStore>(options, v1::KvPool::NewStub(channel));
+  auto store = std::make_unique<PoolKvStore>(options, NewStub(options));
   RETURN_IF_ERROR(store->Connect());
   return store;
 }
@@ -444,11 +463,12 @@ bool NamesThisHost(const std::string& address) {
 
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link, int64_t inproc_prefix_cache_bytes,
-                                                     int64_t inproc_owner_bytes) {
+                                                     int64_t inproc_owner_bytes, PoolLocate locate) {
   if (uri.empty() || uri == "inproc://") {
     return NewInProcessKvStore(link, inproc_prefix_cache_bytes, inproc_owner_bytes);
   }
   if (uri.find(',') != std::string::npos) {  // several pools: layers striped over them
+    if (locate) return absl::InvalidArgumentError("kv store: a located pool cannot be one of several shards");
     std::vector<std::unique_ptr<KvStore>> shards;
     for (absl::string_view part : absl::StrSplit(uri, ',')) {
       if (part == "inproc://") return absl::InvalidArgumentError("kv store: inproc:// cannot be a shard");
@@ -484,8 +504,13 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
     if (absl::StartsWith(uri, prefix) && uri.size() > prefix.size()) {
       return ConnectPoolKvStore(PoolClientOptions{.address = uri.substr(prefix.size()), .token = token,
                                                   .transport = transport, .ucx_path = ucx_path, .link = link,
-                                                  .transfer_lanes = lanes, .tls_ca_pem = ca});
+                                                  .transfer_lanes = lanes, .tls_ca_pem = ca,
+                                                  .locate = std::move(locate)});
     }
+  }
+  if (absl::StartsWith(uri, "registry://")) {
+    return absl::InvalidArgumentError(absl::StrCat("kv store '", uri, "' is found in a registry: only dd-decode-worker ",
+                                                   "with --registry etcd://... takes it"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("kv store '", uri, "': expected inproc://, shm://HOST:PORT or ucx://HOST:PORT"));

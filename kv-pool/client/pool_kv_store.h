@@ -37,6 +37,7 @@ struct PoolClientOptions {
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
   std::string tls_ca_pem{};     // non-empty: gRPC over TLS, trusting this CA (PEM text)
+  PoolLocate locate{};          // set: Recover dials the address it gives (same scheme)
 };
 
 absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOptions& options);
@@ -47,7 +48,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
 // When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA. $DD_UCX_PATH
 // (am, rma, auto; default auto) picks the ucx:// data path; $DD_KV_TRANSFER_LANES (0-16,
-// default 1) sets PoolClientOptions::transfer_lanes.
+// default 1) sets PoolClientOptions::transfer_lanes. `locate` (one pool only): see PoolLocate.
 // Whether host:port names this machine (loopback or its hostname).
 bool NamesThisHost(const std::string& address);
 
@@ -55,6 +56,6 @@ bool NamesThisHost(const std::string& address);
 // one tenant's share of it (NewInProcessKvStore); a pool's is bounded by its tenant's quota.
 absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, const std::string& token,
                                                      const LinkModel& link, int64_t inproc_prefix_cache_bytes = 0,
-                                                     int64_t inproc_owner_bytes = 0);
+                                                     int64_t inproc_owner_bytes = 0, PoolLocate locate = {});
 
 }  // namespace dd::kvpool

@@ -25,12 +25,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "kv-pool/client/fd_passing.h"
 #include "kv-pool/client/ucx_config.h"
 #include "kv-pool/server/metrics.h"
 #include "kv-pool/server/service.h"
 #include "kv-pool/server/ucx_server.h"
+#include "proto/cluster_auth.h"
+#include "proto/pool_record.h"
 #include "proto/standard_services.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address (port 0 = pick a free port)");
@@ -66,6 +69,14 @@ ABSL_FLAG(bool, ucx_spin_yield, true,
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands a tenant's region to same-host workers for its token (shm://); empty = an "
           "abstract socket with a fresh name");
+ABSL_FLAG(std::string, advertise_host, "",
+          "With --registry etcd://...: the host workers should dial (default: the --listen host)");
+ABSL_FLAG(std::string, node, "",
+          "With --registry etcd://...: the machine this pool runs on, as workers name theirs (default: the hostname); "
+          "workers on the same node reach it over shm://");
+ABSL_FLAG(std::string, pool_id, "", "With --registry etcd://...: this pool's id in the registry (default: <hostname>-<pid>)");
+ABSL_FLAG(int64_t, heartbeat_ms, 1000,
+          "With --registry etcd://...: how often the record is rewritten; its lease lasts 6 intervals (at least 2 s)");
 ABSL_FLAG(std::string, fd_socket_uids, "",
           "Users (numeric uids, comma-separated) besides the pool's own whose processes may ask the region socket "
           "for a descriptor; others are closed at accept");
@@ -73,6 +84,33 @@ ABSL_FLAG(std::string, fd_socket_uids, "",
 namespace {
 
 constexpr char kShmPrefix[] = "dd-kvpool";
+
+std::string HostName() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Holds this pool's record in etcd (proto/pool_record.h) until destroyed.
+std::unique_ptr<dd::EtcdMembership> Register(const dd::RegistryConfig& registry, const std::string& secret,
+                                             dd::PoolRecord record) {
+  const std::string key = registry.prefix + "pools/" + record.pool_id;
+  const auto interval = std::chrono::milliseconds(std::max<int64_t>(100, absl::GetFlag(FLAGS_heartbeat_ms)));
+  auto value = [secret, key, record]() mutable {
+    record.published_unix_seconds =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    return dd::SignRecord(secret, key, dd::PoolRecordJson(record));
+  };
+  // Its own earlier run (restarted at the same address before the lease ran out) takes the key
+  // over; any other holder keeps it until its lease goes.
+  auto may_take = [secret, key, address = record.address](const std::string& held) {
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    absl::StatusOr<dd::PoolRecord> r = dd::ParsePoolRecord(secret, key, {held, /*lease=*/1}, now);
+    return r.ok() && r->address == address;
+  };
+  const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);
+  return std::make_unique<dd::EtcdMembership>(registry.client, key, value, may_take, interval, ttl_seconds);
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("no file given");
@@ -102,6 +140,8 @@ bool RmaConfinedByUcxTls() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dd-kv-pool --tenants FILE [--listen HOST:PORT] [--lease_ttl_ms N]");
   absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;  // the registry client logs its outages
+  google::InitGoogleLogging(argv[0]);
   // UCX over tcp lets any peer write this process's memory (ucx_config.h): only on request.
   // UcxServer leaves tcp out of its own configuration (and fails if UCX loads it anyway); a
   // UCX_TLS that asks for tcp by name is refused here, with the reason.
@@ -122,6 +162,16 @@ int main(int argc, char** argv) {
   auto tenants = dd::kvpool::LoadTenantConfig(absl::GetFlag(FLAGS_tenants));
   if (!tenants.ok()) {
     std::cerr << "dd-kv-pool: " << tenants.status().message() << "\n";
+    return 2;
+  }
+  auto registry = dd::RegistryFromFlags();
+  if (!registry.ok()) {
+    std::cerr << "dd-kv-pool: " << registry.status().message() << "\n";
+    return 2;
+  }
+  auto secret = dd::ClusterSecretFromFlags();
+  if (!secret.ok()) {
+    std::cerr << "dd-kv-pool: " << secret.status().message() << "\n";
     return 2;
   }
   dd::kvpool::PoolOptions options;
@@ -235,6 +285,20 @@ int main(int argc, char** argv) {
   std::printf("dd-kv-pool: listening on %s:%d metrics %s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
               metrics_at.c_str());
   std::fflush(stdout);
+  std::unique_ptr<dd::EtcdMembership> membership;
+  if (registry->etcd()) {
+    dd::PoolRecord record;
+    record.pool_id = absl::GetFlag(FLAGS_pool_id).empty() ? absl::StrCat(HostName(), "-", getpid()) : absl::GetFlag(FLAGS_pool_id);
+    std::string host = absl::GetFlag(FLAGS_advertise_host);
+    if (host.empty()) host = listen.substr(0, listen.rfind(':'));
+    record.address = absl::StrCat(host, ":", port);
+    record.node = absl::GetFlag(FLAGS_node).empty() ? HostName() : absl::GetFlag(FLAGS_node);
+    record.ucx = ucx != nullptr;
+    for (int t = 0; t < (*pool)->tenants(); ++t) record.capacity_bytes += (*pool)->region_bytes(t);
+    std::fprintf(stderr, "dd-kv-pool: registering as %s (node %s, %s) in %s\n", record.pool_id.c_str(),
+                 record.node.c_str(), record.address.c_str(), registry->url.c_str());
+    membership = Register(*registry, *secret, std::move(record));
+  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -250,6 +314,7 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "dd-kv-pool: signal %d, shutting down\n", sig);
   dd::MarkNotServing(*server);
+  membership.reset();  // the record goes at once: workers stop choosing this pool
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   {
     std::lock_guard<std::mutex> lock(mu);
