@@ -186,6 +186,13 @@ def registry_record_seeds():
     put("registry_record", "seed-other-key", bytes([2]) + record.replace(b'"w1"', b'"w2"'))
     put("registry_record", "seed-no-space", bytes([3]) + b"hmac-sha256:" + b"0" * 64)
     put("registry_record", "seed-not-json", bytes([2]) + b"{not json")
+    # A KV pool's record (the same bytes are also read as one, at /dualdecoder/pools/p1).
+    pool_key = b"/dualdecoder/pools/p1"
+    pool = json.dumps({"pool_id": "p1", "address": "127.0.0.1:1", "node": "n1", "ucx": True,
+                       "capacity_bytes": 1 << 30, "published_unix_seconds": 1.8e9}).encode()
+    pool_mac = hmac.new(secret, pool_key + b"\n" + pool, hashlib.sha256).hexdigest().encode()
+    put("registry_record", "seed-pool-unsigned", bytes([2]) + pool)
+    put("registry_record", "seed-pool-signed", bytes([3]) + b"hmac-sha256:" + pool_mac + b" " + pool)
 
 
 def main():

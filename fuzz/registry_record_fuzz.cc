@@ -1,4 +1,5 @@
-// A worker record as a router reads it from etcd (router/registry.h ParseWorkerRecord): any
+// A worker record as a router reads it from etcd (router/registry.h ParseWorkerRecord), and the
+// same bytes as a KV pool's record as workers read it (proto/pool_record.h ParsePoolRecord): any
 // process that can write to the registry's prefix can put any bytes there. The first input byte
 // picks whether the router has a cluster secret (bit 0) and whether the key has a lease (bit 1);
 // the rest is the value. What the router accepts
@@ -8,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "fuzz/fuzz_util.h"
+#include "proto/pool_record.h"
 #include "router/registry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -26,6 +28,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dd::fuzz::Require(secret.empty() || std::abs(now - r.published_unix_seconds()) <= dd::router::kMaxRecordAgeSeconds,
                       "a keyed router takes fresh records only");
     dd::fuzz::Require(value.size() <= dd::router::kMaxWorkerRecordBytes, "the record's size is bounded");
+  }
+  absl::StatusOr<dd::PoolRecord> pool = dd::ParsePoolRecord(secret, "/dualdecoder/pools/p1", {value, lease}, now);
+  if (pool.ok()) {
+    dd::fuzz::Require(pool->pool_id == "p1", "the pool record names the pool of its key");
+    dd::fuzz::Require(!pool->address.empty() && !pool->node.empty() && pool->address.size() <= 256 &&
+                          pool->node.size() <= 256 && pool->capacity_bytes >= 0,
+                      "the pool record's fields are within bounds");
+    dd::fuzz::Require(lease != 0, "the pool record is held under a lease");
+    dd::fuzz::Require(secret.empty() || absl::StartsWith(value, "hmac-sha256:"), "a keyed worker takes signed pools only");
+    dd::fuzz::Require(value.size() <= dd::kMaxPoolRecordBytes, "the pool record's size is bounded");
   }
   return 0;
 }
