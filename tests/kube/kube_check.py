@@ -267,6 +267,8 @@ def cluster(workdir):
                 time.sleep(0.5)
             up = metric_sum(r.host_port("metrics"), "dd_worker_up")
             report(f"{r.name}: workers from etcd", up == len(workers), f"{up:.0f} of {len(workers)} workers up")
+        pools = metric_sum(router.host_port("metrics"), "dd_registry_pools")  # workers found it there too
+        report("cluster: the pool registered in etcd", pools == 1, f"{pools:.0f} pools registered")
         ref = check_api(workdir, router.host_port("grpc"), router.host_port("http"), "cluster")
         check_metrics(by, [(router.name, "dd_worker_up"), (pool.name, "dd_pool_bytes"),
                            *((w.name, "dd_batch_size") for w in workers)])

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+NODE = "node-0"  # every pod runs on the one host: one node
+
 ROOT = Path(__file__).resolve().parents[2]
 UID = 65532  # the images' user (deploy/docker/Dockerfile)
 
@@ -27,7 +29,8 @@ CHANGES = [
     "a StatefulSet's volumeClaimTemplates as host directories, one per pod and claim",
     "Secret volumes delivered as host directories of the same files (podman 4.3 panics on secret volumes), "
     "secretKeyRef variables as values (it reads env secrets as JSON)",
-    "fieldRef status.podIP and metadata.name as values (127.0.0.1, the pod's name)",
+    "fieldRef status.podIP, metadata.name and spec.nodeName as values (127.0.0.1, the pod's name, one node name "
+    "for every pod)",
     "$(VAR) references in arguments expanded from the container's environment and ConfigMap as Kubernetes "
     "does (podman 4.3 leaves those from envFrom unexpanded)",
     "gRPC probes removed from the pods (podman 4.3 runs none) and run from the host instead",
@@ -145,7 +148,8 @@ def plan(docs, tag, workdir, secret_files):
                 ref = e.get("valueFrom", {})
                 if "fieldRef" in ref:
                     path = ref["fieldRef"]["fieldPath"]
-                    e = {"name": e["name"], "value": {"status.podIP": "127.0.0.1", "metadata.name": pod.name}[path]}
+                    e = {"name": e["name"], "value": {"status.podIP": "127.0.0.1", "metadata.name": pod.name,
+                                                       "spec.nodeName": NODE}[path]}
                 elif "secretKeyRef" in ref:
                     k = ref["secretKeyRef"]
                     e = {"name": e["name"], "value": secret_files[k["name"]][k["key"]].decode()}
