@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/cluster_registry.h"
 #include "proto/etcd_rpc.grpc.pb.h"
 
 namespace dd {
@@ -41,10 +42,7 @@ class EtcdClient {
   absl::Status Revoke(int64_t lease);
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
   // A key's value and the lease it is held under (0: none, it never expires).
-  struct Held {
-    std::string value;
-    int64_t lease = 0;
-  };
+  using Held = RegistryRecord;
   // Puts `value` only if `key` does not exist: nullopt when it did not, else what it holds.
   absl::StatusOr<std::optional<Held>> Create(const std::string& key, const std::string& value, int64_t lease);
 

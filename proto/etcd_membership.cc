@@ -77,7 +77,7 @@ absl::StatusOr<RegistryConfig> RegistryFromFlags() {
     }
     o.credentials = grpc::SslCredentials(ssl);
   }
-  c.client = std::make_shared<EtcdClient>(std::move(o));
+  c.backend = std::make_shared<EtcdRegistry>(std::make_shared<EtcdClient>(std::move(o)));
   return c;
 }
 

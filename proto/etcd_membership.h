@@ -18,17 +18,19 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "proto/cluster_registry.h"
 #include "proto/etcd_client.h"
 
 namespace dd {
 
 // --registry (memory | etcd://HOST:PORT[,...]), --registry_prefix, --etcd_user,
-// --etcd_password_file. `client` is null for the in-memory registry.
+// --etcd_password_file. `backend` is null for the in-memory registry (workers heartbeat one
+// router).
 struct RegistryConfig {
   std::string url = "memory";
   std::string prefix = "/dualdecoder/";
-  std::shared_ptr<EtcdClient> client;
-  bool etcd() const { return client != nullptr; }
+  std::shared_ptr<ClusterRegistry> backend;
+  bool shared() const { return backend != nullptr; }
 };
 absl::StatusOr<RegistryConfig> RegistryFromFlags();
 
@@ -41,7 +43,7 @@ std::string SignRecord(const std::string& secret, const std::string& key, const 
 // or its signature does not match. With no secret, a signed value's record is taken as is.
 absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& key, const std::string& value);
 
-class EtcdMembership {
+class EtcdMembership : public RegistryMembership {
  public:
   // `value` gives the record to publish (called every interval). `may_take(held)`: whether the
   // key, when another lease holds it with the value `held`, may be taken over (a restart of the
@@ -49,7 +51,7 @@ class EtcdMembership {
   EtcdMembership(std::shared_ptr<EtcdClient> client, std::string key, std::function<std::string()> value,
                  std::function<bool(const std::string& held)> may_take, std::chrono::milliseconds interval,
                  int64_t ttl_seconds);
-  ~EtcdMembership();  // revokes the lease: the key goes at once
+  ~EtcdMembership() override;  // revokes the lease: the key goes at once
 
  private:
   void Loop();
@@ -67,17 +69,12 @@ class EtcdMembership {
   std::thread thread_;
 };
 
-class EtcdFollower {
+class EtcdFollower : public RegistryFollower {
  public:
   // Values come with the lease they are held under (0: none; such a key never expires).
-  struct Handler {
-    std::function<void(const std::map<std::string, EtcdClient::Held>&)> reset;  // a full listing
-    std::function<void(const std::string& key, const EtcdClient::Held& value)> put;
-    std::function<void(const std::string& key)> erase;
-  };
   EtcdFollower(std::shared_ptr<EtcdClient> client, std::string prefix, Handler handler);
-  ~EtcdFollower();
-  int64_t resyncs() const { return resyncs_.load(); }  // full listings after the first
+  ~EtcdFollower() override;
+  int64_t resyncs() const override { return resyncs_.load(); }
 
  private:
   void Loop();
@@ -90,6 +87,24 @@ class EtcdFollower {
   bool stop_ = false;
   EtcdClient::Watch* watch_ = nullptr;  // mu_; cancelled on stop
   std::thread thread_;
+};
+
+// The registry on etcd: members under leases, followers by listing and watching.
+class EtcdRegistry : public ClusterRegistry {
+ public:
+  explicit EtcdRegistry(std::shared_ptr<EtcdClient> client) : client_(std::move(client)) {}
+  std::unique_ptr<RegistryMembership> Join(std::string key, std::function<std::string()> value,
+                                           std::function<bool(const std::string& held)> may_take,
+                                           std::chrono::milliseconds interval, int64_t ttl_seconds) override {
+    return std::make_unique<EtcdMembership>(client_, std::move(key), std::move(value), std::move(may_take), interval,
+                                            ttl_seconds);
+  }
+  std::unique_ptr<RegistryFollower> Follow(std::string prefix, RegistryFollower::Handler handler) override {
+    return std::make_unique<EtcdFollower>(client_, std::move(prefix), std::move(handler));
+  }
+
+ private:
+  std::shared_ptr<EtcdClient> client_;
 };
 
 }  // namespace dd

@@ -34,7 +34,7 @@ std::string PoolRecordJson(const PoolRecord& r) {
 }
 
 absl::StatusOr<PoolRecord> ParsePoolRecord(const std::string& secret, const std::string& key,
-                                           const EtcdClient::Held& value, double now_unix) {
+                                           const RegistryRecord& value, double now_unix) {
   if (value.value.size() > kMaxPoolRecordBytes) return absl::InvalidArgumentError("larger than 4 KiB");
   absl::StatusOr<std::string> text = VerifyRecord(secret, key, value.value);
   if (!text.ok()) return text.status();
@@ -110,7 +110,7 @@ absl::StatusOr<PoolRecord> PickPool(const std::map<std::string, PoolRecord>& poo
 
 PoolLocator::PoolLocator(const RegistryConfig& registry, std::string secret, std::string node, PoolReach reach)
     : secret_(std::move(secret)), node_(std::move(node)), reach_(reach) {
-  auto parse = [this](const std::string& key, const EtcdClient::Held& value) -> absl::StatusOr<PoolRecord> {
+  auto parse = [this](const std::string& key, const RegistryRecord& value) -> absl::StatusOr<PoolRecord> {
     absl::StatusOr<PoolRecord> r = ParsePoolRecord(secret_, key, value, NowUnix());
     if (!r.ok()) {  // records are rewritten every interval: log a bad one now and then
       LOG_EVERY_N(WARNING, 64) << "registry: ignoring the pool record at " << absl::CHexEscape(key) << ": "
@@ -118,8 +118,8 @@ PoolLocator::PoolLocator(const RegistryConfig& registry, std::string secret, std
     }
     return r;
   };
-  EtcdFollower::Handler h;
-  h.reset = [this, parse](const std::map<std::string, EtcdClient::Held>& values) {
+  RegistryFollower::Handler h;
+  h.reset = [this, parse](const std::map<std::string, RegistryRecord>& values) {
     std::map<std::string, PoolRecord> pools;
     for (const auto& [key, value] : values) {
       if (pools.size() >= 4096) break;
@@ -127,7 +127,7 @@ PoolLocator::PoolLocator(const RegistryConfig& registry, std::string secret, std
     }
     Set(std::move(pools));
   };
-  h.put = [this, parse](const std::string& key, const EtcdClient::Held& value) {
+  h.put = [this, parse](const std::string& key, const RegistryRecord& value) {
     absl::StatusOr<PoolRecord> r = parse(key, value);
     std::lock_guard<std::mutex> lk(mu_);
     if (!r.ok()) {
@@ -141,7 +141,7 @@ PoolLocator::PoolLocator(const RegistryConfig& registry, std::string secret, std
     std::lock_guard<std::mutex> lk(mu_);
     pools_.erase(key);
   };
-  follower_ = std::make_unique<EtcdFollower>(registry.client, registry.prefix + "pools/", std::move(h));
+  follower_ = registry.backend->Follow(registry.prefix + "pools/", std::move(h));
 }
 
 PoolLocator::~PoolLocator() { follower_.reset(); }

@@ -35,7 +35,7 @@ std::string PoolRecordJson(const PoolRecord& r);
 // set), naming the key's own id, written within the last 10 minutes (no replay), held under a
 // lease, with an address, a node and fields of bounded size.
 absl::StatusOr<PoolRecord> ParsePoolRecord(const std::string& secret, const std::string& key,
-                                           const EtcdClient::Held& value, double now_unix);
+                                           const RegistryRecord& value, double now_unix);
 
 // How a worker reaches its pool: shm:// only to a pool on its own node; ucx:// to the pool on its
 // own node when there is one, else to any pool that serves ucx://.
@@ -69,7 +69,7 @@ class PoolLocator {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::map<std::string, PoolRecord> pools_;  // mu_
-  std::unique_ptr<EtcdFollower> follower_;
+  std::unique_ptr<RegistryFollower> follower_;
 };
 
 }  // namespace dd

@@ -22,7 +22,7 @@ PoolRecord Record(const std::string& id, const std::string& node, double publish
   return r;
 }
 
-EtcdClient::Held Signed(const std::string& key, const std::string& json, int64_t lease = 7) {
+RegistryRecord Signed(const std::string& key, const std::string& json, int64_t lease = 7) {
   return {SignRecord(kSecret, key, json), lease};
 }
 
@@ -41,7 +41,7 @@ TEST(PoolRecord, RoundTripsSigned) {
 TEST(PoolRecord, RefusesForgedCopiedStaleAndMalformedRecords) {
   const std::string key = "/dualdecoder/pools/p1";
   const std::string json = PoolRecordJson(Record("p1", "node-a"));
-  auto refused = [&](const std::string& k, const EtcdClient::Held& v, double now = kNow) {
+  auto refused = [&](const std::string& k, const RegistryRecord& v, double now = kNow) {
     return !ParsePoolRecord(kSecret, k, v, now).ok();
   };
   EXPECT_TRUE(refused(key, {json, 7})) << "unsigned";

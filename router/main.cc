@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   dd::MarkServing(*server, {dd::v1::DualDecoder::service_full_name(), dd::worker::v1::Registry::service_full_name()});
-  if (registry->etcd()) router.FollowRegistry(*registry, absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port));
+  if (registry->shared()) router.FollowRegistry(*registry, absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port));
   std::unique_ptr<dd::MetricsServer> exposer;
   std::string metrics_at = "off";
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {

@@ -14,7 +14,7 @@
 
 namespace dd::router {
 
-absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const EtcdClient::Held& value,
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const RegistryRecord& value,
                                double now_unix, dd::worker::v1::RegisterRequest* r) {
   if (value.value.size() > kMaxWorkerRecordBytes) return absl::InvalidArgumentError("larger than 64 KiB");
   absl::StatusOr<std::string> json = VerifyRecord(secret, key, value.value);

@@ -36,7 +36,7 @@ struct Placement {
 // The reason otherwise.
 constexpr size_t kMaxWorkerRecordBytes = 64 << 10;
 constexpr double kMaxRecordAgeSeconds = 600;  // workers rewrite theirs every heartbeat
-absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const EtcdClient::Held& value,
+absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key, const RegistryRecord& value,
                                double now_unix, dd::worker::v1::RegisterRequest* r);
 
 class WorkerRegistry {

@@ -227,7 +227,7 @@ TEST(RegistryTest, AWorkerRecordIsTakenOnlySignedForItsKeyFreshAndUnderALease) {
   const std::string key = "/dd/workers/w1";
   const double now = 1.8e9;
   const std::string json = R"({"workerId": "w1", "address": "127.0.0.1:1", "publishedUnixSeconds": 1800000000})";
-  auto held = [](std::string v, int64_t lease = 7) { return EtcdClient::Held{std::move(v), lease}; };
+  auto held = [](std::string v, int64_t lease = 7) { return RegistryRecord{std::move(v), lease}; };
   dd::worker::v1::RegisterRequest r;
   EXPECT_TRUE(ParseWorkerRecord(secret, key, held(SignRecord(secret, key, json)), now, &r).ok());
   EXPECT_EQ(r.address(), "127.0.0.1:1");

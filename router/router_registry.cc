@@ -23,12 +23,12 @@ using Wall = std::chrono::system_clock;
 namespace {
 
 // Follows `prefix` and keeps in `count` how many of its keys hold a record `valid` accepts.
-std::unique_ptr<EtcdFollower> CountingFollower(std::shared_ptr<EtcdClient> client, const std::string& prefix,
-                                               std::atomic<int64_t>* count,
-                                               std::function<bool(const std::string&, const EtcdClient::Held&)> valid) {
+std::unique_ptr<RegistryFollower> CountingFollower(ClusterRegistry& registry, const std::string& prefix,
+                                                   std::atomic<int64_t>* count,
+                                                   std::function<bool(const std::string&, const RegistryRecord&)> valid) {
   auto keys = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
-  EtcdFollower::Handler h;
-  h.reset = [keys, valid, count](const std::map<std::string, EtcdClient::Held>& values) {
+  RegistryFollower::Handler h;
+  h.reset = [keys, valid, count](const std::map<std::string, RegistryRecord>& values) {
     std::lock_guard<std::mutex> lk(keys->first);
     keys->second.clear();
     for (const auto& [key, value] : values) {
@@ -36,7 +36,7 @@ std::unique_ptr<EtcdFollower> CountingFollower(std::shared_ptr<EtcdClient> clien
     }
     *count = static_cast<int64_t>(keys->second.size());
   };
-  h.put = [keys, valid, count](const std::string& key, const EtcdClient::Held& value) {
+  h.put = [keys, valid, count](const std::string& key, const RegistryRecord& value) {
     std::lock_guard<std::mutex> lk(keys->first);
     if (valid(key, value) && keys->second.size() < 1024) keys->second.insert(key);
     else keys->second.erase(key);
@@ -47,7 +47,7 @@ std::unique_ptr<EtcdFollower> CountingFollower(std::shared_ptr<EtcdClient> clien
     keys->second.erase(key);
     *count = static_cast<int64_t>(keys->second.size());
   };
-  return std::make_unique<EtcdFollower>(std::move(client), prefix, std::move(h));
+  return registry.Follow(prefix, std::move(h));
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   };
   // A bad record is logged once per key (workers rewrite theirs every heartbeat).
   auto refused = std::make_shared<std::pair<std::mutex, std::set<std::string>>>();
-  auto parse = [this, refused](const std::string& key, const EtcdClient::Held& value,
+  auto parse = [this, refused](const std::string& key, const RegistryRecord& value,
                                dd::worker::v1::RegisterRequest* r) {
     const double now = std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
     const absl::Status st = ParseWorkerRecord(options_.cluster_secret, key, value, now, r);
@@ -74,8 +74,8 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     }
     return st.ok();
   };
-  EtcdFollower::Handler w;
-  w.reset = [this, parse](const std::map<std::string, EtcdClient::Held>& values) {
+  RegistryFollower::Handler w;
+  w.reset = [this, parse](const std::map<std::string, RegistryRecord>& values) {
     std::vector<dd::worker::v1::RegisterRequest> records;
     for (const auto& [key, value] : values) {
       dd::worker::v1::RegisterRequest r;
@@ -84,7 +84,7 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
     registry_.Reset(records);
     LOG(INFO) << "registry: " << records.size() << " workers listed in etcd";
   };
-  w.put = [this, note_lag, parse](const std::string& key, const EtcdClient::Held& value) {
+  w.put = [this, note_lag, parse](const std::string& key, const RegistryRecord& value) {
     dd::worker::v1::RegisterRequest r;
     if (!parse(key, value, &r)) {
       registry_.Remove(key.substr(key.rfind('/') + 1));  // a bad record replaces a good one: the worker is gone
@@ -98,17 +98,17 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   w.erase = [this, workers](const std::string& key) {
     if (key.size() > workers.size()) registry_.Remove(key.substr(workers.size()));
   };
-  workers_follower_ = std::make_unique<EtcdFollower>(registry.client, workers, std::move(w));
+  workers_follower_ = registry.backend->Follow(workers, std::move(w));
   const std::string secret = options_.cluster_secret;
   // A replica counts when its record is signed for its key and held under a lease.
-  routers_follower_ = CountingFollower(registry.client, registry.prefix + "routers/", &replicas_,
-                                       [secret](const std::string& key, const EtcdClient::Held& v) {
+  routers_follower_ = CountingFollower(*registry.backend, registry.prefix + "routers/", &replicas_,
+                                       [secret](const std::string& key, const RegistryRecord& v) {
                                          return v.lease != 0 && v.value.size() <= 4096 &&
                                                 VerifyRecord(secret, key, v.value).ok();
                                        });
   // KV pools (proto/pool_record.h) are counted; workers find theirs themselves.
-  pools_follower_ = CountingFollower(registry.client, registry.prefix + "pools/", &pools_,
-                                     [secret](const std::string& key, const EtcdClient::Held& v) {
+  pools_follower_ = CountingFollower(*registry.backend, registry.prefix + "pools/", &pools_,
+                                     [secret](const std::string& key, const RegistryRecord& v) {
                                        const double now =
                                            std::chrono::duration<double>(Wall::now().time_since_epoch()).count();
                                        return ParsePoolRecord(secret, key, v, now).ok();
@@ -116,9 +116,9 @@ void RouterService::FollowRegistry(const RegistryConfig& registry, const std::st
   const std::string key = registry.prefix + "routers/" + RandomHex(1);
   const std::string record = SignRecord(options_.cluster_secret, key, nlohmann::json({{"address", address}}).dump());
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * options_.heartbeat_interval.count() + 999) / 1000);
-  membership_ = std::make_unique<EtcdMembership>(
-      registry.client, key, [record] { return record; },
-      [](const std::string&) { return false; }, options_.heartbeat_interval, ttl_seconds);
+  membership_ = registry.backend->Join(
+      key, [record] { return record; }, [](const std::string&) { return false; }, options_.heartbeat_interval,
+      ttl_seconds);
 }
 
 int64_t RouterService::registry_resyncs() const {

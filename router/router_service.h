@@ -137,8 +137,8 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   std::shared_ptr<void> collectable_;
   std::atomic<int64_t> replicas_{1}, registry_lag_ms_{0}, pools_{0};
-  std::unique_ptr<EtcdFollower> workers_follower_, routers_follower_, pools_follower_;
-  std::unique_ptr<EtcdMembership> membership_;
+  std::unique_ptr<RegistryFollower> workers_follower_, routers_follower_, pools_follower_;
+  std::unique_ptr<RegistryMembership> membership_;
 };
 
 }  // namespace dd::router

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   if (!tls.ok()) return fail(tls.status());
   auto registry = dd::RegistryFromFlags();
   if (!registry.ok()) return fail(registry.status());
-  if (registry->etcd() && !absl::GetFlag(FLAGS_router).empty()) {
+  if (registry->shared() && !absl::GetFlag(FLAGS_router).empty()) {
     return fail(absl::InvalidArgumentError("give --router (one router) or --registry etcd://... (any router), not both"));
   }
   // A pool found in the registry (proto/pool_record.h): waited for here, looked up again by the
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   if (dd::IsRegistryKvStore(engine_options->kv_store)) {
     auto reach = dd::ParseRegistryKvStore(engine_options->kv_store);
     if (!reach.ok()) return fail(reach.status());
-    if (!registry->etcd()) {
+    if (!registry->shared()) {
       return fail(absl::InvalidArgumentError(absl::StrCat("--kv_store ", engine_options->kv_store,
                                                           " finds the pool in etcd: give --registry etcd://...")));
     }
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     if (absl::Status st = (*node)->metrics().Serve(m, (*node)->scheduler()); !st.ok()) return fail(st);
     metrics_at = absl::StrCat(m.substr(0, m.rfind(':')), ":", (*node)->metrics().port());
   }
-  if (registry->etcd()) {
+  if (registry->shared()) {
     (*node)->StartMembership(*registry, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)));
   } else if (const std::string router = absl::GetFlag(FLAGS_router); !router.empty()) {
     (*node)->StartHeartbeats(router, std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_ms)),

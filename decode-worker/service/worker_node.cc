@@ -110,7 +110,7 @@ void WorkerNode::StartMembership(const RegistryConfig& registry, std::chrono::mi
            r.address() == service.identity().address;
   };
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);
-  membership_ = std::make_unique<EtcdMembership>(registry.client, key, record, may_take, interval, ttl_seconds);
+  membership_ = registry.backend->Join(key, record, may_take, interval, ttl_seconds);
 }
 
 WorkerNode::~WorkerNode() {

@@ -43,7 +43,7 @@ class WorkerNode {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<Heartbeater> heartbeater_;
-  std::unique_ptr<EtcdMembership> membership_;
+  std::unique_ptr<RegistryMembership> membership_;
 };
 
 }  // namespace dd::worker

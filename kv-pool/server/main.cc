@@ -92,7 +92,7 @@ std::string HostName() {
 }
 
 // Holds this pool's record in etcd (proto/pool_record.h) until destroyed.
-std::unique_ptr<dd::EtcdMembership> Register(const dd::RegistryConfig& registry, const std::string& secret,
+std::unique_ptr<dd::RegistryMembership> Register(const dd::RegistryConfig& registry, const std::string& secret,
                                              dd::PoolRecord record) {
   const std::string key = registry.prefix + "pools/" + record.pool_id;
   const auto interval = std::chrono::milliseconds(std::max<int64_t>(100, absl::GetFlag(FLAGS_heartbeat_ms)));
@@ -109,7 +109,7 @@ std::unique_ptr<dd::EtcdMembership> Register(const dd::RegistryConfig& registry,
     return r.ok() && r->address == address;
   };
   const int64_t ttl_seconds = std::max<int64_t>(2, (6 * interval.count() + 999) / 1000);
-  return std::make_unique<dd::EtcdMembership>(registry.client, key, value, may_take, interval, ttl_seconds);
+  return registry.backend->Join(key, value, may_take, interval, ttl_seconds);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -285,8 +285,8 @@ int main(int argc, char** argv) {
   std::printf("dd-kv-pool: listening on %s:%d metrics %s\n", listen.substr(0, listen.rfind(':')).c_str(), port,
               metrics_at.c_str());
   std::fflush(stdout);
-  std::unique_ptr<dd::EtcdMembership> membership;
-  if (registry->etcd()) {
+  std::unique_ptr<dd::RegistryMembership> membership;
+  if (registry->shared()) {
     dd::PoolRecord record;
     record.pool_id = absl::GetFlag(FLAGS_pool_id).empty() ? absl::StrCat(HostName(), "-", getpid()) : absl::GetFlag(FLAGS_pool_id);
     std::string host = absl::GetFlag(FLAGS_advertise_host);
