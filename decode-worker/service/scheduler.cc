@@ -480,8 +480,16 @@ void Scheduler::Emit(Request& r, const float* logits) {
   }
   if (!stop.empty()) r.text->Finish();
   e.text = r.text->Delta();
-  if (!e.tokens.empty() || !e.text.empty()) r.stream->Push(std::move(e));
-  if (!stop.empty()) Finish(r, absl::OkStatus(), stop);
+  // Text a stop releases with no token of its own (held back while it could have begun a stop
+  // string) goes out with the final message: a text-only message would share its index with the
+  // client's last token message, and a reconnect at that index could not tell whether the
+  // client has it (docs/decisions/0050-resumable-streams.md).
+  const bool tail_only = !stop.empty() && e.tokens.empty();
+  if (!tail_only && (!e.tokens.empty() || !e.text.empty())) r.stream->Push(std::move(e));
+  if (!stop.empty()) {
+    Finish(r, absl::OkStatus(), stop);
+    if (tail_only) r.final_event.text = std::move(e.text);
+  }
 }
 
 void Scheduler::Finish(Request& r, absl::Status status, const std::string& stop_reason) {

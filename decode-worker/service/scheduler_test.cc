@@ -6,6 +6,7 @@
 #include "decode-worker/engine/gemma_test_fixture.h"
 #include "gtest/gtest.h"
 
+#include <algorithm>
 #include <thread>
 
 namespace dd::worker {
@@ -184,6 +185,62 @@ TEST_F(SchedulerTest, ResumedRequestContinuesWithoutRepeats) {
   EXPECT_TRUE(end.tokens.empty());
   EXPECT_EQ(end.final.stop_reason, "max_tokens");
   EXPECT_EQ(head + end.text, whole.text);
+}
+
+// A stop string that begins inside a token: the text before it has no token of its own and
+// goes out with the final message, so every other message carries a token and a reconnect at a
+// message's end index never gets text twice.
+TEST_F(SchedulerTest, TextAStopReleasesGoesWithTheFinalMessage) {
+  engine::EngineOptions eo{.threads = 2};
+  auto eng = engine::Engine::Create(*model_, eo);
+  ASSERT_TRUE(eng.ok());
+  Scheduler sched(**eng, {});
+  RequestSpec s = Spec("free", Prompts()[0], 24);
+  s.stop_at_eos = false;
+  const Outcome whole = Drain(**sched.Submit(s));
+  ASSERT_EQ(whole.tokens.size(), 24u);
+  // The first token after the third whose text is two or more ASCII characters, the last of them
+  // new to the output: a stop string of that character begins inside the token, and the
+  // characters before it are released with no token.
+  const model::Tokenizer& tok = eng->get()->tokenizer();
+  std::string text;
+  size_t k = 0, before = 0;
+  for (; k < whole.tokens.size(); ++k) {
+    const std::string piece = tok.TokenBytes(whole.tokens[k]);
+    const bool ascii = std::all_of(piece.begin(), piece.end(), [](char c) { return c > 0; });
+    if (!ascii) break;
+    if (k >= 3 && piece.size() >= 2 && (text + piece).find(piece.back()) == text.size() + piece.size() - 1) {
+      before = text.size() + piece.size() - 1;
+      text += piece;
+      break;
+    }
+    text += piece;
+  }
+  ASSERT_GT(before, 0u) << "no ASCII token of two characters whose last character is new to the output";
+  ASSERT_EQ(whole.text.compare(0, text.size(), text), 0) << "the output streams as its tokens' bytes";
+  RequestSpec cut = s;
+  cut.id = "cut";
+  cut.stop_strings = {text.substr(before)};
+  auto stream = sched.Submit(cut);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::vector<StreamEvent> events;
+  for (bool end = false; !end;) {
+    for (StreamEvent& e : (*stream)->Wait(std::chrono::milliseconds(100))) {
+      end = e.final;
+      events.push_back(std::move(e));
+    }
+  }
+  std::string got;
+  for (const StreamEvent& e : events) {
+    got += e.text;
+    if (!e.final) {
+      EXPECT_FALSE(e.tokens.empty()) << "a message with text and no token at index " << e.first_index;
+    }
+  }
+  EXPECT_EQ(got, text.substr(0, before));
+  EXPECT_EQ(events.back().stop_reason, "stop_string");
+  EXPECT_EQ(events.back().first_index, static_cast<int64_t>(k));
+  EXPECT_FALSE(events.back().text.empty()) << "the released text rides on the final message";
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSlotAndMemory) {
