@@ -1,6 +1,7 @@
 #include "proto/etcd_membership.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -112,6 +113,12 @@ absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::s
     return absl::PermissionDeniedError("a record not signed with this cluster's secret for this key");
   }
   return std::string(record);
+}
+
+std::string RecordAge(double age_seconds) {
+  if (!std::isfinite(age_seconds) || std::abs(age_seconds) > 1e15) return "at no valid time";
+  const int64_t s = static_cast<int64_t>(std::llround(age_seconds));
+  return s >= 0 ? absl::StrCat(s, " s ago") : absl::StrCat(-s, " s ahead of this clock");
 }
 
 EtcdMembership::EtcdMembership(std::shared_ptr<EtcdClient> client, std::string key, std::function<std::string()> value,

@@ -42,6 +42,9 @@ std::string SignRecord(const std::string& secret, const std::string& key, const 
 // The record of `value` at `key`: PERMISSION_DENIED when `secret` is set and `value` is unsigned
 // or its signature does not match. With no secret, a signed value's record is taken as is.
 absl::StatusOr<std::string> VerifyRecord(const std::string& secret, const std::string& key, const std::string& value);
+// How long ago a record was written, in words for an error: "700 s ago", "30 s ahead of this
+// clock", or "at no valid time".
+std::string RecordAge(double age_seconds);
 
 class EtcdMembership : public RegistryMembership {
  public:

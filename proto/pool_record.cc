@@ -68,8 +68,8 @@ absl::StatusOr<PoolRecord> ParsePoolRecord(const std::string& secret, const std:
     return absl::InvalidArgumentError(absl::StrCat("names pool '", r.pool_id, "' under another key"));
   }
   if (!secret.empty() && !(std::abs(now_unix - r.published_unix_seconds) <= kMaxRecordAgeSeconds)) {
-    return absl::PermissionDeniedError(absl::StrCat("written ", static_cast<int64_t>(now_unix - r.published_unix_seconds),
-                                                    " s from now (a replayed record, or clocks apart)"));
+    return absl::PermissionDeniedError(absl::StrCat("written ", RecordAge(now_unix - r.published_unix_seconds),
+                                                    " (a replayed record, or clocks apart)"));
   }
   if (value.lease == 0) return absl::InvalidArgumentError("held under no lease (it would never expire)");
   return r;
@@ -110,51 +110,54 @@ absl::StatusOr<PoolRecord> PickPool(const std::map<std::string, PoolRecord>& poo
 
 PoolLocator::PoolLocator(const RegistryConfig& registry, std::string secret, std::string node, PoolReach reach)
     : secret_(std::move(secret)), node_(std::move(node)), reach_(reach) {
-  auto parse = [this](const std::string& key, const RegistryRecord& value) -> absl::StatusOr<PoolRecord> {
-    absl::StatusOr<PoolRecord> r = ParsePoolRecord(secret_, key, value, NowUnix());
-    if (!r.ok()) {  // records are rewritten every interval: log a bad one now and then
-      LOG_EVERY_N(WARNING, 64) << "registry: ignoring the pool record at " << absl::CHexEscape(key) << ": "
-                               << r.status().message();
-    }
-    return r;
-  };
   RegistryFollower::Handler h;
-  h.reset = [this, parse](const std::map<std::string, RegistryRecord>& values) {
-    std::map<std::string, PoolRecord> pools;
-    for (const auto& [key, value] : values) {
-      if (pools.size() >= 4096) break;
-      if (absl::StatusOr<PoolRecord> r = parse(key, value); r.ok()) pools[key] = *std::move(r);
-    }
-    Set(std::move(pools));
-  };
-  h.put = [this, parse](const std::string& key, const RegistryRecord& value) {
-    absl::StatusOr<PoolRecord> r = parse(key, value);
+  h.reset = [this](const std::map<std::string, RegistryRecord>& values) {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!r.ok()) {
-      pools_.erase(key);
-    } else if (pools_.size() < 4096 || pools_.count(key)) {
-      pools_[key] = *std::move(r);
-    }
+    pools_.clear();
+    refused_.clear();
+    for (const auto& [key, value] : values) ApplyLocked(key, value);
+    cv_.notify_all();
+  };
+  h.put = [this](const std::string& key, const RegistryRecord& value) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ApplyLocked(key, value);
     cv_.notify_all();
   };
   h.erase = [this](const std::string& key) {
     std::lock_guard<std::mutex> lk(mu_);
     pools_.erase(key);
+    refused_.erase(key);
   };
   follower_ = registry.backend->Follow(registry.prefix + "pools/", std::move(h));
 }
 
 PoolLocator::~PoolLocator() { follower_.reset(); }
 
-void PoolLocator::Set(std::map<std::string, PoolRecord> pools) {
-  std::lock_guard<std::mutex> lk(mu_);
-  pools_ = std::move(pools);
-  cv_.notify_all();
+void PoolLocator::ApplyLocked(const std::string& key, const RegistryRecord& value) {
+  constexpr size_t kMaxKeys = 4096;  // records under the prefix that are kept (or remembered as refused)
+  absl::StatusOr<PoolRecord> r = ParsePoolRecord(secret_, key, value, NowUnix());
+  if (r.ok()) {
+    refused_.erase(key);
+    if (pools_.size() < kMaxKeys || pools_.count(key)) pools_[key] = *std::move(r);
+    return;
+  }
+  pools_.erase(key);
+  // Records are rewritten every interval: a bad one is logged when it first appears or changes.
+  auto it = refused_.find(key);
+  if (it != refused_.end() && it->second == r.status().message()) return;
+  if (it == refused_.end() && refused_.size() >= kMaxKeys) return;
+  LOG(WARNING) << "registry: ignoring the pool record at " << absl::CHexEscape(key) << ": " << r.status().message();
+  refused_[key] = std::string(r.status().message());
 }
 
 absl::StatusOr<std::string> PoolLocator::LocateLocked() const {
   absl::StatusOr<PoolRecord> r = PickPool(pools_, node_, reach_);
-  if (!r.ok()) return r.status();
+  if (!r.ok()) {
+    if (refused_.empty()) return r.status();
+    const auto& [key, why] = *refused_.begin();
+    return absl::Status(r.status().code(), absl::StrCat(r.status().message(), "; ", refused_.size(),
+                                                        " records refused, such as ", absl::CHexEscape(key), ": ", why));
+  }
   return absl::StrCat(reach_ == PoolReach::kShm ? "shm://" : "ucx://", r->address);
 }
 

@@ -62,13 +62,14 @@ class PoolLocator {
   absl::StatusOr<std::string> Wait(std::chrono::milliseconds wait, const std::function<void(int64_t)>& progress) const;
 
  private:
-  void Set(std::map<std::string, PoolRecord> pools);
-  absl::StatusOr<std::string> LocateLocked() const;  // mu_ held
+  void ApplyLocked(const std::string& key, const RegistryRecord& value);  // mu_ held
+  absl::StatusOr<std::string> LocateLocked() const;                          // mu_ held
   const std::string secret_, node_;
   const PoolReach reach_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::map<std::string, PoolRecord> pools_;  // mu_
+  std::map<std::string, PoolRecord> pools_;    // mu_: the valid records
+  std::map<std::string, std::string> refused_;  // mu_: the others, with the reason
   std::unique_ptr<RegistryFollower> follower_;
 };
 

@@ -1,7 +1,9 @@
 #include "proto/pool_record.h"
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -82,6 +84,51 @@ TEST(PoolRecord, PicksThePoolOnTheNodeTheNewestFirst) {
   pools["/p/pools/new"].ucx = pools["/p/pools/old"].ucx = false;
   EXPECT_TRUE(absl::IsNotFound(PickPool(pools, "node-a", PoolReach::kUcx).status())) << "no pool serves ucx://";
   EXPECT_EQ(PickPool(pools, "node-a", PoolReach::kShm)->pool_id, "new") << "shm needs no ucx";
+}
+
+// A registry held in this process: Follow hands the handler to the test, which plays etcd.
+class HandRegistry : public ClusterRegistry {
+ public:
+  std::unique_ptr<RegistryMembership> Join(std::string, std::function<std::string()>,
+                                           std::function<bool(const std::string&)>, std::chrono::milliseconds,
+                                           int64_t) override {
+    return std::make_unique<RegistryMembership>();
+  }
+  std::unique_ptr<RegistryFollower> Follow(std::string prefix, RegistryFollower::Handler handler) override {
+    EXPECT_EQ(prefix, "/dd/pools/");
+    handler_ = std::move(handler);
+    struct None : RegistryFollower {
+      int64_t resyncs() const override { return 0; }
+    };
+    return std::make_unique<None>();
+  }
+  RegistryFollower::Handler handler_;
+};
+
+TEST(PoolLocator, FollowsRecordsWaitsAndSaysWhyNoneFits) {
+  auto hand = std::make_shared<HandRegistry>();
+  RegistryConfig config{.url = "hand", .prefix = "/dd/", .backend = hand};
+  PoolLocator locator(config, kSecret, "node-a", PoolReach::kShm);
+  const auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string k1 = "/dd/pools/p1", k2 = "/dd/pools/p2";
+  // A listing with one record signed with another secret: nothing fits, and the refusal is named.
+  hand->handler_.reset({{k1, {SignRecord("another secret of enough length!", k1, PoolRecordJson(Record("p1", "node-a", now))), 7}}});
+  absl::StatusOr<std::string> none = locator.Locate();
+  ASSERT_TRUE(absl::IsNotFound(none.status()));
+  EXPECT_NE(none.status().message().find("1 records refused"), std::string::npos) << none.status();
+  EXPECT_NE(none.status().message().find("not signed with this cluster's secret"), std::string::npos) << none.status();
+  // Wait returns once a valid record arrives, from another thread as the follower's (before or
+  // during the wait: the answer is the same).
+  PoolRecord p2 = Record("p2", "node-a", now);
+  std::thread writer([&] { hand->handler_.put(k2, Signed(k2, PoolRecordJson(p2))); });
+  absl::StatusOr<std::string> at = locator.Wait(std::chrono::seconds(30), [](int64_t) {});
+  writer.join();
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, "shm://" + p2.address);
+  // Its key erased: gone again.
+  hand->handler_.erase(k2);
+  EXPECT_FALSE(locator.Locate().ok());
+  EXPECT_TRUE(absl::IsNotFound(locator.Wait(std::chrono::milliseconds(10), [](int64_t) {}).status()));
 }
 
 TEST(PoolRecord, ParsesRegistryStoreUris) {

@@ -27,8 +27,8 @@ absl::Status ParseWorkerRecord(const std::string& secret, const std::string& key
     return absl::InvalidArgumentError(absl::StrCat("names worker '", r->worker_id(), "' under another key"));
   }
   if (!secret.empty() && !(std::abs(now_unix - r->published_unix_seconds()) <= kMaxRecordAgeSeconds)) {
-    return absl::PermissionDeniedError(absl::StrCat("written ", static_cast<int64_t>(now_unix - r->published_unix_seconds()),
-                                                    " s from now (a replayed record, or clocks apart)"));
+    return absl::PermissionDeniedError(absl::StrCat("written ", RecordAge(now_unix - r->published_unix_seconds()),
+                                                    " (a replayed record, or clocks apart)"));
   }
   if (value.lease == 0) return absl::InvalidArgumentError("held under no lease (it would never expire)");
   return absl::OkStatus();

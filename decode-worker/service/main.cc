@@ -82,6 +82,11 @@ int main(int argc, char** argv) {
       gethostname(host, sizeof(host) - 1);
       node = host;
     }
+    if (secret->empty()) {
+      std::fprintf(stderr, "dd-decode-worker: warning: no --cluster_secret_file, so pool records are taken unsigned: "
+                           "anyone who can write to etcd can send this worker, its pool token and its KV to a pool "
+                           "of theirs\n");
+    }
     pools = std::make_shared<dd::PoolLocator>(*registry, *secret, node, *reach);
     const int64_t wait_ms = absl::GetFlag(FLAGS_kv_pool_wait_ms);
     auto uri = pools->Wait(std::chrono::milliseconds(std::max<int64_t>(0, wait_ms)), [&](int64_t waited) {

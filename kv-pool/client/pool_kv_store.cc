@@ -35,12 +35,14 @@ absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
 
 std::unique_ptr<v1::KvPool::Stub> NewStub(const PoolClientOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
   if (!options.tls_ca_pem.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca_pem;
     creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  return v1::KvPool::NewStub(grpc::CreateChannel(options.address, creds));
+  return v1::KvPool::NewStub(grpc::CreateCustomChannel(options.address, creds, args));
 }
 
 class PoolKvStore : public KvStore {
@@ -75,12 +77,15 @@ class PoolKvStore : public KvStore {
     renew_cv_.notify_all();
     if (renewer_.joinable()) renewer_.join();
     queue_.Drain();  // transfers of the old connection fail fast (the data path is aborted)
+    std::vector<uint64_t> stale;  // the pool's ids of the old connection's sequences
     {
       std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, seq] : seqs_) stale.push_back(seq.remote);
       seqs_.clear();  // they lived in the lost pool (its leases expire there, if it comes back)
       bytes_ = 0;
       stop_ = false;
     }
+    const uint64_t old_instance = instance_;
     data_.reset();
     lost_.store(false, std::memory_order_release);
     if (options_.locate) {  // the pool may be back elsewhere
@@ -94,6 +99,16 @@ class PoolKvStore : public KvStore {
       }
     }
     absl::Status st = Connect();
+    if (st.ok() && instance_ == old_instance) {
+      // The same pool process: only the connection broke. What the old sequences hold is
+      // freed now rather than when their leases run out, so the rebuilt requests fit its quota.
+      for (uint64_t remote : stale) {
+        v1::ReleaseRequest req;
+        req.set_sequence(remote);
+        v1::ReleaseResponse resp;
+        (void)Call("release", [&](grpc::ClientContext* c) { return stub_->Release(c, req, &resp); });
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok()) {
       lost_.store(true, std::memory_order_release);
@@ -349,11 +364,22 @@ class PoolKvStore : public KvStore {
     ctx.AddMetadata("authorization", "Bearer " + options_.token);
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.rpc_timeout_ms));
     const grpc::Status st = f(&ctx);
-    // The pool serves no UNAVAILABLE of its own: the connection failed, and the store is lost
-    // now (not only at the next lease renewal), so that Recover reconnects, where the pool's
-    // PoolLocate says when it has one. Called with mu_ free.
-    if (st.error_code() == grpc::StatusCode::UNAVAILABLE && what != "handshake") return Lost(FromGrpc(st, what));
+    // The pool serves no UNAVAILABLE of its own: the connection failed. When the pool does not
+    // answer a health check either, the store is lost now (not only at the next lease renewal),
+    // so that Recover reconnects, where the pool's PoolLocate says when it has one; a broken
+    // connection to a live pool (a GOAWAY) is only this call's error. Called with mu_ free.
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE && what != "handshake" && what != "health" &&
+        what != "renew" && !Answers()) {
+      return Lost(FromGrpc(st, what));
+    }
     return FromGrpc(st, what);
+  }
+  bool Answers() {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + options_.token);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options_.rpc_timeout_ms));
+    v1::HealthResponse h;
+    return stub_->Health(&ctx, {}, &h).ok();
   }
 
   absl::Status Broken() const {
@@ -485,6 +511,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
     ss << f.rdbuf();
     ca = ss.str();
   }
+  const char* tls_name = std::getenv("DD_KV_POOL_TLS_NAME");
   UcxPath ucx_path = UcxPath::kAuto;
   if (const char* p = std::getenv("DD_UCX_PATH"); p != nullptr && *p != '\0') {
     const std::string v(p);
@@ -505,6 +532,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenKvStore(const std::string& uri, con
       return ConnectPoolKvStore(PoolClientOptions{.address = uri.substr(prefix.size()), .token = token,
                                                   .transport = transport, .ucx_path = ucx_path, .link = link,
                                                   .transfer_lanes = lanes, .tls_ca_pem = ca,
+                                                  .tls_server_name = tls_name != nullptr ? tls_name : "",
                                                   .locate = std::move(locate)});
     }
   }

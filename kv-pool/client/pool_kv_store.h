@@ -37,6 +37,9 @@ struct PoolClientOptions {
   int64_t rpc_timeout_ms = 5000;
   int64_t first_extent_chunks = 256;  // chunks reserved at Open; extents double after that
   std::string tls_ca_pem{};     // non-empty: gRPC over TLS, trusting this CA (PEM text)
+  // With TLS: the name the pool's certificate must carry, when the address is not it (a pool
+  // found in a registry is dialled at its pod IP). Empty: the address's host.
+  std::string tls_server_name{};
   PoolLocate locate{};          // set: Recover dials the address it gives (same scheme)
 };
 
@@ -46,7 +49,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> ConnectPoolKvStore(const PoolClientOpti
 // "ucx://HOST:PORT" → a pool reached over UCX (HOST:PORT is its gRPC endpoint); several
 // pool URIs separated by commas → layers striped over them (NewShardedKvStore).
 // The token comes from `token` (callers read it from the environment or a file, never the URI).
-// When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA. $DD_UCX_PATH
+// When $DD_KV_POOL_CA names a PEM file, control calls use TLS trusting that CA (and
+// $DD_KV_POOL_TLS_NAME, when set, is the name the pool's certificate must carry). $DD_UCX_PATH
 // (am, rma, auto; default auto) picks the ucx:// data path; $DD_KV_TRANSFER_LANES (0-16,
 // default 1) sets PoolClientOptions::transfer_lanes. `locate` (one pool only): see PoolLocate.
 // Whether host:port names this machine (loopback or its hostname).

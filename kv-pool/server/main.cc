@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -167,6 +168,13 @@ int main(int argc, char** argv) {
   auto registry = dd::RegistryFromFlags();
   if (!registry.ok()) {
     std::cerr << "dd-kv-pool: " << registry.status().message() << "\n";
+    return 2;
+  }
+  if (const std::string listen = absl::GetFlag(FLAGS_listen); registry->shared() &&
+      absl::GetFlag(FLAGS_advertise_host).empty() && !listen.empty() &&
+      (absl::StartsWith(listen, "0.0.0.0:") || absl::StartsWith(listen, "[::]:") || listen.front() == ':')) {
+    std::cerr << "dd-kv-pool: --listen " << listen << " is every interface: give --advertise_host, the address "
+              << "workers should dial, to register in " << registry->url << "\n";
     return 2;
   }
   auto secret = dd::ClusterSecretFromFlags();
