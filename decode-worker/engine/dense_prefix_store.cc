@@ -23,12 +23,12 @@ absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, k
     // A sliding layer needs only the rows its decode-time ring keeps.
     const int64_t keep_from = config_.layer_is_swa[l] ? std::max<int64_t>(0, tokens - config_.sliding_window - 1) : 0;
     const int64_t first = keep_from / C * C, chunks = tokens / C;
-    krows.assign((tokens - first) * row, 0);
-    vrows.assign(krows.size(), 0);
-    for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
+    krows.resize((tokens - first) * row);
+    vrows.resize(krows.size());
+    for (int64_t c0 = own != 0 ? 0 : first / C; c0 < chunks; c0 += kBatch) {
       const int64_t c1 = std::min(chunks, c0 + kBatch);
       RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
-      RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
+      if (own != 0) RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
       const int64_t from = std::max(first, c0 * C), to = c1 * C;
       if (from < to) {
         std::memcpy(&krows[(from - first) * row], &k[(from - c0 * C) * row], (to - from) * row);
@@ -36,6 +36,21 @@ absl::Status DensePrefixStore::Restore(int32_t seq, kvpool::SequenceId handle, k
       }
     }
     RETURN_IF_ERROR(dense_.LoadRows(seq, l, tokens, krows.data(), vrows.data(), tokens - first));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DensePrefixStore::Copy(kvpool::SequenceId handle, kvpool::SequenceId own, int64_t tokens) {
+  constexpr int64_t kBatch = 64;  // chunks per gather
+  const int64_t chunks = tokens / chunk_;
+  KvRows k, v;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    if (!layers_[l]) continue;
+    for (int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
+      const int64_t c1 = std::min(chunks, c0 + kBatch);
+      RETURN_IF_ERROR(chunks_.ReadRows(handle, l, c0, c1, &k, &v));
+      RETURN_IF_ERROR(chunks_.WriteChunks(own, l, c0, c1, k.data(), v.data()));
+    }
   }
   return absl::OkStatus();
 }

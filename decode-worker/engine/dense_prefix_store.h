@@ -31,9 +31,12 @@ class DensePrefixStore {
   ChunkStore& chunks() { return chunks_; }
   // Loads `tokens` positions (a multiple of the chunk) of store sequence `handle` into the
   // layers of empty slot `seq`: every position of a global layer, the last window + 1 of a
-  // sliding one; the slot's store sequence `own` gets the blocks too, so its prompt can be
-  // committed whole.
+  // sliding one. A slot store sequence `own` (not 0) gets every block too, so its prompt can be
+  // committed whole; with `own` 0 only the blocks the slot keeps are read (Copy gives them to
+  // the slot's sequence later, if it commits more).
   absl::Status Restore(int32_t seq, kvpool::SequenceId handle, kvpool::SequenceId own, int64_t tokens);
+  // Copies the blocks of the first `tokens` positions of the layers from `handle` to `own`.
+  absl::Status Copy(kvpool::SequenceId handle, kvpool::SequenceId own, int64_t tokens);
   // Writes the chunks completed between lengths `from` and `to` of the layers to `own`.
   absl::Status Offload(int32_t seq, kvpool::SequenceId own, int64_t from, int64_t to);
 

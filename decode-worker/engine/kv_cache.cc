@@ -113,6 +113,12 @@ void KvCache::Release(int32_t seq) {
   if (seq >= 0 && seq < static_cast<int32_t>(prefix_salt_.size())) prefix_salt_[seq] = 0;
 }
 
+void KvCache::DropDeferred(int32_t seq) {
+  if (seq < 0 || seq >= static_cast<int32_t>(deferred_.size()) || deferred_[seq].handle == 0) return;
+  (void)store_->Release(deferred_[seq].handle);
+  deferred_[seq] = {};
+}
+
 void KvCache::SetPrefixSalt(int32_t seq, uint64_t salt) {
   if (seq < 0) return;
   if (static_cast<int32_t>(prefix_salt_.size()) <= seq) prefix_salt_.resize(seq + 1, 0);
@@ -141,12 +147,23 @@ int64_t KvCache::RestorePrefix(int32_t seq, absl::Span<const int32_t> tokens, in
   }
   if (match->blocks == 0) return 0;
   const int64_t restored = match->blocks * B;
-  absl::Status st = sparse_ != nullptr ? sparse_->RestorePrefix(seq, match->seq, restored) : absl::OkStatus();
-  if (st.ok()) {
-    auto own = StoreSequence(seq);
-    st = own.ok() ? dense_prefix_->Restore(seq, match->seq, *own, restored) : own.status();
+  absl::Status st;
+  if (sparse_ != nullptr) {
+    st = sparse_->RestorePrefix(seq, match->seq, restored);
+    if (st.ok()) {
+      auto own = StoreSequence(seq);
+      st = own.ok() ? dense_prefix_->Restore(seq, match->seq, *own, restored) : own.status();
+    }
+    (void)store_->Release(match->seq);
+  } else {  // `full`: the slot's sequence gets the prefix at the commit, if ever (Deferred)
+    st = dense_prefix_->Restore(seq, match->seq, /*own=*/0, restored);
+    if (st.ok()) {
+      if (static_cast<int32_t>(deferred_.size()) <= seq) deferred_.resize(seq + 1);
+      deferred_[seq] = {match->seq, restored};
+    } else {
+      (void)store_->Release(match->seq);
+    }
   }
-  (void)store_->Release(match->seq);
   if (!st.ok()) {
     LOG(WARNING) << "prefix restore failed, prefilling the whole prompt: " << st;
     ResetManagers(seq);
@@ -161,6 +178,23 @@ void KvCache::CommitPrefix(int32_t seq, absl::Span<const int32_t> tokens) {
   const kvpool::PrefixNamespace ns = NamespaceOf(seq);
   const std::vector<uint64_t> keys = kvpool::PrefixKeys(ns, tokens);
   if (keys.empty()) return;
+  const Deferred deferred = seq >= 0 && seq < static_cast<int32_t>(deferred_.size()) ? deferred_[seq] : Deferred{};
+  if (deferred.handle != 0) {
+    // `full` mode after a restore: nothing to commit beyond the restored prefix (a repeated
+    // prompt), or the slot's sequence takes the prefix now and commits it whole.
+    const bool more = static_cast<int64_t>(keys.size()) * options_.prefix_block_tokens > deferred.tokens;
+    absl::Status st = absl::OkStatus();
+    if (more) {
+      auto own = StoreSequence(seq);
+      st = own.ok() ? dense_prefix_->Copy(deferred.handle, *own, deferred.tokens) : own.status();
+    }
+    DropDeferred(seq);
+    if (!st.ok()) {
+      LOG(WARNING) << "prefix commit failed (the request goes on): " << st;
+      return;
+    }
+    if (!more) return;
+  }
   if (sparse_ == nullptr && (seq < 0 || seq >= static_cast<int32_t>(own_seq_.size()) || own_seq_[seq] == 0)) {
     return;  // `full` mode: the slot has written no blocks
   }

@@ -153,7 +153,9 @@ class KvCache : public model::AttentionBackend {
   void ResetManagers(int32_t seq) {
     dense_->Reset(seq);
     if (sparse_ != nullptr) sparse_->Reset(seq);
+    DropDeferred(seq);
   }
+  void DropDeferred(int32_t seq);  // releases the slot's Deferred handle
 
   const model::ModelConfig& config_;
   KvCacheOptions options_;
@@ -166,6 +168,14 @@ class KvCache : public model::AttentionBackend {
   // Per slot: the prefix salt (0 = none), and in `full` mode its store sequence (0 = none yet).
   std::vector<uint64_t> prefix_salt_;
   std::vector<kvpool::SequenceId> own_seq_;
+  // `full` mode, per slot: a restored prefix its own sequence does not hold yet (`handle` kept
+  // leased). The commit copies it there only when the prompt has blocks to commit beyond it: a
+  // repeated prompt restores without copying its prefix twice.
+  struct Deferred {
+    kvpool::SequenceId handle = 0;
+    int64_t tokens = 0;
+  };
+  std::vector<Deferred> deferred_;
   int64_t prefix_reused_tokens_ = 0;
 };
 

@@ -140,6 +140,32 @@ TEST_F(PrefixReuseTest, TheInProcessStoreKeepsPrefixesInEveryMode) {
   EXPECT_EQ((*none)->prefix_reused_tokens(), 0);
 }
 
+// `full` mode restores without copying the prefix into the slot's own sequence until the commit
+// needs it: a prompt that extends a restored prefix still commits whole (a third prompt then
+// restores all of it), and a repeated prompt restores its prefix again with the same bits.
+TEST_F(PrefixReuseTest, FullModeCommitsAPromptThatExtendsARestoredPrefix) {
+  std::vector<int32_t> a = Text(0, 700), b = Text(0, 650), c;
+  const std::vector<int32_t> tail = Text(5000, 200), tail2 = Text(7000, 100);
+  b.insert(b.end(), tail.begin(), tail.end());  // 850 tokens: a's first 10 blocks, then 3 of its own
+  c.assign(b.begin(), b.begin() + 840);
+  c.insert(c.end(), tail2.begin(), tail2.end());
+  auto e = Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 64));
+  ASSERT_TRUE(e.ok()) << e.status();
+  Run(**e, a, 0);
+  Run(**e, b, 0);
+  EXPECT_EQ((*e)->prefix_reused_tokens(), 10 * 64);
+  const std::vector<float> reused = Run(**e, c, 4);
+  EXPECT_EQ((*e)->prefix_reused_tokens(), 10 * 64 + 13 * 64) << "c restores b's 13 blocks: b committed them all";
+  const std::vector<float> again = Run(**e, c, 4);
+  EXPECT_EQ((*e)->prefix_reused_tokens(), 10 * 64 + 13 * 64 + 14 * 64) << "c's own 14 blocks, committed by its first run";
+  auto fresh = Engine::Create(*model_, Options(DecodeMode::kFull, "inproc://", 0));
+  ASSERT_TRUE(fresh.ok());
+  const std::vector<float> want = Run(**fresh, c, 4);
+  ASSERT_EQ(reused.size(), want.size());
+  EXPECT_EQ(std::memcmp(reused.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(again.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
 TEST_F(PrefixReuseTest, DifferentModelOrBlockSizeDoesNotMatch) {
   const uint64_t fp = ModelFingerprint(*model_);
   EXPECT_EQ(fp, ModelFingerprint(*model_));
