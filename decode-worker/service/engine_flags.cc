@@ -59,7 +59,7 @@ ABSL_FLAG(std::string, kv_store, "inproc://",
           "pool registered on its --node) or registry://ucx (that pool, else the largest that serves ucx://)");
 ABSL_FLAG(int64_t, prefix_block, -1,
           "Prefix reuse, every mode: key prompts in blocks of this many tokens (a multiple of 8); a prompt starting "
-          "with a stored prefix restores it instead of prefilling it. 0 = off; -1 (default) = 64 when serving "
+          "with a stored prefix restores it instead of prefilling it. 0 = off; -1 (default) = 8 when serving "
           "(ddctl serve, dd-decode-worker), else off");
 ABSL_FLAG(std::string, prefix_cache, "1GiB",
           "Prefix reuse with --kv_store inproc://: bytes of committed prefixes kept after their requests end, "

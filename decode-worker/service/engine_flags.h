@@ -20,8 +20,9 @@ absl::StatusOr<std::unique_ptr<model::LoadedModel>> LoadModelFromFlags();
 // Engine options from the flags; INVALID_ARGUMENT names the flag. The pool token comes from
 // $DD_KV_POOL_TOKEN.
 // `serving` (ddctl serve, dd-decode-worker): prefix reuse on unless --prefix_block says
-// otherwise (kServingPrefixBlock tokens per key), and off with --sparse_layers.
-constexpr int64_t kServingPrefixBlock = 64;
+// otherwise (kServingPrefixBlock tokens per key: one chunk, so a repeated prompt restores all but
+// its last chunk; bench/results/cached-ttft.md), and off with --sparse_layers.
+constexpr int64_t kServingPrefixBlock = 8;
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags(bool serving = false);
 // The start-up device check (engine/device_check.h) for a device other than cpu, and its
 // verdict applied to *o (o->checked_device and the next two fields record it): a pass keeps the device; a device auto
