@@ -77,6 +77,9 @@ absl::Status RunDeviceCheck(const CliConfig& cfg);
 absl::Status RunServe(const CliConfig& cfg);
 absl::Status RunRemoteGenerate(const CliConfig& cfg);
 absl::Status RunHealth(const CliConfig& cfg);
+// DualDecoder.Cancel of the named stream --request_id through a router (the first of --server's
+// list that answers); NOT_FOUND when no worker held it.
+absl::Status RunCancel(const CliConfig& cfg);
 // grpc.health.v1.Health/Check on any of our servers; prints the status, OK only when SERVING.
 absl::Status RunGrpcHealth(const CliConfig& cfg);
 absl::Status RunStats(const CliConfig& cfg);

@@ -97,6 +97,7 @@ constexpr char kUsage[] =
     "  serve      the embedded server: router + worker + in-process pool on --listen (gRPC)\n"
     "  generate --server HOST:PORT   stream a generation from a router or `ddctl serve`\n"
     "  health | stats | workers --server HOST:PORT   router health, counters, worker registry\n"
+    "  cancel --server HOST:PORT --request_id ID   end a stream started with that id, wherever it runs\n"
     "  stats --worker HOST:PORT      a decode worker's load and counters\n"
     "  grpc-health --server HOST:PORT [--service NAME]   gRPC's standard health check (any server)\n";
 
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   else if (cmd == "generate") st = dd::ddctl::RunGenerate(cfg);
   else if (cmd == "serve") st = dd::ddctl::RunServe(cfg);
   else if (cmd == "health") st = dd::ddctl::RunHealth(cfg);
+  else if (cmd == "cancel") st = dd::ddctl::RunCancel(cfg);
   else if (cmd == "grpc-health") st = dd::ddctl::RunGrpcHealth(cfg);
   else if (cmd == "stats") st = dd::ddctl::RunStats(cfg);
   else if (cmd == "workers") st = dd::ddctl::RunWorkers(cfg);

@@ -206,6 +206,32 @@ absl::Status RunHealth(const CliConfig& cfg) {
   return resp.serving() ? absl::OkStatus() : absl::UnavailableError(resp.message());
 }
 
+absl::Status RunCancel(const CliConfig& cfg) {
+  if (cfg.server.empty()) return absl::InvalidArgumentError("cancel needs --server HOST:PORT (a router)");
+  if (cfg.request_id.empty()) {
+    return absl::InvalidArgumentError("cancel needs --request_id: the id the stream was started with");
+  }
+  const std::vector<std::string> servers = absl::StrSplit(cfg.server, ',', absl::SkipEmpty());
+  absl::Status last;
+  for (const std::string& server : servers) {  // any replica will do
+    auto stub = dd::v1::DualDecoder::NewStub(Dial(cfg, server));
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, cfg.deadline_ms);
+    AttachApiKey(&ctx, cfg);
+    dd::v1::CancelRequest req;
+    req.set_request_id(cfg.request_id);
+    dd::v1::CancelResponse resp;
+    last = FromGrpc(stub->Cancel(&ctx, req, &resp), absl::StrCat("cancel via ", server));
+    if (!last.ok() && last.code() == absl::StatusCode::kUnavailable) continue;
+    RETURN_IF_ERROR(last);
+    std::printf("%s\n", cfg.json ? Json(resp).c_str()
+                                  : (resp.found() ? "cancelled" : "no worker holds a stream with this id"));
+    return resp.found() ? absl::OkStatus()
+                        : absl::NotFoundError(absl::StrCat("no stream '", cfg.request_id, "' for this tenant"));
+  }
+  return last;
+}
+
 absl::Status RunGrpcHealth(const CliConfig& cfg) {
   if (cfg.server.empty()) return absl::InvalidArgumentError("grpc-health needs --server HOST:PORT");
   auto stub = grpc::health::v1::Health::NewStub(Dial(cfg, cfg.server));

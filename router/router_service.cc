@@ -525,6 +525,7 @@ grpc::Status RouterService::Relay(grpc::ServerContext* ctx, Relayed r,
       case grpc::StatusCode::OUT_OF_RANGE:
       case grpc::StatusCode::DEADLINE_EXCEEDED:
       case grpc::StatusCode::ALREADY_EXISTS:
+      case grpc::StatusCode::CANCELLED:  // the client's Cancel of its named stream, through any replica
         unqueue();
         return st;
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
@@ -575,6 +576,41 @@ void RouterService::CancelOn(const Placement& worker, const std::string& request
   req.set_request_id(request_id);
   dd::worker::v1::CancelResponse resp;
   (void)worker.stub->Cancel(&ctx, req, &resp);  // best effort: a worker that is gone ends it anyway
+}
+
+grpc::Status RouterService::Cancel(grpc::ServerContext* ctx, const dd::v1::CancelRequest* req,
+                                   dd::v1::CancelResponse* resp) {
+  std::string tenant;
+  grpc::Status st = options_.auth.Tenant(ctx, &tenant);
+  if (st.ok() && req->request_id().empty()) {
+    st = Err(grpc::StatusCode::INVALID_ARGUMENT, "request_id is required: the id the stream was started with");
+  } else if (st.ok()) {
+    if (absl::Status v = ValidateRequestId(req->request_id()); !v.ok()) st = ToGrpc(v);
+  }
+  if (st.ok()) {
+    // Every worker is asked (the stream may have moved), each with a short deadline.
+    dd::worker::v1::CancelRequest wreq;
+    wreq.set_tenant(tenant);
+    wreq.set_client_request_id(req->request_id());
+    std::string failure;
+    bool found = false;
+    for (const Placement& w : registry_.UpWorkers()) {
+      grpc::ClientContext c;
+      AttachClusterSecret(&c, options_.cluster_secret);
+      c.set_deadline(Wall::now() + std::chrono::seconds(2));
+      dd::worker::v1::CancelResponse wr;
+      const grpc::Status ws = w.stub->Cancel(&c, wreq, &wr);
+      if (!ws.ok()) failure = absl::StrCat(w.worker_id, ": ", ws.error_message());
+      found |= ws.ok() && wr.found();
+    }
+    if (!found && !failure.empty()) {
+      st = Err(grpc::StatusCode::UNAVAILABLE, absl::StrCat("could not ask every decode worker for request '",
+                                                           absl::CHexEscape(req->request_id()), "' (", failure,
+                                                           "); retry"));
+    }
+    resp->set_found(found);
+  }
+  return st;
 }
 
 grpc::Status RouterService::Health(grpc::ServerContext*, const dd::v1::HealthRequest*, dd::v1::HealthResponse* resp) {

@@ -76,6 +76,8 @@ class RouterService final : public dd::v1::DualDecoder::Service {
 
   grpc::Status Generate(grpc::ServerContext* ctx, const dd::v1::GenerateRequest* req,
                         grpc::ServerWriter<dd::v1::GenerateResponse>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx, const dd::v1::CancelRequest* req,
+                      dd::v1::CancelResponse* resp) override;
   grpc::Status Health(grpc::ServerContext*, const dd::v1::HealthRequest*, dd::v1::HealthResponse*) override;
   grpc::Status ListModels(grpc::ServerContext*, const dd::v1::ListModelsRequest*, dd::v1::ListModelsResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const dd::v1::ListWorkersRequest*,

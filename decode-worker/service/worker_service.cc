@@ -270,7 +270,17 @@ grpc::Status WorkerService::Attach(grpc::ServerContext* ctx, const dd::worker::v
 grpc::Status WorkerService::Cancel(grpc::ServerContext* ctx, const dd::worker::v1::CancelRequest* req,
                                    dd::worker::v1::CancelResponse* resp) {
   if (grpc::Status auth = CheckClusterSecret(ctx, secret_); !auth.ok()) return auth;
-  resp->set_found(scheduler_.Cancel(req->request_id()));
+  if (req->client_request_id().empty()) {
+    resp->set_found(scheduler_.Cancel(req->request_id()));
+    return grpc::Status::OK;
+  }
+  // A client's named stream: cancelled if it still runs, and its log forgotten either way.
+  std::shared_ptr<KeptStream> kept = keeper_.Find(req->tenant(), req->client_request_id());
+  if (kept != nullptr) {
+    (void)scheduler_.Cancel(kept->submitted().request().request_id());
+    keeper_.Forget(req->tenant(), req->client_request_id(), kept.get());
+  }
+  resp->set_found(kept != nullptr);
   return grpc::Status::OK;
 }
 

@@ -4,7 +4,8 @@ its id and the tokens it has; one that nobody reconnects to is cancelled after t
 import json
 import subprocess
 
-from serving import BIN, Proc, ddctl_json, free_port, metric, start_worker, wait_for, workers_up
+from serving import (BIN, Proc, ddctl, ddctl_json, free_port, metric, secret_file, start_worker, wait_for,
+                     workers_up)
 
 
 def prompt(i):
@@ -72,6 +73,38 @@ def test_a_stream_nobody_reconnects_to_is_cancelled_after_the_grace_window(tmp_p
                  timeout=30)
         assert metric(worker.metrics, "dd_kept_stream_bytes") == 0
         assert metric(worker.metrics, 'dd_worker_requests_total{outcome="cancelled"}') == 1
+    finally:
+        worker.stop()
+        router.stop()
+
+
+def test_a_named_stream_cancelled_by_its_tenant_stops_at_once(tmp_path):
+    """DualDecoder.Cancel: the tenant that named a stream ends it through the router; the worker
+    frees its slot and kept output at once instead of decoding on for the grace window. Another
+    tenant's Cancel of the same id finds nothing and stops nothing."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"tenant": "a", "key": "a" * 40}, {"tenant": "b", "key": "b" * 40}]))
+    keys.chmod(0o600)
+    key_a, key_b = secret_file(tmp_path, "a" * 40), secret_file(tmp_path, "b" * 40)
+    router = Proc("router", ["dd-router", "--heartbeat_timeout_ms=1500", f"--api_keys_file={keys}"], tmp_path)
+    worker = start_worker("cancel-w", router.addr, tmp_path, "--stream_grace_ms=60000")
+    try:
+        wait_for("worker up", lambda: metric(worker.metrics, "dd_batch_size") is not None)
+        p, _ = stream(router.addr, prompt(3), 4000, "long-1", 2, f"--api_key_file={key_a}")
+        wrong = ddctl("cancel", "--server", router.addr, "--request_id=long-1", f"--api_key_file={key_b}")
+        assert wrong.returncode == 1 and "no stream" in wrong.stderr, wrong.stderr
+        assert metric(worker.metrics, "dd_batch_size") == 1, "another tenant's cancel stopped nothing"
+        done = ddctl("cancel", "--server", router.addr, "--request_id=long-1", f"--api_key_file={key_a}")
+        assert done.returncode == 0 and "cancelled" in done.stdout, done.stderr
+        out, err = p.communicate(timeout=120)
+        assert p.returncode != 0 and "CANCELLED" in err, err
+        wait_for("the slot and kept output freed",
+                 lambda: metric(worker.metrics, "dd_batch_size") == 0 and metric(worker.metrics, "dd_kept_streams") == 0,
+                 timeout=30)
+        assert metric(worker.metrics, 'dd_worker_requests_total{outcome="cancelled"}') == 1
+        again = ddctl("cancel", "--server", router.addr, "--request_id=long-1", f"--api_key_file={key_a}")
+        assert again.returncode == 1 and "no stream" in again.stderr, again.stderr
+        assert ddctl("cancel", "--server", router.addr, f"--api_key_file={key_a}").returncode == 2  # no id
     finally:
         worker.stop()
         router.stop()
