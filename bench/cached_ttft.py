@@ -9,22 +9,16 @@ import argparse
 import concurrent.futures as cf
 import datetime
 import json
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import wrap_results  # noqa: E402  (machine(), git_sha())
 PROMPT = ("The committee met on Tuesday to review the quarterly figures, and the chair asked each member "
           "to report. ") * 110
-
-
-def git_sha():
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return sha + ("-dirty" if dirty else "")
 
 
 def parse_variant(text):
@@ -102,8 +96,8 @@ def main():
                      "ratio_1_stream": statistics.median(g["one"]) / statistics.median(base["one"]),
                      f"ratio_{a.streams}_streams": statistics.median(g["many"]) / statistics.median(base["many"]),
                      "samples": {"one": g["one"], "many": g["many"]}})
-    out = {"command": " ".join(["python3", "bench/cached_ttft.py", *sys.argv[1:]]), "git_sha": git_sha(),
-           "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+    out = {"command": " ".join(["python3", "bench/cached_ttft.py", *sys.argv[1:]]), "git_sha": wrap_results.git_sha(),
+           "date": datetime.date.today().isoformat(), "machine": wrap_results.machine(),
            "prompt_chars": len(PROMPT), "rounds": a.rounds, "streams": a.streams, "rows": rows}
     d = Path(a.out_dir)
     d.mkdir(parents=True, exist_ok=True)
