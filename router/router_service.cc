@@ -587,7 +587,21 @@ grpc::Status RouterService::Cancel(grpc::ServerContext* ctx, const dd::v1::Cance
   } else if (st.ok()) {
     if (absl::Status v = ValidateRequestId(req->request_id()); !v.ok()) st = ToGrpc(v);
   }
+  // A Cancel asks every worker: it counts against the router's and the tenant's in-flight limits
+  // as a request does, so a flood of them cannot multiply into unbounded worker calls.
+  bool admitted = false;
   if (st.ok()) {
+    if (inflight_.fetch_add(1) >= options_.max_inflight) {
+      inflight_--;
+      st = Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+               absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
+    } else if (st = AdmitTenant(tenant); !st.ok()) {
+      inflight_--;
+    } else {
+      admitted = true;
+    }
+  }
+  if (admitted) {
     // Every worker is asked (the stream may have moved), each with a short deadline.
     dd::worker::v1::CancelRequest wreq;
     wreq.set_tenant(tenant);
@@ -609,6 +623,8 @@ grpc::Status RouterService::Cancel(grpc::ServerContext* ctx, const dd::v1::Cance
                                                            "); retry"));
     }
     resp->set_found(found);
+    ReleaseTenant(tenant);
+    inflight_--;
   }
   return st;
 }
