@@ -199,17 +199,10 @@ grpc::Status RouterService::Generate(grpc::ServerContext* ctx, const dd::v1::Gen
     // Refused before anything else is looked at.
   } else if (absl::Status v = reconnect ? ValidateReconnect(*req) : Validate(*req); !v.ok()) {
     st = ToGrpc(v);
-  } else if (inflight_.fetch_add(1) >= options_.max_inflight) {
-    inflight_--;
-    st = Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
-             absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
-  } else if (st = AdmitTenant(tenant); !st.ok()) {
-    inflight_--;
-  } else {
+  } else if (st = Admit(tenant); st.ok()) {
     queued_++;
     st = reconnect ? Reconnect(ctx, *req, tenant, writer) : Relay(ctx, Fresh(*req, tenant), writer);
-    ReleaseTenant(tenant);
-    inflight_--;
+    Leave(tenant);
   }
   if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) rejected_++;
   Count(st.error_code());
@@ -222,6 +215,22 @@ absl::Status RouterService::ValidateReconnect(const dd::v1::GenerateRequest& req
   }
   if (req.resume_from_index() < 0) return absl::InvalidArgumentError("resume_from_index is negative");
   return ValidateRequestId(req.request_id());
+}
+
+grpc::Status RouterService::Admit(const std::string& tenant) {
+  if (inflight_.fetch_add(1) >= options_.max_inflight) {
+    inflight_--;
+    return Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
+               absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
+  }
+  grpc::Status st = AdmitTenant(tenant);
+  if (!st.ok()) inflight_--;
+  return st;
+}
+
+void RouterService::Leave(const std::string& tenant) {
+  ReleaseTenant(tenant);
+  inflight_--;
 }
 
 grpc::Status RouterService::AdmitTenant(const std::string& tenant) {
@@ -589,19 +598,7 @@ grpc::Status RouterService::Cancel(grpc::ServerContext* ctx, const dd::v1::Cance
   }
   // A Cancel asks every worker: it counts against the router's and the tenant's in-flight limits
   // as a request does, so a flood of them cannot multiply into unbounded worker calls.
-  bool admitted = false;
-  if (st.ok()) {
-    if (inflight_.fetch_add(1) >= options_.max_inflight) {
-      inflight_--;
-      st = Err(grpc::StatusCode::RESOURCE_EXHAUSTED,
-               absl::StrCat("router is full: ", options_.max_inflight, " requests in flight; retry later"));
-    } else if (st = AdmitTenant(tenant); !st.ok()) {
-      inflight_--;
-    } else {
-      admitted = true;
-    }
-  }
-  if (admitted) {
+  if (st.ok() && (st = Admit(tenant)).ok()) {
     // Every worker is asked (the stream may have moved), each with a short deadline.
     dd::worker::v1::CancelRequest wreq;
     wreq.set_tenant(tenant);
@@ -623,8 +620,7 @@ grpc::Status RouterService::Cancel(grpc::ServerContext* ctx, const dd::v1::Cance
                                                            "); retry"));
     }
     resp->set_found(found);
-    ReleaseTenant(tenant);
-    inflight_--;
+    Leave(tenant);
   }
   return st;
 }

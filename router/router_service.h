@@ -113,7 +113,11 @@ class RouterService final : public dd::v1::DualDecoder::Service {
   void Count(grpc::StatusCode code);
   // Worker.Cancel of `request_id` on `worker`, waiting at most a second.
   void CancelOn(const Placement& worker, const std::string& request_id);
-  // Takes one of the tenant's in-flight places, or says whose limit is reached.
+  // Takes one of the router's in-flight places and one of the tenant's (Admit; OK means the
+  // caller calls Leave when done), or says whose limit is reached.
+  grpc::Status Admit(const std::string& tenant);
+  void Leave(const std::string& tenant);
+  // The tenant's place alone (Admit's second half).
   grpc::Status AdmitTenant(const std::string& tenant);
   void ReleaseTenant(const std::string& tenant);
   void WatchCancellations();

@@ -51,11 +51,9 @@ int main(int argc, char** argv) {
   dd::BlockTermSignals();
   dd::worker::WorkerIdentity id;
   id.worker_id = absl::GetFlag(FLAGS_worker_id);
-  if (id.worker_id.empty()) {
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    id.worker_id = absl::StrCat(host, "-", getpid());
-  }
+  char host_name[256] = {0};
+  gethostname(host_name, sizeof(host_name) - 1);
+  if (id.worker_id.empty()) id.worker_id = absl::StrCat(host_name, "-", getpid());
   id.model = (*model)->config.name;
   auto secret = dd::ClusterSecretFromFlags();
   if (!secret.ok()) return fail(secret.status());
@@ -76,12 +74,7 @@ int main(int argc, char** argv) {
       return fail(absl::InvalidArgumentError(absl::StrCat("--kv_store ", engine_options->kv_store,
                                                           " finds the pool in etcd: give --registry etcd://...")));
     }
-    std::string node = absl::GetFlag(FLAGS_node);
-    if (node.empty()) {
-      char host[256] = {0};
-      gethostname(host, sizeof(host) - 1);
-      node = host;
-    }
+    const std::string node = absl::GetFlag(FLAGS_node).empty() ? host_name : absl::GetFlag(FLAGS_node);
     if (secret->empty()) {
       std::fprintf(stderr, "dd-decode-worker: warning: no --cluster_secret_file, so pool records are taken unsigned: "
                            "anyone who can write to etcd can send this worker, its pool token and its KV to a pool "
